@@ -1,0 +1,101 @@
+"""Parameter counts of attention sublayers: analytic formulas and measured counts.
+
+Conventions (docs/paper-notes.md, derived from the paper's tables): projection
+weights only unless ``bias=True``; Tables 1-3 and Appendix C include the output
+projection, Table 4, Figures 1/3/4 and the GPT-3 projection (section 5.4) do not.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from mhe.attention.registry import make_config
+from mhe.errors import one_of
+
+ARCHS = ("encoder", "decoder", "encoder-decoder")
+
+
+def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None,
+                     include_output: bool = True, bias: bool = False, **options) -> int:
+    """Analytic parameter count of one attention sublayer.
+
+    With m = d_model, n = n_heads, d = head_dim (Table 4 has m = n*d):
+
+    ========  ======================  =============
+    kind      Q, K, V                 extra
+    ========  ======================  =============
+    mha       3 m n d
+    gqa       m n d + 2 m g d         g = n_kv_heads
+    mqa       m n d + 2 m d
+    skv       2 m n d
+    el-att    m n d
+    sha       3 m d
+    mhe-*     3 m d                   + 3 n d head embeddings
+    fnet      0
+    linear    max_len^2 + m^2         (no output projection)
+    ========  ======================  =============
+
+    plus n d m for the output projection when ``include_output`` (not for fnet
+    and linear, which have none), plus every bias when ``bias``.
+    """
+    cfg = make_config(kind, d_model=d_model, n_heads=n_heads, head_dim=head_dim, bias=bias, **options)
+    m, n, d = cfg.d_model, cfg.n_heads, cfg.head_dim
+    nd = n * d
+    if kind == "fnet":
+        return 0
+    if kind == "linear":
+        return cfg.max_len ** 2 + m * m + (m if bias else 0)
+    # (input width, output width) of each input projection
+    projections = {
+        "mha": [nd, nd, nd],
+        "gqa": [nd, getattr(cfg, "n_kv_heads", 1) * d, getattr(cfg, "n_kv_heads", 1) * d],
+        "mqa": [nd, d, d],
+        "skv": [nd, nd],
+        "el-att": [nd],
+        "sha": [d, d, d],
+        "mhe-add": [d, d, d],
+        "mhe-mul": [d, d, d],
+    }[kind]
+    total = sum(m * w + (w if bias else 0) for w in projections)
+    if kind.startswith("mhe-"):
+        total += 3 * n * d
+    if include_output:
+        total += nd * m + (m if bias else 0)
+    return total
+
+
+def count_params(module: nn.Module, *, include_output: bool = True) -> int:
+    """Measured count: every parameter the module holds (``out_proj`` left out on request)."""
+    return sum(p.numel() for name, p in module.named_parameters()
+               if include_output or "out_proj" not in name.split("."))
+
+
+def attention_sublayers(arch: str, n_layers: int) -> int:
+    """Attention sublayers in a model: L (encoder or decoder) or 3L (encoder-decoder:
+    L encoder self-, L decoder self- and L decoder cross-attention; paper-notes)."""
+    if arch not in ARCHS:
+        raise one_of("architecture", arch, ARCHS)
+    return 3 * n_layers if arch == "encoder-decoder" else n_layers
+
+
+def model_attention_params(kind: str, *, arch: str, n_layers: int, d_model: int, n_heads: int,
+                           head_dim: int | None = None, include_output: bool = True,
+                           bias: bool = False, **options) -> int:
+    """Analytic attention parameters of a whole model (every sublayer of one kind)."""
+    per = attention_params(kind, d_model=d_model, n_heads=n_heads, head_dim=head_dim,
+                           include_output=include_output, bias=bias, **options)
+    return per * attention_sublayers(arch, n_layers)
+
+
+def count_attention_params(model: nn.Module, *, include_output: bool = True) -> int:
+    """Measured attention parameters of a model: the sum over its attention modules."""
+    from mhe.attention.base import Attention
+
+    return sum(count_params(mod, include_output=include_output)
+               for mod in model.modules() if isinstance(mod, Attention))
+
+
+def gpt3_projection(kinds=("mha", "el-att", "mqa", "skv", "mhe-add", "mhe-mul", "sha")) -> dict[str, int]:
+    """Section 5.4: attention parameters of GPT-3 (96 layers, 96 heads of 128), no output projection."""
+    return {k: model_attention_params(k, arch="decoder", n_layers=96, d_model=96 * 128, n_heads=96,
+                                      include_output=False) for k in kinds}

@@ -1,0 +1,64 @@
+"""The paper's scaling figures as data and as matplotlib plots.
+
+Figures 1 and 3: parameters of one attention sublayer against 1..128 heads with
+d = 64 (Q, K, V only). Figure 4: total attention parameters of 12/24/48 layers
+with 32 and 64 heads of 64 (Q, K, V only).
+"""
+
+from __future__ import annotations
+
+from mhe.accounting.params import attention_params
+
+SCALING_KINDS = ("mha", "skv", "mqa", "el-att", "mhe-mul", "sha")
+LABELS = {"mha": "MHA", "skv": "SKV", "mqa": "MQA", "el-att": "EL-att", "mhe-mul": "MHE",
+          "mhe-add": "MHE-Add", "sha": "SHA", "gqa": "GQA", "fnet": "FNet", "linear": "Linear"}
+
+
+def params_vs_heads(heads=range(1, 129), head_dim: int = 64, kinds=SCALING_KINDS) -> dict[str, list[int]]:
+    """Figure 1/3 data: per-sublayer parameters (no output projection), m = n*d."""
+    return {k: [attention_params(k, d_model=n * head_dim, n_heads=n, include_output=False) for n in heads]
+            for k in kinds}
+
+
+def params_vs_layers(layers=(12, 24, 48), heads=(32, 64), head_dim: int = 64,
+                     kinds=SCALING_KINDS) -> dict[tuple[int, int], dict[str, int]]:
+    """Figure 4 data: {(layers, heads): {kind: total attention parameters}}."""
+    return {(l, n): {k: l * attention_params(k, d_model=n * head_dim, n_heads=n, include_output=False)
+                     for k in kinds}
+            for n in heads for l in layers}
+
+
+def plot_scaling(path: str, *, head_dim: int = 64) -> None:
+    """Draw Figure 3 (left) and Figure 4 (right) into one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    heads = list(range(1, 129))
+    curves = params_vs_heads(heads, head_dim)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    for kind, ys in curves.items():
+        ax1.plot(heads, [y / 1e6 for y in ys], label=LABELS[kind], lw=2, ls=":" if kind == "sha" else "-")
+    ax1.set_xlabel("attention heads n")
+    ax1.set_ylabel("parameters per sublayer (M)")
+    ax1.set_title(f"One attention sublayer, head size d={head_dim} (Q, K, V)")
+    ax1.set_yscale("log")
+    ax1.grid(alpha=0.3)
+    ax1.legend()
+
+    bars = params_vs_layers(head_dim=head_dim)
+    groups = list(bars)
+    kinds = list(SCALING_KINDS)
+    width = 0.8 / len(kinds)
+    for j, kind in enumerate(kinds):
+        xs = [i + (j - (len(kinds) - 1) / 2) * width for i in range(len(groups))]
+        ax2.bar(xs, [bars[g][kind] / 1e9 for g in groups], width, label=LABELS[kind])
+    ax2.set_xticks(range(len(groups)), [f"{l} layers\n{n} heads" for l, n in groups])
+    ax2.set_ylabel("attention parameters (B)")
+    ax2.set_title(f"All attention sublayers, d={head_dim} (Q, K, V)")
+    ax2.grid(alpha=0.3, axis="y")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

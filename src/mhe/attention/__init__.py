@@ -1,0 +1,13 @@
+"""The attention zoo: every kind behind one contract (see :mod:`mhe.attention.base`)."""
+
+from mhe.attention.base import Attention, AttentionConfig, KVCache
+from mhe.attention.registry import (
+    KINDS,
+    PAPER_KINDS,
+    attention_class,
+    build_attention,
+    make_config,
+)
+
+__all__ = ["Attention", "AttentionConfig", "KVCache", "KINDS", "PAPER_KINDS",
+           "attention_class", "build_attention", "make_config"]

@@ -1,0 +1,237 @@
+"""The attention contract every kind implements.
+
+Shapes follow the paper's notation (section 3): ``d_model`` is m (written d_m in
+the paper), ``n_heads`` is n and ``head_dim`` is d (d_h). Every kind maps
+``x: [B, T, m] -> [B, T, m]`` through
+``forward(x, *, context=None, mask=None, cache=None)``:
+
+* ``context`` ``[B, S, m]`` turns the sublayer into cross-attention
+  (keys and values come from the encoder output);
+* ``mask`` is a boolean key-padding mask ``[B, S]``, True for real tokens, over
+  every key the call attends to (with a cache: every position cached so far);
+* ``cache`` is a :class:`KVCache` from :meth:`Attention.new_cache`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from mhe.attention import kernels
+from mhe.errors import MheError, require_positive
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionConfig:
+    """Options every attention kind shares.
+
+    Attributes:
+        d_model: model width m.
+        n_heads: number of heads n.
+        head_dim: per-head width d; defaults to m / n (then n must divide m).
+        dropout: dropout on the attention probabilities (training only).
+        causal: mask future positions in self-attention.
+        bias: give every projection a bias (the paper's counts exclude biases).
+    """
+
+    d_model: int
+    n_heads: int
+    head_dim: int | None = None
+    dropout: float = 0.0
+    causal: bool = False
+    bias: bool = False
+
+    def __post_init__(self) -> None:
+        require_positive(d_model=self.d_model, n_heads=self.n_heads)
+        if self.head_dim is None:
+            if self.d_model % self.n_heads:
+                raise MheError(
+                    f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                    "pass head_dim explicitly or choose n_heads dividing d_model"
+                )
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        require_positive(head_dim=self.head_dim)
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise MheError(f"dropout must be in [0, 1), got {self.dropout!r}")
+
+    @property
+    def inner_dim(self) -> int:
+        """n * d, the width of the concatenated heads."""
+        return self.n_heads * self.head_dim
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+class KVCache:
+    """Preallocated key/value buffers for incremental decoding.
+
+    Holds ``n_kv_heads`` heads: n for MHA, n_kv for GQA, one for MQA, SHA and
+    fast MHE. Self-attention appends each step's keys and values at ``pos``;
+    cross-attention fills the cache once from the encoder output and reuses it.
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 *, dtype: torch.dtype, device: torch.device | str | None = None) -> None:
+        require_positive(batch=batch, n_kv_heads=n_kv_heads, max_len=max_len, head_dim=head_dim)
+        shape = (batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [B, h_kv, L, d]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [B, h_kv, L, d]
+        self.pos = 0
+        self.filled = False  # used by cross-attention
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    def nbytes(self) -> int:
+        """Bytes held by the key and value buffers."""
+        return self.k.numel() * self.k.element_size() * 2
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k, v: [B, h_kv, T, d]`` at ``pos`` and return every cached position."""
+        t = k.shape[2]
+        self._check(k)
+        if self.pos + t > self.max_len:
+            raise MheError(f"KV cache overflow: position {self.pos} + {t} new tokens > max_len {self.max_len}")
+        self.k[:, :, self.pos:self.pos + t] = k
+        self.v[:, :, self.pos:self.pos + t] = v
+        self.pos += t
+        return self.k[:, :, :self.pos], self.v[:, :, :self.pos]
+
+    def fill(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store cross-attention keys and values once."""
+        self.pos = 0
+        out = self.append(k, v)
+        self.filled = True
+        return out
+
+    def cached(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[:, :, :self.pos], self.v[:, :, :self.pos]
+
+    def reset(self) -> None:
+        self.pos = 0
+        self.filled = False
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search keeps the surviving hypotheses)."""
+        self.k = self.k.index_select(0, index)
+        self.v = self.v.index_select(0, index)
+
+    def _check(self, k: torch.Tensor) -> None:
+        b, h, _, d = self.k.shape
+        if k.shape[0] != b or k.shape[1] != h or k.shape[3] != d:
+            raise MheError(f"cache holds [B={b}, heads={h}, d={d}], got keys of shape {tuple(k.shape)}")
+
+
+class Attention(nn.Module):
+    """Base class: projections differ per kind, the attention step is shared.
+
+    Subclasses implement ``_queries`` (``[B, T, m] -> [B, h_q, T, d]``),
+    ``_keys_values`` (``[B, S, m] -> 2 x [B, h_kv, S, d]``) and ``_output``
+    (``[B, h_q, T, d] -> [B, T, m]``), and set ``cache_heads``.
+    """
+
+    kind: ClassVar[str] = ""
+    config_class: ClassVar[type[AttentionConfig]] = AttentionConfig
+    supports_cache: ClassVar[bool] = True
+    supports_cross: ClassVar[bool] = True
+
+    def __init__(self, cfg: AttentionConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.backend = "sdpa"
+
+    # --- the contract ---------------------------------------------------
+    @property
+    def cache_heads(self) -> int:
+        """How many key/value heads the KV cache holds for this kind."""
+        raise NotImplementedError
+
+    def new_cache(self, batch: int, max_len: int, *, dtype: torch.dtype | None = None,
+                  device: torch.device | str | None = None) -> KVCache:
+        """A preallocated cache sized for this kind (see :attr:`cache_heads`)."""
+        if not self.supports_cache:
+            raise MheError(f"attention kind {self.kind!r} mixes whole sequences and has no KV cache")
+        p = next(self.parameters(), None)
+        dtype = dtype or (p.dtype if p is not None else torch.float32)
+        device = device if device is not None else (p.device if p is not None else None)
+        return KVCache(batch, self.cache_heads, max_len, self.cfg.head_dim, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor, *, context: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        self._check_input(x, context)
+        q = self._queries(x)  # [B, h_q, T, d]
+        cross = context is not None
+        offset = 0
+        if cache is None:
+            k, v = self._keys_values(context if cross else x)  # [B, h_kv, S, d]
+        elif cross:
+            k, v = cache.cached() if cache.filled else cache.fill(*self._keys_values(context))
+        else:
+            offset = cache.pos
+            k, v = cache.append(*self._keys_values(x))
+        key_mask = self._check_mask(mask, x.shape[0], k.shape[2])
+        h = self._attend(q, k, v, key_mask=key_mask, causal=self.cfg.causal and not cross, offset=offset)
+        return self._output(h)
+
+    # --- hooks -------------------------------------------------------------
+    def _queries(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _keys_values(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def _output(self, h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _attend(self, q, k, v, *, key_mask, causal, offset):
+        return kernels.attend(
+            q, k, v, key_mask=key_mask, causal=causal, offset=offset,
+            dropout_p=self.cfg.dropout if self.training else 0.0, backend=self.backend,
+        )
+
+    # --- helpers -------------------------------------------------------------
+    @staticmethod
+    def _split_heads(t: torch.Tensor, n: int) -> torch.Tensor:
+        b, s, _ = t.shape
+        return t.view(b, s, n, -1).transpose(1, 2)  # [B, n, S, d]
+
+    @staticmethod
+    def _merge_heads(h: torch.Tensor) -> torch.Tensor:
+        b, n, t, d = h.shape
+        return h.transpose(1, 2).reshape(b, t, n * d)  # [B, T, n*d]
+
+    def _check_input(self, x: torch.Tensor, context: torch.Tensor | None) -> None:
+        m = self.cfg.d_model
+        if x.dim() != 3 or x.shape[-1] != m:
+            raise MheError(f"input must have shape [B, T, d_model={m}], got {tuple(x.shape)}")
+        if context is not None and (context.dim() != 3 or context.shape[-1] != m
+                                    or context.shape[0] != x.shape[0]):
+            raise MheError(f"context must have shape [B={x.shape[0]}, S, d_model={m}], got {tuple(context.shape)}")
+
+    @staticmethod
+    def _check_mask(mask: torch.Tensor | None, batch: int, keys: int) -> torch.Tensor | None:
+        if mask is None:
+            return None
+        if mask.dtype != torch.bool or tuple(mask.shape) != (batch, keys):
+            raise MheError(
+                f"mask must be a boolean key-padding mask of shape [B={batch}, S={keys}], "
+                f"got {mask.dtype} {tuple(mask.shape)}"
+            )
+        return mask
+
+    def extra_repr(self) -> str:
+        c = self.cfg
+        return f"kind={self.kind}, d_model={c.d_model}, n_heads={c.n_heads}, head_dim={c.head_dim}, causal={c.causal}"
+
+
+def default_scale(head_dim: int) -> float:
+    """1/sqrt(d_h), the scaled dot-product of the paper's Eq. 3."""
+    return 1.0 / math.sqrt(head_dim)

@@ -1,0 +1,85 @@
+"""The attention step itself: softmax(q k^T / sqrt(d)) v (paper Eq. 3).
+
+This is the only module that knows how attention is computed. ``sdpa`` calls
+``torch.nn.functional.scaled_dot_product_attention`` (flash / memory-efficient /
+math kernels, grouped-query heads through ``enable_gqa``); ``eager`` writes the
+softmax out and is kept for tests and for reading attention maps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from mhe.errors import one_of
+
+BACKENDS = ("sdpa", "eager")
+
+
+def build_mask(key_mask: torch.Tensor | None, *, causal: bool, q_len: int, k_len: int,
+               offset: int, device: torch.device) -> torch.Tensor | None:
+    """Boolean mask broadcastable to ``[B, h, T, S]``; True where attention is allowed.
+
+    Query ``i`` sits at absolute position ``offset + i``; with ``causal`` it may
+    see keys ``0 .. offset + i``.
+    """
+    mask = None
+    if causal:
+        qpos = torch.arange(q_len, device=device)[:, None] + offset
+        kpos = torch.arange(k_len, device=device)[None, :]
+        mask = (kpos <= qpos)[None, None]  # [1, 1, T, S]
+    if key_mask is not None:
+        km = key_mask[:, None, None, :]  # [B, 1, 1, S]
+        mask = km if mask is None else mask & km
+    return mask
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch.Tensor | None = None,
+           causal: bool = False, offset: int = 0, dropout_p: float = 0.0,
+           scale: float | None = None, backend: str = "sdpa") -> torch.Tensor:
+    """Attend ``q: [B, h_q, T, d]`` over ``k, v: [B, h_kv, S, d]``; h_kv divides h_q.
+
+    Query heads are grouped onto key/value heads as in grouped-query attention:
+    head ``i`` reads key/value head ``i // (h_q / h_kv)``.
+    """
+    if backend not in BACKENDS:
+        raise one_of("attention backend", backend, BACKENDS)
+    t, s = q.shape[2], k.shape[2]
+    gqa = k.shape[1] != q.shape[1]
+    if backend == "eager":
+        return _eager(q, k, v, key_mask=key_mask, causal=causal, offset=offset,
+                      dropout_p=dropout_p, scale=scale)
+    if causal and key_mask is None and offset == 0 and t == s:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p,
+                                              scale=scale, enable_gqa=gqa)
+    causal_needed = causal and not (t == 1 and offset == s - 1)  # one new token sees every key
+    mask = build_mask(key_mask, causal=causal_needed, q_len=t, k_len=s, offset=offset, device=q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                          scale=scale, enable_gqa=gqa)
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, *, key_mask: torch.Tensor | None = None,
+                      causal: bool = False, offset: int = 0, scale: float | None = None) -> torch.Tensor:
+    """Softmax attention probabilities ``[B, h_q, T, S]`` (for inspection)."""
+    k = _repeat_kv(k, q.shape[1])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # [B, h, T, S]
+    mask = build_mask(key_mask, causal=causal, q_len=q.shape[2], k_len=k.shape[2], offset=offset,
+                      device=q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def _eager(q, k, v, *, key_mask, causal, offset, dropout_p, scale):
+    probs = attention_weights(q, k, key_mask=key_mask, causal=causal, offset=offset, scale=scale)
+    if dropout_p > 0:
+        probs = F.dropout(probs, p=dropout_p)
+    return probs @ _repeat_kv(v, q.shape[1])  # [B, h_q, T, d]
+
+
+def _repeat_kv(t: torch.Tensor, n_q: int) -> torch.Tensor:
+    h = t.shape[1]
+    return t if h == n_q else t.repeat_interleave(n_q // h, dim=1)

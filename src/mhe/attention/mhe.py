@@ -1,0 +1,200 @@
+"""Multi-head embedding attention, MHE-Add and MHE-Mul (paper section 3).
+
+One shared "seed" projection per query, key and value (Eq. 4: Q, K, V = X W^{Q,K,V},
+W in R^{m x d}) and one head embedding per head and role, e_i^{Q,K,V} in R^d,
+stored as ``head_embed[3, n, d]`` in the order q, k, v. Head i attends with
+(Eq. 5-6) Q~_i, K~_i, V~_i = psi(Q; K; V, e_i) where
+
+* MHE-Add (section 3.4): psi(A, e) = A + e;
+* MHE-Mul (section 3.4): psi(A, e) = A * (e + 1) (Hadamard product).
+
+Parameters: 3*m*d (seed projections) + n*d*m (output) + 3*n*d (head
+embeddings). Table 4 (no output projection, m = n*d): 3 d^2 n + 3 d n.
+
+Two implementations compute the same function:
+
+``reference``
+    The equations literally: n explicit copies of Q~, K~ and V~.
+``fast`` (default)
+    Never materialises n copies of K or V (identities in docs/paper-notes):
+
+    * Mul: (Q*(1+eQ_i))(K*(1+eK_i))^T = (Q*(1+eQ_i)*(1+eK_i)) K^T, so every head
+      attends over the one shared K with a per-head query scale; and
+      A_i (V*(1+eV_i)) = (A_i V)*(1+eV_i), so the value scale is folded into the
+      columns of the output projection. The sublayer is a multi-query attention
+      with tied, rescaled query weights: its KV cache holds one head.
+    * Add: (Q+eQ_i)(K+eK_i)^T differs from (Q+eQ_i)K^T by a term constant along
+      the keys, which softmax cancels, so eK has no effect (and zero gradient);
+      A_i (V + 1 eV_i^T) = A_i V + eV_i^T because attention rows sum to one, so
+      the value offsets become an output bias W^O eV. Under attention dropout
+      rows no longer sum to one; then (training with dropout > 0 only) the
+      values are expanded per head so both paths still agree.
+
+    The per-head query scales/offsets are applied by building an (n*d) x m
+    query weight from the shared d x m one (``query_fold="weight"``: one GEMM,
+    as MQA's query projection) or by one broadcast on the d-wide projection
+    (``query_fold="activation"``: fewer FLOPs, one extra elementwise pass).
+
+Initialisation (the paper leaves it open): head embeddings ~ N(0, init_std)
+with init_std = 0.02, the scale BERT uses for its learned position embeddings,
+which inspired MHE. For MHE-Mul this starts every head close to SHA (the
+"+1" of section 3.4); the heads separate because the output projection's
+column blocks differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mhe.attention.base import Attention, AttentionConfig
+from mhe.attention.registry import register
+from mhe.errors import MheError, one_of
+
+IMPLS = ("fast", "reference")
+QUERY_FOLDS = ("weight", "activation")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MHEConfig(AttentionConfig):
+    """MHE's own options.
+
+    Attributes:
+        impl: ``"fast"`` (multi-query cost) or ``"reference"`` (literal equations).
+        init_std: standard deviation of the head-embedding initialisation.
+        query_fold: how the fast path applies per-head query factors.
+    """
+
+    impl: str = "fast"
+    init_std: float = 0.02
+    query_fold: str = "weight"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.impl not in IMPLS:
+            raise one_of("MHE impl", self.impl, IMPLS)
+        if self.query_fold not in QUERY_FOLDS:
+            raise one_of("MHE query_fold", self.query_fold, QUERY_FOLDS)
+        if not self.init_std >= 0:
+            raise MheError(f"init_std must be >= 0, got {self.init_std!r}")
+
+
+class _MHEBase(Attention):
+    config_class = MHEConfig
+    multiplicative: bool = False
+
+    def __init__(self, cfg: MHEConfig) -> None:
+        super().__init__(cfg)
+        m, n, d = cfg.d_model, cfg.n_heads, cfg.head_dim
+        self.q_proj = nn.Linear(m, d, bias=cfg.bias)
+        self.k_proj = nn.Linear(m, d, bias=cfg.bias)
+        self.v_proj = nn.Linear(m, d, bias=cfg.bias)
+        self.out_proj = nn.Linear(n * d, m, bias=cfg.bias)
+        self.head_embed = nn.Parameter(torch.empty(3, n, d))  # [q|k|v, n, d]
+        self.reset_head_embeddings()
+
+    def reset_head_embeddings(self) -> None:
+        nn.init.normal_(self.head_embed, mean=0.0, std=self.cfg.init_std)
+
+    @property
+    def reference(self) -> bool:
+        return self.cfg.impl == "reference"
+
+    @property
+    def cache_heads(self) -> int:
+        return self.cfg.n_heads if self.reference else 1
+
+    def _psi(self, a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """psi(A, e_i) for every head: A [B, S, d], e [n, d] -> [B, n, S, d]."""
+        a = a.unsqueeze(1)
+        e = e[None, :, None, :]
+        return a * (e + 1) if self.multiplicative else a + e
+
+    # --- reference: Eqs. 4-6 literally ---------------------------------------
+    def _queries(self, x):
+        if self.reference:
+            return self._psi(self.q_proj(x), self.head_embed[0])  # [B, n, T, d]
+        return self._fast_queries(x)
+
+    def _keys_values(self, src):
+        if self.reference:
+            return (self._psi(self.k_proj(src), self.head_embed[1]),   # [B, n, S, d]
+                    self._psi(self.v_proj(src), self.head_embed[2]))
+        return self.k_proj(src).unsqueeze(1), self.v_proj(src).unsqueeze(1)  # [B, 1, S, d]
+
+    def _output(self, h):
+        if self.reference:
+            return self.out_proj(self._merge_heads(h))
+        return self._fast_output(h)
+
+    # --- fast path -------------------------------------------------------------
+    def _query_factors(self) -> torch.Tensor:
+        """Per-head factor (Mul, [n, d]) or offset (Add, [n, d]) applied to the shared query."""
+        raise NotImplementedError
+
+    def _fast_queries(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        n, d = c.n_heads, c.head_dim
+        f = self._query_factors()  # [n, d]
+        b, t, _ = x.shape
+        if c.query_fold == "activation":
+            return self._psi_factor(self.q_proj(x), f)  # [B, n, T, d]
+        w, bias = self.q_proj.weight, self.q_proj.bias  # [d, m], [d]
+        if self.multiplicative:
+            w_all = (f[:, :, None] * w[None]).reshape(n * d, c.d_model)  # [n*d, m]
+            b_all = None if bias is None else (f * bias).reshape(n * d)
+        else:
+            w_all = w.repeat(n, 1)  # [n*d, m]
+            b_all = f.reshape(n * d) if bias is None else (f + bias).reshape(n * d)
+        return F.linear(x, w_all, b_all).view(b, t, n, d).transpose(1, 2)  # [B, n, T, d]
+
+    def _psi_factor(self, a: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        a = a.unsqueeze(1)  # [B, 1, T, d]
+        f = f[:, None, :]  # [n, 1, d]
+        return a * f if self.multiplicative else a + f
+
+    def _fast_output(self, h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@register("mhe-mul")
+class MHEMul(_MHEBase):
+    """MHE-Mul: psi(A, e) = A * (e + 1) (section 3.4). See the module docstring."""
+
+    multiplicative = True
+
+    def _query_factors(self):
+        e = self.head_embed
+        return (e[0] + 1) * (e[1] + 1)  # [n, d]: query scale times key scale
+
+    def _fast_output(self, h):
+        w = self.out_proj.weight * (self.head_embed[2] + 1).reshape(1, -1)  # [m, n*d]
+        return F.linear(self._merge_heads(h), w, self.out_proj.bias)
+
+
+@register("mhe-add")
+class MHEAdd(_MHEBase):
+    """MHE-Add: psi(A, e) = A + e (section 3.4). See the module docstring."""
+
+    def _query_factors(self):
+        return self.head_embed[0]  # the key offsets cancel in softmax
+
+    def _expands_values(self) -> bool:
+        return self.training and self.cfg.dropout > 0
+
+    def _attend(self, q, k, v, **kw):
+        if not self.reference and self._expands_values():
+            n = self.cfg.n_heads
+            v = v + self.head_embed[2][None, :, None, :]  # [B, n, S, d]
+            k = k.expand(-1, n, -1, -1)
+        return super()._attend(q, k, v, **kw)
+
+    def _fast_output(self, h):
+        bias = self.out_proj.bias
+        if not self._expands_values():
+            offset = self.out_proj.weight @ self.head_embed[2].reshape(-1)  # [m] = W^O eV
+            bias = offset if bias is None else bias + offset
+        return F.linear(self._merge_heads(h), self.out_proj.weight, bias)

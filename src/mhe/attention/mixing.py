@@ -1,0 +1,96 @@
+"""Token-mixing baselines of Lee-Thorp et al. (2022): FNet and Linear (paper Appendix A).
+
+They replace the attention sublayer and have no keys, values or heads, so
+they take no context (no cross-attention) and keep no KV cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mhe.attention.base import Attention, AttentionConfig, KVCache
+from mhe.attention.registry import register
+from mhe.errors import MheError, require_positive
+
+
+class _Mixing(Attention):
+    supports_cache = False
+    supports_cross = False
+
+    @property
+    def cache_heads(self) -> int:
+        return 0
+
+    def forward(self, x, *, context=None, mask=None, cache: KVCache | None = None):
+        if context is not None:
+            raise MheError(f"attention kind {self.kind!r} mixes tokens of one sequence and cannot cross-attend")
+        if cache is not None:
+            raise MheError(f"attention kind {self.kind!r} mixes whole sequences and has no KV cache")
+        self._check_input(x, None)
+        key_mask = self._check_mask(mask, x.shape[0], x.shape[1])
+        if key_mask is not None:
+            x = x * key_mask[..., None].to(x.dtype)  # padding does not leak into real tokens
+        return self._mix(x)
+
+    def _mix(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@register("fnet")
+class FNetMixing(_Mixing):
+    """FNet: Re(FFT_seq(FFT_hidden(x))), no parameters (Lee-Thorp et al. 2022, Eq. 3).
+
+    A Fourier transform over the sequence sees every position, so FNet cannot be causal.
+    """
+
+    def __init__(self, cfg: AttentionConfig) -> None:
+        if cfg.causal:
+            raise MheError("attention kind 'fnet' mixes the whole sequence and cannot be causal; use it in encoders")
+        super().__init__(cfg)
+
+    def _mix(self, x):
+        dtype = x.dtype
+        y = torch.fft.fft2(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x, dim=(-2, -1)).real
+        return y.to(dtype)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinearMixingConfig(AttentionConfig):
+    """Adds ``max_len``: the sequence-mixing matrix is max_len x max_len."""
+
+    max_len: int = 512
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(max_len=self.max_len)
+
+
+@register("linear")
+class LinearMixing(_Mixing):
+    """Linear mixing: Y = W_seq X W_hidden (Lee-Thorp et al. 2022).
+
+    Dense matrices along the sequence (``seq_mix``, max_len x max_len, the
+    leading T x T block is used) and the hidden dimension (``hidden_mix``, m x m).
+    With ``causal`` the sequence matrix is lower-triangular.
+    Parameters: max_len^2 + m^2 (+ m with bias).
+    """
+
+    config_class = LinearMixingConfig
+
+    def __init__(self, cfg: LinearMixingConfig) -> None:
+        super().__init__(cfg)
+        self.seq_mix = nn.Parameter(torch.empty(cfg.max_len, cfg.max_len))
+        self.hidden_mix = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        nn.init.normal_(self.seq_mix, std=cfg.max_len ** -0.5)
+
+    def _mix(self, x):
+        t = x.shape[1]
+        if t > self.cfg.max_len:
+            raise MheError(f"sequence length {t} exceeds the linear mixer's max_len {self.cfg.max_len}")
+        w = self.seq_mix[:t, :t]
+        if self.cfg.causal:
+            w = torch.tril(w)
+        return self.hidden_mix(torch.einsum("st,btm->bsm", w, x))

@@ -1,0 +1,229 @@
+"""The ``mhe`` command. Every subcommand lives in its own small function; bad input
+prints one line and exits 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from mhe.errors import MheError
+
+COMMANDS: dict[str, tuple[str, object, object]] = {}
+
+
+def command(name: str, help_text: str, add_args):
+    """Register ``add_args(parser)`` and the decorated ``run(args)`` as a subcommand."""
+    def deco(fn):
+        COMMANDS[name] = (help_text, add_args, fn)
+        return fn
+    return deco
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model (a preset, or explicit sizes)")
+    g.add_argument("--preset", help="a model preset, e.g. bert-base, gpt2-base, transformer-base")
+    g.add_argument("--arch", choices=("encoder", "decoder", "encoder-decoder"), default=None,
+                   help="decides the sublayer count: L, L, or 3L (L = --layers per stack)")
+    g.add_argument("--layers", type=int, help="layers (per stack for the encoder-decoder)")
+    g.add_argument("--heads", type=int, help="attention heads n")
+    g.add_argument("--head-dim", type=int, help="head size d")
+    g.add_argument("--d-model", type=int, help="model width m (default n*d)")
+    g.add_argument("--kinds", default="paper",
+                   help="comma-separated kinds, 'paper' (the seven of Tables 1-3) or 'all'")
+    g.add_argument("--bias", action="store_true", help="count projection biases too")
+
+
+def _resolve_geometry(args) -> dict:
+    from mhe.models import preset
+
+    if args.preset:
+        cfg = preset(args.preset)
+        geo = dict(arch=cfg.arch, n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
+                   head_dim=cfg.resolved_head_dim, max_len=cfg.max_len)
+        overrides = {"n_layers": args.layers, "n_heads": args.heads, "head_dim": args.head_dim,
+                     "d_model": args.d_model, "arch": args.arch}
+        geo.update({k: v for k, v in overrides.items() if v is not None})
+        return geo
+    missing = [f for f, v in (("--layers", args.layers), ("--heads", args.heads), ("--head-dim", args.head_dim))
+               if v is None]
+    if missing:
+        raise MheError(f"give --preset NAME or all of --layers, --heads, --head-dim (missing {', '.join(missing)})")
+    return dict(arch=args.arch or "encoder", n_layers=args.layers, n_heads=args.heads, head_dim=args.head_dim,
+                d_model=args.d_model or args.heads * args.head_dim, max_len=512)
+
+
+def _kinds(spec: str) -> list[str]:
+    from mhe.attention import KINDS, PAPER_KINDS
+    from mhe.errors import one_of
+
+    if spec == "paper":
+        return list(PAPER_KINDS)
+    if spec == "all":
+        return list(KINDS)
+    kinds = [k.strip() for k in spec.split(",") if k.strip()]
+    for k in kinds:
+        if k not in KINDS:
+            raise one_of("attention kind", k, KINDS)
+    return kinds
+
+
+def _kind_options(kind: str, geo: dict) -> dict:
+    if kind == "gqa":
+        return {"n_kv_heads": max(1, geo["n_heads"] // 4) if geo["n_heads"] % 4 == 0 else 1}
+    if kind == "linear":
+        return {"max_len": geo["max_len"]}
+    return {}
+
+
+def print_table(headers: list[str], rows: list[list], *, file=None) -> None:
+    """A Markdown table with right-aligned numbers."""
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    out = file or sys.stdout
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |", file=out)
+    print("|" + "|".join("-" * (w + 1) + ":" if i else "-" * (w + 2) for i, w in enumerate(widths)) + "|", file=out)
+    for r in cells:
+        print("| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+              + " |", file=out)
+
+
+# ---------------------------------------------------------------- mhe params
+def _params_args(p):
+    _model_args(p)
+    p.add_argument("--exclude-output", action="store_true",
+                   help="leave out the output projection (Table 4, Figures 1/3/4)")
+    p.add_argument("--json", action="store_true", help="print {kind: total parameters} as JSON")
+
+
+@command("params", "attention parameters per kind (Tables 1-4, Appendix D)", _params_args)
+def cmd_params(args) -> int:
+    from mhe.accounting import attention_params, attention_sublayers
+
+    geo = _resolve_geometry(args)
+    sub = attention_sublayers(geo["arch"], geo["n_layers"])
+    totals, rows = {}, []
+    for kind in _kinds(args.kinds):
+        per = attention_params(kind, d_model=geo["d_model"], n_heads=geo["n_heads"], head_dim=geo["head_dim"],
+                               include_output=not args.exclude_output, bias=args.bias,
+                               **_kind_options(kind, geo))
+        totals[kind] = per * sub
+    if args.json:
+        print(json.dumps(totals))
+        return 0
+    mha = attention_params("mha", d_model=geo["d_model"], n_heads=geo["n_heads"], head_dim=geo["head_dim"],
+                           include_output=not args.exclude_output, bias=args.bias) * sub
+    for kind, total in totals.items():
+        rows.append([kind, f"{total // sub:,}", sub, f"{total:,}", f"{total / 1e6:.2f}M", f"{100 * total / mha:.1f}%"])
+    title = args.preset or "custom"
+    print(f"{title}: {geo['arch']}, {geo['n_layers']} layers, m={geo['d_model']}, n={geo['n_heads']}, "
+          f"d={geo['head_dim']}; {'without' if args.exclude_output else 'with'} output projection"
+          f"{', with biases' if args.bias else ''}")
+    print_table(["kind", "per sublayer", "sublayers", "total", "total (M)", "of MHA"], rows)
+    return 0
+
+
+
+# ---------------------------------------------------------------- mhe memory
+def _memory_args(p):
+    _model_args(p)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--json", action="store_true")
+
+
+@command("memory", "Appendix C's memory table per attention block", _memory_args)
+def cmd_memory(args) -> int:
+    from mhe.accounting import attention_memory
+
+    if args.preset is None and args.layers is None:
+        args.layers = 12  # not used by the per-block table
+    geo = _resolve_geometry(args)
+    rows = attention_memory(_kinds(args.kinds), d_model=geo["d_model"], n_heads=geo["n_heads"],
+                            head_dim=geo["head_dim"], batch=args.batch, seq_len=args.seq_len, bias=args.bias)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows]))
+        return 0
+    print(f"bytes per attention block: m={geo['d_model']}, n={geo['n_heads']}, d={geo['head_dim']}, "
+          f"batch {args.batch}, sequence {args.seq_len}, fp16 mixed precision with Adam")
+    print_table(["kind", "weights", "gradients", "Adam states", "activations", "total", "saving vs MHA (%)"],
+                [[r.kind, r.weights, r.gradients, r.adam_states, r.activations, r.total, f"{r.saving_ratio:.2f}"]
+                 for r in rows])
+    return 0
+
+
+
+# ---------------------------------------------------------------- mhe scaling
+def _scaling_args(p):
+    p.add_argument("--plot", help="write Figures 3 and 4 to this PNG file")
+    p.add_argument("--head-dim", type=int, default=64)
+
+
+@command("scaling", "Figures 1/3/4 and the GPT-3 projection of section 5.4", _scaling_args)
+def cmd_scaling(args) -> int:
+    from mhe.accounting import gpt3_projection
+    from mhe.accounting.scaling import LABELS, params_vs_heads, params_vs_layers, plot_scaling
+
+    heads = [1, 2, 4, 8, 16, 32, 64, 128]
+    curve = params_vs_heads(heads, args.head_dim)
+    print(f"Parameters of one attention sublayer (Q, K, V; d={args.head_dim}) against heads:")
+    print_table(["heads"] + [LABELS[k] for k in curve],
+                [[n] + [f"{curve[k][i] / 1e6:.2f}M" for k in curve] for i, n in enumerate(heads)])
+    print("\nAll attention sublayers (Q, K, V) by layers and heads:")
+    bars = params_vs_layers(head_dim=args.head_dim)
+    kinds = next(iter(bars.values())).keys()
+    print_table(["layers x heads"] + [LABELS[k] for k in kinds],
+                [[f"{l} x {n}"] + [f"{v[k] / 1e9:.3f}B" for k in kinds] for (l, n), v in bars.items()])
+    print("\nGPT-3 (96 layers, 96 heads of 128; Q, K, V):")
+    print_table(["kind", "parameters", "billions"],
+                [[k, f"{v:,}", f"{v / 1e9:.2f}B"] for k, v in gpt3_projection().items()])
+    if args.plot:
+        plot_scaling(args.plot, head_dim=args.head_dim)
+        print(f"\nwrote {args.plot}")
+    return 0
+
+
+
+def _load_more_commands() -> None:
+    """Commands that live with their subsystem register themselves on import."""
+    import importlib
+
+    for mod in ("mhe.training.cli", "mhe.experiments.cli", "mhe.bench"):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    _load_more_commands()
+    parser = argparse.ArgumentParser(prog="mhe", description="Multi-head embedding attention toolkit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_text, add_args, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_args(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        argv = ["compare"] if "compare" in COMMANDS else ["--help"]
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(COMMANDS[args.command][2](args) or 0)
+    except MheError as e:
+        print(f"mhe {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"mhe {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Transformer building blocks shared by the three architectures."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from mhe.attention import build_attention
+from mhe.attention.base import KVCache
+from mhe.models.config import ModelConfig
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network with GELU (BERT, GPT-2)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc_out = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = nn.GELU()
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.fc_out(self.drop(self.act(self.fc_in(x))))
+
+
+def build_sublayer(cfg: ModelConfig, *, causal: bool):
+    return build_attention(cfg.attention, d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
+                           **cfg.attention_options(causal=causal))
+
+
+class Block(nn.Module):
+    """One transformer layer: self-attention, optional cross-attention, feed-forward.
+
+    ``norm_first`` picks pre-LN (GPT-2) or post-LN (BERT, Vaswani et al.). The
+    attention modules are built here from the config; the block never looks at
+    which kind they are.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, causal: bool, cross: bool) -> None:
+        super().__init__()
+        self.norm_first = cfg.norm_first
+        self.self_attn = build_sublayer(cfg, causal=causal)
+        self.self_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.cross_attn = build_sublayer(cfg, causal=False) if cross else None
+        self.cross_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cross else None
+        self.ffn = FeedForward(cfg)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def _residual(self, x, norm, fn):
+        if self.norm_first:
+            return x + self.drop(fn(norm(x)))
+        return norm(x + self.drop(fn(x)))
+
+    def forward(self, x, *, mask=None, context=None, context_mask=None,
+                cache: KVCache | None = None, cross_cache: KVCache | None = None):
+        x = self._residual(x, self.self_norm, lambda h: self.self_attn(h, mask=mask, cache=cache))
+        if self.cross_attn is not None:
+            x = self._residual(x, self.cross_norm, lambda h: self.cross_attn(
+                h, context=context, mask=context_mask, cache=cross_cache))
+        return self._residual(x, self.ffn_norm, self.ffn)
+
+
+class Embeddings(nn.Module):
+    """Token + position (+ token type) embeddings, then LayerNorm (post-LN) and dropout."""
+
+    def __init__(self, cfg: ModelConfig, *, norm: bool) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=None)
+        self.sinusoidal = cfg.positions == "sinusoidal"
+        if self.sinusoidal:
+            self.register_buffer("pos_table", sinusoid_table(cfg.max_len, cfg.d_model), persistent=False)
+            self.scale = math.sqrt(cfg.d_model)
+        else:
+            self.positions = nn.Embedding(cfg.max_len, cfg.d_model)
+            self.scale = 1.0
+        self.types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if norm else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.max_len = cfg.max_len
+
+    def forward(self, ids: torch.Tensor, *, start: int = 0, token_types: torch.Tensor | None = None):
+        t = ids.shape[1]
+        if start + t > self.max_len:
+            from mhe.errors import MheError
+            raise MheError(f"sequence of {start + t} positions exceeds the model's max_len {self.max_len}")
+        x = self.tokens(ids) * self.scale
+        if self.sinusoidal:
+            x = x + self.pos_table[start:start + t].to(x.dtype)
+        else:
+            x = x + self.positions(torch.arange(start, start + t, device=ids.device))
+        if self.types is not None:
+            x = x + self.types(token_types if token_types is not None else torch.zeros_like(ids))
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.drop(x)
+
+
+def sinusoid_table(length: int, dim: int) -> torch.Tensor:
+    """Vaswani et al. (2017) section 3.5 position encodings, [length, dim]."""
+    pos = torch.arange(length, dtype=torch.float32)[:, None]
+    i = torch.arange(0, dim, 2, dtype=torch.float32)
+    angle = pos / torch.pow(10000.0, i / dim)
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : dim // 2])
+    return table
+
+
+def init_weights(model: nn.Module, std: float = 0.02) -> None:
+    """BERT/GPT-2 initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm.
+    MHE head embeddings keep their own initialisation (see mhe.attention.mhe)."""
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear):
+            nn.init.normal_(mod.weight, std=std)
+            if mod.bias is not None:
+                nn.init.zeros_(mod.bias)
+        elif isinstance(mod, nn.Embedding):
+            nn.init.normal_(mod.weight, std=std)
+        elif isinstance(mod, nn.LayerNorm):
+            nn.init.ones_(mod.weight)
+            nn.init.zeros_(mod.bias)

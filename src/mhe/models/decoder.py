@@ -1,0 +1,112 @@
+"""Decoder-only transformer (GPT-2, paper section 4.3) with a KV cache for generation."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mhe.attention.base import KVCache
+from mhe.models.blocks import Block, Embeddings, init_weights
+from mhe.models.config import ModelConfig
+from mhe.models.encoder import classification_loss
+from mhe.models.outputs import ModelOutput, as_bool_mask
+
+
+class Decoder(nn.Module):
+    """Pre-LN GPT-2 stack: learned positions, causal self-attention, final LayerNorm."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embeddings(cfg, norm=False)
+        self.layers = nn.ModuleList(Block(cfg, causal=True, cross=False) for _ in range(cfg.n_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+
+    def forward(self, input_ids, attention_mask=None, caches: list[KVCache] | None = None):
+        start = caches[0].pos if caches else 0
+        x = self.embed(input_ids, start=start)
+        mask = as_bool_mask(attention_mask)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, mask=mask, cache=caches[i] if caches else None)
+        return self.final_norm(x)
+
+    def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None, device=None) -> list[KVCache]:
+        """One preallocated cache per layer, sized for the attention kind."""
+        max_len = max_len or self.cfg.max_len
+        return [layer.self_attn.new_cache(batch, max_len, dtype=dtype, device=device) for layer in self.layers]
+
+
+class _DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.decoder = Decoder(cfg)
+
+    def _finish_init(self) -> None:
+        init_weights(self)
+        for mod in self.modules():
+            if hasattr(mod, "reset_head_embeddings"):
+                mod.reset_head_embeddings()
+
+    def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None, device=None):
+        return self.decoder.new_caches(batch, max_len, dtype=dtype, device=device)
+
+
+class DecoderForCausalLM(_DecoderModel):
+    """GPT-2 language model with the output projection tied to the token embeddings."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._finish_init()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.decoder.embed.tokens.weight
+
+    def forward(self, input_ids, attention_mask=None, labels=None, caches=None):
+        """``labels`` are the inputs themselves: position t is scored on token t+1;
+        -100 marks positions to ignore."""
+        h = self.decoder(input_ids, attention_mask, caches)
+        logits = self.lm_head(h)  # [B, T, V]
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                                   ignore_index=-100)
+        return ModelOutput(logits, loss, h)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, use_cache: bool = True,
+                 eos_id: int | None = None) -> torch.Tensor:
+        """Greedy decoding; with ``use_cache`` each step feeds one token through the KV cache."""
+        total = input_ids.shape[1] + max_new_tokens
+        caches = self.new_caches(input_ids.shape[0], total) if use_cache else None
+        out, step_in = input_ids, input_ids
+        for _ in range(max_new_tokens):
+            logits = self(step_in if use_cache else out, caches=caches).logits[:, -1]
+            nxt = logits.argmax(-1, keepdim=True)
+            out = torch.cat([out, nxt], dim=1)
+            step_in = nxt
+            if eos_id is not None and bool((nxt == eos_id).all()):
+                break
+        return out
+
+
+class DecoderForSequenceClassification(_DecoderModel):
+    """Classifies from the hidden state of the last non-padding token (paper-notes)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.classifier = nn.Linear(cfg.d_model, cfg.num_labels)
+        self._finish_init()
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        h = self.decoder(input_ids, attention_mask)
+        if attention_mask is None:
+            last = torch.full((h.shape[0],), h.shape[1] - 1, device=h.device)
+        else:
+            last = as_bool_mask(attention_mask).long().sum(1) - 1  # right padding
+        pooled = h[torch.arange(h.shape[0], device=h.device), last]  # [B, m]
+        logits = self.classifier(self.drop(pooled))
+        loss = None if labels is None else classification_loss(logits, labels, self.cfg.num_labels)
+        return ModelOutput(logits, loss, h)

@@ -1,0 +1,106 @@
+"""Encoder-only transformer (BERT, paper section 4.3) and its task heads."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mhe.models.blocks import Block, Embeddings, init_weights
+from mhe.models.config import ModelConfig
+from mhe.models.outputs import ModelOutput, as_bool_mask
+
+
+class Encoder(nn.Module):
+    """Post-LN BERT encoder: learned positions, token types, GELU feed-forward."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embeddings(cfg, norm=not cfg.norm_first)
+        self.layers = nn.ModuleList(Block(cfg, causal=False, cross=False) for _ in range(cfg.n_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        mask = as_bool_mask(attention_mask)
+        x = self.embed(input_ids, token_types=token_type_ids)  # [B, T, m]
+        for layer in self.layers:
+            x = layer(x, mask=mask)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+
+class _EncoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = Encoder(cfg)
+
+    def _finish_init(self) -> None:
+        init_weights(self)
+        for mod in self.modules():
+            if hasattr(mod, "reset_head_embeddings"):
+                mod.reset_head_embeddings()
+
+
+class EncoderForMaskedLM(_EncoderModel):
+    """BERT masked-LM head: dense + GELU + LayerNorm, decoder tied to the token embeddings."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.transform = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.GELU(),
+                                       nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps))
+        self.decoder = nn.Linear(cfg.d_model, cfg.vocab_size)
+        self._finish_init()
+        if cfg.tie_embeddings:
+            self.decoder.weight = self.encoder.embed.tokens.weight
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        h = self.encoder(input_ids, attention_mask, token_type_ids)
+        logits = self.decoder(self.transform(h))  # [B, T, V]
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        return ModelOutput(logits, loss, h)
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor, num_labels: int) -> torch.Tensor:
+    """Cross-entropy for classes, mean squared error when ``num_labels == 1`` (STS-B)."""
+    if num_labels == 1:
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+    return F.cross_entropy(logits.float(), labels)
+
+
+class EncoderForSequenceClassification(_EncoderModel):
+    """[CLS] pooler (dense + tanh) and a linear classifier; one label means regression."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.pooler = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh())
+        self.drop = nn.Dropout(cfg.dropout)
+        self.classifier = nn.Linear(cfg.d_model, cfg.num_labels)
+        self._finish_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        h = self.encoder(input_ids, attention_mask, token_type_ids)
+        logits = self.classifier(self.drop(self.pooler(h[:, 0])))  # [B, num_labels]
+        loss = None if labels is None else classification_loss(logits, labels, self.cfg.num_labels)
+        return ModelOutput(logits, loss, h)
+
+
+class EncoderForQuestionAnswering(_EncoderModel):
+    """Extractive QA: start and end logits per token (SQuAD)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.span = nn.Linear(cfg.d_model, 2)
+        self._finish_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
+                end_positions=None):
+        h = self.encoder(input_ids, attention_mask, token_type_ids)
+        logits = self.span(h)  # [B, T, 2]
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            start, end = logits.float().unbind(-1)
+            loss = (F.cross_entropy(start, start_positions) + F.cross_entropy(end, end_positions)) / 2
+        return ModelOutput(logits, loss, h)

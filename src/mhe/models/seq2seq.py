@@ -1,0 +1,101 @@
+"""Encoder-decoder transformer (Vaswani et al. 2017; paper section 4.3, Table 3)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mhe.attention.base import KVCache
+from mhe.attention.registry import attention_class
+from mhe.errors import MheError
+from mhe.models.blocks import Block, Embeddings, init_weights
+from mhe.models.config import ModelConfig
+from mhe.models.outputs import ModelOutput, as_bool_mask
+
+
+class EncoderDecoder(nn.Module):
+    """Shared source/target vocabulary, one embedding table tied to the output layer.
+
+    Encoder self-attention, decoder causal self-attention and decoder
+    cross-attention all use ``cfg.attention`` (3 * n_layers sublayers).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if not attention_class(cfg.attention).supports_cross:
+            raise MheError(f"attention kind {cfg.attention!r} cannot cross-attend, so it cannot build an "
+                           "encoder-decoder; use it in an encoder or decoder")
+        self.cfg = cfg
+        self.embed = Embeddings(cfg, norm=False)
+        self.encoder_layers = nn.ModuleList(Block(cfg, causal=False, cross=False) for _ in range(cfg.n_layers))
+        self.decoder_layers = nn.ModuleList(Block(cfg, causal=True, cross=True) for _ in range(cfg.n_layers))
+        eps = cfg.layer_norm_eps
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=eps) if cfg.norm_first else None
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=eps) if cfg.norm_first else None
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        init_weights(self)
+        for mod in self.modules():
+            if hasattr(mod, "reset_head_embeddings"):
+                mod.reset_head_embeddings()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.tokens.weight
+
+    def encode(self, src_ids, src_mask=None):
+        mask = as_bool_mask(src_mask)
+        x = self.embed(src_ids)
+        for layer in self.encoder_layers:
+            x = layer(x, mask=mask)
+        return self.encoder_norm(x) if self.encoder_norm is not None else x  # [B, S, m]
+
+    def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None,
+               caches: list[tuple[KVCache, KVCache]] | None = None):
+        start = caches[0][0].pos if caches else 0
+        x = self.embed(tgt_ids, start=start)
+        src_mask, tgt_mask = as_bool_mask(src_mask), as_bool_mask(tgt_mask)
+        for i, layer in enumerate(self.decoder_layers):
+            self_cache, cross_cache = caches[i] if caches else (None, None)
+            x = layer(x, mask=tgt_mask, context=memory, context_mask=src_mask,
+                      cache=self_cache, cross_cache=cross_cache)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return self.lm_head(x)  # [B, T, V]
+
+    def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, labels=None, label_smoothing=0.0):
+        """Teacher forcing: ``tgt_ids`` are the decoder inputs, ``labels`` the tokens
+        each position must predict (-100 ignored)."""
+        memory = self.encode(src_ids, src_mask)
+        logits = self.decode(tgt_ids, memory, src_mask, tgt_mask)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                                   label_smoothing=label_smoothing)
+        return ModelOutput(logits, loss, memory)
+
+    def new_caches(self, batch: int, max_len: int | None = None, src_len: int | None = None,
+                   *, dtype=None, device=None) -> list[tuple[KVCache, KVCache]]:
+        """(self-attention, cross-attention) caches per decoder layer, sized for the kind."""
+        max_len = max_len or self.cfg.max_len
+        src_len = src_len or self.cfg.max_len
+        return [(layer.self_attn.new_cache(batch, max_len, dtype=dtype, device=device),
+                 layer.cross_attn.new_cache(batch, src_len, dtype=dtype, device=device))
+                for layer in self.decoder_layers]
+
+    @torch.no_grad()
+    def greedy(self, src_ids, src_mask=None, *, bos_id: int, eos_id: int, max_len: int,
+               use_cache: bool = True) -> torch.Tensor:
+        """Greedy decoding; returns ``[B, <= max_len]`` tokens starting with ``bos_id``."""
+        memory = self.encode(src_ids, src_mask)
+        b = src_ids.shape[0]
+        out = torch.full((b, 1), bos_id, dtype=torch.long, device=src_ids.device)
+        caches = self.new_caches(b, max_len, memory.shape[1]) if use_cache else None
+        done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
+        for _ in range(max_len - 1):
+            step = out[:, -1:] if use_cache else out
+            nxt = self.decode(step, memory, src_mask, caches=caches)[:, -1].argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+            out = torch.cat([out, nxt[:, None]], dim=1)
+            done |= nxt == eos_id
+            if bool(done.all()):
+                break
+        return out

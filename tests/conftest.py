@@ -1,0 +1,39 @@
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(autouse=True)
+def seed_everything():
+    """Every test starts from the same seeds."""
+    random.seed(0)
+    torch.manual_seed(0)
+    yield
+
+
+B, T, D_MODEL, N_HEADS, VOCAB = 2, 7, 32, 4, 99  # tiny shapes (HF tester sizes)
+
+
+def data_dir() -> Path:
+    """Where the benchmark data lives (env MHE_DATA, default ../shared/data)."""
+    from mhe.data.paths import data_root
+
+    return data_root()
+
+
+def require_data(*relpaths: str) -> Path:
+    """Skip when benchmark files are missing locally; fail under CI (env CI set)."""
+    root = data_dir()
+    missing = [p for p in relpaths if not (root / p).exists()]
+    if missing:
+        msg = f"benchmark data missing under {root}: {', '.join(missing)} (set MHE_DATA)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return root

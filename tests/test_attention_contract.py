@@ -1,0 +1,185 @@
+"""Contract tests run over the whole registry: a new kind gets them for free."""
+
+import pytest
+import torch
+
+from conftest import B, D_MODEL, N_HEADS, T
+from mhe.accounting import attention_params, count_params
+from mhe.attention import KINDS, attention_class, build_attention
+from mhe.errors import MheError
+from reference import reference_forward
+
+CAUSAL_KINDS = [k for k in KINDS if k != "fnet"]
+CACHE_KINDS = [k for k in KINDS if attention_class(k).supports_cache]
+CROSS_KINDS = [k for k in KINDS if attention_class(k).supports_cross]
+
+
+def make(kind, **kw):
+    opts = {"n_kv_heads": 2} if kind == "gqa" else {}
+    if kind == "linear":
+        opts["max_len"] = 16
+    opts.update(kw)
+    mod = build_attention(kind, d_model=D_MODEL, n_heads=N_HEADS, **opts).double()
+    with torch.no_grad():  # non-trivial values everywhere, biases and head embeddings included
+        for p in mod.parameters():
+            p.normal_(0, 0.3)
+    return mod.eval()
+
+
+def x64(*shape):
+    return torch.randn(*shape, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shape_and_reference(kind):
+    causal = kind != "fnet"
+    mod = make(kind, causal=causal, bias=True)
+    x = x64(B, T, D_MODEL)
+    out = mod(x)
+    assert out.shape == (B, T, D_MODEL)
+    torch.testing.assert_close(out, reference_forward(mod, x), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padding_mask_matches_reference(kind):
+    mod = make(kind, causal=False)
+    x = x64(B, T, D_MODEL)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, 5:] = False
+    mask[1, 3:] = False
+    torch.testing.assert_close(mod(x, mask=mask), reference_forward(mod, x, mask=mask), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", CROSS_KINDS)
+def test_cross_attention_matches_reference(kind):
+    mod = make(kind, causal=True)  # causal is ignored for cross-attention
+    x, ctx = x64(B, T, D_MODEL), x64(B, 5, D_MODEL)
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    out = mod(x, context=ctx, mask=mask)
+    torch.testing.assert_close(out, reference_forward(mod, x, context=ctx, mask=mask), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", CAUSAL_KINDS)
+def test_causal_future_does_not_leak(kind):
+    mod = make(kind, causal=True)
+    x = x64(B, T, D_MODEL)
+    y = x.clone()
+    y[:, 4:] = x64(B, T - 4, D_MODEL)
+    a, b = mod(x), mod(y)
+    torch.testing.assert_close(a[:, :4], b[:, :4], rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padded_keys_do_not_matter(kind):
+    mod = make(kind, causal=False)
+    x = x64(B, T, D_MODEL)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[:, 5:] = False
+    y = x.clone()
+    y[:, 5:] = x64(B, 2, D_MODEL)
+    torch.testing.assert_close(mod(x, mask=mask)[:, :5], mod(y, mask=mask)[:, :5], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", CACHE_KINDS)
+def test_cached_decoding_equals_full_forward(kind):
+    mod = make(kind, causal=True)
+    x = x64(B, T, D_MODEL)
+    full = mod(x)
+    cache = mod.new_cache(B, T + 3)
+    steps = [mod(x[:, :3], cache=cache)]  # a prompt, then one token at a time
+    steps += [mod(x[:, t:t + 1], cache=cache) for t in range(3, T)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-10)
+    assert cache.pos == T
+
+
+@pytest.mark.parametrize("kind", CACHE_KINDS)
+def test_cross_attention_cache(kind):
+    mod = make(kind)
+    x, ctx = x64(B, T, D_MODEL), x64(B, 5, D_MODEL)
+    cache = mod.new_cache(B, 5)
+    steps = [mod(x[:, t:t + 1], context=ctx, cache=cache) for t in range(T)]
+    torch.testing.assert_close(torch.cat(steps, 1), mod(x, context=ctx), rtol=1e-10, atol=1e-10)
+
+
+def test_cache_heads_per_kind():
+    sizes = {k: make(k).new_cache(1, 8).k.shape[1] for k in CACHE_KINDS}
+    assert sizes == {"mha": 4, "sha": 1, "mqa": 1, "gqa": 2, "skv": 4, "el-att": 4, "mhe-add": 1, "mhe-mul": 1}
+    assert make("mhe-mul", impl="reference").new_cache(1, 8).k.shape[1] == 4
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k not in CACHE_KINDS])
+def test_mixing_kinds_refuse_cache_and_context(kind):
+    mod = make(kind)
+    with pytest.raises(MheError, match="no KV cache"):
+        mod.new_cache(1, 8)
+    with pytest.raises(MheError, match="cannot cross-attend"):
+        mod(x64(B, T, D_MODEL), context=x64(B, 3, D_MODEL))
+
+
+def test_fnet_refuses_causal():
+    with pytest.raises(MheError, match="cannot be causal"):
+        build_attention("fnet", d_model=32, n_heads=4, causal=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bias", [False, True])
+def test_param_count_equals_formula(kind, bias):
+    mod = make(kind, bias=bias)
+    opts = {"n_kv_heads": 2} if kind == "gqa" else ({"max_len": 16} if kind == "linear" else {})
+    for include_output in (True, False):
+        assert count_params(mod, include_output=include_output) == attention_params(
+            kind, d_model=D_MODEL, n_heads=N_HEADS, include_output=include_output, bias=bias, **opts)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_state_dict_round_trip(kind):
+    a, b = make(kind), make(kind)
+    b.load_state_dict(a.state_dict())
+    x = x64(B, T, D_MODEL)
+    torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)
+
+
+def test_parameter_names_are_the_checkpoint_format():
+    names = {k: sorted(n for n, _ in make(k).named_parameters()) for k in KINDS}
+    assert names["mha"] == ["k_proj.weight", "out_proj.weight", "q_proj.weight", "v_proj.weight"]
+    assert names["skv"] == ["kv_proj.weight", "out_proj.weight", "q_proj.weight"]
+    assert names["el-att"] == ["out_proj.weight", "q_proj.weight"]
+    assert names["mhe-mul"] == ["head_embed", "k_proj.weight", "out_proj.weight", "q_proj.weight", "v_proj.weight"]
+    assert make("mhe-add").head_embed.shape == (3, N_HEADS, D_MODEL // N_HEADS)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(kind="nope"), "unknown attention kind 'nope'; valid: mha, sha"),
+    (dict(kind="mha", d_model=30, n_heads=4), "d_model=30 is not divisible by n_heads=4"),
+    (dict(kind="mha", d_model=0, n_heads=4), "d_model must be a positive integer, got 0"),
+    (dict(kind="mha", d_model=32, n_heads=-1), "n_heads must be a positive integer, got -1"),
+    (dict(kind="gqa", d_model=32, n_heads=4, n_kv_heads=3), "n_kv_heads=3 must divide n_heads=4"),
+    (dict(kind="mhe-mul", d_model=32, n_heads=4, impl="slow"), "unknown MHE impl 'slow'; valid: fast, reference"),
+    (dict(kind="mha", d_model=32, n_heads=4, n_kv_heads=2), "takes no option 'n_kv_heads'"),
+    (dict(kind="el-att", d_model=32, n_heads=4, head_dim=4), "n_heads\\*head_dim must equal d_model"),
+    (dict(kind="mha", d_model=32, n_heads=4, dropout=1.5), "dropout must be in \\[0, 1\\)"),
+])
+def test_bad_configuration_is_named(bad, match):
+    kw = dict(d_model=32, n_heads=4) | bad
+    kind = kw.pop("kind")
+    with pytest.raises(MheError, match=match):
+        build_attention(kind, **kw)
+
+
+def test_bad_mask_and_input_are_named():
+    mod = make("mha")
+    x = x64(B, T, D_MODEL)
+    with pytest.raises(MheError, match=r"mask must be a boolean key-padding mask of shape \[B=2, S=7\]"):
+        mod(x, mask=torch.ones(B, T + 1, dtype=torch.bool))
+    with pytest.raises(MheError, match="mask must be a boolean"):
+        mod(x, mask=torch.ones(B, T))
+    with pytest.raises(MheError, match=r"input must have shape \[B, T, d_model=32\]"):
+        mod(x64(B, T, 16))
+
+
+def test_cache_overflow_is_named():
+    mod = make("mqa", causal=True)
+    cache = mod.new_cache(B, 4)
+    with pytest.raises(MheError, match="KV cache overflow"):
+        mod(x64(B, 5, D_MODEL), cache=cache)
