@@ -49,6 +49,9 @@ def _resolve_geometry(args) -> dict:
                if v is None]
     if missing:
         raise MheError(f"give --preset NAME or all of --layers, --heads, --head-dim (missing {', '.join(missing)})")
+    from mhe.errors import require_positive
+
+    require_positive(layers=args.layers, n_heads=args.heads, head_dim=args.head_dim)
     return dict(arch=args.arch or "encoder", n_layers=args.layers, n_heads=args.heads, head_dim=args.head_dim,
                 d_model=args.d_model or args.heads * args.head_dim, max_len=512)
 

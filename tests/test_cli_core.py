@@ -1,0 +1,64 @@
+"""The command line: exact paper figures, JSON, plots and one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mhe.cli import main
+
+
+def run(*argv):
+    return subprocess.run([sys.executable, "-m", "mhe.cli", *argv], capture_output=True, text=True)
+
+
+def test_params_json_bert_base(capsys):
+    assert main(["params", "--preset", "bert-base", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["sha"] == 8_847_360 and got["mha"] == 28_311_552 and got["mhe-mul"] == 8_875_008
+
+
+def test_params_explicit_geometry_and_arch(capsys):
+    assert main(["params", "--layers", "6", "--heads", "8", "--head-dim", "64", "--arch", "encoder-decoder",
+                 "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["mha"] == 18_874_368 and got["mhe-add"] == 6_515_712
+    assert main(["params", "--layers", "1", "--heads", "96", "--head-dim", "128", "--arch", "decoder",
+                 "--exclude-output", "--json", "--kinds", "mha,mhe-mul"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got == {"mha": 3 * 12288 ** 2, "mhe-mul": 3 * 12288 * 128 + 3 * 96 * 128}
+
+
+def test_params_table_text(capsys):
+    assert main(["params", "--preset", "transformer-base"]) == 0
+    out = capsys.readouterr().out
+    assert "18.87M" in out and "6.52M" in out and "| sublayers" not in out.splitlines()[0]
+
+
+def test_memory_json_matches_appendix_c(capsys):
+    assert main(["memory", "--preset", "bert-base", "--batch", "32", "--seq-len", "512", "--json"]) == 0
+    rows = {r["kind"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["mha"]["total"] == 72_351_744 and round(rows["mhe-mul"]["saving_ratio"], 2) == 44.77
+
+
+def test_scaling_plot(tmp_path, capsys):
+    path = tmp_path / "scaling.png"
+    assert main(["scaling", "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000
+    assert "43,486,543,872" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["params", "--preset", "nope"], "unknown preset 'nope'; valid: bert-base"),
+    (["params", "--layers", "2"], "give --preset NAME or all of --layers, --heads, --head-dim"),
+    (["params", "--preset", "bert-base", "--kinds", "mha,xyz"], "unknown attention kind 'xyz'"),
+    (["params", "--layers", "2", "--heads", "0", "--head-dim", "64"], "n_heads must be a positive integer, got 0"),
+    (["memory", "--preset", "bert-base", "--batch", "-1"], "batch must be a positive integer, got -1"),
+])
+def test_bad_input_one_line_exit_2(argv, message):
+    r = run(*argv)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
