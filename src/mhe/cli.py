@@ -228,5 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # run the registered module, not a second copy of it
+    from mhe.cli import main as _main
+
+    sys.exit(_main())

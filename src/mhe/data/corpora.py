@@ -1,0 +1,87 @@
+"""Plain-text language-modelling corpora: Penn Treebank and WikiText (paper section 4.2).
+
+Local files are read in their original formats (``ptb.{split}.txt``,
+``wiki.{split}.tokens`` / ``wiki.{split}.raw``, gzip/xz or not). When the
+optional ``datasets`` package is installed, ``source="hub"`` loads the same
+splits from the hub instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mhe.data.paths import data_root, find_file, open_text
+from mhe.errors import MheError, one_of
+
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    name: str
+    files: dict  # split -> path relative to the data folder (without .gz/.xz)
+    hub: tuple  # (dataset, config) on the hub
+    word_level: bool  # the convention: word-level vocabulary (PTB) or sub-words
+
+
+CORPORA = {
+    "ptb": Corpus("ptb", {s: f"ptb/ptb.{s}.txt" for s in SPLITS}, ("ptb_text_only", None), True),
+    "wikitext-2": Corpus("wikitext-2", {s: f"wikitext-2/wiki.{s}.tokens" for s in SPLITS},
+                         ("Salesforce/wikitext", "wikitext-2-v1"), False),
+    "wikitext-103": Corpus("wikitext-103", {s: f"wikitext-103/wiki.{s}.tokens" for s in SPLITS},
+                           ("Salesforce/wikitext", "wikitext-103-v1"), False),
+}
+
+
+def corpus(name: str) -> Corpus:
+    if name not in CORPORA:
+        raise one_of("dataset", name, CORPORA)
+    return CORPORA[name]
+
+
+def read_lines(name: str, split: str, *, data_dir: str | Path | None = None, source: str = "local",
+               limit: int | None = None) -> list[str]:
+    """The split's lines, stripped of the trailing newline; empty lines are dropped."""
+    c = corpus(name)
+    if split not in SPLITS:
+        raise one_of("split", split, SPLITS)
+    if source == "hub":
+        return _from_hub(c, split, limit)
+    if source != "local":
+        raise one_of("data source", source, ("local", "hub"))
+    path = find_file(c.files[split], data_root(data_dir))
+    lines = []
+    with open_text(path) as f:
+        for i, line in enumerate(f, 1):
+            if "\x00" in line:
+                raise MheError(f"{path}:{i}: malformed line (NUL byte) in a text corpus")
+            line = line.strip()
+            if line:
+                lines.append(line)
+            if limit and len(lines) >= limit:
+                break
+    return lines
+
+
+def _from_hub(c: Corpus, split: str, limit: int | None) -> list[str]:
+    try:
+        import datasets  # optional
+    except ImportError:
+        raise MheError(f"loading {c.name!r} from the hub needs the optional 'datasets' package "
+                       f"(pip install mhe[datasets]); offline, put {c.files[split]} under --data-dir") from None
+    hub_split = {"valid": "validation"}.get(split, split)
+    try:
+        ds = datasets.load_dataset(c.hub[0], c.hub[1], split=hub_split)
+    except Exception as e:  # network or hub failure: say what is missing and where to put it
+        raise MheError(f"could not load {c.hub[0]} ({c.hub[1]}) from the hub ({type(e).__name__}); "
+                       f"offline, put {c.files[split]} under --data-dir") from None
+    key = "sentence" if "sentence" in ds.column_names else "text"
+    lines = [t.strip() for t in ds[key] if t.strip()]
+    return lines[:limit] if limit else lines
+
+
+def word_count(lines: list[str]) -> int:
+    """Words for per-word perplexity: whitespace tokens plus one end-of-line per line
+    (the <eos> the word-level convention scores)."""
+    return sum(len(line.split()) + 1 for line in lines)

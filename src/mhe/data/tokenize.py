@@ -1,0 +1,78 @@
+"""Tokenizers trained with the ``tokenizers`` library and saved as ``tokenizer.json``.
+
+* ``bpe``: byte-level BPE (GPT-2 style) for the decoder; lossless.
+* ``wordpiece``: BERT's WordPiece for the encoder (30K in the paper).
+* ``word``: whitespace word level, the Penn Treebank convention.
+
+Every tokenizer has the special tokens ``[PAD]`` (id 0), ``[UNK]``, ``[CLS]``,
+``[SEP]``, ``[MASK]``, ``[BOS]`` and ``[EOS]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from mhe.errors import MheError, one_of
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]"]
+KINDS = ("bpe", "wordpiece", "word")
+
+
+def train_tokenizer(kind: str, texts, vocab_size: int, *, lowercase: bool = False) -> Tokenizer:
+    """Train a tokenizer of ``kind`` on an iterable of strings."""
+    if kind not in KINDS:
+        raise one_of("tokenizer", kind, KINDS)
+    if vocab_size < len(SPECIALS) + 1:
+        raise MheError(f"vocab_size must be at least {len(SPECIALS) + 1}, got {vocab_size}")
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token=None))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    elif kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False)
+    else:
+        tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def with_pair_template(tok: Tokenizer) -> Tokenizer:
+    """[CLS] A [SEP] (B [SEP]) with token types, as BERT's inputs are built."""
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return tok
+
+
+def save_tokenizer(tok: Tokenizer, directory: str | Path) -> Path:
+    path = Path(directory) / "tokenizer.json"
+    tmp = path.with_suffix(".json.tmp")
+    tok.save(str(tmp))
+    tmp.replace(path)
+    return path
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer:
+    path = Path(directory) / "tokenizer.json"
+    if not path.is_file():
+        raise MheError(f"no tokenizer at {path}")
+    return Tokenizer.from_file(str(path))
+
+
+def special_id(tok: Tokenizer, name: str) -> int:
+    i = tok.token_to_id(name)
+    if i is None:
+        raise MheError(f"tokenizer has no special token {name}")
+    return i

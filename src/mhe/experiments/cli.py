@@ -1,0 +1,129 @@
+"""``mhe compare``, ``mhe report`` and ``mhe run``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from mhe.cli import command
+
+
+def _compare_args(p):
+    p.add_argument("--task", default=None, help="recall, lm or mlm (default: the preset's)")
+    p.add_argument("--preset", default=None,
+                   help="a comparison preset (cpu-recall, cpu-ptb, gpu-ptb, paper-table2, ...) or a model preset")
+    p.add_argument("--kinds", default=None, help="comma-separated attention kinds (default: the paper's seven)")
+    p.add_argument("--seeds", type=int, default=None)
+    p.add_argument("--data", default=None, help="dataset for lm/mlm (ptb, wikitext-2, wikitext-103)")
+    p.add_argument("--data-dir", default="")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
+    p.add_argument("--workers", type=int, default=None,
+                   help="runs at a time (default: one per GPU, else 2 on CPU)")
+    p.add_argument("--paper", default=None, help="paper table to set beside ours (e.g. table2-ptb)")
+    p.add_argument("--out", default=None, help="output folder (default runs/compare-PRESET)")
+
+
+def build_sweep(args):
+    from mhe.attention import KINDS
+    from mhe.errors import MheError, one_of
+    from mhe.experiments.presets import DEFAULT, EXPERIMENTS, experiment
+    from mhe.experiments.sweep import Sweep
+    from mhe.models import PRESETS
+
+    name = args.preset or DEFAULT
+    if name in EXPERIMENTS:
+        exp = experiment(name)
+        sweep = Sweep(exp.task, exp.preset, list(exp.kinds), exp.seeds, exp.data, args.data_dir,
+                      list(exp.overrides), exp.paper)
+    elif name in PRESETS:
+        sweep = Sweep(args.task or "recall", name, list(experiment(DEFAULT).kinds), 1, args.data or "",
+                      args.data_dir, [])
+    else:
+        raise one_of("preset", name, list(EXPERIMENTS) + list(PRESETS))
+    if args.task and args.task != sweep.task:
+        from mhe.tasks import TASKS
+
+        if args.task not in TASKS:
+            raise one_of("task", args.task, TASKS)
+        sweep.task = args.task
+    if args.kinds:
+        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        for k in kinds:
+            if k not in KINDS:
+                raise one_of("attention kind", k, KINDS)
+        sweep.kinds = kinds
+    if args.seeds is not None:
+        if args.seeds <= 0:
+            raise MheError(f"--seeds must be positive, got {args.seeds}")
+        sweep.seeds = args.seeds
+    if args.data:
+        sweep.data = args.data
+    sweep.overrides = list(sweep.overrides or []) + list(args.set)
+    if args.paper is not None:
+        from mhe.experiments.paper import paper_table
+
+        if args.paper:
+            paper_table(args.paper)
+        sweep.paper = args.paper
+    return name, sweep
+
+
+@command("compare", "train every attention kind the same way and compare them (the main job)", _compare_args)
+def cmd_compare(args) -> int:
+    import torch
+
+    from mhe.experiments.sweep import run_sweep
+
+    name, sweep = build_sweep(args)
+    out = Path(args.out or f"runs/compare-{name}")
+    workers = args.workers or (torch.cuda.device_count() or 2)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log(f"comparing {', '.join(sweep.kinds)} on {sweep.task} ({sweep.preset}"
+        f"{', ' + sweep.data if sweep.data else ''}), {sweep.seeds} seed(s)")
+    try:
+        summary = run_sweep(sweep, out, workers=workers, log=log)
+    except KeyboardInterrupt:
+        log(f"interrupted; rerun the same command to resume ({out})")
+        return 130
+    print(summary["markdown"])
+    print(f"tables: {out}/summary.md, summary.csv, summary.json; plots: {out}/score_vs_params.png, "
+          f"{out}/training_curves.png")
+    return 0
+
+
+def _report_args(p):
+    p.add_argument("dirs", nargs="+", help="comparison folders (each with runs/*/results.json)")
+    p.add_argument("--paper", default=None, help="paper table to set beside ours (default: the sweep's)")
+
+
+@command("report", "rebuild tables and plots from finished comparison runs", _report_args)
+def cmd_report(args) -> int:
+    from mhe.experiments.summary import write_summary
+
+    for d in args.dirs:
+        d = Path(d)
+        paper = args.paper
+        if paper is None and (d / "sweep.json").exists():
+            paper = json.loads((d / "sweep.json").read_text()).get("paper", "")
+        summary = write_summary(d, paper_table=paper or "")
+        print(f"## {d}\n")
+        print(summary["markdown"])
+    return 0
+
+
+def _run_args(p):
+    p.add_argument("--config", required=True, help="a run.json written by mhe compare")
+    p.add_argument("--out", required=True)
+    p.add_argument("--resume", action="store_true")
+
+
+@command("run", "train one run from a saved configuration (used by mhe compare's workers)", _run_args)
+def cmd_run(args) -> int:
+    from mhe.training.cli import run_training
+    from mhe.training.config import RunConfig, validate
+
+    cfg = RunConfig.from_dict(json.loads(Path(args.config).read_text()))
+    validate(cfg)
+    res = run_training(cfg, args.out, args.resume)
+    return 0 if res["status"] in ("finished", "early_stopped") else 3

@@ -1,0 +1,62 @@
+"""The comparison's two pictures: score against attention parameters, and training curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mhe.accounting.scaling import LABELS
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_score_vs_params(summary: dict, path: Path) -> None:
+    """The paper's argument in one picture: what each kind scores for what it costs."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in summary["rows"]:
+        x = max(r["attention_params"], 1)
+        ax.errorbar([x], [r["mean"]], yerr=[r["std"]], fmt="o", ms=8, capsize=4,
+                    label=LABELS.get(r["kind"], r["kind"]))
+        ax.annotate(LABELS.get(r["kind"], r["kind"]), (x, r["mean"]), textcoords="offset points", xytext=(6, 4))
+    ax.set_xscale("log")
+    ax.set_xlabel("attention parameters (log scale)")
+    direction = "higher" if summary["higher_is_better"] else "lower"
+    ax.set_ylabel(f"{summary['metric']} ({direction} is better)")
+    ax.set_title(f"{summary['task']}: score against attention parameters")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_curves(runs: list[dict], path: Path) -> None:
+    """Training loss per kind (the first seed of each kind)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    seen = set()
+    for r in sorted(runs, key=lambda r: (r["attention"], r.get("seed", 0))):
+        if r["attention"] in seen:
+            continue
+        seen.add(r["attention"])
+        f = Path(r["run_dir"]) / "metrics.jsonl"
+        if not f.exists():
+            continue
+        recs = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        recs = [x for x in recs if "loss" in x]
+        ax.plot([x["step"] for x in recs], [x["loss"] for x in recs], label=LABELS.get(r["attention"], r["attention"]))
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

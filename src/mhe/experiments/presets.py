@@ -1,0 +1,51 @@
+"""Comparison presets: the paper's experiments at their published settings, and reduced
+versions that fit one GPU for about an hour or one CPU for minutes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mhe.attention import PAPER_KINDS
+from mhe.errors import one_of
+
+
+@dataclass
+class Experiment:
+    task: str
+    preset: str                      # model preset
+    data: str = ""
+    kinds: tuple = PAPER_KINDS
+    seeds: int = 1
+    overrides: list = field(default_factory=list)  # --set items applied to every run
+    paper: str = ""                  # paper table to set beside ours
+    note: str = ""
+
+
+_GPU_LM = ["model.n_layers=6", "model.max_len=256", "data.vocab_size=16384", "train.steps=3000",
+           "train.batch_size=32", "train.lr=5e-4", "train.warmup_steps=300", "train.schedule=cosine",
+           "train.save_every=1000", "train.log_every=50", "model.dropout=0.1", "model.attn_dropout=0.1"]
+
+EXPERIMENTS = {
+    # the main job: built-in data, 2 CPU cores, a few minutes
+    "cpu-recall": Experiment("recall", "tiny-decoder", note="multi-query associative recall, generated in-package"),
+    "cpu-ptb": Experiment("lm", "tiny-decoder", "ptb", paper="table2-ptb", note="tiny decoder, minutes on a CPU"),
+    "cpu-wikitext-2": Experiment("lm", "tiny-decoder", "wikitext-2", paper="table2-wikitext-103",
+                                 note="tiny decoder; the paper's row is WikiText-103"),
+    # one GPU for about an hour: GPT-2 base head geometry (12 heads of 64), 6 layers, 3 seeds
+    "gpu-ptb": Experiment("lm", "gpt2-base", "ptb", seeds=3, overrides=_GPU_LM + ["data.tokenizer=word"],
+                          paper="table2-ptb"),
+    "gpu-wikitext-2": Experiment("lm", "gpt2-base", "wikitext-2", seeds=3, overrides=_GPU_LM,
+                                 paper="table2-wikitext-103"),
+    # the paper's published settings (Table 2 language modelling; Appendix B pre-training values)
+    "paper-table2": Experiment("lm", "gpt2-base", "wikitext-103", seeds=5, paper="table2-wikitext-103",
+                               overrides=["train.steps=1000000", "train.batch_size=128"]),
+    "paper-table2-ptb": Experiment("lm", "gpt2-base", "ptb", seeds=5, paper="table2-ptb",
+                                   overrides=["train.steps=1000000", "train.batch_size=128"]),
+}
+DEFAULT = "cpu-recall"
+
+
+def experiment(name: str) -> Experiment:
+    if name not in EXPERIMENTS:
+        raise one_of("comparison preset", name, EXPERIMENTS)
+    return EXPERIMENTS[name]

@@ -1,0 +1,131 @@
+"""Aggregate finished runs into the paper's table shape: score ± std, attention
+parameters, PRR against MHA and PEoP against SHA (section 4.6); Markdown, CSV,
+JSON and plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+from mhe.attention import KINDS, PAPER_KINDS
+from mhe.errors import MheError
+from mhe.metrics import peop, prr
+from mhe.training.checkpoint import write_json_atomic
+
+ORDER = list(PAPER_KINDS) + [k for k in KINDS if k not in PAPER_KINDS]
+
+
+def collect(out: Path) -> list[dict]:
+    """Every finished run's results.json under ``out/runs``."""
+    runs = []
+    for f in sorted((out / "runs").glob("*/results.json")):
+        r = json.loads(f.read_text())
+        r["run_dir"] = str(f.parent)
+        runs.append(r)
+    return runs
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """``{"task", "metric", "higher_is_better", "rows": [...]}`` with PRR and PEoP per kind."""
+    if not runs:
+        raise MheError("no finished runs to summarise (no runs/*/results.json)")
+    metric, hib, task = runs[0]["metric"], runs[0]["higher_is_better"], runs[0]["task"]
+    by_kind: dict[str, list[dict]] = {}
+    for r in runs:
+        if r["metric"] != metric:
+            raise MheError(f"runs mix metrics {metric!r} and {r['metric']!r}")
+        by_kind.setdefault(r["attention"], []).append(r)
+    rows = []
+    for kind in sorted(by_kind, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
+        scores = [r["score"] for r in sorted(by_kind[kind], key=lambda r: r.get("seed", 0))]
+        rows.append({"kind": kind, "attention_params": by_kind[kind][0]["attention_params"],
+                     "mean": statistics.fmean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+                     "n_seeds": len(scores), "scores": scores, "prr": None, "peop": None})
+    ref = {r["kind"]: r for r in rows}
+    for row in rows:
+        if "mha" in ref:
+            row["prr"] = prr(row["mean"], ref["mha"]["mean"], higher_is_better=hib)
+        if "sha" in ref and row["kind"] != "sha" and row["attention_params"] != ref["sha"]["attention_params"]:
+            row["peop"] = peop(row["mean"], row["attention_params"], ref["sha"]["mean"],
+                               ref["sha"]["attention_params"], higher_is_better=hib)
+    return {"task": task, "metric": metric, "higher_is_better": hib, "rows": rows}
+
+
+def paper_columns(summary: dict, table: str) -> dict:
+    """The paper's score, PRR and PEoP per kind, recomputed from the printed numbers."""
+    from mhe.experiments.paper import paper_table
+
+    t = paper_table(table)
+    rows, hib = t["rows"], t["higher_is_better"]
+    out = {}
+    for kind, (params_m, score) in rows.items():
+        col = {"params_m": params_m, "score": score, "prr": None, "peop": None}
+        if "mha" in rows:
+            col["prr"] = prr(score, rows["mha"][1], higher_is_better=hib)
+        if "sha" in rows and kind != "sha" and params_m != rows["sha"][0]:
+            col["peop"] = peop(score, params_m, rows["sha"][1], rows["sha"][0], higher_is_better=hib)
+        out[kind] = col
+    return {"table": table, "metric": t["metric"], "rows": out}
+
+
+def _fmt(x, digits=4):
+    if x is None:
+        return "-"
+    return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:,.1f}"
+
+
+def markdown(summary: dict, paper: dict | None = None) -> str:
+    m = summary["metric"]
+    head = ["Attention", "#params", f"{m} (mean ± std)", "seeds", "PRR (%)", "PEoP"]
+    if paper:
+        head += [f"paper {paper['metric']}", "paper PRR (%)", "paper PEoP"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for r in summary["rows"]:
+        cells = [r["kind"].upper() if r["kind"] in ("sha", "mha", "mqa", "skv", "gqa") else r["kind"],
+                 f"{r['attention_params'] / 1e6:.3f}M", f"{_fmt(r['mean'])} ± {_fmt(r['std'], 2)}", str(r["n_seeds"]),
+                 "-" if r["prr"] is None else f"{100 * r['prr']:.1f}", "-" if r["peop"] is None else f"{r['peop']:.2f}"]
+        if paper:
+            p = paper["rows"].get(r["kind"])
+            cells += ["-", "-", "-"] if p is None else [
+                f"{p['score']:g}", "-" if p["prr"] is None else f"{100 * p['prr']:.1f}",
+                "-" if p["peop"] is None else f"{p['peop']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    direction = "higher" if summary["higher_is_better"] else "lower"
+    lines.append("")
+    lines.append(f"Task `{summary['task']}`, metric `{m}` ({direction} is better). PRR against MHA, PEoP against SHA "
+                 "(section 4.6); PEoP is inverted for lower-is-better metrics.")
+    if paper:
+        from mhe.experiments.paper import source
+
+        lines.append(f"Paper columns: `{paper['table']}` from {source()} PRR/PEoP recomputed from the printed numbers.")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(out: Path, *, paper_table: str = "") -> dict:
+    """Write summary.json, summary.md, summary.csv and the plots; returns the summary."""
+    runs = collect(out)
+    summary = aggregate(runs)
+    paper = paper_columns(summary, paper_table) if paper_table else None
+    write_json_atomic(out / "summary.json", {**summary, **({"paper": paper} if paper else {})})
+    md = markdown(summary, paper)
+    _write_text(out / "summary.md", md)
+    tmp = out / ".summary.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["kind", "attention_params", "mean", "std", "n_seeds", "prr", "peop"])
+        for r in summary["rows"]:
+            w.writerow([r["kind"], r["attention_params"], r["mean"], r["std"], r["n_seeds"], r["prr"], r["peop"]])
+    tmp.replace(out / "summary.csv")
+    from mhe.experiments.plots import plot_curves, plot_score_vs_params
+
+    plot_score_vs_params(summary, out / "score_vs_params.png")
+    plot_curves(runs, out / "training_curves.png")
+    return {**summary, "markdown": md}
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

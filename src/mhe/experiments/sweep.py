@@ -1,0 +1,137 @@
+"""Run every (kind, seed) of a comparison with identical settings; skip finished runs,
+resume unfinished ones from their checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mhe.errors import MheError
+from mhe.training.checkpoint import list_checkpoints, write_json_atomic
+
+
+@dataclass
+class Sweep:
+    task: str
+    preset: str
+    kinds: list
+    seeds: int
+    data: str = ""
+    data_dir: str = ""
+    overrides: list | None = None
+    paper: str = ""
+
+    def identity(self) -> dict:
+        d = asdict(self)
+        d.pop("data_dir")
+        d.pop("paper")
+        return d
+
+
+def run_config(sweep: Sweep, kind: str, seed: int):
+    """The RunConfig of one (kind, seed): the task's defaults, the sweep's overrides, the seed."""
+    from mhe.training.config import apply_overrides
+    from mhe.training.defaults import default_run
+
+    cfg = default_run(sweep.task, sweep.preset, kind, sweep.data)
+    cfg.data.data_dir = sweep.data_dir
+    cfg = apply_overrides(cfg, list(sweep.overrides or []))
+    cfg.train.seed = seed
+    cfg.train.progress = False
+    return cfg
+
+
+def check_sweep_dir(out: Path, sweep: Sweep) -> None:
+    """Refuse an output folder that holds a different comparison, naming the difference."""
+    f = out / "sweep.json"
+    if f.exists():
+        old = json.loads(f.read_text())["sweep"]
+        new = sweep.identity()
+        diffs = [f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in sorted(set(old) | set(new))
+                 if old.get(k) != new.get(k)]
+        if diffs:
+            raise MheError(f"{out} holds a different comparison ({'; '.join(diffs)}); choose another --out")
+
+
+def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, log=print) -> dict:
+    """Run what is missing, then write the summary. Returns the summary."""
+    from mhe.experiments.summary import write_summary
+
+    out = Path(out)
+    check_sweep_dir(out, sweep)
+    for kind in sweep.kinds:  # validate every run's configuration before starting any
+        run_config(sweep, kind, 0)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "sweep.json", {"sweep": sweep.identity(), "paper": sweep.paper})
+    jobs = []
+    for seed in range(sweep.seeds):
+        for kind in sweep.kinds:
+            run_dir = out / "runs" / f"{kind}-seed{seed}"
+            if (run_dir / "results.json").exists():
+                log(f"[skip] {kind} seed {seed}: finished")
+                continue
+            jobs.append((kind, seed, run_dir))
+    log(f"{len(jobs)} run(s) to do, {workers} at a time -> {out}")
+    if workers <= 1:
+        for kind, seed, run_dir in jobs:
+            status = _run_inprocess(sweep, kind, seed, run_dir, log)
+            if status == "interrupted":
+                raise KeyboardInterrupt
+    else:
+        _run_parallel(sweep, jobs, workers, log)
+    return write_summary(out, paper_table=sweep.paper)
+
+
+def _run_inprocess(sweep, kind, seed, run_dir: Path, log) -> str:
+    from mhe.tasks import build_task
+    from mhe.training.loop import Trainer
+
+    cfg = run_config(sweep, kind, seed)
+    resume = bool(list_checkpoints(run_dir / "checkpoints"))
+    t0 = time.perf_counter()
+    log(f"[{'resume' if resume else 'start'}] {kind} seed {seed}")
+    res = Trainer(cfg, build_task(cfg.task), run_dir, resume=resume, log=log).fit()
+    if res["status"] in ("finished", "early_stopped"):
+        log(f"[done] {kind} seed {seed}: {res['metric']} = {res['score']:.4g} ({time.perf_counter() - t0:.0f} s)")
+    return res["status"]
+
+
+def _run_parallel(sweep, jobs, workers, log) -> None:
+    """One subprocess per run; GPUs are handed out one per worker, CPU threads are shared."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    threads = max(1, (os.cpu_count() or 1) // workers)
+
+    def launch(slot_job):
+        slot, (kind, seed, run_dir) = slot_job
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg = run_config(sweep, kind, seed)
+        write_json_atomic(run_dir / "run.json", cfg.to_dict())
+        cmd = [sys.executable, "-m", "mhe", "run", "--config", str(run_dir / "run.json"), "--out", str(run_dir)]
+        if list_checkpoints(run_dir / "checkpoints"):
+            cmd.append("--resume")
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = str(slot % gpus)
+        log(f"[start] {kind} seed {seed}" + (f" on GPU {slot % gpus}" if gpus else ""))
+        with open(run_dir / "stderr.log", "a") as err:
+            rc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err).returncode
+        if rc == 0 and (run_dir / "results.json").exists():
+            score = json.loads((run_dir / "results.json").read_text())["score"]
+            log(f"[done] {kind} seed {seed}: {score:.4g}")
+        else:
+            log(f"[failed] {kind} seed {seed} (exit {rc}); see {run_dir / 'stderr.log'}")
+        return rc
+
+    slots = [(i % workers, job) for i, job in enumerate(jobs)]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        codes = list(pool.map(launch, slots))
+    if any(codes):
+        raise MheError(f"{sum(1 for c in codes if c)} run(s) failed; rerun the same command to retry them")

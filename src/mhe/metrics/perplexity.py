@@ -1,0 +1,57 @@
+"""Perplexity with a sliding window (paper section 4.5: stride 256).
+
+Windows of ``max_len`` tokens start every ``stride`` tokens; each window scores
+only the tokens the previous window did not, so every token after the first is
+scored exactly once, with up to ``max_len - stride`` tokens of extra context.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from mhe.errors import MheError
+
+
+def window_plan(n_tokens: int, max_len: int, stride: int) -> list[tuple[int, int, int]]:
+    """``(begin, end, n_scored)`` per window: tokens ``[end - n_scored, end)`` are scored."""
+    if stride <= 0 or stride > max_len:
+        raise MheError(f"stride must be in 1..max_len={max_len}, got {stride}")
+    plan, prev_end = [], 0
+    for begin in range(0, max(n_tokens - 1, 1), stride):
+        end = min(begin + max_len, n_tokens)
+        n = end - max(prev_end, 1) if prev_end == 0 else end - prev_end
+        if n > 0:
+            plan.append((begin, end, n))
+        prev_end = end
+        if end == n_tokens:
+            break
+    return plan
+
+
+@torch.no_grad()
+def sliding_window_nll(model, ids: torch.Tensor, *, max_len: int, stride: int, batch_size: int = 16,
+                       device=None) -> tuple[float, int]:
+    """Total negative log-likelihood (nats) and number of scored tokens of a 1-D id stream."""
+    device = device or next(model.parameters()).device
+    plan = window_plan(ids.numel(), max_len, stride)
+    total, count = 0.0, 0
+    groups: dict[int, list] = {}
+    for w in plan:
+        groups.setdefault(w[1] - w[0], []).append(w)
+    for length, windows in groups.items():
+        for i in range(0, len(windows), batch_size):
+            chunk = windows[i:i + batch_size]
+            x = torch.stack([ids[b:e] for b, e, _ in chunk]).to(device)  # [W, L]
+            logits = model(x).logits[:, :-1].float()  # position t predicts t+1
+            logp = F.log_softmax(logits, -1).gather(-1, x[:, 1:, None]).squeeze(-1)  # [W, L-1]
+            for row, (_, _, n) in enumerate(chunk):
+                total -= logp[row, length - 1 - n:].sum().item()
+                count += n
+    return total, count
+
+
+def perplexity(total_nll: float, count: int) -> float:
+    return math.exp(total_nll / count)

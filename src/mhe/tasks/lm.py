@@ -1,0 +1,76 @@
+"""Causal language modelling on PTB / WikiText (paper Table 2): train, then perplexity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mhe.data.corpora import word_count
+from mhe.errors import MheError
+from mhe.metrics.perplexity import perplexity, sliding_window_nll
+from mhe.models import build_model
+from mhe.tasks.text import corpus_lines, is_word_level, token_stream, tokenizer_for
+from mhe.training.task import Task
+
+
+class CausalLMTask(Task):
+    name = "lm"
+    metric = "perplexity"
+    higher_is_better = False
+
+    def setup(self, cfg, out: Path, dist):
+        if not cfg.data.dataset:
+            raise MheError("language modelling needs --data (ptb, wikitext-2 or wikitext-103)")
+        self.cfg = cfg
+        train = corpus_lines(cfg, "train")
+        self.valid_lines = corpus_lines(cfg, "valid")
+        self.tok = tokenizer_for(cfg, out, train, default_kind="bpe", default_vocab=8192)
+        self.device = dist.device
+        model = build_model(cfg.preset, attention=cfg.attention,
+                            **{"vocab_size": self.tok.get_vocab_size(), **cfg.model})
+        if model.cfg.arch != "decoder":
+            raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({model.cfg.arch})")
+        self.max_len = model.cfg.max_len
+        self.seq_len = min(cfg.data.seq_len or self.max_len, self.max_len)
+        stream = token_stream(self.tok, train)
+        n = (stream.numel() // self.seq_len) * self.seq_len
+        self.blocks = stream[:n].view(-1, self.seq_len)  # [N, L] contiguous blocks
+        self.valid = token_stream(self.tok, self.valid_lines)
+        return model
+
+    def n_train_items(self):
+        return self.blocks.shape[0]
+
+    def collate(self, indices):
+        x = self.blocks[indices]
+        return {"input_ids": x}
+
+    def loss(self, model, batch):
+        x = batch["input_ids"]
+        return model(x, labels=x).loss, x.numel()
+
+    def _ppl(self, model, ids, lines, stride):
+        nll, n = sliding_window_nll(model, ids, max_len=self.max_len, stride=stride,
+                                    batch_size=self.cfg.data.eval_batch_size, device=self.device)
+        out = {"perplexity": perplexity(nll, n), "tokens": n, "nll": nll}
+        words = word_count(lines)
+        if not is_word_level(self.tok):  # sub-word tokenizer: also report per word
+            out["word_perplexity"] = perplexity(nll, words - 1)
+            out["words"] = words - 1
+        return out
+
+    def evaluate(self, model):
+        """Validation perplexity on disjoint windows (fast); the final figure uses the sliding window."""
+        model.eval()
+        return self._ppl(model, self.valid, self.valid_lines, self.max_len)
+
+    def final(self, model):
+        model.eval()
+        test_lines = corpus_lines(self.cfg, "test")
+        stride = self.stride()
+        res = self._ppl(model, token_stream(self.tok, test_lines), test_lines, stride)
+        return {"split": "test", "stride": stride, "score": res["perplexity"], **res}
+
+    def stride(self) -> int:
+        """The paper's stride (256) but never more than half the window, so every scored
+        token keeps at least half a window of context."""
+        return max(1, min(self.cfg.data.eval_stride, self.max_len // 2))

@@ -1,0 +1,92 @@
+"""Masked language modelling (BERT; paper section 4.4 pre-training objective)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mhe.data.tokenize import special_id
+from mhe.errors import MheError
+from mhe.models import build_model
+from mhe.tasks.text import corpus_lines, token_stream, tokenizer_for
+from mhe.training.task import Task
+
+
+def mask_tokens(ids: torch.Tensor, *, mask_id: int, vocab_size: int, special: torch.Tensor,
+                prob: float = 0.15, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT's masking: choose 15% of the non-special tokens; of those 80% become [MASK],
+    10% a random token, 10% stay. Returns (inputs, labels with -100 where not chosen)."""
+    g = generator
+    chosen = (torch.rand(ids.shape, generator=g) < prob) & ~torch.isin(ids, special)
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    roll = torch.rand(ids.shape, generator=g)
+    inputs = ids.clone()
+    inputs[chosen & (roll < 0.8)] = mask_id
+    rand = chosen & (roll >= 0.8) & (roll < 0.9)
+    inputs[rand] = torch.randint(0, vocab_size, ids.shape, generator=g)[rand]
+    return inputs, labels
+
+
+class MaskedLMTask(Task):
+    name = "mlm"
+    metric = "mlm_accuracy"
+    higher_is_better = True
+
+    def setup(self, cfg, out: Path, dist):
+        if not cfg.data.dataset:
+            raise MheError("masked language modelling needs --data (ptb, wikitext-2 or wikitext-103)")
+        self.cfg = cfg
+        train = corpus_lines(cfg, "train")
+        self.tok = tokenizer_for(cfg, out, train, default_kind="wordpiece", default_vocab=8192)
+        model = build_model(cfg.preset, attention=cfg.attention,
+                            **{"vocab_size": self.tok.get_vocab_size(), **cfg.model})
+        if model.cfg.arch != "encoder":
+            raise MheError(f"masked language modelling needs an encoder preset, got {cfg.preset!r}")
+        self.vocab = self.tok.get_vocab_size()
+        self.cls, self.sep = special_id(self.tok, "[CLS]"), special_id(self.tok, "[SEP]")
+        self.mask_id = special_id(self.tok, "[MASK]")
+        self.special = torch.tensor([special_id(self.tok, s) for s in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")])
+        seq = min(cfg.data.seq_len or model.cfg.max_len, model.cfg.max_len)
+        self.blocks = self._pack(token_stream(self.tok, train), seq)
+        self.valid = self._pack(token_stream(self.tok, corpus_lines(cfg, "valid")), seq)[:256]
+        return model
+
+    def _pack(self, stream: torch.Tensor, seq: int) -> torch.Tensor:
+        """Sequences packed to the maximum length: [CLS] tokens... [SEP]."""
+        body = seq - 2
+        n = stream.numel() // body
+        x = stream[: n * body].view(n, body)
+        return torch.cat([torch.full((n, 1), self.cls), x, torch.full((n, 1), self.sep)], 1)
+
+    def n_train_items(self):
+        return self.blocks.shape[0]
+
+    def collate(self, indices):
+        inputs, labels = mask_tokens(self.blocks[indices], mask_id=self.mask_id, vocab_size=self.vocab,
+                                     special=self.special)
+        return {"input_ids": inputs, "labels": labels}
+
+    def loss(self, model, batch):
+        out = model(batch["input_ids"], labels=batch["labels"])
+        return out.loss, int((batch["labels"] != -100).sum())
+
+    def evaluate(self, model):
+        g = torch.Generator().manual_seed(12345)  # the same masks at every evaluation
+        dev = next(model.parameters()).device
+        correct = total = 0
+        nll = 0.0
+        for i in range(0, self.valid.shape[0], 32):
+            inputs, labels = mask_tokens(self.valid[i:i + 32], mask_id=self.mask_id, vocab_size=self.vocab,
+                                         special=self.special, generator=g)
+            out = model(inputs.to(dev), labels=labels.to(dev))
+            sel = labels != -100
+            n = int(sel.sum())
+            correct += int((out.logits.argmax(-1).cpu()[sel] == labels[sel]).sum())
+            nll += out.loss.item() * n
+            total += n
+        return {"mlm_accuracy": correct / max(total, 1), "mlm_loss": nll / max(total, 1)}
+
+    def final(self, model):
+        res = self.evaluate(model)
+        return {"split": "valid", "score": res["mlm_accuracy"], **res}

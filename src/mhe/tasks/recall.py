@@ -1,0 +1,93 @@
+"""Multi-query associative recall (MQAR; Arora et al. 2023, "Zoology"), generated in-package.
+
+Each sequence lists ``pairs`` key-value pairs, then asks for ``queries`` of the
+keys again; the model must emit each key's value right after the key. MQAR is
+known to separate attention variants at tiny scale, needs no download, and is
+deterministic: the same ``data_seed`` gives the same data on any machine.
+
+Tokens: 0 = [PAD], keys 1..n_keys, values n_keys+1..n_keys+n_values.
+Score: accuracy over the queried values (higher is better).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mhe.errors import MheError
+from mhe.models import build_model
+from mhe.training.task import Task
+
+DEFAULTS = {"n_keys": 32, "n_values": 32, "pairs": 8, "queries": 8, "train_size": 20000,
+            "test_size": 1000, "data_seed": 1234}
+
+
+def make_recall(n: int, *, n_keys: int, n_values: int, pairs: int, queries: int, seed: int):
+    """``n`` sequences ``[B, 2*(pairs+queries)]`` and their labels (-100 where nothing is asked)."""
+    if pairs > n_keys:
+        raise MheError(f"recall needs pairs <= n_keys, got pairs={pairs}, n_keys={n_keys}")
+    if queries > pairs:
+        raise MheError(f"recall needs queries <= pairs, got queries={queries}, pairs={pairs}")
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.argsort(torch.rand(n, n_keys, generator=g), dim=1)[:, :pairs] + 1  # distinct keys
+    values = torch.randint(n_keys + 1, n_keys + n_values + 1, (n, pairs), generator=g)
+    ask = torch.argsort(torch.rand(n, pairs, generator=g), dim=1)[:, :queries]
+    qk, qv = keys.gather(1, ask), values.gather(1, ask)
+    context = torch.stack([keys, values], 2).reshape(n, 2 * pairs)
+    probe = torch.stack([qk, qv], 2).reshape(n, 2 * queries)
+    x = torch.cat([context, probe], 1)  # [B, 2p + 2q]
+    labels = torch.full_like(x, -100)
+    labels[:, 2 * pairs + 1::2] = qv  # the value after each queried key
+    return x, labels
+
+
+class RecallTask(Task):
+    name = "recall"
+    metric = "accuracy"
+    higher_is_better = True
+
+    def setup(self, cfg, out: Path, dist):
+        self.cfg = cfg
+        o = {**DEFAULTS, **cfg.data.task_options}
+        unknown = sorted(set(o) - set(DEFAULTS))
+        if unknown:
+            raise MheError(f"unknown recall option {unknown[0]!r}; valid: {', '.join(DEFAULTS)}")
+        gen = dict(n_keys=o["n_keys"], n_values=o["n_values"], pairs=o["pairs"], queries=o["queries"])
+        self.x, self.y = make_recall(o["train_size"], seed=o["data_seed"], **gen)
+        self.tx, self.ty = make_recall(o["test_size"], seed=o["data_seed"] + 1, **gen)
+        vocab = o["n_keys"] + o["n_values"] + 1
+        model = build_model(cfg.preset, attention=cfg.attention, **{"vocab_size": vocab, **cfg.model})
+        if model.cfg.arch != "decoder":
+            raise MheError(f"recall trains a decoder; got {cfg.preset!r} ({model.cfg.arch})")
+        if model.cfg.max_len < self.x.shape[1]:
+            raise MheError(f"recall sequences have {self.x.shape[1]} tokens, more than max_len {model.cfg.max_len}")
+        return model
+
+    def n_train_items(self):
+        return self.x.shape[0]
+
+    def collate(self, indices):
+        return {"input_ids": self.x[indices], "labels": self.y[indices]}
+
+    def loss(self, model, batch):
+        x, y = batch["input_ids"], batch["labels"]
+        logits = model(x).logits[:, :-1]  # position t predicts t+1
+        target = y[:, 1:]
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=-100)
+        return loss, int((target != -100).sum())
+
+    def evaluate(self, model):
+        dev = next(model.parameters()).device
+        correct = total = 0
+        for i in range(0, self.tx.shape[0], 250):
+            x, y = self.tx[i:i + 250].to(dev), self.ty[i:i + 250].to(dev)
+            pred = model(x).logits[:, :-1].argmax(-1)
+            sel = y[:, 1:] != -100
+            correct += int((pred[sel] == y[:, 1:][sel]).sum())
+            total += int(sel.sum())
+        return {"accuracy": correct / total}
+
+    def final(self, model):
+        res = self.evaluate(model)
+        return {"split": "test", "score": res["accuracy"], **res}

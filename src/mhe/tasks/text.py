@@ -1,0 +1,45 @@
+"""Shared by the text tasks: tokenizer training/reuse and token streams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mhe.data.corpora import corpus, read_lines
+from mhe.data.tokenize import load_tokenizer, save_tokenizer, special_id, train_tokenizer
+
+
+def corpus_lines(cfg, split: str) -> list[str]:
+    d = cfg.data
+    return read_lines(d.dataset, split, data_dir=d.data_dir or None, source=d.source,
+                      limit=d.limit_lines or None)
+
+
+def tokenizer_for(cfg, out: Path, train_lines: list[str], *, default_kind: str, default_vocab: int):
+    """Reuse ``out/tokenizer.json`` when it exists (resume), else train and save one."""
+    if (out / "tokenizer.json").is_file():
+        return load_tokenizer(out)
+    kind = cfg.data.tokenizer or ("word" if corpus(cfg.data.dataset).word_level else default_kind)
+    # word level keeps the corpus's whole vocabulary (PTB: 10k) unless a size is given
+    vocab = cfg.data.vocab_size or (1_000_000 if kind == "word" else default_vocab)
+    tok = train_tokenizer(kind, train_lines, vocab)
+    out.mkdir(parents=True, exist_ok=True)
+    save_tokenizer(tok, out)
+    return tok
+
+
+def token_stream(tok, lines: list[str]) -> torch.Tensor:
+    """Every line's tokens followed by [EOS], as one 1-D stream."""
+    eos = special_id(tok, "[EOS]")
+    ids: list[int] = []
+    for enc in tok.encode_batch(lines, add_special_tokens=False):
+        ids.extend(enc.ids)
+        ids.append(eos)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def is_word_level(tok) -> bool:
+    import json
+
+    return json.loads(tok.to_str())["model"]["type"] == "WordLevel"

@@ -1,0 +1,122 @@
+"""``mhe train``, ``mhe pretrain`` and ``mhe eval``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from mhe.cli import command
+from mhe.errors import MheError
+
+
+def add_run_args(p, *, task_choice: bool) -> None:
+    if task_choice:
+        p.add_argument("--task", required=True, help="lm, mlm or recall")
+    p.add_argument("--preset", required=True, help="model preset (tiny-decoder, gpt2-base, bert-base, ...)")
+    p.add_argument("--attention", default="mha", help="attention kind (mha, mhe-mul, ...)")
+    p.add_argument("--data", default="", help="dataset: ptb, wikitext-2, wikitext-103")
+    p.add_argument("--data-dir", default="", help="data folder (default: $MHE_DATA or ../shared/data)")
+    p.add_argument("--out", default="", help="run directory (default runs/TASK-PRESET-KIND)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting, e.g. train.lr=3e-4, train.steps=200, model.dropout=0")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+
+
+def build_run(task: str, args):
+    from mhe.attention import KINDS
+    from mhe.errors import one_of
+    from mhe.models import preset as get_preset
+    from mhe.training.config import apply_overrides
+    from mhe.training.defaults import default_run
+
+    get_preset(args.preset)
+    if args.attention not in KINDS:
+        raise one_of("attention kind", args.attention, KINDS)
+    cfg = default_run(task, args.preset, args.attention, args.data)
+    if args.data_dir:
+        cfg.data.data_dir = args.data_dir
+    if args.seed is not None:
+        cfg.train.seed = args.seed
+    return apply_overrides(cfg, args.set)
+
+
+def run_training(cfg, out: str, resume: bool) -> dict:
+    from mhe.tasks import build_task
+    from mhe.training.loop import Trainer
+
+    out = out or f"runs/{cfg.task}-{cfg.preset}-{cfg.attention}"
+    result = Trainer(cfg, build_task(cfg.task), out, resume=resume, log=lambda m: print(m, file=sys.stderr)).fit()
+    return {**result, "out": out}
+
+
+def _print_result(res: dict) -> None:
+    keys = [k for k in ("status", "step", "task", "attention", "metric", "score", "perplexity", "word_perplexity",
+                        "accuracy", "mlm_accuracy", "attention_params", "out") if k in res]
+    print(json.dumps({k: res[k] for k in keys}, indent=2))
+
+
+def _train_args(p):
+    add_run_args(p, task_choice=True)
+
+
+@command("train", "train a model on a task (lm, mlm, recall) with the shared engine", _train_args)
+def cmd_train(args) -> int:
+    cfg = build_run(args.task, args)
+    _print_result(run_training(cfg, args.out, args.resume))
+    return 0
+
+
+def _pretrain_args(p):
+    add_run_args(p, task_choice=False)
+
+
+@command("pretrain", "pre-train: causal LM for decoder presets, masked LM for encoder presets", _pretrain_args)
+def cmd_pretrain(args) -> int:
+    from mhe.models import preset
+
+    task = {"decoder": "lm", "encoder": "mlm"}.get(preset(args.preset).arch)
+    if task is None:
+        raise MheError(f"pretrain takes an encoder or decoder preset; {args.preset!r} is an encoder-decoder "
+                       "(train it with translation)")
+    if not args.data:
+        raise MheError("pretrain needs --data (ptb, wikitext-2 or wikitext-103)")
+    cfg = build_run(task, args)
+    _print_result(run_training(cfg, args.out, args.resume))
+    return 0
+
+
+def _eval_args(p):
+    p.add_argument("--task", default="lm", help="lm (perplexity), mlm, recall")
+    p.add_argument("--checkpoint", required=True, help="a run directory (its newest checkpoint) or a checkpoint folder")
+    p.add_argument("--split", default="test", choices=("valid", "test"))
+    p.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: the run's)")
+    p.add_argument("--data-dir", default="")
+    p.add_argument("--out", default="", help="write the figures as JSON here (default: stdout)")
+
+
+@command("eval", "evaluate a trained run (perplexity with a sliding window of stride 256)", _eval_args)
+def cmd_eval(args) -> int:
+    from mhe.checkpoint_io import load_run
+
+    model, cfg, task = load_run(args.checkpoint, data_dir=args.data_dir)
+    if args.task != cfg.task:
+        raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not {args.task!r}")
+    if args.stride:
+        cfg.data.eval_stride = args.stride
+    if cfg.task == "lm":
+        from mhe.tasks.text import corpus_lines, token_stream
+
+        lines = corpus_lines(cfg, args.split)
+        res = task._ppl(model, token_stream(task.tok, lines), lines, task.stride())
+        res = {"split": args.split, "stride": task.stride(), **res}
+    else:
+        res = task.final(model)
+    text = json.dumps(res, indent=2)
+    if args.out:
+        from mhe.training.checkpoint import write_json_atomic
+
+        write_json_atomic(args.out, res)
+    print(text)
+    return 0

@@ -1,0 +1,30 @@
+"""Default run settings per task and preset.
+
+Full-size presets keep the paper's Appendix B values (pre-training: lr 1e-4,
+linear schedule, 10k warmup, betas 0.9/0.9999, eps 1e-8, weight decay 0.01,
+dropout 0.1). ``tiny-*`` presets get short schedules sized for a CPU.
+"""
+
+from __future__ import annotations
+
+from mhe.training.config import DataConfig, RunConfig, TrainConfig
+
+TINY_TRAIN = dict(steps=600, batch_size=32, lr=1e-3, warmup_steps=60, schedule="cosine", log_every=10,
+                  save_every=200, eval_every=0)
+
+RECALL_TRAIN = dict(steps=1000, batch_size=64, lr=3e-3, warmup_steps=50, schedule="cosine", log_every=20,
+                    save_every=250, weight_decay=0.0, betas=(0.9, 0.98))
+RECALL_MODEL = dict(d_model=64, d_ff=256, n_layers=2, n_heads=4, dropout=0.0, attn_dropout=0.0)
+
+
+def default_run(task: str, preset: str, attention: str, dataset: str = "") -> RunConfig:
+    train = TrainConfig()
+    model: dict = {}
+    if preset.startswith("tiny-"):
+        train = TrainConfig(**TINY_TRAIN)
+    if task == "recall":
+        train = TrainConfig(**RECALL_TRAIN)
+        if preset.startswith("tiny-"):
+            model = dict(RECALL_MODEL)
+    return RunConfig(task=task, preset=preset, attention=attention, model=model, train=train,
+                     data=DataConfig(dataset=dataset))
