@@ -79,8 +79,6 @@ def cmd_compare(args) -> int:
     out = Path(args.out or f"runs/compare-{name}")
     workers = args.workers or (torch.cuda.device_count() or 2)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    log(f"comparing {', '.join(sweep.kinds)} on {sweep.task} ({sweep.preset}"
-        f"{', ' + sweep.data if sweep.data else ''}), {sweep.seeds} seed(s)")
     try:
         summary = run_sweep(sweep, out, workers=workers, log=log)
     except KeyboardInterrupt:

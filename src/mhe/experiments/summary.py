@@ -45,27 +45,41 @@ def aggregate(runs: list[dict]) -> dict:
                      "n_seeds": len(scores), "scores": scores, "prr": None, "peop": None})
     ref = {r["kind"]: r for r in rows}
     for row in rows:
-        if "mha" in ref:
+        if "mha" in ref and ref["mha"]["mean"] != 0:
             row["prr"] = prr(row["mean"], ref["mha"]["mean"], higher_is_better=hib)
-        if "sha" in ref and row["kind"] != "sha" and row["attention_params"] != ref["sha"]["attention_params"]:
-            row["peop"] = peop(row["mean"], row["attention_params"], ref["sha"]["mean"],
-                               ref["sha"]["attention_params"], higher_is_better=hib)
+        if "sha" in ref and row["kind"] != "sha":
+            row["peop"] = _safe_peop(row["mean"], row["attention_params"], ref["sha"]["mean"],
+                                     ref["sha"]["attention_params"], hib)
     return {"task": task, "metric": metric, "higher_is_better": hib, "rows": rows}
+
+
+def _safe_peop(score, params, sha_score, sha_params, hib):
+    """PEoP, or None where it is undefined (SHA's size, or a zero SHA score)."""
+    try:
+        return peop(score, params, sha_score, sha_params, higher_is_better=hib)
+    except MheError:
+        return None
 
 
 def paper_columns(summary: dict, table: str) -> dict:
     """The paper's score, PRR and PEoP per kind, recomputed from the printed numbers."""
     from mhe.experiments.paper import paper_table
 
+    from mhe.accounting import model_attention_params
+    from mhe.models import preset
+
     t = paper_table(table)
     rows, hib = t["rows"], t["higher_is_better"]
+    c = preset(t["params_from"])
+    exact = {k: model_attention_params(k, arch=c.arch, n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads)
+             for k in rows}
     out = {}
     for kind, (params_m, score) in rows.items():
-        col = {"params_m": params_m, "score": score, "prr": None, "peop": None}
+        col = {"params_m": params_m, "params": exact[kind], "score": score, "prr": None, "peop": None}
         if "mha" in rows:
             col["prr"] = prr(score, rows["mha"][1], higher_is_better=hib)
-        if "sha" in rows and kind != "sha" and params_m != rows["sha"][0]:
-            col["peop"] = peop(score, params_m, rows["sha"][1], rows["sha"][0], higher_is_better=hib)
+        if "sha" in rows and kind != "sha":
+            col["peop"] = _safe_peop(score, exact[kind], rows["sha"][1], exact["sha"], hib)
         out[kind] = col
     return {"table": table, "metric": t["metric"], "rows": out}
 

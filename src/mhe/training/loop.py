@@ -194,7 +194,7 @@ class Trainer:
             if best is not None and (self.out / "best" / "model.safetensors").exists():
                 _load_best(self.out, model)
             final = self.task.final(model)
-            result = {**self._summary(model, step, status), **final}
+            result = {"step": step, **self._summary(model, step, status), **final}
             if main:
                 ckpt.write_json_atomic(self.out / "results.json", result)
         dist.barrier()

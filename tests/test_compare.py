@@ -1,0 +1,109 @@
+"""mhe compare: aggregation against hand-computed values, resume of an interrupted sweep,
+report regeneration, refusal of a folder holding another comparison."""
+
+import json
+import statistics
+
+import pytest
+
+from mhe.cli import main
+from mhe.errors import MheError
+from mhe.experiments.summary import aggregate, paper_columns
+from mhe.experiments.sweep import Sweep, run_sweep
+from mhe.training.checkpoint import list_checkpoints
+
+
+def result(kind, seed, score, params, metric="accuracy", hib=True):
+    return {"task": "t", "metric": metric, "higher_is_better": hib, "attention": kind, "seed": seed,
+            "score": score, "attention_params": params}
+
+
+def test_aggregate_direct_metric_by_hand():
+    runs = [result("sha", 0, 0.60, 100), result("sha", 1, 0.62, 100),
+            result("mha", 0, 0.80, 400), result("mha", 1, 0.84, 400),
+            result("mhe-mul", 0, 0.70, 103), result("mhe-mul", 1, 0.74, 103)]
+    s = aggregate(runs)
+    rows = {r["kind"]: r for r in s["rows"]}
+    assert [r["kind"] for r in s["rows"]] == ["sha", "mha", "mhe-mul"]
+    assert rows["mha"]["mean"] == pytest.approx(0.82) and rows["mha"]["std"] == pytest.approx(statistics.stdev([0.8, 0.84]))
+    assert rows["mhe-mul"]["prr"] == pytest.approx(0.72 / 0.82)
+    assert rows["mhe-mul"]["peop"] == pytest.approx((0.72 / 0.61 - 1) / (103 / 100 - 1))
+    assert rows["mha"]["peop"] == pytest.approx((0.82 / 0.61 - 1) / 3)
+    assert rows["sha"]["peop"] is None and rows["mha"]["prr"] == 1.0
+
+
+def test_aggregate_inverse_metric_by_hand():
+    runs = [result("sha", 0, 60.0, 100, "perplexity", False), result("mha", 0, 40.0, 400, "perplexity", False),
+            result("mhe-add", 0, 50.0, 103, "perplexity", False)]
+    rows = {r["kind"]: r for r in aggregate(runs)["rows"]}
+    assert rows["mhe-add"]["prr"] == pytest.approx(1 - (50 - 40) / 40)
+    assert rows["mhe-add"]["peop"] == pytest.approx(-(50 / 60 - 1) / 0.03)
+    assert rows["mhe-add"]["peop"] > 0 and rows["sha"]["std"] == 0.0
+
+
+def test_paper_columns_reproduce_table_2():
+    cols = paper_columns({}, "table2-ptb")["rows"]
+    assert round(cols["mhe-mul"]["peop"], 2) == 81.76 and round(100 * cols["mhe-mul"]["prr"], 1) == 85.6
+
+
+SMALL = ["model.d_model=32", "model.d_ff=64", "model.n_layers=1", "train.batch_size=16", "train.steps=8",
+         "train.save_every=4", "train.log_every=2",
+         'data.task_options={"train_size": 128, "test_size": 32, "pairs": 4, "queries": 4}']
+
+
+def test_sweep_resumes_and_report_rebuilds(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    sweep = Sweep("recall", "tiny-decoder", ["sha", "mha", "mhe-mul"], 2, overrides=list(SMALL))
+    # an interrupted sweep: one run stopped half way (as a killed job leaves it)
+    from mhe.experiments.sweep import run_config
+    from mhe.tasks.recall import RecallTask
+    from mhe.training.loop import Trainer
+
+    cfg = run_config(sweep, "mha", 1)
+    cfg.train.stop_at = 4
+    Trainer(cfg, RecallTask(), out / "runs" / "mha-seed1", log=lambda m: None).fit()
+    assert [p.name for p in list_checkpoints(out / "runs" / "mha-seed1" / "checkpoints")] == ["step-00000004"]
+    log = []
+    summary = run_sweep(sweep, out, workers=1, log=log.append)
+    assert any(m == "[resume] mha seed 1" for m in log)
+    assert sum(m.startswith("[start]") for m in log) == 5
+    assert {r["kind"]: r["n_seeds"] for r in summary["rows"]} == {"sha": 2, "mha": 2, "mhe-mul": 2}
+    saved = json.loads((out / "summary.json").read_text())
+    assert set(saved) >= {"task", "metric", "higher_is_better", "rows"}
+    assert set(saved["rows"][0]) >= {"kind", "attention_params", "mean", "std", "n_seeds", "prr", "peop"}
+    assert saved["rows"][0]["peop"] is None  # SHA
+    for f in ("summary.md", "summary.csv", "score_vs_params.png", "training_curves.png"):
+        assert (out / f).stat().st_size > 0
+    # rerunning skips everything
+    log.clear()
+    run_sweep(sweep, out, workers=1, log=log.append)
+    assert sum(m.startswith("[skip]") for m in log) == 6 and not any(m.startswith("[start]") for m in log)
+    # report rebuilds the same numbers from the runs alone
+    before = (out / "summary.json").read_text()
+    for f in ("summary.json", "summary.md", "summary.csv"):
+        (out / f).unlink()
+    assert main(["report", str(out), "--paper", "table2-ptb"]) == 0
+    again = json.loads((out / "summary.json").read_text())
+    assert again["rows"] == json.loads(before)["rows"]
+    assert again["paper"]["table"] == "table2-ptb" and "paper perplexity" in capsys.readouterr().out
+
+
+def test_folder_with_another_comparison_is_refused(tmp_path):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "sweep.json").write_text(json.dumps({"sweep": Sweep("recall", "tiny-decoder", ["mha"], 1,
+                                                                overrides=[]).identity()}))
+    with pytest.raises(MheError, match=r"holds a different comparison \(kinds: \['mha'\] there, \['sha'\] now\)"):
+        run_sweep(Sweep("recall", "tiny-decoder", ["sha"], 1, overrides=[]), out)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["compare", "--kinds", "mha,nope"], "unknown attention kind 'nope'"),
+    (["compare", "--preset", "huge"], "unknown preset 'huge'; valid: cpu-recall"),
+    (["compare", "--set", "train.nope=1", "--out", "/nonexistent/x"], "unknown --set key 'train.nope'"),
+    (["compare", "--paper", "table9"], "unknown paper table 'table9'"),
+])
+def test_compare_bad_input(argv, match, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0]

@@ -1,0 +1,81 @@
+"""Sliding-window perplexity against a hand-computed case."""
+
+import math
+
+import pytest
+import torch
+
+from mhe.errors import MheError
+from mhe.metrics.perplexity import perplexity, sliding_window_nll, window_plan
+from mhe.models import ModelOutput
+
+
+class ContextCounter(torch.nn.Module):
+    """P(next token = target) depends only on how much context the window gives it:
+    at position j of a window the model puts probability p_j on the true next token
+    of the fixed stream (and spreads the rest uniformly)."""
+
+    def __init__(self, stream, vocab):
+        super().__init__()
+        self.stream, self.vocab = stream, vocab
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    @staticmethod
+    def p(j):
+        return 0.5 + 0.4 * (1 - 1 / (j + 1))
+
+    def forward(self, x):
+        b, t = x.shape
+        logits = torch.full((b, t, self.vocab), 0.0)
+        for row in range(b):
+            start = next(s for s in range(len(self.stream)) if torch.equal(self.stream[s:s + t], x[row]))
+            for j in range(t - 1):
+                target = int(self.stream[start + j + 1])
+                p = self.p(j)
+                rest = (1 - p) / (self.vocab - 1)
+                logits[row, j] = math.log(rest)
+                logits[row, j, target] = math.log(p)
+        return ModelOutput(logits)
+
+
+def test_window_plan_scores_every_token_once():
+    for n, L, s in [(20, 8, 4), (21, 8, 8), (9, 8, 3), (5, 8, 4), (100, 16, 5)]:
+        plan = window_plan(n, L, s)
+        scored = [t for b, e, k in plan for t in range(e - k, e)]
+        assert scored == list(range(1, n)), (n, L, s)
+        assert all(e - b <= L for b, e, _ in plan)
+
+
+def test_sliding_window_nll_hand_computed():
+    torch.manual_seed(0)
+    stream = torch.arange(20) * 7 % 23  # distinct windows so the fake model can locate them
+    model = ContextCounter(stream, 23)
+    total, count = sliding_window_nll(model, stream, max_len=8, stride=4, batch_size=3)
+    # by hand: windows start at 0, 4, 8, 12; window 0 scores tokens 1..7 with context j = t-1;
+    # later windows [b, b+8) score their last 4 tokens, token t at in-window position t-b,
+    # predicted from position j = t-b-1.
+    expect = -sum(math.log(ContextCounter.p(t - 1)) for t in range(1, 8))
+    for b in (4, 8, 12):
+        expect -= sum(math.log(ContextCounter.p(t - b - 1)) for t in range(b + 4, min(b + 8, 20)))
+    assert count == 19
+    assert total == pytest.approx(expect, rel=1e-5)
+    assert perplexity(total, count) == pytest.approx(math.exp(expect / 19), rel=1e-5)
+
+
+def test_uniform_model_has_perplexity_vocab_size():
+    class Uniform(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return ModelOutput(torch.zeros(*x.shape, 37))
+
+    ids = torch.randint(0, 37, (300,))
+    total, n = sliding_window_nll(Uniform(), ids, max_len=64, stride=16)
+    assert n == 299 and perplexity(total, n) == pytest.approx(37.0, rel=1e-6)
+
+
+def test_bad_stride():
+    with pytest.raises(MheError, match="stride must be in 1..max_len=8, got 9"):
+        window_plan(100, 8, 9)

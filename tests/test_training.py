@@ -1,0 +1,158 @@
+"""The training engine: schedules, exact resume, interruption, corrupt checkpoints, non-finite stops."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from mhe.errors import MheError
+from mhe.tasks.recall import RecallTask
+from mhe.training import checkpoint as ckpt
+from mhe.training.config import RunConfig, apply_overrides
+from mhe.training.defaults import default_run
+from mhe.training.loop import Trainer, TrainingStopped
+from mhe.training.optim import lr_factor
+
+SMALL = ["model.d_model=32", "model.d_ff=64", "model.n_layers=1", "model.dropout=0.1", "model.attn_dropout=0.1",
+         'data.task_options={"train_size": 256, "test_size": 64, "pairs": 4, "queries": 4}',
+         "train.batch_size=16", "train.steps=12", "train.log_every=1", "train.save_every=4", "train.progress=false",
+         "train.warmup_steps=2"]
+
+
+def tiny_run(kind="mhe-mul", extra=()):
+    return apply_overrides(default_run("recall", "tiny-decoder", kind), SMALL + list(extra))
+
+
+def losses(out):
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def quiet(*_):
+    pass
+
+
+def test_schedules():
+    assert lr_factor(0, schedule="linear", warmup=10, total=110) == pytest.approx(0.1)
+    assert lr_factor(9, schedule="linear", warmup=10, total=110) == pytest.approx(1.0)
+    assert lr_factor(60, schedule="linear", warmup=10, total=110) == pytest.approx(0.5)
+    assert lr_factor(110, schedule="linear", warmup=10, total=110) == 0.0
+    assert lr_factor(60, schedule="cosine", warmup=10, total=110) == pytest.approx(0.5)
+    # two hard restarts: back at the peak half-way through the decay
+    assert lr_factor(59, schedule="cosine_restarts", warmup=10, total=110, restarts=2) < 0.01
+    assert lr_factor(60, schedule="cosine_restarts", warmup=10, total=110, restarts=2) == pytest.approx(1.0)
+    assert lr_factor(35, schedule="cosine_restarts", warmup=10, total=110, restarts=2) == pytest.approx(0.5)
+    assert lr_factor(39, schedule="inverse_sqrt", warmup=10, total=100) == pytest.approx(0.5)
+    assert lr_factor(50, schedule="constant", warmup=10, total=100) == 1.0
+
+
+def test_exact_resume_gives_identical_losses(tmp_path):
+    """N steps straight vs stopped at k and resumed: the same loss at every step (dropout on)."""
+    straight = Trainer(tiny_run(), RecallTask(), tmp_path / "a", log=quiet).fit()
+    assert straight["status"] == "finished"
+    first = Trainer(tiny_run(extra=["train.stop_at=5"]), RecallTask(), tmp_path / "b", log=quiet).fit()
+    assert first["status"] == "stopped" and first["step"] == 5
+    messages = []
+    second = Trainer(tiny_run(), RecallTask(), tmp_path / "b", resume=True, log=messages.append).fit()
+    assert second["status"] == "finished"
+    assert any("resuming from" in m and "step-00000005" in m for m in messages)
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert len(a) == len(b) == 12
+    assert a == b  # bit-for-bit on the CPU
+    ra, rb = (json.loads((tmp_path / d / "results.json").read_text()) for d in "ab")
+    assert ra["score"] == rb["score"]
+
+
+def test_run_directory_contract(tmp_path):
+    Trainer(tiny_run(), RecallTask(), tmp_path, log=quiet).fit()
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["run"]["train"]["steps"] == 12 and cfg["attention_params"] > 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert {"task", "metric", "score", "attention", "attention_params", "seed", "steps"} <= set(res)
+    assert res["metric"] == "accuracy" and 0 <= res["score"] <= 1
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path / "checkpoints")]
+    assert names == ["step-00000008", "step-00000012"]  # keep_last=2
+    manifest = json.loads((tmp_path / "checkpoints" / "step-00000012" / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"model.safetensors", "optimizer.safetensors", "optimizer.json", "rng.json",
+                                      "rng.safetensors", "scheduler.json", "trainer.json"}
+
+
+def test_corrupt_and_incomplete_checkpoints_are_skipped(tmp_path):
+    Trainer(tiny_run(extra=["train.keep_last=3"]), RecallTask(), tmp_path, log=quiet).fit()
+    root = tmp_path / "checkpoints"
+    newest, middle = ckpt.list_checkpoints(root)[-1], ckpt.list_checkpoints(root)[-2]
+    with open(newest / "model.safetensors", "r+b") as f:  # flip bytes in the newest
+        f.seek(200)
+        f.write(b"\x00\x01\x02\x03")
+    (middle / "manifest.json").unlink()  # the one before: an interrupted write
+    reports = []
+    found = ckpt.latest_checkpoint(root, report=reports.append)
+    assert found == ckpt.list_checkpoints(root)[-3]
+    assert "does not match its checksum" in reports[0] and "no manifest" in reports[1]
+    with pytest.raises(MheError, match="cannot be loaded: model.safetensors does not match"):
+        ckpt.load_checkpoint(newest, model=torch.nn.Linear(1, 1))
+
+
+class InterruptingTask(RecallTask):
+    """Sends SIGINT to its own process while building the batch of step 3."""
+
+    calls = 0
+
+    def collate(self, indices):
+        InterruptingTask.calls += 1
+        if InterruptingTask.calls == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().collate(indices)
+
+
+def test_sigint_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    messages = []
+    res = Trainer(tiny_run(), InterruptingTask(), tmp_path, log=messages.append).fit()
+    assert res["status"] == "interrupted" and res["step"] == 3
+    assert ckpt.latest_checkpoint(tmp_path / "checkpoints").name == "step-00000003"
+    assert any("interrupted at step 3" in m and "--resume" in m for m in messages)
+    assert not (tmp_path / "results.json").exists()
+    res = Trainer(tiny_run(), RecallTask(), tmp_path, resume=True, log=quiet).fit()
+    assert res["status"] == "finished" and res["step"] == 12
+
+
+class NaNTask(RecallTask):
+    def loss(self, model, batch):
+        loss, n = super().loss(model, batch)
+        self.k = getattr(self, "k", 0) + 1
+        return (loss * float("nan") if self.k == 6 else loss), n
+
+
+def test_non_finite_loss_stops_with_step_and_last_checkpoint(tmp_path):
+    with pytest.raises(TrainingStopped, match=r"non-finite loss \(nan\) at step 6; stopped; last good checkpoint: .*step-00000004"):
+        Trainer(tiny_run(), NaNTask(), tmp_path, log=quiet).fit()
+
+
+def test_output_folder_with_other_configuration_is_refused(tmp_path):
+    Trainer(tiny_run(), RecallTask(), tmp_path, log=quiet).fit()
+    with pytest.raises(MheError, match=r"different configuration \(train.lr: 0.003 there, 0.01 now\)"):
+        Trainer(tiny_run(extra=["train.lr=0.01"]), RecallTask(), tmp_path, log=quiet).fit()
+    with pytest.raises(MheError, match="already holds checkpoints; pass --resume"):
+        Trainer(tiny_run(), RecallTask(), tmp_path, log=quiet).fit()
+
+
+@pytest.mark.parametrize("item, match", [
+    ("train.lrr=1", "unknown --set key 'train.lrr'; valid train keys: steps, batch_size"),
+    ("model.colour=1", "unknown --set key 'model.colour'; valid model keys:"),
+    ("optim.lr=1", "unknown --set section 'optim'; valid: train, data, model"),
+    ("train.steps=abc", "--set train.steps takes a number, got 'abc'"),
+    ("train.schedule=wavy", "unknown schedule 'wavy'; valid: linear, cosine"),
+    ("train.steps", "--set takes KEY=VALUE"),
+])
+def test_bad_set_keys(item, match):
+    with pytest.raises(MheError, match=match):
+        apply_overrides(default_run("lm", "tiny-decoder", "mha"), [item])
+
+
+def test_config_round_trip_and_hash():
+    cfg = tiny_run()
+    again = RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again.hash() == cfg.hash()
+    assert tiny_run(extra=["train.stop_at=3"]).hash() == cfg.hash()  # stopping early is the same run
+    assert tiny_run(extra=["train.seed=1"]).hash() != cfg.hash()
