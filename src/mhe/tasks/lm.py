@@ -23,7 +23,8 @@ class CausalLMTask(Task):
         self.cfg = cfg
         train = corpus_lines(cfg, "train")
         self.valid_lines = corpus_lines(cfg, "valid")
-        self.tok = tokenizer_for(cfg, out, train, default_kind="bpe", default_vocab=8192)
+        self.tok = tokenizer_for(cfg, out, train, default_kind="bpe", default_vocab=8192,
+                                 dist=dist)
         self.device = dist.device
         model = build_model(cfg.preset, attention=cfg.attention,
                             **{"vocab_size": self.tok.get_vocab_size(), **cfg.model})

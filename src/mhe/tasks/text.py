@@ -16,8 +16,13 @@ def corpus_lines(cfg, split: str) -> list[str]:
                       limit=d.limit_lines or None)
 
 
-def tokenizer_for(cfg, out: Path, train_lines: list[str], *, default_kind: str, default_vocab: int):
-    """Reuse ``out/tokenizer.json`` when it exists (resume), else train and save one."""
+def tokenizer_for(cfg, out: Path, train_lines: list[str], *, default_kind: str, default_vocab: int, dist=None):
+    """Reuse ``out/tokenizer.json`` when it exists (resume), else train and save one.
+    Under DDP the main process trains it and the others load it."""
+    if dist is not None and dist.world > 1:
+        if dist.main and not (out / "tokenizer.json").is_file():
+            tokenizer_for(cfg, out, train_lines, default_kind=default_kind, default_vocab=default_vocab)
+        dist.barrier()
     if (out / "tokenizer.json").is_file():
         return load_tokenizer(out)
     kind = cfg.data.tokenizer or ("word" if corpus(cfg.data.dataset).word_level else default_kind)

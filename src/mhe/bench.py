@@ -1,0 +1,244 @@
+"""``mhe bench``: every attention kind side by side on the current device, one table.
+
+Sections (each can be chosen with ``--sections``):
+
+* ``attn``: one attention sublayer, forward and forward+backward (GPT-2 sizes:
+  m=768, 12 heads of 64, B=16, T=1024, causal, bf16);
+* ``train``: end-to-end training step of the gpt2-base and bert-base presets at
+  sequence length 512 (bf16 autocast, optional torch.compile): tokens/s, MFU,
+  peak memory;
+* ``decode``: one generation step of gpt2-base against a filled KV cache at
+  (batch 64, context 4096) and (batch 1, context 1024): tokens/s and KV bytes.
+
+Timing: warm-up first, CUDA events around each call, median of the repeats.
+On a CPU it runs a tiny smoke configuration so CI can check that it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from mhe.cli import command, print_table
+from mhe.errors import MheError
+
+BENCH_KINDS = ("mha", "mqa", "gqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul")
+# Dense bf16 tensor-core peak, from the vendors' datasheets (SXM parts).
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def device_peak(name: str) -> float | None:
+    for key, peak in PEAK_BF16.items():
+        if key in name:
+            return peak
+    return None
+
+
+def timed(fn, *, warmup: int, reps: int, cuda: bool) -> float:
+    """Median milliseconds of ``fn()``."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def _variants(kinds):
+    out = []
+    for k in kinds:
+        opts = {"n_kv_heads": 4} if k == "gqa" else {}
+        out.append((k, k, opts))
+        if k == "mhe-mul":
+            out.append(("mhe-mul (act. fold)", k, {"query_fold": "activation"}))
+            out.append(("mhe-mul (reference)", k, {"impl": "reference"}))
+        if k == "mhe-add":
+            out.append(("mhe-add (reference)", k, {"impl": "reference"}))
+    return out
+
+
+def bench_attention(kinds, *, dev, dtype, B, T, m, n, warmup, reps) -> list[dict]:
+    from mhe.attention import build_attention
+
+    cuda = dev.type == "cuda"
+    rows = []
+    for label, kind, opts in _variants(kinds):
+        mod = build_attention(kind, d_model=m, n_heads=n, causal=True, **opts).to(dev, dtype)
+        x = torch.randn(B, T, m, device=dev, dtype=dtype, requires_grad=True)
+        g = torch.randn(B, T, m, device=dev, dtype=dtype)
+
+        def fwd():
+            with torch.no_grad():
+                mod(x)
+
+        def fwd_bwd():
+            mod(x).backward(g)
+
+        rows.append({"kind": label, "fwd_ms": timed(fwd, warmup=warmup, reps=reps, cuda=cuda),
+                     "fwd_bwd_ms": timed(fwd_bwd, warmup=warmup, reps=reps, cuda=cuda)})
+        del mod, x, g
+    return rows
+
+
+def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, small) -> list[dict]:
+    from mhe.models import build_model
+
+    cuda = dev.type == "cuda"
+    peak = device_peak(torch.cuda.get_device_name(dev)) if cuda else None
+    rows = []
+    for preset in presets:
+        for kind in kinds:
+            opts = {"n_kv_heads": 4} if kind == "gqa" else {}
+            overrides = dict(max_len=max(T, 512), attn_options=opts)
+            if small:
+                overrides.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
+            model = build_model(preset, attention=kind, **overrides).to(dev)
+            cfg = model.cfg
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+            step_fn = model if not compile_model else torch.compile(model)
+            ids = torch.randint(0, cfg.vocab_size, (B, T), device=dev)
+            labels = ids if cfg.arch == "decoder" else torch.where(torch.rand(B, T, device=dev) < 0.15, ids, -100)
+
+            def step():
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
+                    loss = step_fn(ids, labels=labels).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(dev)
+            ms = timed(step, warmup=warmup, reps=steps, cuda=cuda)
+            n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+            # model FLOPs per token: 6N for the weights plus 12 L T m for attention scores
+            # (Chowdhery et al. 2022, Appendix B), counted with causal masking ignored
+            flops_tok = 6 * n_params + 12 * cfg.n_layers * T * cfg.n_heads * cfg.resolved_head_dim
+            tok_s = B * T / (ms / 1000)
+            rows.append({"preset": preset, "kind": kind, "step_ms": ms, "tokens_per_s": tok_s,
+                         "mfu": (flops_tok * tok_s / peak) if peak else None,
+                         "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else None})
+            del model, opt, step_fn
+            if cuda:
+                torch.cuda.empty_cache()
+    return rows
+
+
+def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small) -> list[dict]:
+    from mhe.attention.folding import fold_model
+    from mhe.models import build_model
+
+    cuda = dev.type == "cuda"
+    rows = []
+    for batch, ctx in settings:
+        for kind in kinds:
+            opts = {"n_kv_heads": 4} if kind == "gqa" else {}
+            overrides = dict(max_len=ctx + 1, attn_options=opts, dropout=0.0, attn_dropout=0.0)
+            if small:
+                overrides.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
+            model = build_model("gpt2-base", attention=kind, **overrides).to(dev, dtype).eval()
+            if kind.startswith("mhe-"):
+                fold_model(model)  # decode exactly as a multi-query model
+            caches = model.new_caches(batch, ctx + 1)
+            for c in caches:  # a filled cache of ctx positions
+                c.k.normal_()
+                c.v.normal_()
+            tok = torch.randint(0, model.cfg.vocab_size, (batch, 1), device=dev)
+
+            def step():
+                for c in caches:
+                    c.pos = ctx
+                with torch.no_grad():
+                    model(tok, caches=caches)
+
+            ms = timed(step, warmup=warmup, reps=reps, cuda=cuda)
+            rows.append({"batch": batch, "context": ctx, "kind": kind, "step_ms": ms,
+                         "tokens_per_s": batch / (ms / 1000),
+                         "kv_cache_mib_per_layer": caches[0].nbytes() / 2**20 * ctx / (ctx + 1),
+                         "kv_cache_mib_total": sum(c.nbytes() for c in caches) / 2**20 * ctx / (ctx + 1)})
+            del model, caches
+            if cuda:
+                torch.cuda.empty_cache()
+    return rows
+
+
+def _bench_args(p):
+    p.add_argument("--kinds", default=",".join(BENCH_KINDS))
+    p.add_argument("--sections", default="attn,train,decode")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (automatic on a CPU)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the training step")
+    p.add_argument("--train-batch", type=int, default=16)
+    p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--json", default="", help="also write every figure to this JSON file")
+
+
+@command("bench", "time every attention kind side by side on this device", _bench_args)
+def cmd_bench(args) -> int:
+    from mhe.attention import KINDS
+
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    for k in kinds:
+        if k not in KINDS or k in ("fnet", "linear"):
+            raise MheError(f"unknown bench kind {k!r}; valid: {', '.join(BENCH_KINDS)}")
+    sections = set(args.sections.split(","))
+    bad = sections - {"attn", "train", "decode"}
+    if bad:
+        raise MheError(f"unknown bench section {sorted(bad)[0]!r}; valid: attn, train, decode")
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    small = args.smoke or not cuda
+    card = torch.cuda.get_device_name(dev) if cuda else "CPU"
+    print(f"device: {card}; torch {torch.__version__}; {'smoke sizes' if small else 'full sizes'}")
+    reps = args.reps or (3 if small else 50)
+    warm = 1 if small else 10
+    dtype = torch.bfloat16 if cuda else torch.float32
+    result = {"device": card, "torch": torch.__version__, "smoke": small}
+    if "attn" in sections:
+        B, T, m, n = (2, 64, 64, 4) if small else (16, 1024, 768, 12)
+        rows = bench_attention(kinds, dev=dev, dtype=dtype, B=B, T=T, m=m, n=n, warmup=warm, reps=reps)
+        result["attention"] = rows
+        ref = {r["kind"]: r for r in rows}
+        print(f"\nattention sublayer, B={B} T={T} m={m} n={n}, causal, {str(dtype).split('.')[-1]}")
+        print_table(["kind", "fwd ms", "fwd+bwd ms", "vs MQA", "vs MHA"],
+                    [[r["kind"], f"{r['fwd_ms']:.3f}", f"{r['fwd_bwd_ms']:.3f}",
+                      f"{r['fwd_bwd_ms'] / ref['mqa']['fwd_bwd_ms']:.2f}" if "mqa" in ref else "-",
+                      f"{r['fwd_bwd_ms'] / ref['mha']['fwd_bwd_ms']:.2f}" if "mha" in ref else "-"] for r in rows])
+    if "train" in sections:
+        T = 64 if small else 512
+        rows = bench_training(kinds, ["gpt2-base", "bert-base"], dev=dev, B=2 if small else args.train_batch, T=T,
+                              steps=reps if small else 20, warmup=warm if small else 5,
+                              compile_model=args.compile, small=small)
+        result["training"] = rows
+        print(f"\ntraining step, sequence {T}, batch {2 if small else args.train_batch}, "
+              f"{'bf16 autocast' if cuda else 'fp32'}{', torch.compile' if args.compile else ''}")
+        print_table(["preset", "kind", "step ms", "tokens/s", "MFU", "peak GiB"],
+                    [[r["preset"], r["kind"], f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
+                      "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
+                      "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.2f}"] for r in rows])
+    if "decode" in sections:
+        settings = [(2, 32), (1, 16)] if small else [(64, 4096), (1, 1024)]
+        rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small)
+        result["decode"] = rows
+        print("\ndecode one token against a filled KV cache (gpt2-base; MHE folded to MQA)")
+        print_table(["batch", "context", "kind", "step ms", "tokens/s", "KV MiB/layer", "KV MiB total"],
+                    [[r["batch"], r["context"], r["kind"], f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
+                      f"{r['kv_cache_mib_per_layer']:.1f}", f"{r['kv_cache_mib_total']:.1f}"] for r in rows])
+    if args.json:
+        from mhe.training.checkpoint import write_json_atomic
+
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(args.json, result)
+    return 0

@@ -1,0 +1,42 @@
+"""GPU checks (run with ``pytest -m gpu``): the fast path in bf16 on CUDA, on the flash kernel."""
+
+import pytest
+import torch
+
+from mhe.attention import build_attention
+
+pytestmark = pytest.mark.gpu
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["mhe-add", "mhe-mul"])
+def test_bf16_fast_path_error_within_twice_plain(kind):
+    torch.manual_seed(0)
+    fast = build_attention(kind, d_model=768, n_heads=12, causal=True).cuda()
+    with torch.no_grad():
+        fast.head_embed.normal_(0, 0.3)
+    ref = build_attention(kind, d_model=768, n_heads=12, causal=True, impl="reference").cuda()
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(4, 512, 768, device="cuda")
+    gold = ref.double()(x.double())
+    e_fast = rel(fast.bfloat16()(x.bfloat16()), gold)
+    e_plain = rel(ref.bfloat16()(x.bfloat16()), gold)
+    assert e_fast <= 2 * e_plain, (e_fast, e_plain)
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["mqa", "gqa", "mhe-add", "mhe-mul"])
+def test_one_kv_head_stays_on_flash_attention(kind):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    opts = {"n_kv_heads": 4} if kind == "gqa" else {}
+    mod = build_attention(kind, d_model=768, n_heads=12, causal=True, **opts).cuda().bfloat16()
+    x = torch.randn(2, 256, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # raises if flash cannot take these inputs
+        mod(x).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
