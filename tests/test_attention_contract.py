@@ -183,3 +183,19 @@ def test_cache_overflow_is_named():
     cache = mod.new_cache(B, 4)
     with pytest.raises(MheError, match="KV cache overflow"):
         mod(x64(B, 5, D_MODEL), cache=cache)
+
+
+@pytest.mark.parametrize("kind", ["mqa", "gqa", "mhe-mul"])
+def test_gqa_expand_mode_equals_native(kind):
+    from mhe.attention import kernels
+
+    mod = make(kind, causal=True)
+    x = x64(B, T, D_MODEL)
+    native = mod(x)
+    kernels.set_gqa_mode("expand")
+    try:
+        torch.testing.assert_close(mod(x), native, rtol=1e-12, atol=1e-12)
+    finally:
+        kernels.set_gqa_mode("native")
+    with pytest.raises(MheError, match="unknown GQA mode 'fast'"):
+        kernels.set_gqa_mode("fast")

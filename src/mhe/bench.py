@@ -71,13 +71,15 @@ def _variants(kinds):
     return out
 
 
-def bench_attention(kinds, *, dev, dtype, B, T, m, n, warmup, reps) -> list[dict]:
+def bench_attention(kinds, *, dev, dtype, B, T, m, n, warmup, reps, compile_model=False) -> list[dict]:
     from mhe.attention import build_attention
 
     cuda = dev.type == "cuda"
     rows = []
     for label, kind, opts in _variants(kinds):
         mod = build_attention(kind, d_model=m, n_heads=n, causal=True, **opts).to(dev, dtype)
+        if compile_model:
+            mod = torch.compile(mod)
         x = torch.randn(B, T, m, device=dev, dtype=dtype, requires_grad=True)
         g = torch.randn(B, T, m, device=dev, dtype=dtype)
 
@@ -91,6 +93,35 @@ def bench_attention(kinds, *, dev, dtype, B, T, m, n, warmup, reps) -> list[dict
         rows.append({"kind": label, "fwd_ms": timed(fwd, warmup=warmup, reps=reps, cuda=cuda),
                      "fwd_bwd_ms": timed(fwd_bwd, warmup=warmup, reps=reps, cuda=cuda)})
         del mod, x, g
+    return rows
+
+
+def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps) -> list[dict]:
+    """One attention sublayer decoding one token against a filled cache (MHE folded to MQA)."""
+    from mhe.attention import build_attention
+    from mhe.attention.folding import fold_mhe
+
+    cuda = dev.type == "cuda"
+    rows = []
+    for batch, ctx in settings:
+        for kind in kinds:
+            opts = {"n_kv_heads": 4} if kind == "gqa" else {}
+            mod = build_attention(kind, d_model=m, n_heads=n, causal=True, **opts).to(dev, dtype).eval()
+            if kind.startswith("mhe-"):
+                mod = fold_mhe(mod)
+            cache = mod.new_cache(batch, ctx + 1)
+            cache.k.normal_()
+            cache.v.normal_()
+            x = torch.randn(batch, 1, m, device=dev, dtype=dtype)
+
+            def step():
+                cache.pos = ctx
+                with torch.no_grad():
+                    mod(x, cache=cache)
+
+            ms = timed(step, warmup=warmup, reps=reps, cuda=cuda)
+            rows.append({"batch": batch, "context": ctx, "kind": kind, "step_ms": ms,
+                         "kv_cache_mib": cache.nbytes() / 2**20 * ctx / (ctx + 1)})
     return rows
 
 
@@ -208,10 +239,12 @@ def cmd_bench(args) -> int:
     result = {"device": card, "torch": torch.__version__, "smoke": small}
     if "attn" in sections:
         B, T, m, n = (2, 64, 64, 4) if small else (16, 1024, 768, 12)
-        rows = bench_attention(kinds, dev=dev, dtype=dtype, B=B, T=T, m=m, n=n, warmup=warm, reps=reps)
+        rows = bench_attention(kinds, dev=dev, dtype=dtype, B=B, T=T, m=m, n=n, warmup=warm, reps=reps,
+                               compile_model=args.compile)
         result["attention"] = rows
         ref = {r["kind"]: r for r in rows}
-        print(f"\nattention sublayer, B={B} T={T} m={m} n={n}, causal, {str(dtype).split('.')[-1]}")
+        print(f"\nattention sublayer, B={B} T={T} m={m} n={n}, causal, {str(dtype).split('.')[-1]}"
+              f"{', torch.compile' if args.compile else ''}")
         print_table(["kind", "fwd ms", "fwd+bwd ms", "vs MQA", "vs MHA"],
                     [[r["kind"], f"{r['fwd_ms']:.3f}", f"{r['fwd_bwd_ms']:.3f}",
                       f"{r['fwd_bwd_ms'] / ref['mqa']['fwd_bwd_ms']:.2f}" if "mqa" in ref else "-",
@@ -229,6 +262,16 @@ def cmd_bench(args) -> int:
                       "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
                       "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.2f}"] for r in rows])
     if "decode" in sections:
+        settings = [(2, 32), (1, 16)] if small else [(64, 4096), (1, 1024)]
+        m, n = (64, 4) if small else (768, 12)
+        rows = bench_decode_attention(kinds, settings, dev=dev, dtype=dtype, m=m, n=n, warmup=warm, reps=reps)
+        result["decode_attention"] = rows
+        ref = {(r["batch"], r["kind"]): r for r in rows}
+        print(f"\ndecode one token, one attention sublayer (m={m}, {n} heads; MHE folded to MQA)")
+        print_table(["batch", "context", "kind", "step ms", "MHA / this", "KV cache MiB"],
+                    [[r["batch"], r["context"], r["kind"], f"{r['step_ms']:.4f}",
+                      f"{ref[(r['batch'], 'mha')]['step_ms'] / r['step_ms']:.2f}x" if (r["batch"], "mha") in ref else "-",
+                      f"{r['kv_cache_mib']:.1f}"] for r in rows])
         settings = [(2, 32), (1, 16)] if small else [(64, 4096), (1, 1024)]
         rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small)
         result["decode"] = rows

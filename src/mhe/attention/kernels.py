@@ -16,6 +16,18 @@ import torch.nn.functional as F
 from mhe.errors import one_of
 
 BACKENDS = ("sdpa", "eager")
+GQA_MODES = ("native", "expand")
+_GQA_MODE = "native"
+
+
+def set_gqa_mode(mode: str) -> None:
+    """How grouped heads reach SDPA in training: ``native`` (``enable_gqa``) or ``expand``
+    (key/value heads repeated to the query heads). Decoding one token always folds the
+    query heads into query rows instead (see :func:`attend`)."""
+    global _GQA_MODE
+    if mode not in GQA_MODES:
+        raise one_of("GQA mode", mode, GQA_MODES)
+    _GQA_MODE = mode
 
 
 def build_mask(key_mask: torch.Tensor | None, *, causal: bool, q_len: int, k_len: int,
@@ -51,6 +63,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch
     if backend == "eager":
         return _eager(q, k, v, key_mask=key_mask, causal=causal, offset=offset,
                       dropout_p=dropout_p, scale=scale)
+    if gqa and t == 1 and dropout_p == 0.0 and (not causal or offset == s - 1):
+        # One new token sees every cached key, so the h_q/h_kv query heads of a group can be
+        # stacked as query rows of one head: a dense [group, S] attention per key/value head.
+        b, hq, _, d = q.shape
+        hk = k.shape[1]
+        rows = q.reshape(b, hk, hq // hk, d)  # [B, h_kv, group, d]
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        out = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask, scale=scale)
+        return out.reshape(b, hq, 1, d)  # [B, h_q, 1, d]
+    if gqa and _GQA_MODE == "expand":
+        k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
+        gqa = False
     if causal and key_mask is None and offset == 0 and t == s:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p,
                                               scale=scale, enable_gqa=gqa)
