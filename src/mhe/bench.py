@@ -212,6 +212,7 @@ def _bench_args(p):
     p.add_argument("--smoke", action="store_true", help="tiny sizes (automatic on a CPU)")
     p.add_argument("--compile", action="store_true", help="torch.compile the training step")
     p.add_argument("--train-batch", type=int, default=16)
+    p.add_argument("--presets", default="gpt2-base,bert-base", help="presets of the training section")
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--json", default="", help="also write every figure to this JSON file")
 
@@ -251,7 +252,7 @@ def cmd_bench(args) -> int:
                       f"{r['fwd_bwd_ms'] / ref['mha']['fwd_bwd_ms']:.2f}" if "mha" in ref else "-"] for r in rows])
     if "train" in sections:
         T = 64 if small else 512
-        rows = bench_training(kinds, ["gpt2-base", "bert-base"], dev=dev, B=2 if small else args.train_batch, T=T,
+        rows = bench_training(kinds, [p.strip() for p in args.presets.split(",")], dev=dev, B=2 if small else args.train_batch, T=T,
                               steps=reps if small else 20, warmup=warm if small else 5,
                               compile_model=args.compile, small=small)
         result["training"] = rows
