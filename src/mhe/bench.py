@@ -58,6 +58,20 @@ def timed(fn, *, warmup: int, reps: int, cuda: bool) -> float:
     return statistics.median(times)
 
 
+def graph_timed(fn, *, warmup: int, reps: int) -> float:
+    """Median milliseconds of replaying ``fn`` captured as one CUDA graph (no launch overhead)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(graph.replay, warmup=warmup, reps=reps, cuda=True)
+
+
 def _variants(kinds):
     out = []
     for k in kinds:
@@ -96,7 +110,7 @@ def bench_attention(kinds, *, dev, dtype, B, T, m, n, warmup, reps, compile_mode
     return rows
 
 
-def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps) -> list[dict]:
+def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, graphs=False) -> list[dict]:
     """One attention sublayer decoding one token against a filled cache (MHE folded to MQA)."""
     from mhe.attention import build_attention
     from mhe.attention.folding import fold_mhe
@@ -119,13 +133,13 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps) -
                 with torch.no_grad():
                     mod(x, cache=cache)
 
-            ms = timed(step, warmup=warmup, reps=reps, cuda=cuda)
+            ms = graph_timed(step, warmup=warmup, reps=reps) if graphs else timed(step, warmup=warmup, reps=reps, cuda=cuda)
             rows.append({"batch": batch, "context": ctx, "kind": kind, "step_ms": ms,
                          "kv_cache_mib": cache.nbytes() / 2**20 * ctx / (ctx + 1)})
     return rows
 
 
-def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, small) -> list[dict]:
+def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, small, pad_vocab=True) -> list[dict]:
     from mhe.models import build_model
 
     cuda = dev.type == "cuda"
@@ -135,6 +149,10 @@ def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, s
         for kind in kinds:
             opts = {"n_kv_heads": 4} if kind == "gqa" else {}
             overrides = dict(max_len=max(T, 512), attn_options=opts)
+            if pad_vocab:  # a multiple of 128 keeps the output GEMM on full tiles (50257 -> 50304)
+                from mhe.models import preset as _preset
+
+                overrides["vocab_size"] = -(-_preset(preset).vocab_size // 128) * 128
             if small:
                 overrides.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
             model = build_model(preset, attention=kind, **overrides).to(dev)
@@ -168,7 +186,7 @@ def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, s
     return rows
 
 
-def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small) -> list[dict]:
+def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False) -> list[dict]:
     from mhe.attention.folding import fold_model
     from mhe.models import build_model
 
@@ -195,7 +213,7 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small) -> list[di
                 with torch.no_grad():
                     model(tok, caches=caches)
 
-            ms = timed(step, warmup=warmup, reps=reps, cuda=cuda)
+            ms = graph_timed(step, warmup=warmup, reps=reps) if graphs else timed(step, warmup=warmup, reps=reps, cuda=cuda)
             rows.append({"batch": batch, "context": ctx, "kind": kind, "step_ms": ms,
                          "tokens_per_s": batch / (ms / 1000),
                          "kv_cache_mib_per_layer": caches[0].nbytes() / 2**20 * ctx / (ctx + 1),
@@ -215,6 +233,8 @@ def _bench_args(p):
     p.add_argument("--presets", default="gpt2-base,bert-base", help="presets of the training section")
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--json", default="", help="also write every figure to this JSON file")
+    p.add_argument("--no-graphs", action="store_true", help="time decode eagerly, not as CUDA graph replays")
+    p.add_argument("--no-pad-vocab", action="store_true", help="keep the preset's vocabulary size in training")
 
 
 @command("bench", "time every attention kind side by side on this device", _bench_args)
@@ -254,9 +274,10 @@ def cmd_bench(args) -> int:
         T = 64 if small else 512
         rows = bench_training(kinds, [p.strip() for p in args.presets.split(",")], dev=dev, B=2 if small else args.train_batch, T=T,
                               steps=reps if small else 20, warmup=warm if small else 5,
-                              compile_model=args.compile, small=small)
+                              compile_model=args.compile, small=small, pad_vocab=not args.no_pad_vocab)
         result["training"] = rows
         print(f"\ntraining step, sequence {T}, batch {2 if small else args.train_batch}, "
+              f"{'' if args.no_pad_vocab else 'vocabulary padded to a multiple of 128, '}"
               f"{'bf16 autocast' if cuda else 'fp32'}{', torch.compile' if args.compile else ''}")
         print_table(["preset", "kind", "step ms", "tokens/s", "MFU", "peak GiB"],
                     [[r["preset"], r["kind"], f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
@@ -265,18 +286,22 @@ def cmd_bench(args) -> int:
     if "decode" in sections:
         settings = [(2, 32), (1, 16)] if small else [(64, 4096), (1, 1024)]
         m, n = (64, 4) if small else (768, 12)
-        rows = bench_decode_attention(kinds, settings, dev=dev, dtype=dtype, m=m, n=n, warmup=warm, reps=reps)
+        graphs = cuda and not args.no_graphs
+        rows = bench_decode_attention(kinds, settings, dev=dev, dtype=dtype, m=m, n=n, warmup=warm, reps=reps,
+                                      graphs=graphs)
         result["decode_attention"] = rows
         ref = {(r["batch"], r["kind"]): r for r in rows}
-        print(f"\ndecode one token, one attention sublayer (m={m}, {n} heads; MHE folded to MQA)")
+        print(f"\ndecode one token, one attention sublayer (m={m}, {n} heads; MHE folded to MQA)"
+              f"{'; CUDA graph replays' if graphs else ''}")
         print_table(["batch", "context", "kind", "step ms", "MHA / this", "KV cache MiB"],
                     [[r["batch"], r["context"], r["kind"], f"{r['step_ms']:.4f}",
                       f"{ref[(r['batch'], 'mha')]['step_ms'] / r['step_ms']:.2f}x" if (r["batch"], "mha") in ref else "-",
                       f"{r['kv_cache_mib']:.1f}"] for r in rows])
         settings = [(2, 32), (1, 16)] if small else [(64, 4096), (1, 1024)]
-        rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small)
+        rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small, graphs=graphs)
         result["decode"] = rows
-        print("\ndecode one token against a filled KV cache (gpt2-base; MHE folded to MQA)")
+        print("\ndecode one token against a filled KV cache (gpt2-base; MHE folded to MQA)"
+              f"{'; CUDA graph replays' if graphs else ''}")
         print_table(["batch", "context", "kind", "step ms", "tokens/s", "KV MiB/layer", "KV MiB total"],
                     [[r["batch"], r["context"], r["kind"], f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
                       f"{r['kv_cache_mib_per_layer']:.1f}", f"{r['kv_cache_mib_total']:.1f}"] for r in rows])
