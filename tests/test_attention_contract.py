@@ -199,3 +199,19 @@ def test_gqa_expand_mode_equals_native(kind):
         kernels.set_gqa_mode("native")
     with pytest.raises(MheError, match="unknown GQA mode 'fast'"):
         kernels.set_gqa_mode("fast")
+
+
+@pytest.mark.parametrize("kind", ["mqa", "gqa", "mhe-mul"])
+def test_matmul_decode_kernel_equals_full_forward(kind):
+    from mhe.attention import kernels
+
+    mod = make(kind, causal=True)
+    x = x64(B, T, D_MODEL)
+    full = mod(x)
+    kernels.set_decode_kernel("matmul")
+    try:
+        cache = mod.new_cache(B, T)
+        steps = [mod(x[:, t:t + 1], cache=cache) for t in range(T)]
+    finally:
+        kernels.set_decode_kernel("sdpa")
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-10)

@@ -234,6 +234,7 @@ def _bench_args(p):
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--json", default="", help="also write every figure to this JSON file")
     p.add_argument("--no-graphs", action="store_true", help="time decode eagerly, not as CUDA graph replays")
+    p.add_argument("--decode-kernel", default="sdpa", help="sdpa or matmul for one-token grouped attention")
     p.add_argument("--no-pad-vocab", action="store_true", help="keep the preset's vocabulary size in training")
 
 
@@ -249,11 +250,15 @@ def cmd_bench(args) -> int:
     bad = sections - {"attn", "train", "decode"}
     if bad:
         raise MheError(f"unknown bench section {sorted(bad)[0]!r}; valid: attn, train, decode")
+    from mhe.attention import kernels
+
+    kernels.set_decode_kernel(args.decode_kernel)
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     small = args.smoke or not cuda
     card = torch.cuda.get_device_name(dev) if cuda else "CPU"
-    print(f"device: {card}; torch {torch.__version__}; {'smoke sizes' if small else 'full sizes'}")
+    print(f"device: {card}; torch {torch.__version__}; {'smoke sizes' if small else 'full sizes'}; "
+          f"decode kernel {args.decode_kernel}")
     reps = args.reps or (3 if small else 50)
     warm = 1 if small else 10
     dtype = torch.bfloat16 if cuda else torch.float32

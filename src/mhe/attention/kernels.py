@@ -18,6 +18,17 @@ from mhe.errors import one_of
 BACKENDS = ("sdpa", "eager")
 GQA_MODES = ("native", "expand")
 _GQA_MODE = "native"
+DECODE_KERNELS = ("sdpa", "matmul")
+_DECODE_KERNEL = "sdpa"
+
+
+def set_decode_kernel(kind: str) -> None:
+    """How one new token attends over a grouped (one or few head) cache: ``sdpa`` or an
+    explicit ``matmul`` -> softmax -> ``matmul``, which spreads long caches over more blocks."""
+    global _DECODE_KERNEL
+    if kind not in DECODE_KERNELS:
+        raise one_of("decode kernel", kind, DECODE_KERNELS)
+    _DECODE_KERNEL = kind
 
 
 def set_gqa_mode(mode: str) -> None:
@@ -70,7 +81,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch
         hk = k.shape[1]
         rows = q.reshape(b, hk, hq // hk, d)  # [B, h_kv, group, d]
         mask = None if key_mask is None else key_mask[:, None, None, :]
-        out = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask, scale=scale)
+        if _DECODE_KERNEL == "matmul":
+            sc = (rows @ k.transpose(-2, -1)).float() * (scale or 1.0 / math.sqrt(d))  # [B, h_kv, group, S]
+            if mask is not None:
+                sc = sc.masked_fill(~mask, float("-inf"))
+            out = sc.softmax(-1).to(v.dtype) @ v  # [B, h_kv, group, d]
+        else:
+            out = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask, scale=scale)
         return out.reshape(b, hq, 1, d)  # [B, h_q, 1, d]
     if gqa and _GQA_MODE == "expand":
         k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
