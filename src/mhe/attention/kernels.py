@@ -82,7 +82,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch
         rows = q.reshape(b, hk, hq // hk, d)  # [B, h_kv, group, d]
         mask = None if key_mask is None else key_mask[:, None, None, :]
         if _DECODE_KERNEL == "matmul":
-            sc = (rows @ k.transpose(-2, -1)).float() * (scale or 1.0 / math.sqrt(d))  # [B, h_kv, group, S]
+            sc = rows @ k.transpose(-2, -1)  # [B, h_kv, group, S]
+            sc = sc.to(torch.promote_types(sc.dtype, torch.float32)) * (scale or 1.0 / math.sqrt(d))
             if mask is not None:
                 sc = sc.masked_fill(~mask, float("-inf"))
             out = sc.softmax(-1).to(v.dtype) @ v  # [B, h_kv, group, d]
