@@ -120,3 +120,56 @@ def cmd_eval(args) -> int:
         write_json_atomic(args.out, res)
     print(text)
     return 0
+
+
+def _mt_args(p):
+    p.add_argument("--preset", default="transformer-base")
+    p.add_argument("--attention", default="mha")
+    p.add_argument("--data", default="multi30k", help="multi30k or wmt14")
+    p.add_argument("--src", default="en")
+    p.add_argument("--tgt", default="de")
+    p.add_argument("--data-dir", default="")
+    p.add_argument("--out", default="")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--resume", action="store_true")
+
+
+@command("train-mt", "train the encoder-decoder on parallel text; BLEU with sacrebleu", _mt_args)
+def cmd_train_mt(args) -> int:
+    args.set = [f'data.task_options={json.dumps({"src": args.src, "tgt": args.tgt})}'] + [
+        s for s in args.set]
+    cfg = build_run("mt", args)
+    # --set data.task_options=... given by the user merges over src/tgt
+    res = run_training(cfg, args.out or f"runs/mt-{args.data}-{args.attention}", args.resume)
+    keys = ("status", "step", "attention", "bleu", "bleu_last5_mean", "signature", "attention_params", "out")
+    print(json.dumps({k: res[k] for k in keys if k in res}, indent=2))
+    return 0
+
+
+def _translate_args(p):
+    p.add_argument("--checkpoint", required=True, help="a translation run directory")
+    p.add_argument("--input", default="-", help="a file of source lines (default: stdin)")
+    p.add_argument("--beam", type=int, default=None)
+    p.add_argument("--alpha", type=float, default=None, help="length penalty")
+
+
+@command("translate", "translate lines with a trained model (stdin or --input)", _translate_args)
+def cmd_translate(args) -> int:
+    from mhe.checkpoint_io import load_run
+
+    model, cfg, task = load_run(args.checkpoint)
+    if cfg.task != "mt":
+        raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not a translation run")
+    if args.input == "-":
+        lines = [line.rstrip("\n") for line in sys.stdin]
+    else:
+        from mhe.data.paths import open_text
+
+        if not Path(args.input).is_file():
+            raise MheError(f"input file not found: {args.input}")
+        with open_text(args.input) as f:
+            lines = [line.rstrip("\n") for line in f]
+    for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha):
+        print(hyp)
+    return 0

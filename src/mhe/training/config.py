@@ -135,6 +135,10 @@ def apply_overrides(cfg: RunConfig, items: list[str]) -> RunConfig:
                                                      and not value.is_integer()) else value
             if isinstance(current, tuple):
                 value = tuple(value)
+            if isinstance(current, dict):
+                if not isinstance(value, dict):
+                    raise MheError(f"--set {key} takes a JSON object, got {raw!r}")
+                value = {**current, **value}  # successive --set items merge
             setattr(target, name, value)
         else:
             raise one_of("--set section", section, ("train", "data", "model"))

@@ -22,6 +22,15 @@ def default_run(task: str, preset: str, attention: str, dataset: str = "") -> Ru
     model: dict = {}
     if preset.startswith("tiny-"):
         train = TrainConfig(**TINY_TRAIN)
+    if task == "mt":
+        # Vaswani et al. (2017) section 5.3: Adam betas (0.9, 0.98), eps 1e-9, inverse square-root
+        # decay after 4000 warm-up steps, label smoothing 0.1; lr peak = 512^-0.5 * 4000^-0.5
+        train = TrainConfig(steps=100_000, batch_size=1, lr=7e-4, schedule="inverse_sqrt", warmup_steps=4000,
+                            betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, label_smoothing=0.1,
+                            log_every=50, eval_every=2000, save_every=2000, clip_norm=0.0)
+        if preset.startswith("tiny-"):
+            train.steps, train.warmup_steps, train.lr, train.eval_every, train.save_every = 300, 100, 2e-3, 0, 100
+            train.log_every = 10
     if task in ("lm", "mlm") and preset.startswith("tiny-"):
         # 16 x 64 tokens a step: a 10k-word softmax stays cheap on two CPU cores
         train.batch_size = 16

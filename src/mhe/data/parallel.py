@@ -1,0 +1,107 @@
+"""Parallel corpora for translation: Multi30k and WMT-14 (paper section 4.2, Table 3).
+
+Local files in their distributed formats: one sentence per line
+(``{split}.{lang}``, gzip/xz or not) or WMT's SGML test sets (``<seg id=..>``).
+The optional ``datasets`` package loads the hub's ``wmt/wmt14`` instead.
+
+Empty lines: training drops every pair with an empty side; evaluation keeps
+every line, so hypotheses stay aligned with the reference file, and an empty
+source line is translated to an empty line.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mhe.data.paths import data_root, find_file, open_text
+from mhe.errors import MheError, one_of
+
+SEG = re.compile(r"<seg[^>]*>(.*?)</seg>", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ParallelCorpus:
+    name: str
+    langs: tuple
+    files: dict  # split -> pattern with {lang} (and {src}/{tgt} for SGML)
+    hub: tuple
+
+
+PARALLEL = {
+    "multi30k": ParallelCorpus("multi30k", ("en", "de"), {
+        "train": "multi30k/train.{lang}", "valid": "multi30k/val.{lang}", "test": "multi30k/test_2016_flickr.{lang}",
+        "test2017": "multi30k/test_2017_flickr.{lang}", "test2018": "multi30k/test_2018_flickr.{lang}"}, ()),
+    "wmt14": ParallelCorpus("wmt14", ("en", "de"), {
+        "train": "wmt14/train.{lang}", "valid": "wmt14/newstest2013.{lang}",
+        "test": "wmt14/newstest2014-deen-{role}.{lang}.sgm"}, ("wmt/wmt14", "de-en")),
+}
+
+
+def parallel_corpus(name: str) -> ParallelCorpus:
+    if name not in PARALLEL:
+        raise one_of("translation dataset", name, PARALLEL)
+    return PARALLEL[name]
+
+
+def read_sgml(path: Path) -> list[str]:
+    """The text of every <seg> of a WMT SGML file, in order, entities decoded."""
+    with open_text(path) as f:
+        return [html.unescape(m.group(1).strip()) for m in SEG.finditer(f.read())]
+
+
+def _read(path: Path) -> list[str]:
+    if ".sgm" in path.name:
+        return read_sgml(path)
+    with open_text(path) as f:
+        return [line.rstrip("\n").strip() for line in f]
+
+
+def read_parallel(name: str, split: str, src: str, tgt: str, *, data_dir=None, source: str = "local",
+                  drop_empty: bool | None = None, limit: int | None = None) -> tuple[list[str], list[str]]:
+    """Aligned (sources, targets). Mismatched line counts name both files and their counts."""
+    c = parallel_corpus(name)
+    for lang in (src, tgt):
+        if lang not in c.langs:
+            raise one_of(f"language of {name}", lang, c.langs)
+    if src == tgt:
+        raise MheError(f"source and target language are both {src!r}")
+    if split not in c.files:
+        raise one_of(f"split of {name}", split, c.files)
+    if source == "hub":
+        srcs, tgts = _from_hub(c, split, src, tgt)
+    else:
+        root = data_root(data_dir)
+        pattern = c.files[split]
+        p_src = find_file(pattern.format(lang=src, role="src"), root)
+        p_tgt = find_file(pattern.format(lang=tgt, role="ref"), root)
+        srcs, tgts = _read(p_src), _read(p_tgt)
+        if len(srcs) != len(tgts):
+            raise MheError(f"line counts differ: {p_src} has {len(srcs)}, {p_tgt} has {len(tgts)}")
+    if drop_empty is None:
+        drop_empty = split == "train"
+    if drop_empty:
+        pairs = [(s, t) for s, t in zip(srcs, tgts) if s and t]
+        srcs, tgts = [p[0] for p in pairs], [p[1] for p in pairs]
+    if limit:
+        srcs, tgts = srcs[:limit], tgts[:limit]
+    return srcs, tgts
+
+
+def _from_hub(c: ParallelCorpus, split: str, src: str, tgt: str):
+    if not c.hub:
+        raise MheError(f"{c.name} has no hub source here; put its files under --data-dir")
+    try:
+        import datasets
+    except ImportError:
+        raise MheError(f"loading {c.name} from the hub needs the optional 'datasets' package; offline, put "
+                       f"{c.files[split].format(lang=src, role='src')} and its {tgt} side under --data-dir") from None
+    try:
+        ds = datasets.load_dataset(c.hub[0], c.hub[1], split={"valid": "validation"}.get(split, split))
+    except Exception as e:
+        raise MheError(f"could not load {c.hub[0]} from the hub ({type(e).__name__}); offline, put the files "
+                       "under --data-dir") from None
+    rows = ds["translation"]
+    return [r[src].strip() for r in rows], [r[tgt].strip() for r in rows]

@@ -1,0 +1,171 @@
+"""Translation with the encoder-decoder (paper Table 3): shared sub-word vocabulary,
+token-based batches, label smoothing, beam search, sacrebleu.
+
+``data.task_options`` keys: ``src``/``tgt`` languages, ``max_tokens`` per batch
+(source + target tokens, padding included), ``beam``, ``alpha`` (length
+penalty), ``eval_sentences`` (validation sentences decoded at each evaluation),
+``protocol``: ``best`` (test BLEU of the best validation checkpoint) or
+``last5`` (also the mean test BLEU over the last five evaluations, the paper's
+protocol with evaluations once per epoch).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from mhe.data.parallel import read_parallel
+from mhe.data.tokenize import load_tokenizer, save_tokenizer, special_id, train_tokenizer
+from mhe.errors import MheError
+from mhe.metrics.bleu import corpus_bleu
+from mhe.models import build_model
+from mhe.models.generation import beam_search
+from mhe.training.task import Task
+
+OPTIONS = {"src": "en", "tgt": "de", "max_tokens": 4096, "beam": 4, "alpha": 0.6, "eval_sentences": 500,
+           "protocol": "best", "eval_batch": 64, "test_sentences": 0}
+DEFAULT_VOCAB = {"wmt14": 37000, "multi30k": 8000}  # the paper's 37K for WMT-14 (section 4.4)
+
+
+def token_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int) -> list[list[int]]:
+    """Group pair indices, sorted by length, into batches whose padded size
+    (rows x (longest source + longest target)) stays within ``max_tokens``."""
+    order = sorted(range(len(src_lens)), key=lambda i: (src_lens[i], tgt_lens[i]))
+    batches, cur, ms, mt = [], [], 0, 0
+    for i in order:
+        ns, nt = max(ms, src_lens[i]), max(mt, tgt_lens[i])
+        if cur and (len(cur) + 1) * (ns + nt) > max_tokens:
+            batches.append(cur)
+            cur, ns, nt = [], src_lens[i], tgt_lens[i]
+        cur.append(i)
+        ms, mt = ns, nt
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+class TranslationTask(Task):
+    name = "mt"
+    metric = "bleu"
+    higher_is_better = True
+
+    def setup(self, cfg, out: Path, dist):
+        self.cfg, self.out = cfg, out
+        o = {**OPTIONS, **cfg.data.task_options}
+        bad = sorted(set(o) - set(OPTIONS))
+        if bad:
+            raise MheError(f"unknown translation option {bad[0]!r}; valid: {', '.join(OPTIONS)}")
+        self.o = o
+        name = cfg.data.dataset or "multi30k"
+        self.dataset = name
+        d = dict(data_dir=cfg.data.data_dir or None, source=cfg.data.source)
+        limit = cfg.data.limit_lines or None
+        train_src, train_tgt = read_parallel(name, "train", o["src"], o["tgt"], limit=limit, **d)
+        self.valid = read_parallel(name, "valid", o["src"], o["tgt"], **d)
+        self.tok = self._tokenizer(train_src + train_tgt, name, dist)
+        self.bos, self.eos, self.pad = (special_id(self.tok, t) for t in ("[BOS]", "[EOS]", "[PAD]"))
+        model = build_model(cfg.preset, attention=cfg.attention,
+                            **{"vocab_size": self.tok.get_vocab_size(), "pad_id": self.pad, **cfg.model})
+        if model.cfg.arch != "encoder-decoder":
+            raise MheError(f"translation needs an encoder-decoder preset, got {cfg.preset!r}")
+        self.max_len = model.cfg.max_len
+        self.src_ids = [self._encode(s) for s in train_src]
+        self.tgt_ids = [self._encode(t) for t in train_tgt]
+        self.batches = token_batches([len(x) for x in self.src_ids], [len(y) + 1 for y in self.tgt_ids],
+                                     int(o["max_tokens"]))
+        return model
+
+    def _tokenizer(self, texts, name, dist):
+        path = self.out / "tokenizer.json"
+        if dist is not None and dist.world > 1 and not dist.main:
+            dist.barrier()
+            return load_tokenizer(self.out)
+        if path.is_file():
+            tok = load_tokenizer(self.out)
+        else:
+            tok = train_tokenizer(self.cfg.data.tokenizer or "bpe", texts,
+                                  self.cfg.data.vocab_size or DEFAULT_VOCAB.get(name, 8000))
+            self.out.mkdir(parents=True, exist_ok=True)
+            save_tokenizer(tok, self.out)
+        if dist is not None and dist.world > 1:
+            dist.barrier()
+        return tok
+
+    def _encode(self, text: str) -> list[int]:
+        """Sub-word ids, truncated so that BOS/EOS fit the model's max_len (the documented rule)."""
+        return self.tok.encode(text, add_special_tokens=False).ids[: self.max_len - 2]
+
+    def n_train_items(self):
+        return len(self.batches)
+
+    def _pad(self, seqs, value):
+        n = max(len(s) for s in seqs)
+        return torch.tensor([s + [value] * (n - len(s)) for s in seqs], dtype=torch.long)
+
+    def collate(self, indices):
+        rows = [i for b in indices for i in self.batches[b]]
+        src = self._pad([self.src_ids[i] for i in rows], self.pad)
+        tgt_in = self._pad([[self.bos] + self.tgt_ids[i] for i in rows], self.pad)
+        labels = self._pad([self.tgt_ids[i] + [self.eos] for i in rows], -100)
+        return {"src": src, "src_mask": src != self.pad, "tgt": tgt_in, "tgt_mask": labels != -100,
+                "labels": labels}
+
+    def loss(self, model, batch):
+        out = model(batch["src"], batch["tgt"], batch["src_mask"], batch["tgt_mask"], labels=batch["labels"],
+                    label_smoothing=self.cfg.train.label_smoothing)
+        return out.loss, int((batch["labels"] != -100).sum())
+
+    # ------------------------------------------------------------------ decoding
+    def translate(self, model, sources: list[str], *, beam: int | None = None, alpha: float | None = None,
+                  use_cache: bool = True) -> list[str]:
+        """Detokenised translations, in input order."""
+        model.eval()
+        dev = next(model.parameters()).device
+        beam = int(beam or self.o["beam"])
+        alpha = float(self.o["alpha"] if alpha is None else alpha)
+        ids = [self._encode(s) for s in sources]
+        # an empty (or blank) source line becomes an empty translation: nothing is invented
+        order = sorted((i for i in range(len(ids)) if sources[i].strip()), key=lambda i: len(ids[i]))
+        out: list[str] = [""] * len(ids)
+        bs = int(self.o["eval_batch"])
+        for k in range(0, len(order), bs):
+            chunk = order[k:k + bs]
+            src = self._pad([ids[i] or [self.tok.token_to_id("[UNK]")] for i in chunk], self.pad).to(dev)
+            hyp = beam_search(model, src, src != self.pad, bos_id=self.bos, eos_id=self.eos, beam=beam,
+                              max_len=self.max_len, alpha=alpha, use_cache=use_cache)
+            for row, i in enumerate(chunk):
+                toks = hyp[row, 1:].tolist()
+                toks = toks[: toks.index(self.eos)] if self.eos in toks else toks
+                out[i] = self.tok.decode(toks, skip_special_tokens=True).strip()
+        return out
+
+    def evaluate(self, model):
+        n = int(self.o["eval_sentences"])
+        src, ref = self.valid[0][:n], self.valid[1][:n]
+        res = {"bleu": corpus_bleu(self.translate(model, src, beam=1), ref)["bleu"]}
+        if self.o["protocol"] == "last5":
+            test_src, test_ref = self._test()
+            res["test_bleu"] = corpus_bleu(self.translate(model, test_src, beam=1), test_ref)["bleu"]
+        return res
+
+    def _test(self):
+        d = dict(data_dir=self.cfg.data.data_dir or None, source=self.cfg.data.source)
+        return read_parallel(self.dataset, "test", self.o["src"], self.o["tgt"],
+                             limit=int(self.o["test_sentences"]) or None, **d)
+
+    def final(self, model):
+        src, ref = self._test()
+        hyps = self.translate(model, src)
+        bleu = corpus_bleu(hyps, ref)
+        (self.out / "test_translations.txt").write_text("\n".join(hyps) + "\n")
+        res = {"split": "test", "score": bleu["bleu"], "bleu": bleu["bleu"], "signature": bleu["signature"],
+               "beam": int(self.o["beam"]), "alpha": float(self.o["alpha"])}
+        if self.o["protocol"] == "last5":
+            recs = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            last = [r["test_bleu"] for r in recs if "test_bleu" in r][-5:]
+            if last:
+                res["bleu_last5_mean"] = sum(last) / len(last)
+                res["bleu_last5"] = last
+        return res
