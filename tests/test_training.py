@@ -138,7 +138,7 @@ def test_output_folder_with_other_configuration_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("item, match", [
-    ("train.lrr=1", "unknown --set key 'train.lrr'; valid train keys: steps, batch_size"),
+    ("train.lrr=1", "unknown --set key 'train.lrr'; valid train keys: steps, epochs, batch_size"),
     ("model.colour=1", "unknown --set key 'model.colour'; valid model keys:"),
     ("optim.lr=1", "unknown --set section 'optim'; valid: train, data, model"),
     ("train.steps=abc", "--set train.steps takes a number, got 'abc'"),

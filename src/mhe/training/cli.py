@@ -173,3 +173,62 @@ def cmd_translate(args) -> int:
     for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha):
         print(hyp)
     return 0
+
+
+def _finetune_args(p):
+    p.add_argument("--task", required=True, help="rte, mrpc, cola, sst2, stsb, qnli, qqp, mnli, mnli-mm, boolq, cb, "
+                                                 "sg-rte, wic, multirc, copa, wsc, squad, squad-v2")
+    p.add_argument("--checkpoint", required=True, help="the pre-training run directory")
+    p.add_argument("--seeds", type=int, default=1, help="run this many seeds and report mean and std")
+    p.add_argument("--data-dir", default="")
+    p.add_argument("--out", default="")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--resume", action="store_true")
+
+
+def finetune_config(task: str, checkpoint: str, *, data_dir: str = "", overrides=(), seed: int = 0):
+    from mhe.data.benchmarks import bench_task
+    from mhe.training.config import DataConfig, RunConfig, apply_overrides
+    from mhe.training.defaults import finetune_train
+
+    bench_task(task)
+    run_cfg = Path(checkpoint) / "config.json"
+    if not run_cfg.is_file():
+        raise MheError(f"--checkpoint {checkpoint} is not a run directory (no config.json)")
+    pre = json.loads(run_cfg.read_text())["run"]
+    cfg = RunConfig(task="finetune", preset=pre["preset"], attention=pre["attention"], train=finetune_train(task),
+                    data=DataConfig(dataset=task, data_dir=data_dir,
+                                    task_options={"task": task, "checkpoint": str(checkpoint)}))
+    cfg = apply_overrides(cfg, list(overrides))
+    cfg.train.seed = seed
+    return cfg
+
+
+@command("finetune", "fine-tune a pre-trained run on GLUE, SuperGLUE or SQuAD", _finetune_args)
+def cmd_finetune(args) -> int:
+    if args.seeds <= 0:
+        raise MheError(f"--seeds must be positive, got {args.seeds}")
+    out = Path(args.out or f"runs/finetune-{args.task}-{Path(args.checkpoint).name}")
+    results = []
+    for seed in range(args.seeds):
+        cfg = finetune_config(args.task, args.checkpoint, data_dir=args.data_dir, overrides=args.set, seed=seed)
+        run_dir = out / f"seed-{seed}" if args.seeds > 1 else out
+        if (run_dir / "results.json").exists():
+            results.append(json.loads((run_dir / "results.json").read_text()))
+            continue
+        res = run_training(cfg, str(run_dir), args.resume)
+        if res["status"] not in ("finished", "early_stopped"):
+            return 130
+        results.append(res)
+    scores = [r["score"] for r in results]
+    import statistics
+
+    summary = {"task": args.task, "metric": results[0]["metric"], "attention": results[0]["attention"],
+               "scores": scores, "mean": statistics.fmean(scores),
+               "std": statistics.stdev(scores) if len(scores) > 1 else 0.0, "n_seeds": len(scores)}
+    if args.seeds > 1:
+        from mhe.training.checkpoint import write_json_atomic
+
+        write_json_atomic(out / "summary.json", summary)
+    print(json.dumps(summary, indent=2))
+    return 0

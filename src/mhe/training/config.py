@@ -19,6 +19,7 @@ class TrainConfig:
     """Optimisation and cadence (Appendix B, Table 11: pre-training)."""
 
     steps: int = 1_000_000           # the schedule's horizon
+    epochs: float = 0                # if > 0: steps = epochs x (training items // batch_size)
     batch_size: int = 32             # global batch (split over GPUs)
     grad_accum: int = 1
     lr: float = 1e-4

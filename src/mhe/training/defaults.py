@@ -17,6 +17,27 @@ RECALL_TRAIN = dict(steps=1000, batch_size=64, lr=3e-3, warmup_steps=50, schedul
 RECALL_MODEL = dict(d_model=64, d_ff=256, n_layers=2, n_heads=4, dropout=0.0, attn_dropout=0.0)
 
 
+# Appendix B, Table 12: evaluation steps per task (also our checkpoint cadence)
+EVAL_STEPS = {"mnli": 2455, "mnli-mm": 2455, "qnli": 655, "qqp": 2275, "rte": 48, "sst2": 421, "mrpc": 69,
+              "cola": 162, "stsb": 108, "boolq": 177, "cb": 5, "sg-rte": 47, "wic": 102, "multirc": 512,
+              "copa": 8, "wsc": 11, "squad": 548, "squad-v2": 815}
+SQUAD_WARMUP = {"squad": 3327, "squad-v2": 4950}
+
+
+def finetune_train(bench: str) -> TrainConfig:
+    """Appendix B fine-tuning: batch 32, lr 3e-5 (GLUE, SQuAD) or 5e-5 (SuperGLUE), cosine with
+    hard restarts, 6% warm-up (SQuAD: 3327 / 4950 steps), Adam eps 1e-6, betas 0.9/0.999, no
+    weight decay, up to 20 epochs with early stopping (patience: 5 evaluations, our choice)."""
+    from mhe.data.benchmarks import bench_task
+
+    spec = bench_task(bench)
+    every = EVAL_STEPS.get(bench, 0)
+    return TrainConfig(epochs=20, batch_size=32, lr=5e-5 if spec.benchmark == "superglue" else 3e-5,
+                       schedule="cosine_restarts", warmup_ratio=0.0 if bench in SQUAD_WARMUP else 0.06,
+                       warmup_steps=SQUAD_WARMUP.get(bench, 0), eps=1e-6, betas=(0.9, 0.999), weight_decay=0.0,
+                       patience=5, eval_every=every, save_every=every, log_every=10)
+
+
 def default_run(task: str, preset: str, attention: str, dataset: str = "") -> RunConfig:
     train = TrainConfig()
     model: dict = {}

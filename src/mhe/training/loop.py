@@ -9,7 +9,9 @@ handling, DDP under ``torchrun`` with the same global batch as one process.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import math
 
 import signal
 import sys
@@ -56,8 +58,8 @@ class Trainer:
             from mhe.training.config import RunConfig as RC
 
             old = RC.from_dict(json.loads(cfg_path.read_text())["run"])
-            if old.hash() != self.cfg.hash():
-                diff = _diff(old.identity(), self.cfg.identity())
+            if old.hash() != self.cfg_hash:
+                diff = _diff(old.identity(), self.original.identity())
                 raise MheError(f"{self.out} holds a run with a different configuration ({diff}); "
                                "choose another --out")
             if not self.resume and (self.out / "checkpoints").exists() and ckpt.list_checkpoints(self.out / "checkpoints"):
@@ -65,7 +67,8 @@ class Trainer:
 
     def _write_config(self, model) -> None:
         ckpt.write_json_atomic(self.out / "config.json", {
-            "run": self.cfg.to_dict(), "model": model.cfg.to_dict(), "config_hash": self.cfg.hash(),
+            "run": self.original.to_dict(), "resolved_train": dataclasses.asdict(self.cfg.train),
+            "model": model.cfg.to_dict(), "config_hash": self.cfg_hash,
             "attention_params": count_attention_params(model), "torch": torch.__version__,
         })
 
@@ -77,6 +80,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ run
     def fit(self) -> dict:
+        import copy
+
+        self.original = copy.deepcopy(self.cfg)  # what the user asked for: hashed and saved
+        self.cfg_hash = self.original.hash()
         t = self.cfg.train
         dist = distributed.setup(t.device)
         main = dist.main
@@ -85,6 +92,11 @@ class Trainer:
         dist.barrier()
         seed_all(t.seed)
         model = self.task.setup(self.cfg, self.out, dist).to(dist.device)
+        if t.epochs > 0:  # the schedule follows the data: epochs x batches per epoch
+            per_epoch = max(1, self.task.n_train_items() // t.batch_size)
+            t.steps = max(1, math.ceil(t.epochs * per_epoch))
+            if t.eval_every == 0:
+                t.eval_every = per_epoch
         if main:
             self._write_config(model)
         opt, sched = build_optimizer(model, t)
@@ -98,7 +110,7 @@ class Trainer:
             else:
                 state = ckpt.load_checkpoint(last, model=model, optimizer=opt, scheduler=sched,
                                              map_location=dist.device)
-                if state.get("config_hash") != self.cfg.hash():
+                if state.get("config_hash") != self.cfg_hash:
                     raise MheError(f"checkpoint {last} belongs to a different configuration")
                 step, best, bad_evals = state["step"], state.get("best"), state.get("bad_evals", 0)
                 order.load_state_dict(state["data"])
@@ -212,7 +224,7 @@ class Trainer:
                 "attention": self.cfg.attention, "preset": self.cfg.preset, "seed": self.cfg.train.seed,
                 "attention_params": count_attention_params(model),
                 "total_params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
-                "steps": step, "status": status, "config_hash": self.cfg.hash()}
+                "steps": step, "status": status, "config_hash": self.cfg_hash}
 
     def _save(self, model, opt, sched, order, step, best, bad_evals, dist) -> Path | None:
         if not dist.main:
@@ -220,7 +232,7 @@ class Trainer:
             return None
         path = ckpt.save_checkpoint(self.out / "checkpoints", step, model=model, optimizer=opt, scheduler=sched,
                                     trainer_state={"data": order.state_dict(), "best": best, "bad_evals": bad_evals,
-                                                   "config_hash": self.cfg.hash()},
+                                                   "config_hash": self.cfg_hash},
                                     keep_last=self.cfg.train.keep_last)
         dist.barrier()
         return path

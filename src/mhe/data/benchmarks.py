@@ -1,0 +1,249 @@
+"""GLUE, SuperGLUE and SQuAD readers for their official file formats.
+
+Every task yields :class:`Example` records. Input construction:
+
+* pairs (RTE, MRPC, STS-B, QNLI, QQP, MNLI, CB, BoolQ): ``text_a`` [SEP] ``text_b``
+  (BoolQ: question, then passage);
+* WiC: the target word is marked ``*word*`` in both sentences and prepended to the first;
+* WSC: the two spans are marked in the text, ``*span1*`` and ``#span2#``, a single input;
+* COPA: a choice between two (premise + "What was the cause?" / "What happened as a
+  result?", alternative) pairs, scored by one logit each;
+* MultiRC: one binary decision per (paragraph, question + answer), grouped by question;
+* SQuAD: (question, context) with character offsets of every gold answer.
+
+A record with missing fields or a label outside the task's label set raises an error
+naming the file and record.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mhe.data.paths import data_root, find_file, open_text
+from mhe.errors import MheError, one_of
+
+
+@dataclass
+class Example:
+    text_a: str
+    text_b: str | None = None
+    label: float | int | None = None
+    group: str = ""  # MultiRC question id
+    choices: list = field(default_factory=list)  # COPA alternatives
+    uid: str = ""
+    answers: list = field(default_factory=list)  # SQuAD: [(text, char_start)]
+
+
+@dataclass(frozen=True)
+class BenchTask:
+    name: str
+    benchmark: str  # glue | superglue | squad
+    kind: str  # classification | regression | choice | span
+    labels: tuple  # label names, in id order (empty for regression/span)
+    files: dict  # split -> relative path(s) without .gz/.xz
+    reader: str
+
+
+def _t(name, bench, kind, labels, files, reader):
+    return BenchTask(name, bench, kind, tuple(labels), files, reader)
+
+
+GLUE_FILES = lambda d: {"train": [f"glue/{d}/train.tsv"], "dev": [f"glue/{d}/dev.tsv"]}  # noqa: E731
+SG_FILES = lambda d: {"train": [f"superglue/{d}/train.jsonl"], "dev": [f"superglue/{d}/val.jsonl"]}  # noqa: E731
+
+TASKS = {
+    "cola": _t("cola", "glue", "classification", ["0", "1"],
+               {"train": [["glue/CoLA/train.tsv"], ["glue/CoLA/in_domain_train.tsv"]],
+                "dev": [["glue/CoLA/dev.tsv"], ["glue/CoLA/in_domain_dev.tsv", "glue/CoLA/out_of_domain_dev.tsv"]]},
+               "cola"),
+    "sst2": _t("sst2", "glue", "classification", ["0", "1"], GLUE_FILES("SST-2"), "tsv:sentence::label"),
+    "mrpc": _t("mrpc", "glue", "classification", ["0", "1"], GLUE_FILES("MRPC"), "tsv:#1 String:#2 String:Quality"),
+    "stsb": _t("stsb", "glue", "regression", [], GLUE_FILES("STS-B"), "tsv:sentence1:sentence2:score"),
+    "qqp": _t("qqp", "glue", "classification", ["0", "1"], GLUE_FILES("QQP"), "tsv:question1:question2:is_duplicate"),
+    "mnli": _t("mnli", "glue", "classification", ["entailment", "neutral", "contradiction"],
+               {"train": ["glue/MNLI/train.tsv"], "dev": ["glue/MNLI/dev_matched.tsv"]}, "tsv:sentence1:sentence2:gold_label"),
+    "mnli-mm": _t("mnli-mm", "glue", "classification", ["entailment", "neutral", "contradiction"],
+                  {"train": ["glue/MNLI/train.tsv"], "dev": ["glue/MNLI/dev_mismatched.tsv"]},
+                  "tsv:sentence1:sentence2:gold_label"),
+    "qnli": _t("qnli", "glue", "classification", ["entailment", "not_entailment"], GLUE_FILES("QNLI"),
+               "tsv:question:sentence:label"),
+    "rte": _t("rte", "glue", "classification", ["entailment", "not_entailment"], GLUE_FILES("RTE"),
+              "tsv:sentence1:sentence2:label"),
+    "boolq": _t("boolq", "superglue", "classification", ["False", "True"], SG_FILES("BoolQ"), "boolq"),
+    "cb": _t("cb", "superglue", "classification", ["entailment", "contradiction", "neutral"], SG_FILES("CB"), "nli"),
+    "sg-rte": _t("sg-rte", "superglue", "classification", ["entailment", "not_entailment"], SG_FILES("RTE"), "nli"),
+    "wic": _t("wic", "superglue", "classification", ["False", "True"], SG_FILES("WiC"), "wic"),
+    "multirc": _t("multirc", "superglue", "classification", ["0", "1"], SG_FILES("MultiRC"), "multirc"),
+    "copa": _t("copa", "superglue", "choice", ["0", "1"], SG_FILES("COPA"), "copa"),
+    "wsc": _t("wsc", "superglue", "classification", ["False", "True"], SG_FILES("WSC"), "wsc"),
+    "squad": _t("squad", "squad", "span", [], {"train": ["squad/v1.1/train-v1.1.json"],
+                                              "dev": ["squad/v1.1/dev-v1.1.json"]}, "squad"),
+    "squad-v2": _t("squad-v2", "squad", "span", [], {"train": ["squad/v2.0/train-v2.0.json"],
+                                                    "dev": ["squad/v2.0/dev-v2.0.json"]}, "squad"),
+}
+
+
+def bench_task(name: str) -> BenchTask:
+    if name not in TASKS:
+        raise one_of("fine-tuning task", name, TASKS)
+    return TASKS[name]
+
+
+def read_examples(name: str, split: str, *, data_dir=None, limit: int | None = None) -> list[Example]:
+    """The examples of ``split`` (train or dev) of task ``name`` from local files."""
+    t = bench_task(name)
+    if split not in t.files:
+        raise one_of(f"split of {name}", split, t.files)
+    root = data_root(data_dir)
+    paths = _resolve(t.files[split], root)
+    out: list[Example] = []
+    for p in paths:
+        out.extend(_read(t, p))
+    return out[:limit] if limit else out
+
+
+def _resolve(spec, root: Path) -> list[Path]:
+    """``spec`` is a list of paths, or a list of alternatives (lists): the first that exists."""
+    if spec and isinstance(spec[0], list):
+        errors = []
+        for alt in spec:
+            try:
+                return [find_file(p, root) for p in alt]
+            except MheError as e:
+                errors.append(str(e))
+        raise MheError(errors[0])
+    return [find_file(p, root) for p in spec]
+
+
+def _label(t: BenchTask, value, path: Path, where: str):
+    if t.kind == "regression":
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise MheError(f"{path}: {where}: score {value!r} is not a number") from None
+    key = str(value)
+    if key not in t.labels:
+        raise MheError(f"{path}: {where}: label {value!r} is not one of {', '.join(t.labels)}")
+    return t.labels.index(key)
+
+
+def _read(t: BenchTask, path: Path) -> list[Example]:
+    r = t.reader
+    if r.startswith("tsv:"):
+        return _read_tsv(t, path, *r[4:].split(":"))
+    if r == "cola":
+        return _read_cola(t, path)
+    if r == "squad":
+        return _read_squad(path)
+    return _read_jsonl(t, path)
+
+
+def _read_tsv(t, path, col_a, col_b, col_label):
+    with open_text(path) as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    header = [h.lstrip("\ufeff") for h in rows[0]]
+    need = [c for c in (col_a, col_b, col_label) if c]
+    missing = [c for c in need if c not in header]
+    if missing:
+        raise MheError(f"{path}: header lacks column {missing[0]!r} (has {', '.join(header)})")
+    ia, il = header.index(col_a), header.index(col_label)
+    ib = header.index(col_b) if col_b else None
+    out = []
+    for n, row in enumerate(rows[1:], 2):
+        if len(row) < len(header):
+            raise MheError(f"{path}: line {n}: {len(row)} fields, expected {len(header)}")
+        out.append(Example(row[ia], row[ib] if ib is not None else None, _label(t, row[il], path, f"line {n}"),
+                           uid=str(n)))
+    return out
+
+
+def _read_cola(t, path):
+    out = []
+    with open_text(path) as f:
+        for n, line in enumerate(f, 1):
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) < 4:
+                raise MheError(f"{path}: line {n}: {len(parts)} fields, expected 4 (source, label, mark, sentence)")
+            out.append(Example(parts[3], None, _label(t, parts[1], path, f"line {n}"), uid=str(n)))
+    return out
+
+
+def _get(rec, key, path, n):
+    if key not in rec:
+        raise MheError(f"{path}: record {n}: missing field {key!r}")
+    return rec[key]
+
+
+def _mark(sentence: str, start: int, end: int, sym: str) -> str:
+    return sentence[:start] + sym + sentence[start:end] + sym + sentence[end:]
+
+
+TAG = re.compile(r"<[^>]+>")
+
+
+def _read_jsonl(t, path):
+    out = []
+    with open_text(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                raise MheError(f"{path}: record {n}: not valid JSON") from None
+            g = lambda k: _get(rec, k, path, n)  # noqa: E731
+            lab = lambda v: _label(t, v, path, f"record {n}")  # noqa: E731
+            uid = str(rec.get("idx", n))
+            if t.reader == "boolq":
+                out.append(Example(g("question"), g("passage"), lab(g("label")), uid=uid))
+            elif t.reader == "nli":
+                out.append(Example(g("premise"), g("hypothesis"), lab(g("label")), uid=uid))
+            elif t.reader == "wic":
+                s1 = _mark(g("sentence1"), g("start1"), g("end1"), "*")
+                s2 = _mark(g("sentence2"), g("start2"), g("end2"), "*")
+                out.append(Example(f"{g('word')}: {s1}", s2, lab(g("label")), uid=uid))
+            elif t.reader == "wsc":
+                target = g("target")
+                words = g("text").split()
+                for key, sym in (("span1", "*"), ("span2", "#")):
+                    i = target[f"{key}_index"]
+                    k = len(target[f"{key}_text"].split())
+                    if i + k > len(words):
+                        raise MheError(f"{path}: record {n}: {key} index {i} outside the text")
+                    words[i] = sym + words[i]
+                    words[i + k - 1] = words[i + k - 1] + sym
+                out.append(Example(" ".join(words), None, lab(g("label")), uid=uid))
+            elif t.reader == "copa":
+                ask = {"cause": "What was the cause?", "effect": "What happened as a result?"}[g("question")]
+                out.append(Example(f"{g('premise')} {ask}", None, lab(g("label")),
+                                   choices=[g("choice1"), g("choice2")], uid=uid))
+            elif t.reader == "multirc":
+                passage = TAG.sub(" ", g("passage")["text"])
+                passage = " ".join(passage.split())
+                for qi, q in enumerate(g("passage")["questions"]):
+                    for ai, a in enumerate(q["answers"]):
+                        out.append(Example(passage, f"{q['question']} {a['text']}", lab(a.get("label")),
+                                           group=f"{uid}-{qi}", uid=f"{uid}-{qi}-{ai}"))
+    return out
+
+
+def _read_squad(path):
+    with open_text(path) as f:
+        data = json.load(f)
+    out = []
+    for art in _get(data, "data", path, 0):
+        for para in art["paragraphs"]:
+            ctx = para["context"]
+            for qa in para["qas"]:
+                answers = [(a["text"], a["answer_start"]) for a in qa.get("answers", [])]
+                if qa.get("is_impossible"):
+                    answers = []
+                for text, start in answers:
+                    if ctx[start:start + len(text)] != text:
+                        raise MheError(f"{path}: question {qa['id']}: answer {text!r} not at offset {start}")
+                out.append(Example(qa["question"], ctx, uid=qa["id"], answers=answers))
+    return out

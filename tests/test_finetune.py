@@ -1,0 +1,147 @@
+"""Every fine-tuning task end to end on a tiny pre-trained encoder (a few CPU steps each),
+bad records named by file and record, several seeds aggregated."""
+
+import gzip
+import json
+import math
+import shutil
+
+import pytest
+
+from conftest import require_data
+from mhe.cli import main
+from mhe.data.benchmarks import read_examples
+from mhe.errors import MheError
+
+TINY = ["train.steps=3", "train.epochs=0", "train.progress=false", "train.warmup_steps=1", "train.warmup_ratio=0",
+        "train.batch_size=8", "train.eval_every=0", "train.save_every=0"]
+
+
+def pretrain(tmp, preset, task_data="ptb"):
+    out = tmp / preset
+    root = require_data("ptb/ptb.train.txt.gz")
+    assert main(["pretrain", "--preset", preset, "--attention", "mhe-mul", "--data", task_data, "--data-dir", str(root),
+                 "--out", str(out), "--set", "train.steps=4", "--set", "train.progress=false",
+                 "--set", "data.limit_lines=600", "--set", "data.vocab_size=400"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def encoder_run(tmp_path_factory):
+    return pretrain(tmp_path_factory.mktemp("pre"), "tiny-encoder")
+
+
+@pytest.fixture(scope="module")
+def decoder_run(tmp_path_factory):
+    return pretrain(tmp_path_factory.mktemp("pre"), "tiny-decoder")
+
+
+@pytest.fixture(scope="module")
+def synthetic_data(tmp_path_factory):
+    """The real data folder plus official-format stand-ins for files missing offline."""
+    root = require_data("glue/RTE/train.tsv.gz")
+    d = tmp_path_factory.mktemp("data")
+    for sub in ("glue", "superglue", "squad"):
+        shutil.copytree(root / sub, d / sub)
+    (d / "glue" / "MNLI").mkdir()
+    head = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t" \
+           "sentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label\n"
+    rows = "".join(f"{i}\t0\t0\tfic\t-\t-\t-\t-\tA man sleeps {i}.\tSomeone rests.\tx\t{lab}\n"
+                   for i, lab in enumerate(["entailment", "neutral", "contradiction"] * 8))
+    for f in ("train.tsv", "dev_matched.tsv", "dev_mismatched.tsv"):
+        (d / "glue" / "MNLI" / f).write_text(head + rows)
+    (d / "glue" / "QQP").mkdir()
+    qqp = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n" + "".join(
+        f"{i}\t1\t2\tHow do I cook {i}?\tWhat is cooking {i}?\t{i % 2}\n" for i in range(24))
+    (d / "glue" / "QQP" / "train.tsv").write_text(qqp)
+    (d / "glue" / "QQP" / "dev.tsv").write_text(qqp)
+    with gzip.open(root / "glue" / "QNLI" / "dev.tsv.gz", "rt") as f:
+        (d / "glue" / "QNLI" / "train.tsv").write_text("".join(f.readlines()[:40]))
+    with gzip.open(root / "superglue" / "BoolQ" / "val.jsonl.gz", "rt") as f:
+        (d / "superglue" / "BoolQ" / "train.jsonl").write_text("".join(f.readlines()[:40]))
+    ctx = "The tower was finished in 1889 in Paris. It is made of iron."
+    v2 = {"data": [{"title": "t", "paragraphs": [{"context": ctx, "qas": [
+        {"id": f"a{i}", "question": "When was the tower finished?", "is_impossible": False,
+         "answers": [{"text": "1889", "answer_start": ctx.index("1889")}]} for i in range(6)] + [
+        {"id": f"n{i}", "question": "Who painted the tower?", "is_impossible": True, "answers": []}
+        for i in range(6)]}]}]}
+    (d / "squad" / "v2.0").mkdir(parents=True)
+    for f in ("train-v2.0.json", "dev-v2.0.json"):
+        (d / "squad" / "v2.0" / f).write_text(json.dumps(v2))
+    return d
+
+
+ALL = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "mnli-mm", "qnli", "rte", "boolq", "cb", "sg-rte", "wic",
+       "multirc", "copa", "wsc", "squad-v2"]
+OFFICIAL = {"cola": "matthews_corrcoef", "mrpc": "f1", "qqp": "f1", "stsb": "spearman", "cb": "f1_macro",
+            "multirc": "f1a", "squad-v2": "f1", "squad": "f1"}
+
+
+@pytest.mark.parametrize("task", ALL)
+def test_every_task_end_to_end(task, encoder_run, synthetic_data, tmp_path):
+    out = tmp_path / task
+    opts = {"train_limit": 16, "dev_limit": 24}
+    assert main(["finetune", "--task", task, "--checkpoint", str(encoder_run), "--data-dir", str(synthetic_data),
+                 "--out", str(out), *sum((["--set", s] for s in TINY), []),
+                 "--set", f"data.task_options={json.dumps(opts)}"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["metric"] == OFFICIAL.get(task, "accuracy")
+    assert math.isfinite(res["score"]) and res["score"] == res[res["metric"]]
+    if task == "squad-v2":
+        assert {"HasAns_f1", "NoAns_f1"} <= set(res)
+    if task == "multirc":
+        assert "em" in res
+
+
+def test_squad_v11_trains_on_a_labelled_part_of_dev(encoder_run, tmp_path):
+    root = require_data("squad/v1.1/dev-v1.1.json.xz")
+    opts = {"train_split": "dev", "dev_split": "dev", "dev_offset": 40, "dev_limit": 30}
+    assert main(["finetune", "--task", "squad", "--checkpoint", str(encoder_run), "--data-dir", str(root),
+                 "--out", str(tmp_path / "sq"), *sum((["--set", s] for s in TINY), []),
+                 "--set", f"data.task_options={json.dumps(opts)}"]) == 0
+    res = json.loads((tmp_path / "sq" / "results.json").read_text())
+    assert res["metric"] == "f1" and res["total"] == 30 and 0 <= res["exact_match"] <= res["f1"] <= 100
+
+
+def test_decoder_fine_tunes_on_glue_and_seeds_aggregate(decoder_run, tmp_path, capsys):
+    root = require_data("glue/MRPC/train.tsv.gz")
+    opts = {"train_limit": 16, "dev_limit": 24}
+    assert main(["finetune", "--task", "mrpc", "--checkpoint", str(decoder_run), "--data-dir", str(root),
+                 "--out", str(tmp_path / "dec"), "--seeds", "2", *sum((["--set", s] for s in TINY), []),
+                 "--set", f"data.task_options={json.dumps(opts)}"]) == 0
+    summary = json.loads((tmp_path / "dec" / "summary.json").read_text())
+    s0, s1 = (json.loads((tmp_path / "dec" / f"seed-{i}" / "results.json").read_text())["score"] for i in (0, 1))
+    assert summary["n_seeds"] == 2 and summary["mean"] == pytest.approx((s0 + s1) / 2)
+    cfg = json.loads((tmp_path / "dec" / "seed-0" / "config.json").read_text())
+    assert cfg["model"]["arch"] == "decoder" and cfg["model"]["head"] == "classification"
+
+
+def test_squad_requires_an_encoder(decoder_run, tmp_path):
+    root = require_data("squad/v1.1/dev-v1.1.json.xz")
+    assert main(["finetune", "--task", "squad", "--checkpoint", str(decoder_run), "--data-dir", str(root),
+                 "--out", str(tmp_path / "x")]) == 2
+
+
+def test_bad_records_are_named(tmp_path):
+    (tmp_path / "glue" / "RTE").mkdir(parents=True)
+    (tmp_path / "glue" / "RTE" / "dev.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")
+    with pytest.raises(MheError, match=r"RTE/dev.tsv: line 2: label 'maybe' is not one of entailment, not_entailment"):
+        read_examples("rte", "dev", data_dir=tmp_path)
+    (tmp_path / "superglue" / "CB").mkdir(parents=True)
+    (tmp_path / "superglue" / "CB" / "val.jsonl").write_text('{"premise": "a", "label": "neutral"}\n')
+    with pytest.raises(MheError, match=r"CB/val.jsonl: record 1: missing field 'hypothesis'"):
+        read_examples("cb", "dev", data_dir=tmp_path)
+    with pytest.raises(MheError, match="unknown fine-tuning task 'glue'"):
+        read_examples("glue", "dev")
+
+
+def test_input_construction():
+    root = require_data("superglue/WiC/val.jsonl.gz", "superglue/WSC/val.jsonl", "superglue/COPA/val.jsonl")
+    wic = read_examples("wic", "dev", data_dir=root)[0]
+    assert wic.text_a == "class: An emerging professional *class*." and "*class*" in wic.text_b
+    wsc = read_examples("wsc", "dev", data_dir=root)[0]
+    assert "*anyone*" in wsc.text_a and "#him#" in wsc.text_a
+    copa = read_examples("copa", "dev", data_dir=root)[0]
+    assert copa.text_a.endswith("What happened as a result?") and len(copa.choices) == 2 and copa.label == 1
+    mrc = read_examples("multirc", "dev", data_dir=root)
+    assert len({e.group for e in mrc}) == 953  # MANIFEST: 953 questions
