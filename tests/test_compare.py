@@ -107,3 +107,24 @@ def test_compare_bad_input(argv, match, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0]
+
+
+def test_pretrain_then_finetune_comparison(tmp_path):
+    from conftest import require_data
+
+    root = require_data("ptb/ptb.train.txt.gz", "glue/RTE/dev.tsv.gz")
+    pre = tmp_path / "mlm"
+    assert main(["compare", "--preset", "cpu-mlm", "--kinds", "mha,mhe-mul", "--data", "ptb", "--data-dir", str(root),
+                 "--workers", "1", "--out", str(pre), "--set", "train.steps=3", "--set", "data.limit_lines=500",
+                 "--set", "data.vocab_size=300"]) == 0
+    ft = tmp_path / "rte"
+    assert main(["compare", "--task", "rte", "--pretrained", str(pre), "--kinds", "mha,mhe-mul", "--seeds", "2",
+                 "--data-dir", str(root), "--workers", "1", "--out", str(ft), "--set", "train.epochs=0",
+                 "--set", "train.steps=2", "--set", "train.eval_every=0", "--set", "train.save_every=0", "--set", "train.batch_size=8",
+                 "--set", 'data.task_options={"train_limit": 16, "dev_limit": 16}']) == 0
+    s = json.loads((ft / "summary.json").read_text())
+    assert s["metric"] == "accuracy" and [r["kind"] for r in s["rows"]] == ["mha", "mhe-mul"]
+    assert all(r["n_seeds"] == 2 for r in s["rows"])
+    cfg = json.loads((ft / "runs" / "mhe-mul-seed1" / "config.json").read_text())
+    assert cfg["run"]["data"]["task_options"]["checkpoint"].endswith("mhe-mul-seed0")
+    assert main(["compare", "--task", "rte", "--kinds", "mha", "--out", str(tmp_path / "x")]) == 2

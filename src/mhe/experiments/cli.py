@@ -21,7 +21,14 @@ def _compare_args(p):
     p.add_argument("--workers", type=int, default=None,
                    help="runs at a time (default: one per GPU, else 2 on CPU)")
     p.add_argument("--paper", default=None, help="paper table to set beside ours (e.g. table2-ptb)")
-    p.add_argument("--out", default=None, help="output folder (default runs/compare-PRESET)")
+    p.add_argument("--pretrained", default="", help="fine-tuning tasks: a comparison folder of pre-training runs")
+    p.add_argument("--out", default=None, help="output folder (default runs/compare-PRESET[-TASK])")
+
+
+def experiment_task(name: str) -> str:
+    from mhe.experiments.presets import EXPERIMENTS
+
+    return EXPERIMENTS[name].task if name in EXPERIMENTS else ""
 
 
 def build_sweep(args):
@@ -42,11 +49,15 @@ def build_sweep(args):
     else:
         raise one_of("preset", name, list(EXPERIMENTS) + list(PRESETS))
     if args.task and args.task != sweep.task:
+        from mhe.data.benchmarks import TASKS as BENCH
         from mhe.tasks import TASKS
 
-        if args.task not in TASKS:
-            raise one_of("task", args.task, TASKS)
+        valid = [t for t in TASKS if t != "finetune"] + list(BENCH)
+        if args.task not in valid:
+            raise one_of("task", args.task, valid)
         sweep.task = args.task
+    if args.pretrained:
+        sweep.pretrained = str(args.pretrained)
     if args.kinds:
         kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
         for k in kinds:
@@ -76,7 +87,8 @@ def cmd_compare(args) -> int:
     from mhe.experiments.sweep import run_sweep
 
     name, sweep = build_sweep(args)
-    out = Path(args.out or f"runs/compare-{name}")
+    default = f"runs/compare-{name}" + (f"-{args.task}" if args.task and args.task != experiment_task(name) else "")
+    out = Path(args.out or default)
     workers = args.workers or (torch.cuda.device_count() or 2)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:

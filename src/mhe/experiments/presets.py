@@ -21,6 +21,11 @@ class Experiment:
     note: str = ""
 
 
+_GPU_MT = ["train.steps=4000", "train.warmup_steps=800", "train.eval_every=1000", "train.save_every=1000",
+           'data.task_options={"max_tokens": 8192, "eval_sentences": 300}']
+_GPU_MLM = ["model.n_layers=6", "model.max_len=128", "data.vocab_size=16384", "train.steps=3000",
+            "train.batch_size=64", "train.lr=5e-4", "train.warmup_steps=300", "train.schedule=linear",
+            "train.save_every=1000", "train.log_every=50"]
 _GPU_LM = ["model.n_layers=6", "model.max_len=256", "data.vocab_size=16384", "train.steps=3000",
            "train.batch_size=32", "train.lr=5e-4", "train.warmup_steps=300", "train.schedule=cosine",
            "train.save_every=1000", "train.log_every=50", "model.dropout=0.1", "model.attn_dropout=0.1"]
@@ -36,7 +41,19 @@ EXPERIMENTS = {
                           paper="table2-ptb"),
     "gpu-wikitext-2": Experiment("lm", "gpt2-base", "wikitext-2", seeds=3, overrides=_GPU_LM,
                                  paper="table2-wikitext-103"),
-    # the paper's published settings (Table 2 language modelling; Appendix B pre-training values)
+    # translation (Table 3 shape) and encoder pre-training (the first stage of Table 1)
+    "cpu-multi30k": Experiment("mt", "tiny-encoder-decoder", "multi30k", paper="table3-wmt14",
+                               overrides=["data.limit_lines=5000", 'data.task_options={"test_sentences": 200}']),
+    "gpu-multi30k": Experiment("mt", "transformer-base", "multi30k", overrides=_GPU_MT, paper="table3-wmt14"),
+    "cpu-mlm": Experiment("mlm", "tiny-encoder", "wikitext-2",
+                          note="then: mhe compare --task rte --pretrained runs/compare-cpu-mlm"),
+    "gpu-mlm": Experiment("mlm", "bert-base", "wikitext-2", overrides=_GPU_MLM,
+                          note="BERT-base head geometry, 6 layers; then fine-tune with --pretrained"),
+    # the paper's published settings (Appendix B pre-training values; Table 3 WMT-14 100K steps)
+    "paper-table1": Experiment("mlm", "bert-base", "wikitext-103", overrides=["train.steps=1000000",
+                               "train.batch_size=128"], note="stage 1 of Table 1; then fine-tune with --pretrained"),
+    "paper-table3": Experiment("mt", "transformer-base", "wmt14", paper="table3-wmt14",
+                               overrides=["train.steps=100000", 'data.task_options={"protocol": "last5"}']),
     "paper-table2": Experiment("lm", "gpt2-base", "wikitext-103", seeds=5, paper="table2-wikitext-103",
                                overrides=["train.steps=1000000", "train.batch_size=128"]),
     "paper-table2-ptb": Experiment("lm", "gpt2-base", "ptb", seeds=5, paper="table2-ptb",

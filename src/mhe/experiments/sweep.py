@@ -26,6 +26,7 @@ class Sweep:
     data_dir: str = ""
     overrides: list | None = None
     paper: str = ""
+    pretrained: str = ""  # fine-tuning: a comparison folder of pre-training runs, one per kind
 
     def identity(self) -> dict:
         d = asdict(self)
@@ -36,9 +37,22 @@ class Sweep:
 
 def run_config(sweep: Sweep, kind: str, seed: int):
     """The RunConfig of one (kind, seed): the task's defaults, the sweep's overrides, the seed."""
+    from mhe.data.benchmarks import TASKS as BENCH
     from mhe.training.config import apply_overrides
     from mhe.training.defaults import default_run
 
+    if sweep.task in BENCH:
+        from mhe.training.cli import finetune_config
+
+        if not sweep.pretrained:
+            raise MheError(f"fine-tuning {sweep.task!r} needs --pretrained DIR, a comparison of pre-training runs")
+        ckpt = Path(sweep.pretrained) / "runs" / f"{kind}-seed0"
+        if not (ckpt / "results.json").exists():
+            raise MheError(f"no finished pre-training run for {kind!r} at {ckpt}")
+        cfg = finetune_config(sweep.task, str(ckpt), data_dir=sweep.data_dir, overrides=list(sweep.overrides or []),
+                              seed=seed)
+        cfg.train.progress = False
+        return cfg
     cfg = default_run(sweep.task, sweep.preset, kind, sweep.data)
     cfg.data.data_dir = sweep.data_dir
     cfg = apply_overrides(cfg, list(sweep.overrides or []))
