@@ -15,10 +15,10 @@ case $section in
     run compare --preset gpu-multi30k --data-dir "$data" --workers "$w" --out results/mt-multi30k ;;
   encoder)
     run compare --preset gpu-mlm --data-dir "$data" --workers "$w" --out results/encoder-mlm
-    for task in rte mrpc cola stsb cb copa wic sst2; do
+    for task in ${TASKS:-rte mrpc cola stsb cb copa sst2 wic}; do
       extra=(); [ "$task" = sst2 ] && extra=(--set train.epochs=1)
       run compare --task "$task" --pretrained results/encoder-mlm --seeds "${SEEDS:-2}" --data-dir "$data" \
-        --workers "$w" --out "results/encoder-$task" --set train.epochs=10 --set train.patience=3 \
+        --workers "$w" --out "results/encoder-$task" --set train.epochs="${EPOCHS:-5}" --set train.patience=3 \
         --set train.lr=1e-4 "${extra[@]}"
     done ;;
 esac

@@ -43,7 +43,7 @@ def test_window_plan_scores_every_token_once():
         plan = window_plan(n, L, s)
         scored = [t for b, e, k in plan for t in range(e - k, e)]
         assert scored == list(range(1, n)), (n, L, s)
-        assert all(e - b <= L for b, e, _ in plan)
+        assert all(e - b <= L and 0 < k <= e - b - 1 for b, e, k in plan)  # a predecessor in the window
 
 
 def test_sliding_window_nll_hand_computed():
@@ -60,6 +60,21 @@ def test_sliding_window_nll_hand_computed():
     assert count == 19
     assert total == pytest.approx(expect, rel=1e-5)
     assert perplexity(total, count) == pytest.approx(math.exp(expect / 19), rel=1e-5)
+
+
+def test_disjoint_windows_score_every_token_with_context():
+    """stride == max_len: each window still scores at most max_len - 1 tokens (regression test:
+    scoring a window's first token counted it without its log-probability)."""
+    torch.manual_seed(0)
+    stream = torch.arange(40) * 7 % 43
+    model = ContextCounter(stream, 43)
+    total, count = sliding_window_nll(model, stream, max_len=8, stride=8)
+    plan = window_plan(40, 8, 8)
+    expect = 0.0
+    for b, e, k in plan:
+        expect -= sum(math.log(ContextCounter.p(t - b - 1)) for t in range(e - k, e))
+    assert count == 39 and total == pytest.approx(expect, rel=1e-6)
+    assert perplexity(total, count) > 1.2  # p <= 0.9 for every token
 
 
 def test_uniform_model_has_perplexity_vocab_size():

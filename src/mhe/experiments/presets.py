@@ -21,14 +21,14 @@ class Experiment:
     note: str = ""
 
 
-_GPU_MT = ["train.steps=2500", "train.warmup_steps=800", "train.eval_every=500", "train.save_every=500",
+_GPU_MT = ["train.steps=2000", "train.warmup_steps=600", "train.eval_every=500", "train.save_every=500",
            'data.task_options={"max_tokens": 8192, "eval_sentences": 300}']
-_GPU_MLM = ["model.n_layers=6", "model.max_len=128", "data.vocab_size=16384", "train.steps=2000",
+_GPU_MLM = ["model.n_layers=6", "model.max_len=128", "data.vocab_size=16384", "train.steps=1500",
             "train.batch_size=64", "train.lr=5e-4", "train.warmup_steps=300", "train.schedule=linear",
             "train.save_every=1000", "train.log_every=50"]
-_GPU_LM = ["model.n_layers=6", "model.max_len=256", "data.vocab_size=16384", "train.steps=1200",
-           "train.batch_size=32", "train.lr=5e-4", "train.warmup_steps=120", "train.schedule=cosine",
-           "train.eval_every=200", "train.save_every=200", "train.patience=2", "train.log_every=25",
+_GPU_LM = ["model.n_layers=6", "model.max_len=256", "data.vocab_size=16384", "train.steps=600",
+           "train.batch_size=32", "train.lr=5e-4", "train.warmup_steps=60", "train.schedule=cosine",
+           "train.eval_every=100", "train.save_every=100", "train.patience=3", "train.log_every=25",
            "model.dropout=0.1", "model.attn_dropout=0.1"]
 
 EXPERIMENTS = {

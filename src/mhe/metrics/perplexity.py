@@ -16,18 +16,22 @@ from mhe.errors import MheError
 
 
 def window_plan(n_tokens: int, max_len: int, stride: int) -> list[tuple[int, int, int]]:
-    """``(begin, end, n_scored)`` per window: tokens ``[end - n_scored, end)`` are scored."""
+    """``(begin, end, n_scored)`` per window: tokens ``[end - n_scored, end)`` are scored.
+
+    Every token after the first is scored exactly once, and always by a window that
+    also holds the token before it (so at most ``max_len - 1`` tokens per window). A
+    stride equal to ``max_len`` therefore still overlaps consecutive windows by one token.
+    """
     if stride <= 0 or stride > max_len:
         raise MheError(f"stride must be in 1..max_len={max_len}, got {stride}")
-    plan, prev_end = [], 0
-    for begin in range(0, max(n_tokens - 1, 1), stride):
+    if max_len < 2:
+        raise MheError(f"perplexity windows need max_len >= 2, got {max_len}")
+    plan, begin, done = [], 0, 1  # tokens [0, done) are handled; token 0 has no context
+    while done < n_tokens:
         end = min(begin + max_len, n_tokens)
-        n = end - max(prev_end, 1) if prev_end == 0 else end - prev_end
-        if n > 0:
-            plan.append((begin, end, n))
-        prev_end = end
-        if end == n_tokens:
-            break
+        plan.append((begin, end, end - done))
+        done = end
+        begin = min(begin + stride, done - 1)  # the next window starts no later than the last scored token
     return plan
 
 
