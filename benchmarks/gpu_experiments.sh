@@ -6,7 +6,15 @@
 set -u
 section=$1; out=$2; data=${MHE_DATA:-data-cache}; w=${WORKERS:-4}
 mkdir -p "$out"
-run() { echo "+ mhe $*"; timeout "${LIMIT:-560}" python -m mhe "$@"; echo "rc=$?"; }
+deadline=${DEADLINE:-0}  # seconds after start; later compares are skipped or cut short
+run() {
+  local limit=${LIMIT:-560}
+  if (( deadline > 0 )); then
+    local left=$(( deadline - SECONDS )); (( left < 20 )) && { echo "skip (deadline): mhe $*"; return; }
+    (( left < limit )) && limit=$left
+  fi
+  echo "+ mhe $*"; timeout "$limit" python -m mhe "$@"; echo "rc=$?"
+}
 case $section in
   lm)
     run compare --preset gpu-ptb --data-dir "$data" --workers "$w" --out results/lm-ptb
@@ -14,7 +22,7 @@ case $section in
   mt)
     run compare --preset gpu-multi30k --data-dir "$data" --workers "$w" --out results/mt-multi30k ;;
   encoder)
-    run compare --preset gpu-mlm --data-dir "$data" --workers "$w" --out results/encoder-mlm
+    LIMIT=${MLM_LIMIT:-${LIMIT:-560}} run compare --preset gpu-mlm --data-dir "$data" --workers "$w" --out results/encoder-mlm
     for task in ${TASKS:-rte mrpc cola stsb cb copa sst2 wic}; do
       extra=(); [ "$task" = sst2 ] && extra=(--set train.epochs=1)
       run compare --task "$task" --pretrained results/encoder-mlm --seeds "${SEEDS:-2}" --data-dir "$data" \
