@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mhe.accounting.scaling import LABELS
+from mhe.accounting.scaling import LABELS as _SCALING_LABELS
+
+LABELS = {**_SCALING_LABELS, "mhe-mul": "MHE-Mul"}  # both MHE variants appear side by side here
 
 
 def _plt():
