@@ -72,7 +72,9 @@ class Embeddings(nn.Module):
         self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=None)
         self.sinusoidal = cfg.positions == "sinusoidal"
         if self.sinusoidal:
-            self.register_buffer("pos_table", sinusoid_table(cfg.max_len, cfg.d_model), persistent=False)
+            # computed on first use, not a buffer: it is not a weight, and loaders that build
+            # models on the meta device (Hugging Face from_pretrained) leave buffers empty
+            self._pos_table: torch.Tensor | None = None
             self.scale = math.sqrt(cfg.d_model)
         else:
             self.positions = nn.Embedding(cfg.max_len, cfg.d_model)
@@ -89,7 +91,10 @@ class Embeddings(nn.Module):
             raise MheError(f"sequence of {start + t} positions exceeds the model's max_len {self.max_len}")
         x = self.tokens(ids) * self.scale
         if self.sinusoidal:
-            x = x + self.pos_table[start:start + t].to(x.dtype)
+            table = self._pos_table
+            if table is None or table.device != x.device:
+                table = self._pos_table = sinusoid_table(self.max_len, x.shape[-1]).to(x.device)
+            x = x + table[start:start + t].to(x.dtype)
         else:
             x = x + self.positions(torch.arange(start, start + t, device=ids.device))
         if self.types is not None:

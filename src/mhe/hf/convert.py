@@ -1,0 +1,41 @@
+"""Core model <-> Hugging Face model, and tokenizers as ``PreTrainedTokenizerFast``."""
+
+from __future__ import annotations
+
+from mhe.errors import MheError
+
+
+def _hf_class(arch: str, head: str):
+    from mhe.hf import modeling as m
+
+    classes = {("encoder", "mlm"): m.MheEncoderForMaskedLM,
+               ("encoder", "classification"): m.MheEncoderForSequenceClassification,
+               ("encoder", "qa"): m.MheEncoderForQuestionAnswering,
+               ("decoder", "lm"): m.MheDecoderForCausalLM,
+               ("decoder", "classification"): m.MheDecoderForSequenceClassification,
+               ("encoder-decoder", "seq2seq"): m.MheSeq2SeqLM}
+    if (arch, head) not in classes:
+        raise MheError(f"no Hugging Face class for a {arch} with head {head!r}")
+    return classes[(arch, head)]
+
+
+def to_hf(model, **config_kwargs):
+    """Wrap a core model (no copy: the Hugging Face model holds the same module as ``.mhe``)."""
+    cls = _hf_class(model.cfg.arch, model.cfg.head)
+    config = cls.config_class.from_model_config(model.cfg, **config_kwargs)
+    return cls(config, core=model)
+
+
+def from_hf(hf_model):
+    """The core model inside a Hugging Face model."""
+    if not hasattr(hf_model, "mhe"):
+        raise MheError(f"{type(hf_model).__name__} is not an mhe model")
+    return hf_model.mhe
+
+
+def to_hf_tokenizer(tok):
+    """A ``PreTrainedTokenizerFast`` around a ``tokenizers`` tokenizer with our special tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]", bos_token="[BOS]", eos_token="[EOS]")

@@ -1,0 +1,229 @@
+"""``PreTrainedModel`` wrappers around the core modules (attribute ``mhe``), with generation
+through the transformers 5.x ``Cache`` API: each attention layer stores exactly the K/V heads
+its kind has (one for MHE and MQA, n for MHA)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    CausalLMOutputWithPast,
+    MaskedLMOutput,
+    QuestionAnsweringModelOutput,
+    Seq2SeqLMOutput,
+    SequenceClassifierOutput,
+)
+
+from mhe.hf.configuration import MheDecoderConfig, MheEncoderConfig, MheSeq2SeqConfig
+from mhe.models import (
+    DecoderForCausalLM,
+    DecoderForSequenceClassification,
+    EncoderDecoder,
+    EncoderForMaskedLM,
+    EncoderForQuestionAnswering,
+    EncoderForSequenceClassification,
+)
+
+# transformers renamed the cache argument and output field from past_key_values to cache
+CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+
+
+class LayerCache:
+    """One layer's view of a transformers ``Cache``, with the core KV-cache interface."""
+
+    def __init__(self, cache, layer: int) -> None:
+        self.cache, self.layer = cache, layer
+
+    @property
+    def pos(self) -> int:
+        return self.cache.get_seq_length(self.layer)
+
+    @property
+    def filled(self) -> bool:  # cross-attention: the encoder's keys are stored once
+        return self.cache.get_seq_length(self.layer) > 0
+
+    def append(self, k, v):
+        return self.cache.update(k, v, self.layer)
+
+    fill = append
+
+    def cached(self):
+        layer = self.cache.layers[self.layer]
+        return layer.keys, layer.values
+
+
+def _cache_arg(kwargs: dict):
+    return kwargs.pop("cache", None) or kwargs.pop("past_key_values", None)
+
+
+class MhePreTrainedModel(PreTrainedModel):
+    base_model_prefix = "mhe"
+    supports_gradient_checkpointing = False
+    _supports_cache_class = True
+    core_class = None
+    head = ""
+
+    def __init__(self, config, core: torch.nn.Module | None = None) -> None:
+        super().__init__(config)
+        self.mhe = core if core is not None else self.core_class(config.model_config(self.head))
+        self.post_init()
+
+    def _init_weights(self, module):
+        """The core modules initialise themselves when built (BERT/GPT-2 N(0, 0.02), MHE head
+        embeddings N(0, init_std)); weights missing from a checkpoint get the same."""
+        from mhe.attention.mhe import _MHEBase
+        from mhe.models.blocks import init_weights
+
+        if isinstance(module, _MHEBase):
+            module.reset_head_embeddings()
+        elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm)):
+            init_weights(module)
+
+    def get_input_embeddings(self):
+        return self._embeddings().tokens
+
+    def set_input_embeddings(self, value):
+        self._embeddings().tokens = value
+
+    def _embeddings(self):
+        core = self.mhe
+        for path in ("encoder.embed", "decoder.embed", "embed"):
+            obj = core
+            try:
+                for part in path.split("."):
+                    obj = getattr(obj, part)
+                return obj
+            except AttributeError:
+                continue
+        raise AttributeError("no embeddings")
+
+
+class MheEncoderForMaskedLM(MhePreTrainedModel):
+    config_class = MheEncoderConfig
+    core_class = EncoderForMaskedLM
+    head = "mlm"
+    _tied_weights_keys = {"mhe.decoder.weight": "mhe.encoder.embed.tokens.weight"}
+
+    def get_output_embeddings(self):
+        return self.mhe.decoder
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, **kwargs):
+        out = self.mhe(input_ids, attention_mask, token_type_ids, labels=labels)
+        return MaskedLMOutput(loss=out.loss, logits=out.logits, hidden_states=None)
+
+
+class MheEncoderForSequenceClassification(MhePreTrainedModel):
+    config_class = MheEncoderConfig
+    core_class = EncoderForSequenceClassification
+    head = "classification"
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None):
+        out = self.mhe(input_ids, attention_mask, token_type_ids, labels=labels)
+        return SequenceClassifierOutput(loss=out.loss, logits=out.logits)
+
+
+class MheEncoderForQuestionAnswering(MhePreTrainedModel):
+    config_class = MheEncoderConfig
+    core_class = EncoderForQuestionAnswering
+    head = "qa"
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, start_positions=None,
+                end_positions=None):
+        out = self.mhe(input_ids, attention_mask, token_type_ids, start_positions, end_positions)
+        start, end = out.logits.unbind(-1)
+        return QuestionAnsweringModelOutput(loss=out.loss, start_logits=start, end_logits=end)
+
+
+class MheDecoderForSequenceClassification(MhePreTrainedModel):
+    config_class = MheDecoderConfig
+    core_class = DecoderForSequenceClassification
+    head = "classification"
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None):
+        out = self.mhe(input_ids, attention_mask, labels=labels)
+        return SequenceClassifierOutput(loss=out.loss, logits=out.logits)
+
+
+def _lm_loss(logits, labels, num_items_in_batch=None):
+    """Shifted causal-LM loss; summed and divided by ``num_items_in_batch`` when the Trainer
+    passes it, so gradient accumulation averages over tokens, not over micro-batches."""
+    flat = logits[:, :-1].flatten(0, 1).float()
+    target = labels[:, 1:].flatten()
+    if num_items_in_batch is None:
+        return F.cross_entropy(flat, target, ignore_index=-100)
+    return F.cross_entropy(flat, target, ignore_index=-100, reduction="sum") / num_items_in_batch
+
+
+class MheDecoderForCausalLM(MhePreTrainedModel, GenerationMixin):
+    config_class = MheDecoderConfig
+    core_class = DecoderForCausalLM
+    head = "lm"
+    _tied_weights_keys = {"mhe.lm_head.weight": "mhe.decoder.embed.tokens.weight"}
+
+    def get_output_embeddings(self):
+        return self.mhe.lm_head
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, use_cache=None, **kwargs):
+        pkv = _cache_arg(kwargs)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and pkv is None:
+            pkv = DynamicCache()
+        n = self.config.num_hidden_layers
+        caches = [LayerCache(pkv, i) for i in range(n)] if (use_cache and pkv is not None) else None
+        out = self.mhe(input_ids, attention_mask, caches=caches)
+        loss = None if labels is None else _lm_loss(out.logits, labels, kwargs.get("num_items_in_batch"))
+        return CausalLMOutputWithPast(loss=loss, logits=out.logits, **{CACHE_FIELD: pkv if use_cache else None})
+
+
+class _EncoderShim(torch.nn.Module):
+    """What ``generate`` calls as ``get_encoder()``: the core encoder, returning BaseModelOutput."""
+
+    def __init__(self, core: EncoderDecoder) -> None:
+        super().__init__()
+        self.core = core
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        return BaseModelOutput(last_hidden_state=self.core.encode(input_ids, attention_mask))
+
+
+class MheSeq2SeqLM(MhePreTrainedModel, GenerationMixin):
+    config_class = MheSeq2SeqConfig
+    core_class = EncoderDecoder
+    head = "seq2seq"
+    _tied_weights_keys = {"mhe.lm_head.weight": "mhe.embed.tokens.weight"}
+
+    def get_output_embeddings(self):
+        return self.mhe.lm_head
+
+    def get_encoder(self):
+        return _EncoderShim(self.mhe)
+
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
+                encoder_outputs=None, labels=None, use_cache=None, **kwargs):
+        pkv = _cache_arg(kwargs)
+        core = self.mhe
+        if encoder_outputs is None:
+            memory = core.encode(input_ids, attention_mask)
+        else:
+            memory = encoder_outputs[0] if isinstance(encoder_outputs, (tuple, list)) else encoder_outputs.last_hidden_state
+        if decoder_input_ids is None and labels is not None:  # teacher forcing from the labels
+            start = torch.full_like(labels[:, :1], self.config.decoder_start_token_id or 0)
+            decoder_input_ids = torch.cat([start, labels[:, :-1].clamp_min(0)], 1)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and pkv is None:
+            pkv = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        caches = None
+        if use_cache and pkv is not None:
+            caches = [(LayerCache(pkv.self_attention_cache, i), LayerCache(pkv.cross_attention_cache, i))
+                      for i in range(self.config.num_hidden_layers)]
+        logits = core.decode(decoder_input_ids, memory, attention_mask, decoder_attention_mask, caches=caches)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        return Seq2SeqLMOutput(loss=loss, logits=logits, encoder_last_hidden_state=memory,
+                               **{CACHE_FIELD: pkv if use_cache else None})

@@ -1,0 +1,155 @@
+"""Hugging Face interoperability (skipped when transformers is not installed)."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+import mhe.hf  # noqa: E402  (registers the Auto classes)
+from mhe.hf import from_hf, to_hf, to_hf_tokenizer  # noqa: E402
+from mhe.models import build_model  # noqa: E402
+
+SMALL = dict(vocab_size=99, d_model=32, n_heads=4, n_layers=2, max_len=32)
+
+
+def core(preset, kind="mhe-mul", **kw):
+    m = build_model(preset, attention=kind, **{**SMALL, **kw}).eval()
+    with torch.no_grad():  # non-trivial head embeddings
+        for mod in m.modules():
+            if hasattr(mod, "head_embed"):
+                mod.head_embed.normal_(0, 0.5)
+    return m
+
+
+CASES = [("tiny-encoder", {}, transformers.AutoModelForMaskedLM),
+         ("tiny-encoder", {"head": "classification", "num_labels": 3}, transformers.AutoModelForSequenceClassification),
+         ("tiny-encoder", {"head": "qa"}, transformers.AutoModelForQuestionAnswering),
+         ("tiny-decoder", {}, transformers.AutoModelForCausalLM),
+         ("tiny-decoder", {"head": "classification"}, transformers.AutoModelForSequenceClassification),
+         ("tiny-encoder-decoder", {}, transformers.AutoModelForSeq2SeqLM)]
+
+
+def inputs(arch):
+    ids = torch.randint(7, 99, (2, 6))
+    if arch == "encoder-decoder":
+        return {"input_ids": ids, "decoder_input_ids": torch.randint(7, 99, (2, 4))}
+    return {"input_ids": ids}
+
+
+def first_output(out):
+    return out.logits if hasattr(out, "logits") and out.logits is not None else out.start_logits
+
+
+@pytest.mark.parametrize("preset, kw, auto", CASES, ids=[f"{c[0]}-{c[1].get('head', 'default')}" for c in CASES])
+def test_round_trip_and_auto_loading(preset, kw, auto, tmp_path):
+    m = core(preset, **kw)
+    hf = to_hf(m, decoder_start_token_id=1)
+    assert from_hf(hf) is m  # wraps, never copies
+    x = inputs(m.cfg.arch)
+    want = first_output(hf(**x))
+    hf.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    loaded = auto.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(hf)
+    saved = hf.state_dict()
+    for name, tensor in loaded.state_dict().items():  # nothing silently re-initialised
+        assert torch.equal(tensor, saved[name]), name
+    torch.testing.assert_close(first_output(loaded(**x)), want, rtol=0, atol=0)
+    out_emb = loaded.get_output_embeddings()
+    if out_emb is not None and m.cfg.tie_embeddings:
+        assert out_emb.weight is loaded.get_input_embeddings().weight  # tied after loading
+
+
+@pytest.mark.parametrize("kind, heads", [("mhe-mul", 1), ("mhe-add", 1), ("mqa", 1), ("mha", 4), ("gqa", 2)])
+def test_generation_cache_has_the_kinds_kv_heads(kind, heads):
+    m = core("tiny-decoder", kind, attn_options={"n_kv_heads": 2} if kind == "gqa" else {})
+    hf = to_hf(m, bos_token_id=5, eos_token_id=6).eval()
+    ids = torch.randint(7, 99, (2, 4))
+    out = hf(ids, use_cache=True)
+    cache = getattr(out, mhe.hf.modeling.CACHE_FIELD)
+    assert cache.layers[0].keys.shape[1] == heads and cache.get_seq_length() == 4
+    for beams in (1, 3):
+        a = hf.generate(ids, max_new_tokens=7, do_sample=False, num_beams=beams, use_cache=True, pad_token_id=0)
+        b = hf.generate(ids, max_new_tokens=7, do_sample=False, num_beams=beams, use_cache=False, pad_token_id=0)
+        assert torch.equal(a, b), beams
+    ours = m.generate(ids, 7)  # keeps emitting tokens after EOS (6); transformers pads them with 0
+    after_eos = torch.cumsum(ours == 6, 1) - (ours == 6).long() > 0
+    ours = ours.masked_fill(after_eos, 0)
+    assert torch.equal(hf.generate(ids, max_new_tokens=7, do_sample=False, pad_token_id=0), ours)
+
+
+@pytest.mark.parametrize("kind", ["mhe-mul", "mha"])
+def test_seq2seq_generation_cached_equals_uncached(kind):
+    m = core("tiny-encoder-decoder", kind)
+    hf = to_hf(m, decoder_start_token_id=1, bos_token_id=1, eos_token_id=2).eval()
+    src = torch.randint(7, 99, (2, 6))
+    for beams in (1, 3):
+        a = hf.generate(src, max_new_tokens=8, do_sample=False, num_beams=beams, use_cache=True, pad_token_id=0)
+        b = hf.generate(src, max_new_tokens=8, do_sample=False, num_beams=beams, use_cache=False, pad_token_id=0)
+        assert torch.equal(a, b), beams
+    greedy = hf.generate(src, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    ours = m.greedy(src, bos_id=1, eos_id=2, max_len=9)
+    n = min(greedy.shape[1], ours.shape[1])
+    assert torch.equal(greedy[:, :n], ours[:, :n])
+
+
+def test_tokenizer_saved_as_fast_tokenizer(tmp_path):
+    from mhe.data.tokenize import train_tokenizer
+
+    tok = train_tokenizer("wordpiece", ["the cat sat on the mat", "a dog ran"] * 20, 60)
+    fast = to_hf_tokenizer(tok)
+    fast.save_pretrained(tmp_path)
+    again = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert again("the cat")["input_ids"] == fast("the cat")["input_ids"]
+    assert again.pad_token == "[PAD]" and again.mask_token == "[MASK]"
+
+
+def _train(tmp_path, name, per_device, accum, data):
+    torch.manual_seed(0)
+    m = build_model("tiny-encoder", attention="mhe-mul", head="classification", num_labels=2, dropout=0.0,
+                    attn_dropout=0.0, **SMALL)
+    hf = to_hf(m)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=per_device,
+                                          gradient_accumulation_steps=accum, max_steps=1, learning_rate=0.1,
+                                          report_to=[], save_strategy="no", use_cpu=True, seed=0,
+                                          dataloader_drop_last=False, logging_strategy="no", optim="sgd")
+    trainer = transformers.Trainer(model=hf, args=args, train_dataset=data)
+    trainer.train()
+    return {k: v.detach().clone() for k, v in hf.state_dict().items()}
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+def test_trainer_gradient_accumulation(tmp_path):
+    from conftest import require_data
+    from mhe.data.benchmarks import read_examples
+    from mhe.data.tokenize import train_tokenizer
+
+    root = require_data("glue/RTE/dev.tsv.gz")
+    ex = read_examples("rte", "dev", data_dir=root)[:4]
+    tok = train_tokenizer("wordpiece", [e.text_a + " " + e.text_b for e in ex] * 5, 99)
+    rows = []
+    for e in ex:
+        ids = tok.encode(e.text_a, e.text_b).ids[:16]
+        ids = ids + [0] * (16 - len(ids))
+        rows.append({"input_ids": torch.tensor(ids), "attention_mask": torch.tensor([int(i != 0) for i in ids]),
+                     "labels": torch.tensor(e.label)})
+    data = _Rows(rows)
+    """One optimiser step on 4 RTE examples: batch 4, and batch 2 with 2 accumulation steps,
+    must give the same model (the loss is averaged, not summed, over micro-batches)."""
+    torch.manual_seed(0)
+    start = to_hf(build_model("tiny-encoder", attention="mhe-mul", head="classification", num_labels=2,
+                              dropout=0.0, attn_dropout=0.0, **SMALL)).state_dict()
+    a = _train(tmp_path, "a", 4, 1, data)
+    b = _train(tmp_path, "b", 2, 2, data)
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # the step moved the weights
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
