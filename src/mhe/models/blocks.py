@@ -128,3 +128,11 @@ def init_weights(model: nn.Module, std: float = 0.02) -> None:
         elif isinstance(mod, nn.LayerNorm):
             nn.init.ones_(mod.weight)
             nn.init.zeros_(mod.bias)
+
+
+def init_model(model: nn.Module) -> None:
+    """:func:`init_weights`, then each MHE sublayer's own head-embedding initialisation."""
+    init_weights(model)
+    for mod in model.modules():
+        if hasattr(mod, "reset_head_embeddings"):
+            mod.reset_head_embeddings()

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhe.attention.base import KVCache
-from mhe.models.blocks import Block, Embeddings, init_weights
+from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.encoder import classification_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
@@ -44,10 +44,7 @@ class _DecoderModel(nn.Module):
         self.decoder = Decoder(cfg)
 
     def _finish_init(self) -> None:
-        init_weights(self)
-        for mod in self.modules():
-            if hasattr(mod, "reset_head_embeddings"):
-                mod.reset_head_embeddings()
+        init_model(self)
 
     def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None, device=None):
         return self.decoder.new_caches(batch, max_len, dtype=dtype, device=device)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mhe.models.blocks import Block, Embeddings, init_weights
+from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
@@ -36,10 +36,7 @@ class _EncoderModel(nn.Module):
         self.encoder = Encoder(cfg)
 
     def _finish_init(self) -> None:
-        init_weights(self)
-        for mod in self.modules():
-            if hasattr(mod, "reset_head_embeddings"):
-                mod.reset_head_embeddings()
+        init_model(self)
 
 
 class EncoderForMaskedLM(_EncoderModel):

@@ -9,7 +9,7 @@ from torch import nn
 from mhe.attention.base import KVCache
 from mhe.attention.registry import attention_class
 from mhe.errors import MheError
-from mhe.models.blocks import Block, Embeddings, init_weights
+from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
@@ -34,10 +34,7 @@ class EncoderDecoder(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=eps) if cfg.norm_first else None
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=eps) if cfg.norm_first else None
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        init_weights(self)
-        for mod in self.modules():
-            if hasattr(mod, "reset_head_embeddings"):
-                mod.reset_head_embeddings()
+        init_model(self)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.tokens.weight
 

@@ -25,6 +25,7 @@ from mhe.errors import MheError
 from mhe.metrics.classification import OFFICIAL, task_metrics
 from mhe.metrics.squad import squad_scores
 from mhe.models import MODEL_CLASSES, ModelConfig
+from mhe.tasks.text import pad_rows
 from mhe.training.task import Task
 
 OPTIONS = {"task": "", "checkpoint": "", "train_split": "train", "dev_split": "dev", "train_limit": 0,
@@ -173,9 +174,9 @@ class FinetuneTask(Task):
     def n_train_items(self):
         return len(self.train_items)
 
-    def _pad(self, rows, value):
-        n = max(len(r) for r in rows)
-        return torch.tensor([r + [value] * (n - len(r)) for r in rows], dtype=torch.long)
+    @staticmethod
+    def _pad(rows, value):
+        return pad_rows(rows, value)
 
     def _batch(self, feats):
         if self.spec.kind == "choice":

@@ -48,3 +48,9 @@ def is_word_level(tok) -> bool:
     import json
 
     return json.loads(tok.to_str())["model"]["type"] == "WordLevel"
+
+
+def pad_rows(rows: list[list[int]], value: int) -> torch.Tensor:
+    """Right-pad lists of ids to one length: ``[len(rows), longest]``."""
+    n = max(len(r) for r in rows)
+    return torch.tensor([r + [value] * (n - len(r)) for r in rows], dtype=torch.long)

@@ -22,6 +22,7 @@ from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
 from mhe.models.generation import beam_search
+from mhe.tasks.text import pad_rows
 from mhe.training.task import Task
 
 OPTIONS = {"src": "en", "tgt": "de", "max_tokens": 4096, "beam": 4, "alpha": 0.6, "eval_sentences": 500,
@@ -100,9 +101,9 @@ class TranslationTask(Task):
     def n_train_items(self):
         return len(self.batches)
 
-    def _pad(self, seqs, value):
-        n = max(len(s) for s in seqs)
-        return torch.tensor([s + [value] * (n - len(s)) for s in seqs], dtype=torch.long)
+    @staticmethod
+    def _pad(rows, value):
+        return pad_rows(rows, value)
 
     def collate(self, indices):
         rows = [i for b in indices for i in self.batches[b]]
