@@ -145,3 +145,41 @@ def test_input_construction():
     assert copa.text_a.endswith("What happened as a result?") and len(copa.choices) == 2 and copa.label == 1
     mrc = read_examples("multirc", "dev", data_dir=root)
     assert len({e.group for e in mrc}) == 953  # MANIFEST: 953 questions
+
+
+def test_hub_path_maps_rows_onto_the_same_examples(monkeypatch):
+    """With ``datasets`` present, hub rows become the same examples as the local files
+    (a stand-in ``datasets`` module serves rows in the hub's formats)."""
+    import sys
+    import types
+
+    root = require_data("superglue/WiC/val.jsonl.gz", "glue/RTE/dev.tsv.gz")
+    local_wic = read_examples("wic", "dev", data_dir=root)[:3]
+    local_rte = read_examples("rte", "dev", data_dir=root)[:3]
+    wic_rows = [{"word": "class", "sentence1": "An emerging professional class.", "sentence2":
+                 "Apologizing for losing your temper, even though you were badly provoked, showed real class.",
+                 "start1": 25, "end1": 30, "start2": 85, "end2": 90, "idx": 0, "label": 0}]
+    rte_rows = [{"sentence1": e.text_a, "sentence2": e.text_b, "label": e.label, "idx": i}
+                for i, e in enumerate(local_rte)]
+    squad_rows = [{"id": "q1", "question": "When?", "context": "In 1889 it opened.",
+                   "answers": {"text": ["1889"], "answer_start": [3]}}]
+    served = {("aps/super_glue", "wic"): wic_rows, ("nyu-mll/glue", "rte"): rte_rows,
+              ("rajpurkar/squad", None): squad_rows}
+    fake = types.ModuleType("datasets")
+    fake.load_dataset = lambda name, config, split: served[(name, config)]
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    hub_wic = read_examples("wic", "dev", source="hub")
+    assert (hub_wic[0].text_a, hub_wic[0].text_b, hub_wic[0].label) == (
+        local_wic[0].text_a, local_wic[0].text_b, local_wic[0].label)
+    hub_rte = read_examples("rte", "dev", source="hub")
+    assert [(e.text_a, e.label) for e in hub_rte] == [(e.text_a, e.label) for e in local_rte]
+    sq = read_examples("squad", "dev", source="hub")[0]
+    assert sq.answers == [("1889", 3)] and sq.text_b[3:7] == "1889"
+
+
+def test_hub_path_offline_says_what_is_missing(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import fails
+    with pytest.raises(MheError, match="needs the optional 'datasets' package .*put glue/RTE/dev.tsv under --data-dir"):
+        read_examples("rte", "dev", source="hub")

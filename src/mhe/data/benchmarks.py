@@ -93,11 +93,18 @@ def bench_task(name: str) -> BenchTask:
     return TASKS[name]
 
 
-def read_examples(name: str, split: str, *, data_dir=None, limit: int | None = None) -> list[Example]:
-    """The examples of ``split`` (train or dev) of task ``name`` from local files."""
+def read_examples(name: str, split: str, *, data_dir=None, limit: int | None = None,
+                  source: str = "local") -> list[Example]:
+    """The examples of ``split`` (train or dev) of task ``name``, from local files or, with
+    ``source="hub"`` and the optional ``datasets`` package, from the hub's copies."""
     t = bench_task(name)
     if split not in t.files:
         raise one_of(f"split of {name}", split, t.files)
+    if source == "hub":
+        out = _from_hub(t, split)
+        return out[:limit] if limit else out
+    if source != "local":
+        raise one_of("data source", source, ("local", "hub"))
     root = data_root(data_dir)
     paths = _resolve(t.files[split], root)
     out: list[Example] = []
@@ -195,39 +202,43 @@ def _read_jsonl(t, path):
                 rec = json.loads(line)
             except ValueError:
                 raise MheError(f"{path}: record {n}: not valid JSON") from None
-            g = lambda k: _get(rec, k, path, n)  # noqa: E731
-            lab = lambda v: _label(t, v, path, f"record {n}")  # noqa: E731
-            uid = str(rec.get("idx", n))
-            if t.reader == "boolq":
-                out.append(Example(g("question"), g("passage"), lab(g("label")), uid=uid))
-            elif t.reader == "nli":
-                out.append(Example(g("premise"), g("hypothesis"), lab(g("label")), uid=uid))
-            elif t.reader == "wic":
-                s1 = _mark(g("sentence1"), g("start1"), g("end1"), "*")
-                s2 = _mark(g("sentence2"), g("start2"), g("end2"), "*")
-                out.append(Example(f"{g('word')}: {s1}", s2, lab(g("label")), uid=uid))
-            elif t.reader == "wsc":
-                target = g("target")
-                words = g("text").split()
-                for key, sym in (("span1", "*"), ("span2", "#")):
-                    i = target[f"{key}_index"]
-                    k = len(target[f"{key}_text"].split())
-                    if i + k > len(words):
-                        raise MheError(f"{path}: record {n}: {key} index {i} outside the text")
-                    words[i] = sym + words[i]
-                    words[i + k - 1] = words[i + k - 1] + sym
-                out.append(Example(" ".join(words), None, lab(g("label")), uid=uid))
-            elif t.reader == "copa":
-                ask = {"cause": "What was the cause?", "effect": "What happened as a result?"}[g("question")]
-                out.append(Example(f"{g('premise')} {ask}", None, lab(g("label")),
-                                   choices=[g("choice1"), g("choice2")], uid=uid))
-            elif t.reader == "multirc":
-                passage = TAG.sub(" ", g("passage")["text"])
-                passage = " ".join(passage.split())
-                for qi, q in enumerate(g("passage")["questions"]):
-                    for ai, a in enumerate(q["answers"]):
-                        out.append(Example(passage, f"{q['question']} {a['text']}", lab(a.get("label")),
-                                           group=f"{uid}-{qi}", uid=f"{uid}-{qi}-{ai}"))
+            out.extend(_parse_record(t, rec, path, n))
+    return out
+
+
+def _parse_record(t, rec, path, n) -> list[Example]:
+    """One official SuperGLUE record -> examples (MultiRC: one per answer)."""
+    g = lambda k: _get(rec, k, path, n)  # noqa: E731
+    lab = lambda v: _label(t, v, path, f"record {n}")  # noqa: E731
+    uid = str(rec.get("idx", n))
+    if t.reader == "boolq":
+        return [Example(g("question"), g("passage"), lab(g("label")), uid=uid)]
+    if t.reader == "nli":
+        return [Example(g("premise"), g("hypothesis"), lab(g("label")), uid=uid)]
+    if t.reader == "wic":
+        s1 = _mark(g("sentence1"), g("start1"), g("end1"), "*")
+        s2 = _mark(g("sentence2"), g("start2"), g("end2"), "*")
+        return [Example(f"{g('word')}: {s1}", s2, lab(g("label")), uid=uid)]
+    if t.reader == "wsc":
+        target = g("target")
+        words = g("text").split()
+        for key, sym in (("span1", "*"), ("span2", "#")):
+            i = target[f"{key}_index"]
+            k = len(target[f"{key}_text"].split())
+            if i + k > len(words):
+                raise MheError(f"{path}: record {n}: {key} index {i} outside the text")
+            words[i] = sym + words[i]
+            words[i + k - 1] = words[i + k - 1] + sym
+        return [Example(" ".join(words), None, lab(g("label")), uid=uid)]
+    if t.reader == "copa":
+        ask = {"cause": "What was the cause?", "effect": "What happened as a result?"}[g("question")]
+        return [Example(f"{g('premise')} {ask}", None, lab(g("label")), choices=[g("choice1"), g("choice2")], uid=uid)]
+    passage = " ".join(TAG.sub(" ", g("passage")["text"]).split())  # multirc
+    out = []
+    for qi, q in enumerate(g("passage")["questions"]):
+        for ai, a in enumerate(q["answers"]):
+            out.append(Example(passage, f"{q['question']} {a['text']}", lab(a.get("label")),
+                               group=f"{uid}-{qi}", uid=f"{uid}-{qi}-{ai}"))
     return out
 
 
@@ -247,3 +258,72 @@ def _read_squad(path):
                         raise MheError(f"{path}: question {qa['id']}: answer {text!r} not at offset {start}")
                 out.append(Example(qa["question"], ctx, uid=qa["id"], answers=answers))
     return out
+
+
+# task -> (hub dataset, configuration, validation split)
+HUB = {"cola": ("nyu-mll/glue", "cola", "validation"), "sst2": ("nyu-mll/glue", "sst2", "validation"),
+       "mrpc": ("nyu-mll/glue", "mrpc", "validation"), "stsb": ("nyu-mll/glue", "stsb", "validation"),
+       "qqp": ("nyu-mll/glue", "qqp", "validation"), "mnli": ("nyu-mll/glue", "mnli", "validation_matched"),
+       "mnli-mm": ("nyu-mll/glue", "mnli", "validation_mismatched"), "qnli": ("nyu-mll/glue", "qnli", "validation"),
+       "rte": ("nyu-mll/glue", "rte", "validation"), "boolq": ("aps/super_glue", "boolq", "validation"),
+       "cb": ("aps/super_glue", "cb", "validation"), "sg-rte": ("aps/super_glue", "rte", "validation"),
+       "wic": ("aps/super_glue", "wic", "validation"), "multirc": ("aps/super_glue", "multirc", "validation"),
+       "copa": ("aps/super_glue", "copa", "validation"), "wsc": ("aps/super_glue", "wsc.fixed", "validation"),
+       "squad": ("rajpurkar/squad", None, "validation"), "squad-v2": ("rajpurkar/squad_v2", None, "validation")}
+# GLUE text columns on the hub (labels there are already the indices of our label lists)
+HUB_TEXT = {"cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
+            "stsb": ("sentence1", "sentence2"), "qqp": ("question1", "question2"), "mnli": ("premise", "hypothesis"),
+            "mnli-mm": ("premise", "hypothesis"), "qnli": ("question", "sentence"), "rte": ("sentence1", "sentence2")}
+
+
+def _from_hub(t: BenchTask, split: str) -> list[Example]:
+    try:
+        import datasets
+    except ImportError:
+        files = ", ".join(str(p) for p in t.files[split]) if not isinstance(t.files[split][0], list) else t.name
+        raise MheError(f"loading {t.name} from the hub needs the optional 'datasets' package "
+                       f"(pip install mhe[datasets]); offline, put {files} under --data-dir") from None
+    name, config, valid = HUB[t.name]
+    hub_split = "train" if split == "train" else valid
+    try:
+        rows = datasets.load_dataset(name, config, split=hub_split)
+    except Exception as e:
+        raise MheError(f"could not load {name} ({config}) from the hub ({type(e).__name__}); "
+                       "offline, point --data-dir at local files") from None
+    where = Path(f"{name}:{hub_split}")
+    out: list[Example] = []
+    for n, r in enumerate(rows):
+        if t.name in HUB_TEXT:
+            a, b = HUB_TEXT[t.name]
+            label = float(r["label"]) if t.kind == "regression" else int(r["label"])
+            if t.kind != "regression" and not 0 <= label < len(t.labels):
+                raise MheError(f"{where}: record {n}: label {label} outside 0..{len(t.labels) - 1}")
+            out.append(Example(r[a], r[b] if b else None, label, uid=str(r.get("idx", n))))
+        elif t.reader == "squad":
+            ans = r["answers"]
+            out.append(Example(r["question"], r["context"], uid=r["id"],
+                               answers=list(zip(ans["text"], ans["answer_start"]))))
+        else:
+            out.extend(_hub_superglue(t, r, n, where))
+    return out
+
+
+def _hub_superglue(t: BenchTask, r: dict, n: int, where: Path) -> list[Example]:
+    """Rewrite one hub row into the official JSONL record and parse it like a local file."""
+    label = t.labels[int(r["label"])] if t.reader != "multirc" else int(r["label"])
+    if t.reader in ("boolq", "wic", "copa"):
+        rec = dict(r)
+    elif t.reader == "nli":
+        rec = {"premise": r["premise"], "hypothesis": r["hypothesis"]}
+    elif t.reader == "wsc":
+        rec = {"text": r["text"], "target": {k: r[k] for k in ("span1_index", "span2_index", "span1_text", "span2_text")}}
+    else:  # multirc: one row per answer on the hub
+        idx = r["idx"]
+        rec = {"idx": f"{idx['paragraph']}", "passage": {"text": r["paragraph"], "questions": [
+            {"question": r["question"], "answers": [{"text": r["answer"], "label": label}]}]}}
+        ex = _parse_record(t, rec, where, n)
+        for e in ex:
+            e.group = f"{idx['paragraph']}-{idx['question']}"
+        return ex
+    rec["label"] = label if t.reader != "copa" else int(r["label"])
+    return _parse_record(t, rec, where, n)

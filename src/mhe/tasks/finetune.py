@@ -93,9 +93,9 @@ class FinetuneTask(Task):
         self.pad = special_id(tok, "[PAD]")
         self.sep, self.eos = special_id(tok, "[SEP]"), special_id(tok, "[EOS]")
         self.max_len = mc.max_len
-        d = cfg.data.data_dir or None
-        train = read_examples(self.name, o["train_split"], data_dir=d)
-        dev = read_examples(self.name, o["dev_split"], data_dir=d)
+        d = dict(data_dir=cfg.data.data_dir or None, source=cfg.data.source)
+        train = read_examples(self.name, o["train_split"], **d)
+        dev = read_examples(self.name, o["dev_split"], **d)
         if o["train_split"] == o["dev_split"]:  # a labelled part stands in for training data
             cut = int(o["dev_offset"]) or len(train) // 2
             train, dev = train[:cut], dev[cut:]
