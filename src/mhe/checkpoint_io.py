@@ -29,10 +29,11 @@ def load_run(path: str | Path, *, data_dir: str = ""):
     point = path if (path / "manifest.json").exists() else ckpt.latest_checkpoint(run_dir / "checkpoints")
     if point is None:
         raise MheError(f"no complete checkpoint under {run_dir / 'checkpoints'}")
-    if (run_dir / "best" / "model.safetensors").exists() and point.parent.parent == run_dir and path == run_dir:
+    best = run_dir / "best" / "model.safetensors"
+    if path == run_dir and best.exists():  # a run directory: its best evaluated weights, as results.json used
         from safetensors.torch import load_file
 
-        model.load_state_dict(load_file(str(run_dir / "best" / "model.safetensors")), strict=False)
+        model.load_state_dict(load_file(str(best)), strict=False)
     else:
         ckpt.load_weights(point, model)
     return model.eval(), cfg, task

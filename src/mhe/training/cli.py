@@ -137,10 +137,9 @@ def _mt_args(p):
 
 @command("train-mt", "train the encoder-decoder on parallel text; BLEU with sacrebleu", _mt_args)
 def cmd_train_mt(args) -> int:
-    args.set = [f'data.task_options={json.dumps({"src": args.src, "tgt": args.tgt})}'] + [
-        s for s in args.set]
+    # successive data.task_options items merge, so a user's --set data.task_options={...} adds to these
+    args.set = [f'data.task_options={json.dumps({"src": args.src, "tgt": args.tgt})}', *args.set]
     cfg = build_run("mt", args)
-    # --set data.task_options=... given by the user merges over src/tgt
     res = run_training(cfg, args.out or f"runs/mt-{args.data}-{args.attention}", args.resume)
     keys = ("status", "step", "attention", "bleu", "bleu_last5_mean", "signature", "attention_params", "out")
     print(json.dumps({k: res[k] for k in keys if k in res}, indent=2))

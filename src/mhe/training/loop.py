@@ -181,7 +181,8 @@ class Trainer:
                                 tb.add_scalar(k, v, step)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss_mean:.4f}", refresh=False)
+                    rate = bar.format_dict.get("rate") or 0.0  # steps per second
+                    bar.set_postfix(loss=f"{loss_mean:.4f}", tok_s=f"{rate * n_tok * dist.world:,.0f}", refresh=False)
                 save_now = t.save_every and step % t.save_every == 0
                 if t.patience and bad_evals >= t.patience:
                     status = "early_stopped"
