@@ -94,3 +94,32 @@ def test_uniform_model_has_perplexity_vocab_size():
 def test_bad_stride():
     with pytest.raises(MheError, match="stride must be in 1..max_len=8, got 9"):
         window_plan(100, 8, 9)
+
+
+@pytest.mark.parametrize("cutoffs", [[], [20, 60]])
+def test_real_model_fast_path_equals_full_logits(cutoffs):
+    """target_log_probs (output layer on scored positions only) equals scoring the full logits,
+    for the tied softmax and for the adaptive softmax; the adaptive logits are normalised."""
+    from mhe.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("tiny-decoder", attention="mhe-mul", vocab_size=99, d_model=32, n_heads=4, n_layers=2,
+                        max_len=16, adaptive_cutoffs=cutoffs).double().eval()
+    ids = torch.randint(0, 99, (70,))
+
+    class LogitsOnly(torch.nn.Module):  # the generic path: full logits, log_softmax, gather
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return self.m(x)
+
+    fast = sliding_window_nll(model, ids, max_len=16, stride=8)
+    slow = sliding_window_nll(LogitsOnly(model), ids, max_len=16, stride=8)
+    assert fast[1] == slow[1] == 69 and fast[0] == pytest.approx(slow[0], rel=1e-10)
+    if cutoffs:
+        lp = model(ids[None, :16]).logits
+        assert torch.allclose(lp.exp().sum(-1), torch.ones(1, 16, dtype=torch.float64))
+        loss = model(ids[None, :16], labels=ids[None, :16], return_logits=False).loss
+        assert loss.item() == pytest.approx(-model.target_log_probs(ids[None, :16]).mean().item(), rel=1e-10)

@@ -49,10 +49,15 @@ def sliding_window_nll(model, ids: torch.Tensor, *, max_len: int, stride: int, b
         for i in range(0, len(windows), batch_size):
             chunk = windows[i:i + batch_size]
             x = torch.stack([ids[b:e] for b, e, _ in chunk]).to(device)  # [W, L]
-            logits = model(x).logits[:, :-1].float()  # position t predicts t+1
-            logp = F.log_softmax(logits, -1).gather(-1, x[:, 1:, None]).squeeze(-1)  # [W, L-1]
+            first = length - 1 - max(n for _, _, n in chunk)  # earliest position any row scores
+            if hasattr(model, "target_log_probs"):  # only the scored positions reach the output layer
+                logp = model.target_log_probs(x, first)  # [W, L-1-first]
+            else:
+                logits = model(x).logits[:, first:-1]  # position t predicts t+1
+                logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+                logp = F.log_softmax(logits, -1).gather(-1, x[:, first + 1:, None]).squeeze(-1)
             for row, (_, _, n) in enumerate(chunk):
-                total -= logp[row, length - 1 - n:].sum().item()
+                total -= logp[row, logp.shape[1] - n:].sum().item()
                 count += n
     return total, count
 

@@ -43,6 +43,7 @@ class ModelConfig:
     pad_id: int = 0
     head: str = ""
     num_labels: int = 2
+    adaptive_cutoffs: list = field(default_factory=list)  # decoder LM: adaptive softmax (Grave et al. 2017)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -60,6 +61,9 @@ class ModelConfig:
         if self.head not in HEADS[self.arch]:
             raise one_of(f"head for a {self.arch}", self.head, HEADS[self.arch])
         require_positive(num_labels=self.num_labels)
+        cuts = list(self.adaptive_cutoffs)
+        if cuts and (cuts != sorted(set(cuts)) or cuts[0] <= 0 or cuts[-1] >= self.vocab_size):
+            raise MheError(f"adaptive_cutoffs must increase strictly within 1..{self.vocab_size - 1}, got {cuts}")
 
     @property
     def resolved_head_dim(self) -> int:

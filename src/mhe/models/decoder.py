@@ -13,6 +13,10 @@ from mhe.models.encoder import classification_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
 
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 class Decoder(nn.Module):
     """Pre-LN GPT-2 stack: learned positions, causal self-attention, final LayerNorm."""
 
@@ -51,25 +55,56 @@ class _DecoderModel(nn.Module):
 
 
 class DecoderForCausalLM(_DecoderModel):
-    """GPT-2 language model with the output projection tied to the token embeddings."""
+    """GPT-2 language model with the output projection tied to the token embeddings.
+
+    With ``cfg.adaptive_cutoffs`` the output layer is instead an adaptive softmax
+    (Grave et al. 2017; ``torch.nn.AdaptiveLogSoftmaxWithLoss``, untied): frequent words get
+    the full width, rare ones narrower clusters, which makes large word-level vocabularies
+    affordable on a CPU. ``logits`` are then exact log-probabilities.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head, self.adaptive = None, None
+        if cfg.adaptive_cutoffs:
+            self.adaptive = nn.AdaptiveLogSoftmaxWithLoss(cfg.d_model, cfg.vocab_size, list(cfg.adaptive_cutoffs),
+                                                          div_value=4.0)
+        else:
+            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._finish_init()
-        if cfg.tie_embeddings:
+        if cfg.tie_embeddings and self.lm_head is not None:
             self.lm_head.weight = self.decoder.embed.tokens.weight
 
-    def forward(self, input_ids, attention_mask=None, labels=None, caches=None):
+    def forward(self, input_ids, attention_mask=None, labels=None, caches=None, return_logits=True):
         """``labels`` are the inputs themselves: position t is scored on token t+1;
-        -100 marks positions to ignore."""
+        -100 marks positions to ignore. ``return_logits=False`` skips the full output
+        distribution where only the loss is needed (adaptive softmax)."""
         h = self.decoder(input_ids, attention_mask, caches)
-        logits = self.lm_head(h)  # [B, T, V]
+        if self.adaptive is None:
+            logits = self.lm_head(h)  # [B, T, V]
+            loss = None
+            if labels is not None:
+                loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                                       ignore_index=-100)
+            return ModelOutput(logits, loss, h)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
-                                   ignore_index=-100)
+            target = labels[:, 1:]
+            keep = target != -100
+            loss = self.adaptive(_at_least_fp32(h[:, :-1][keep]), target[keep]).loss
+        logits = None
+        if return_logits or labels is None:
+            logits = self.adaptive.log_prob(_at_least_fp32(h.flatten(0, 1))).view(*h.shape[:2], -1)  # [B, T, V]
         return ModelOutput(logits, loss, h)
+
+    def target_log_probs(self, input_ids: torch.Tensor, first: int = 0) -> torch.Tensor:
+        """log p(x[t+1] | x[..t]) for t = first .. T-2, ``[B, T-1-first]``, computing the output
+        layer only where it is needed (for perplexity)."""
+        h = self.decoder(input_ids)[:, first:-1]
+        target = input_ids[:, first + 1:]
+        if self.adaptive is not None:
+            return self.adaptive(_at_least_fp32(h.flatten(0, 1)), target.flatten()).output.view(target.shape)
+        return F.log_softmax(_at_least_fp32(self.lm_head(h)), -1).gather(-1, target[..., None]).squeeze(-1)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, use_cache: bool = True,

@@ -12,6 +12,12 @@ from mhe.tasks.text import corpus_lines, is_word_level, token_stream, tokenizer_
 from mhe.training.task import Task
 
 
+# Tiny presets with a large vocabulary (word-level WikiText-2: 33k) use an adaptive softmax:
+# the full softmax would be ~90% of a CPU step.
+ADAPTIVE_FROM = 20_000
+ADAPTIVE_CUTOFFS = (2000, 10000)
+
+
 class CausalLMTask(Task):
     name = "lm"
     metric = "perplexity"
@@ -26,8 +32,11 @@ class CausalLMTask(Task):
         self.tok = tokenizer_for(cfg, out, train, default_kind="bpe", default_vocab=8192,
                                  dist=dist)
         self.device = dist.device
-        model = build_model(cfg.preset, attention=cfg.attention,
-                            **{"vocab_size": self.tok.get_vocab_size(), **cfg.model})
+        vocab = self.tok.get_vocab_size()
+        extra = {}
+        if cfg.preset.startswith("tiny-") and vocab >= ADAPTIVE_FROM and "adaptive_cutoffs" not in cfg.model:
+            extra["adaptive_cutoffs"] = [c for c in ADAPTIVE_CUTOFFS if c < vocab]
+        model = build_model(cfg.preset, attention=cfg.attention, **{"vocab_size": vocab, **extra, **cfg.model})
         if model.cfg.arch != "decoder":
             raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({model.cfg.arch})")
         self.max_len = model.cfg.max_len
@@ -47,7 +56,7 @@ class CausalLMTask(Task):
 
     def loss(self, model, batch):
         x = batch["input_ids"]
-        return model(x, labels=x).loss, x.numel()
+        return model(x, labels=x, return_logits=False).loss, x.numel()
 
     def _ppl(self, model, ids, lines, stride):
         nll, n = sliding_window_nll(model, ids, max_len=self.max_len, stride=stride,

@@ -56,9 +56,11 @@ def default_run(task: str, preset: str, attention: str, dataset: str = "") -> Ru
         # 16 x 64 tokens a step: a 10k-word softmax stays cheap on two CPU cores
         train.batch_size = 16
         model = {"max_len": 64}
+    data = DataConfig(dataset=dataset)
+    if task == "lm" and preset.startswith("tiny-") and dataset == "wikitext-2":
+        data.tokenizer = "word"  # the tokenised WikiText-2 is a word-level corpus (33k words)
     if task == "recall":
         train = TrainConfig(**RECALL_TRAIN)
         if preset.startswith("tiny-"):
             model = dict(RECALL_MODEL)
-    return RunConfig(task=task, preset=preset, attention=attention, model=model, train=train,
-                     data=DataConfig(dataset=dataset))
+    return RunConfig(task=task, preset=preset, attention=attention, model=model, train=train, data=data)
