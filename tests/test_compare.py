@@ -9,7 +9,7 @@ import pytest
 from mhe.cli import main
 from mhe.errors import MheError
 from mhe.experiments.summary import aggregate, paper_columns
-from mhe.experiments.sweep import Sweep, run_sweep
+from mhe.experiments.sweep import Sweep, check_sweep_dir, run_sweep
 from mhe.training.checkpoint import list_checkpoints
 
 
@@ -95,6 +95,17 @@ def test_folder_with_another_comparison_is_refused(tmp_path):
                                                                 overrides=[]).identity()}))
     with pytest.raises(MheError, match=r"holds a different comparison \(kinds: \['mha'\] there, \['sha'\] now\)"):
         run_sweep(Sweep("recall", "tiny-decoder", ["sha"], 1, overrides=[]), out)
+
+
+def test_more_seeds_and_operational_settings_extend_a_comparison(tmp_path):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    first = Sweep("lm", "gpt2-base", ["mha"], 2, overrides=["train.steps=600", "train.save_every=100"])
+    (out / "sweep.json").write_text(json.dumps({"sweep": first.identity()}))
+    check_sweep_dir(out, Sweep("lm", "gpt2-base", ["mha"], 3,
+                               overrides=["train.steps=600", "train.save_every=0", "train.keep_checkpoints=false"]))
+    with pytest.raises(MheError, match=r"overrides: \['train.steps=600'\] there, \['train.steps=700'\] now"):
+        check_sweep_dir(out, Sweep("lm", "gpt2-base", ["mha"], 3, overrides=["train.steps=700"]))
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -86,6 +86,24 @@ def test_heads_and_losses():
     assert lm(ids, labels=ids).loss.item() > 0
 
 
+def test_masked_lm_loss_equals_full_head_and_gradients():
+    torch.manual_seed(0)
+    model = small("tiny-encoder", "mhe-add")  # eval mode: no dropout, both paths see one network
+    ids = torch.randint(0, 99, (3, 10))
+    labels = torch.where(torch.rand(3, 10) < 0.3, ids, torch.full_like(ids, -100))
+    labels[0, 0] = ids[0, 0]
+    full = model(ids, labels=labels)
+    fast = model.masked_lm_loss(ids, labels)
+    torch.testing.assert_close(fast.loss, full.loss, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fast.logits, full.logits[labels != -100], rtol=1e-12, atol=1e-12)
+    g_full = torch.autograd.grad(full.loss, list(model.parameters()))
+    g_fast = torch.autograd.grad(model.masked_lm_loss(ids, labels).loss, list(model.parameters()))
+    for a, b in zip(g_fast, g_full):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    none = model.masked_lm_loss(ids, torch.full_like(ids, -100))  # nothing masked: zero, not NaN
+    assert none.loss.item() == 0.0 and none.logits.shape == (0, 99)
+
+
 def test_decoder_classification_reads_last_real_token():
     model = small("tiny-decoder", "mhe-mul", head="classification", num_labels=3)
     ids = torch.randint(1, 99, (2, 8))

@@ -78,6 +78,23 @@ def test_run_directory_contract(tmp_path):
                                       "rng.safetensors", "scheduler.json", "trainer.json"}
 
 
+def test_keep_checkpoints_false_frees_the_disk_and_keeps_the_best_weights_result(tmp_path):
+    """The best-weights score must be the same whether or not the files are kept afterwards."""
+    extra = ["train.eval_every=4"]
+    kept = Trainer(tiny_run(extra=extra), RecallTask(), tmp_path / "kept", log=quiet).fit()
+    assert (tmp_path / "kept" / "best" / "model.safetensors").exists()
+    freed = Trainer(tiny_run(extra=extra + ["train.keep_checkpoints=false"]), RecallTask(), tmp_path / "freed",
+                    log=quiet).fit()
+    assert freed["score"] == kept["score"] and freed["status"] == "finished"
+    assert not (tmp_path / "freed" / "checkpoints").exists() and not (tmp_path / "freed" / "best").exists()
+    assert (tmp_path / "freed" / "results.json").exists()
+    # an interrupted run keeps its checkpoint whatever the setting: it must be able to resume
+    stopped = Trainer(tiny_run(extra=extra + ["train.keep_checkpoints=false", "train.stop_at=6"]), RecallTask(),
+                      tmp_path / "stopped", log=quiet).fit()
+    assert stopped["status"] == "stopped"
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "stopped" / "checkpoints")][-1] == "step-00000006"
+
+
 def test_corrupt_and_incomplete_checkpoints_are_skipped(tmp_path):
     Trainer(tiny_run(extra=["train.keep_last=3"]), RecallTask(), tmp_path, log=quiet).fit()
     root = tmp_path / "checkpoints"

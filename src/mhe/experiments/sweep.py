@@ -34,6 +34,20 @@ class Sweep:
         d.pop("paper")
         return d
 
+    def comparable(self) -> dict:
+        """The identity minus what may change between invocations of one comparison: the
+        seed count (more seeds extend it) and operational overrides (checkpoint cadence, ...)."""
+        return _comparable(self.identity())
+
+
+def _comparable(identity: dict) -> dict:
+    from mhe.training.config import OPERATIONAL_TRAIN_KEYS
+
+    operational = {f"train.{k}" for k in OPERATIONAL_TRAIN_KEYS}
+    d = {k: v for k, v in identity.items() if k != "seeds"}
+    d["overrides"] = [o for o in identity.get("overrides") or [] if o.split("=", 1)[0] not in operational]
+    return d
+
 
 def run_config(sweep: Sweep, kind: str, seed: int):
     """The RunConfig of one (kind, seed): the task's defaults, the sweep's overrides, the seed."""
@@ -65,8 +79,8 @@ def check_sweep_dir(out: Path, sweep: Sweep) -> None:
     """Refuse an output folder that holds a different comparison, naming the difference."""
     f = out / "sweep.json"
     if f.exists():
-        old = json.loads(f.read_text())["sweep"]
-        new = sweep.identity()
+        old = _comparable(json.loads(f.read_text())["sweep"])
+        new = sweep.comparable()
         diffs = [f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in sorted(set(old) | set(new))
                  if old.get(k) != new.get(k)]
         if diffs:

@@ -59,6 +59,21 @@ class EncoderForMaskedLM(_EncoderModel):
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
         return ModelOutput(logits, loss, h)
 
+    def masked_lm_loss(self, input_ids, labels, attention_mask=None, token_type_ids=None) -> ModelOutput:
+        """The loss of :meth:`forward`, with the head applied only where ``labels != -100``.
+
+        BERT masks 15% of the tokens, so the dense + vocabulary projection on the other 85%
+        is wasted work (a quarter of a 6-layer model's FLOPs at a 16k vocabulary). ``logits``
+        are ``[N, V]`` for the N labelled positions, in row-major order of ``labels``."""
+        h = self.encoder(input_ids, attention_mask, token_type_ids)
+        chosen = labels != -100
+        logits = self.decoder(self.transform(h[chosen]))  # [N, V]
+        if logits.shape[0] == 0:
+            loss = logits.float().sum()  # nothing masked in this batch: a zero that keeps the graph
+        else:
+            loss = F.cross_entropy(logits.float(), labels[chosen])
+        return ModelOutput(logits, loss, h)
+
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor, num_labels: int) -> torch.Tensor:
     """Cross-entropy for classes, mean squared error when ``num_labels == 1`` (STS-B)."""

@@ -69,7 +69,10 @@ class MaskedLMTask(Task):
         return {"input_ids": inputs, "labels": labels}
 
     def loss(self, model, batch):
-        out = model(batch["input_ids"], labels=batch["labels"])
+        if hasattr(model, "masked_lm_loss"):  # one process (a compiled model runs this eagerly)
+            out = model.masked_lm_loss(batch["input_ids"], batch["labels"])
+        else:  # DDP: its forward is what reduces the gradients, so take the full head
+            out = model(batch["input_ids"], labels=batch["labels"])
         return out.loss, int((batch["labels"] != -100).sum())
 
     def evaluate(self, model):
@@ -80,10 +83,10 @@ class MaskedLMTask(Task):
         for i in range(0, self.valid.shape[0], 32):
             inputs, labels = mask_tokens(self.valid[i:i + 32], mask_id=self.mask_id, vocab_size=self.vocab,
                                          special=self.special, generator=g)
-            out = model(inputs.to(dev), labels=labels.to(dev))
+            out = model.masked_lm_loss(inputs.to(dev), labels.to(dev))
             sel = labels != -100
             n = int(sel.sum())
-            correct += int((out.logits.argmax(-1).cpu()[sel] == labels[sel]).sum())
+            correct += int((out.logits.argmax(-1).cpu() == labels[sel]).sum())
             nll += out.loss.item() * n
             total += n
         return {"mlm_accuracy": correct / max(total, 1), "mlm_loss": nll / max(total, 1)}
@@ -91,3 +94,4 @@ class MaskedLMTask(Task):
     def final(self, model):
         res = self.evaluate(model)
         return {"split": "valid", "score": res["mlm_accuracy"], **res}
+

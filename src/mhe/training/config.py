@@ -37,6 +37,7 @@ class TrainConfig:
     eval_every: int = 0              # 0: only at the end
     save_every: int = 0              # 0: only at the end
     keep_last: int = 2
+    keep_checkpoints: bool = True    # false: once results.json exists, delete checkpoints/ and best/
     stop_at: int = 0                 # end this invocation at this step (the schedule keeps `steps`)
     patience: int = 0                # early stopping: evaluations without improvement (0: off)
     precision: str = "auto"          # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
@@ -44,6 +45,11 @@ class TrainConfig:
     progress: bool = True
     tensorboard: bool = False
     device: str = "auto"
+
+
+# train.* settings that change how a run is carried out, not what it computes: outside the hash
+OPERATIONAL_TRAIN_KEYS = ("stop_at", "log_every", "eval_every", "save_every", "keep_last", "keep_checkpoints",
+                          "progress", "tensorboard", "device", "compile")
 
 
 @dataclass
@@ -84,8 +90,7 @@ class RunConfig:
     def identity(self) -> dict:
         """What makes two runs the same run (cadence, stop_at and progress bars aside)."""
         d = self.to_dict()
-        for k in ("stop_at", "log_every", "eval_every", "save_every", "keep_last", "progress", "tensorboard",
-                  "device", "compile"):
+        for k in OPERATIONAL_TRAIN_KEYS:
             d["train"].pop(k, None)
         d["data"].pop("data_dir", None)
         d["data"].pop("eval_batch_size", None)

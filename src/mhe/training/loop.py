@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 
+import shutil
 import signal
 import sys
 import time
@@ -193,7 +194,8 @@ class Trainer:
                     break
             if status == "finished" and step < t.steps:
                 status = "stopped"
-            last_good = self._save(model, opt, sched, order, step, best, bad_evals, dist)
+            if t.keep_checkpoints or status not in ("finished", "early_stopped"):
+                last_good = self._save(model, opt, sched, order, step, best, bad_evals, dist)
             if status == "interrupted" and main:
                 self.log(f"interrupted at step {step}; checkpoint saved to {last_good}; continue with --resume")
         finally:
@@ -210,6 +212,9 @@ class Trainer:
             result = {"step": step, **self._summary(model, step, status), **final}
             if main:
                 ckpt.write_json_atomic(self.out / "results.json", result)
+                if not t.keep_checkpoints:  # the results are safe: free the disk (sweeps of short runs)
+                    for sub in ("checkpoints", "best"):
+                        shutil.rmtree(self.out / sub, ignore_errors=True)
         dist.barrier()
         distributed.teardown()
         return result
