@@ -46,6 +46,23 @@ def test_paper_columns_reproduce_table_2():
     assert round(cols["mhe-mul"]["peop"], 2) == 81.76 and round(100 * cols["mhe-mul"]["prr"], 1) == 85.6
 
 
+def test_paper_percentages_become_fractions_and_keep_prr():
+    cols = paper_columns({}, "table1-cola")["rows"]
+    assert cols["mha"]["score"] == pytest.approx(0.596) and cols["mhe-mul"]["score"] == pytest.approx(0.566)
+    assert cols["mhe-mul"]["prr"] == pytest.approx(56.6 / 59.6)
+    assert paper_columns({}, "table1-cb")["rows"]["mhe-mul"]["score"] == pytest.approx(0.894)
+
+
+def test_aggregate_another_recorded_metric():
+    runs = [{**result("sha", 0, 0.81, 100, "f1"), "accuracy": 0.70}, {**result("mha", 0, 0.82, 400, "f1"),
+                                                                       "accuracy": 0.75}]
+    rows = {r["kind"]: r for r in aggregate(runs, "accuracy")["rows"]}
+    assert rows["sha"]["mean"] == 0.70 and rows["mha"]["mean"] == 0.75
+    assert aggregate(runs, "accuracy")["metric"] == "accuracy"
+    with pytest.raises(MheError, match=r"has no metric 'spearman'; valid: accuracy"):
+        aggregate(runs, "spearman")
+
+
 SMALL = ["model.d_model=32", "model.d_ff=64", "model.n_layers=1", "train.batch_size=16", "train.steps=8",
          "train.save_every=4", "train.log_every=2",
          'data.task_options={"train_size": 128, "test_size": 32, "pairs": 4, "queries": 4}']
@@ -139,3 +156,37 @@ def test_pretrain_then_finetune_comparison(tmp_path):
     cfg = json.loads((ft / "runs" / "mhe-mul-seed1" / "config.json").read_text())
     assert cfg["run"]["data"]["task_options"]["checkpoint"].endswith("mhe-mul-seed0")
     assert main(["compare", "--task", "rte", "--kinds", "mha", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_overview_averages_tasks_and_recomputes_prr(tmp_path, capsys):
+    import json as _json
+
+    from mhe.experiments.summary import overview, write_summary
+
+    dirs = []
+    for task, scores in (("rte", {"sha": 0.50, "mha": 0.60, "mhe-mul": 0.58}),
+                         ("cola", {"sha": 0.10, "mha": 0.20, "mhe-mul": 0.16})):
+        d = tmp_path / task
+        for kind, score in scores.items():
+            run = d / "runs" / f"{kind}-seed0"
+            run.mkdir(parents=True)
+            params = {"sha": 100, "mha": 400, "mhe-mul": 103}[kind]
+            (run / "results.json").write_text(_json.dumps({**result(kind, 0, score, params), "task": task}))
+        write_summary(d, paper_table=f"table1-{task}")
+        dirs.append(d)
+    md = overview(dirs)
+    row = next(line for line in md.splitlines() if line.startswith("| mhe-mul"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] == "0.3700"                                       # (0.58 + 0.16) / 2
+    assert cells[5] == f"{100 * 0.37 / 0.40:.1f}"                     # PRR of the averages
+    assert cells[6] == f"{(0.37 / 0.30 - 1) / 0.03:.2f}"              # PEoP against SHA
+    assert cells[7] == f"{(0.671 + 0.566) / 2:.4f}"                   # the paper's RTE and CoLA, as fractions
+    assert main(["overview", str(dirs[0]), str(tmp_path / "missing")]) == 2
+    assert "has no summary.json" in capsys.readouterr().err
+
+
+def test_running_mean_for_training_curves():
+    from mhe.experiments.plots import smooth
+
+    assert smooth([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], parts=4) == [1.0, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5]
+    assert smooth([3.0, 1.0], parts=40) == [3.0, 1.0]  # shorter than one window: unchanged

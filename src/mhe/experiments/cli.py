@@ -71,12 +71,14 @@ def build_sweep(args):
     if args.data:
         sweep.data = args.data
     sweep.overrides = list(sweep.overrides or []) + list(args.set)
-    if args.paper is not None:
-        from mhe.experiments.paper import paper_table
+    from mhe.experiments.paper import paper_table, paper_tables
 
+    if args.paper is not None:
         if args.paper:
             paper_table(args.paper)
         sweep.paper = args.paper
+    elif not sweep.paper and f"table1-{sweep.task}" in paper_tables():
+        sweep.paper = f"table1-{sweep.task}"  # a GLUE / SuperGLUE task: the paper's Table 1 column
     return name, sweep
 
 
@@ -105,6 +107,8 @@ def cmd_compare(args) -> int:
 def _report_args(p):
     p.add_argument("dirs", nargs="+", help="comparison folders (each with runs/*/results.json)")
     p.add_argument("--paper", default=None, help="paper table to set beside ours (default: the sweep's)")
+    p.add_argument("--metric", default=None,
+                   help="summarise this number of each results.json instead of the score (e.g. accuracy)")
 
 
 @command("report", "rebuild tables and plots from finished comparison runs", _report_args)
@@ -116,9 +120,27 @@ def cmd_report(args) -> int:
         paper = args.paper
         if paper is None and (d / "sweep.json").exists():
             paper = json.loads((d / "sweep.json").read_text()).get("paper", "")
-        summary = write_summary(d, paper_table=paper or "")
+        summary = write_summary(d, paper_table=paper or "", metric=args.metric)
         print(f"## {d}\n")
         print(summary["markdown"])
+    return 0
+
+
+def _overview_args(p):
+    p.add_argument("dirs", nargs="+", help="comparison folders with summary.json (e.g. results/encoder-*)")
+    p.add_argument("--out", default=None, help="also write the table to this Markdown file")
+
+
+@command("overview", "one table over several comparisons: per-task means, their average, PRR and PEoP",
+         _overview_args)
+def cmd_overview(args) -> int:
+    from mhe.experiments.summary import overview
+    from mhe.training.checkpoint import write_text_atomic
+
+    md = overview([Path(d) for d in args.dirs])
+    print(md)
+    if args.out:
+        write_text_atomic(Path(args.out), md)
     return 0
 
 

@@ -27,19 +27,34 @@ def collect(out: Path) -> list[dict]:
     return runs
 
 
-def aggregate(runs: list[dict]) -> dict:
-    """``{"task", "metric", "higher_is_better", "rows": [...]}`` with PRR and PEoP per kind."""
+LOWER_IS_BETTER = ("perplexity", "loss", "mlm_loss", "nll")
+
+
+def aggregate(runs: list[dict], metric: str | None = None) -> dict:
+    """``{"task", "metric", "higher_is_better", "rows": [...]}`` with PRR and PEoP per kind.
+
+    ``metric`` summarises another number every ``results.json`` holds (MRPC's accuracy beside
+    its F1, say) instead of the score the runs were selected on."""
     if not runs:
         raise MheError("no finished runs to summarise (no runs/*/results.json)")
-    metric, hib, task = runs[0]["metric"], runs[0]["higher_is_better"], runs[0]["task"]
+    primary, hib, task = runs[0]["metric"], runs[0]["higher_is_better"], runs[0]["task"]
     by_kind: dict[str, list[dict]] = {}
     for r in runs:
-        if r["metric"] != metric:
-            raise MheError(f"runs mix metrics {metric!r} and {r['metric']!r}")
+        if r["metric"] != primary:
+            raise MheError(f"runs mix metrics {primary!r} and {r['metric']!r}")
         by_kind.setdefault(r["attention"], []).append(r)
+    key = "score"
+    if metric and metric != primary:
+        for r in runs:
+            if not isinstance(r.get(metric), (int, float)) or isinstance(r.get(metric), bool):
+                numbers = sorted(k for k, v in r.items() if isinstance(v, float) and k != "score")
+                raise MheError(f"run {r.get('run_dir', r['attention'])} has no metric {metric!r}; "
+                               f"valid: {', '.join(numbers)}")
+        key, hib = metric, metric not in LOWER_IS_BETTER
+    metric = metric or primary
     rows = []
     for kind in sorted(by_kind, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
-        scores = [r["score"] for r in sorted(by_kind[kind], key=lambda r: r.get("seed", 0))]
+        scores = [r[key] for r in sorted(by_kind[kind], key=lambda r: r.get("seed", 0))]
         rows.append({"kind": kind, "attention_params": by_kind[kind][0]["attention_params"],
                      "mean": statistics.fmean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
                      "n_seeds": len(scores), "scores": scores, "prr": None, "peop": None})
@@ -69,7 +84,9 @@ def paper_columns(summary: dict, table: str) -> dict:
     from mhe.models import preset
 
     t = paper_table(table)
-    rows, hib = t["rows"], t["higher_is_better"]
+    hib = t["higher_is_better"]
+    scale = 0.01 if t.get("percent") else 1.0  # printed as percentages; our scores are fractions
+    rows = {k: (params_m, score * scale) for k, (params_m, score) in t["rows"].items()}
     c = preset(t["params_from"])
     exact = {k: model_attention_params(k, arch=c.arch, n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads)
              for k in rows}
@@ -81,7 +98,7 @@ def paper_columns(summary: dict, table: str) -> dict:
         if "sha" in rows and kind != "sha":
             col["peop"] = _safe_peop(score, exact[kind], rows["sha"][1], exact["sha"], hib)
         out[kind] = col
-    return {"table": table, "metric": t["metric"], "rows": out}
+    return {"table": table, "metric": t["metric"], "rows": out, "percent": bool(t.get("percent"))}
 
 
 def _fmt(x, digits=4):
@@ -113,14 +130,22 @@ def markdown(summary: dict, paper: dict | None = None) -> str:
     if paper:
         from mhe.experiments.paper import source
 
-        lines.append(f"Paper columns: `{paper['table']}` from {source()} PRR/PEoP recomputed from the printed numbers.")
+        lines.append(f"Paper columns: `{paper['table']}` from {source()} PRR/PEoP recomputed from the printed numbers."
+                     + (" The paper prints percentages; they are shown here as fractions." if paper.get("percent")
+                        else ""))
     return "\n".join(lines) + "\n"
 
 
-def write_summary(out: Path, *, paper_table: str = "") -> dict:
+def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None) -> dict:
     """Write summary.json, summary.md, summary.csv and the plots; returns the summary."""
     runs = collect(out)
-    summary = aggregate(runs)
+    if metric is None and paper_table and runs:
+        from mhe.experiments.paper import paper_table as table
+
+        wanted = table(paper_table)["metric"]  # the paper's metric where every run recorded it (MRPC:
+        if wanted != runs[0]["metric"] and all(isinstance(r.get(wanted), float) for r in runs):  # accuracy)
+            metric = wanted
+    summary = aggregate(runs, metric)
     paper = paper_columns(summary, paper_table) if paper_table else None
     write_json_atomic(out / "summary.json", {**summary, **({"paper": paper} if paper else {})})
     md = markdown(summary, paper)
@@ -143,3 +168,53 @@ def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def overview(dirs: list[Path]) -> str:
+    """One table over several comparisons (the shape of the paper's Table 1): each task's mean
+    per kind, their average, and PRR / PEoP of that average; the paper's average over the same
+    tasks beside it where every task has a paper column. Reads each folder's summary.json."""
+    summaries = []
+    for d in dirs:
+        f = Path(d) / "summary.json"
+        if not f.exists():
+            raise MheError(f"{d} has no summary.json; run `mhe report {d}` first")
+        summaries.append(json.loads(f.read_text()))
+    kinds = [r["kind"] for r in summaries[0]["rows"]]
+    kinds = [k for k in kinds if all(any(r["kind"] == k for r in s["rows"]) for s in summaries)]
+    if not kinds:
+        raise MheError("the comparisons share no attention kind")
+    cell = {(s["task"], r["kind"]): r for s in summaries for r in s["rows"]}
+    tasks = [s["task"] for s in summaries]
+    params = {r["kind"]: r["attention_params"] for r in summaries[0]["rows"]}
+    hib = summaries[0]["higher_is_better"]
+    avg = {k: statistics.fmean(cell[(t, k)]["mean"] for t in tasks) for k in kinds}
+    with_paper = all("paper" in s for s in summaries)
+    paper_avg = {}
+    if with_paper:
+        for k in kinds:
+            scores = [s["paper"]["rows"].get(k, {}).get("score") for s in summaries]
+            if all(x is not None for x in scores):
+                paper_avg[k] = statistics.fmean(scores)
+    head = ["Attention", "#params"] + [f"{t} ({s['metric']})" for t, s in zip(tasks, summaries)] + [
+        "average", "PRR (%)", "PEoP"]
+    if paper_avg:
+        head += ["paper average", "paper PRR (%)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for k in kinds:
+        cells = [k.upper() if k in ("sha", "mha", "mqa", "skv", "gqa") else k, f"{params[k] / 1e6:.3f}M"]
+        cells += [f"{cell[(t, k)]['mean']:.4f} ± {cell[(t, k)]['std']:.3f}" for t in tasks]
+        r = prr(avg[k], avg["mha"], higher_is_better=hib) if "mha" in avg else None
+        e = (_safe_peop(avg[k], params[k], avg["sha"], params["sha"], hib)
+             if "sha" in avg and k != "sha" else None)
+        cells += [f"{avg[k]:.4f}", "-" if r is None else f"{100 * r:.1f}", "-" if e is None else f"{e:.2f}"]
+        if paper_avg:
+            pr = (prr(paper_avg[k], paper_avg["mha"], higher_is_better=hib)
+                  if k in paper_avg and "mha" in paper_avg else None)
+            cells += [f"{paper_avg[k]:.4f}" if k in paper_avg else "-", "-" if pr is None else f"{100 * pr:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"Mean ± std over seeds per task; the average is the unweighted mean of the {len(tasks)} task "
+                 "means. PRR against MHA and PEoP against SHA are computed from the averages (section 4.6)."
+                 + (" Paper: the same tasks' Table 1 scores, averaged." if paper_avg else ""))
+    return "\n".join(lines) + "\n"

@@ -53,11 +53,15 @@ def _sha256(path: Path) -> str:
 
 def write_json_atomic(path: str | Path, obj) -> None:
     """Write JSON through a temporary file, fsync and rename: readers never see half a file."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write text through a temporary file, fsync and rename."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.write("\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
