@@ -23,8 +23,9 @@ _DECODE_KERNEL = "sdpa"
 
 
 def set_decode_kernel(kind: str) -> None:
-    """How one new token attends over a grouped (one or few head) cache: ``sdpa`` or an
-    explicit ``matmul`` -> softmax -> ``matmul``, which spreads long caches over more blocks."""
+    """How one new token attends over a grouped (one or few head) cache: ``sdpa`` (default) or
+    an explicit ``matmul`` -> softmax -> ``matmul``. On an H200 the matmul form measured 4x
+    slower at batch 64 x 4096 keys (docs/benchmarks.md, section 3); it is kept as a reference."""
     global _DECODE_KERNEL
     if kind not in DECODE_KERNELS:
         raise one_of("decode kernel", kind, DECODE_KERNELS)
