@@ -68,6 +68,7 @@ def test_run_directory_contract(tmp_path):
     Trainer(tiny_run(), RecallTask(), tmp_path, log=quiet).fit()
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["run"]["train"]["steps"] == 12 and cfg["attention_params"] > 0
+    assert cfg["device"].startswith("cpu (") and cfg["torch"] == torch.__version__
     res = json.loads((tmp_path / "results.json").read_text())
     assert {"task", "metric", "score", "attention", "attention_params", "seed", "steps"} <= set(res)
     assert res["metric"] == "accuracy" and 0 <= res["score"] <= 1

@@ -71,6 +71,7 @@ class Trainer:
             "run": self.original.to_dict(), "resolved_train": dataclasses.asdict(self.cfg.train),
             "model": model.cfg.to_dict(), "config_hash": self.cfg_hash,
             "attention_params": count_attention_params(model), "torch": torch.__version__,
+            "device": _device_name(next(model.parameters()).device),
         })
 
     def _precision(self, device: torch.device) -> torch.dtype | None:
@@ -266,6 +267,15 @@ class Trainer:
         if self._signal is not None:  # a second signal: stop now
             raise KeyboardInterrupt
         self._signal = signum
+
+
+def _device_name(device: torch.device) -> str:
+    """The card a run trained on, for the record (results must name it)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 def _diff(a: dict, b: dict, prefix="") -> str:
