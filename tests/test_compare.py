@@ -174,7 +174,8 @@ def test_overview_averages_tasks_and_recomputes_prr(tmp_path, capsys):
             (run / "results.json").write_text(_json.dumps({**result(kind, 0, score, params), "task": task}))
         write_summary(d, paper_table=f"table1-{task}")
         dirs.append(d)
-    md = overview(dirs)
+    md = overview(dirs, plot=tmp_path / "prr.png")
+    assert (tmp_path / "prr.png").stat().st_size > 1000 and (dirs[0] / "prr_vs_paper.png").exists()
     row = next(line for line in md.splitlines() if line.startswith("| mhe-mul"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[4] == "0.3700"                                       # (0.58 + 0.16) / 2

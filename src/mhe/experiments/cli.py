@@ -129,6 +129,7 @@ def cmd_report(args) -> int:
 def _overview_args(p):
     p.add_argument("dirs", nargs="+", help="comparison folders with summary.json (e.g. results/encoder-*)")
     p.add_argument("--out", default=None, help="also write the table to this Markdown file")
+    p.add_argument("--plot", default=None, help="also draw the averages' PRR beside the paper's (PNG)")
 
 
 @command("overview", "one table over several comparisons: per-task means, their average, PRR and PEoP",
@@ -137,7 +138,7 @@ def cmd_overview(args) -> int:
     from mhe.experiments.summary import overview
     from mhe.training.checkpoint import write_text_atomic
 
-    md = overview([Path(d) for d in args.dirs])
+    md = overview([Path(d) for d in args.dirs], plot=Path(args.plot) if args.plot else None)
     print(md)
     if args.out:
         write_text_atomic(Path(args.out), md)

@@ -1,4 +1,5 @@
-"""The comparison's two pictures: score against attention parameters, and training curves."""
+"""The comparison's pictures: score against attention parameters, training curves, and PRR
+beside the paper's."""
 
 from __future__ import annotations
 
@@ -76,6 +77,29 @@ def plot_curves(runs: list[dict], path: Path) -> None:
         ax.legend()
     else:
         ax.text(0.5, 0.5, "no training logs (metrics.jsonl)", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_prr_vs_paper(rows: list[tuple[str, float | None, float | None]], title: str, path: Path) -> None:
+    """PRR (share of MHA's score kept, section 4.6) per kind: ours beside the paper's.
+    ``rows``: (kind, our PRR, paper PRR) with PRR as a fraction; None where undefined."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = range(len(rows))
+    ours = [100 * r[1] if r[1] is not None else 0 for r in rows]
+    paper = [100 * r[2] if r[2] is not None else 0 for r in rows]
+    ax.bar([x - 0.2 for x in xs], ours, width=0.4, label="ours")
+    ax.bar([x + 0.2 for x in xs], paper, width=0.4, label="paper")
+    ax.axhline(100, color="black", lw=0.8)
+    ax.set_xticks(list(xs), [LABELS.get(r[0], r[0]) for r in rows])
+    low = min([v for v in ours + paper if v > 0] + [100])
+    ax.set_ylim(max(0, low - 10), max(ours + paper + [100]) + 5)
+    ax.set_ylabel("PRR (% of MHA's score)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -161,6 +161,11 @@ def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None
 
     plot_score_vs_params(summary, out / "score_vs_params.png")
     plot_curves(runs, out / "training_curves.png")
+    if paper:
+        from mhe.experiments.plots import plot_prr_vs_paper
+
+        rows = [(r["kind"], r["prr"], (paper["rows"].get(r["kind"]) or {}).get("prr")) for r in summary["rows"]]
+        plot_prr_vs_paper(rows, f"{summary['task']}: PRR, ours against {paper['table']}", out / "prr_vs_paper.png")
     return {**summary, "markdown": md}
 
 
@@ -170,10 +175,11 @@ def _write_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def overview(dirs: list[Path]) -> str:
+def overview(dirs: list[Path], plot: Path | None = None) -> str:
     """One table over several comparisons (the shape of the paper's Table 1): each task's mean
     per kind, their average, and PRR / PEoP of that average; the paper's average over the same
-    tasks beside it where every task has a paper column. Reads each folder's summary.json."""
+    tasks beside it where every task has a paper column. Reads each folder's summary.json.
+    ``plot``: also draw the PRR of the averages, ours beside the paper's."""
     summaries = []
     for d in dirs:
         f = Path(d) / "summary.json"
@@ -201,6 +207,7 @@ def overview(dirs: list[Path]) -> str:
     if paper_avg:
         head += ["paper average", "paper PRR (%)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    prr_rows = []
     for k in kinds:
         cells = [k.upper() if k in ("sha", "mha", "mqa", "skv", "gqa") else k, f"{params[k] / 1e6:.3f}M"]
         cells += [f"{cell[(t, k)]['mean']:.4f} ± {cell[(t, k)]['std']:.3f}" for t in tasks]
@@ -212,7 +219,14 @@ def overview(dirs: list[Path]) -> str:
             pr = (prr(paper_avg[k], paper_avg["mha"], higher_is_better=hib)
                   if k in paper_avg and "mha" in paper_avg else None)
             cells += [f"{paper_avg[k]:.4f}" if k in paper_avg else "-", "-" if pr is None else f"{100 * pr:.1f}"]
+            prr_rows.append((k, r, pr))
         lines.append("| " + " | ".join(cells) + " |")
+    if plot is not None:
+        if not prr_rows:
+            raise MheError("--plot needs a paper column for every task (mhe report DIR --paper TABLE)")
+        from mhe.experiments.plots import plot_prr_vs_paper
+
+        plot_prr_vs_paper(prr_rows, f"{', '.join(tasks)}: PRR of the average, ours against the paper", plot)
     lines.append("")
     lines.append(f"Mean ± std over seeds per task; the average is the unweighted mean of the {len(tasks)} task "
                  "means. PRR against MHA and PEoP against SHA are computed from the averages (section 4.6)."
