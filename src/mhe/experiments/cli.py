@@ -42,7 +42,7 @@ def build_sweep(args):
     if name in EXPERIMENTS:
         exp = experiment(name)
         sweep = Sweep(exp.task, exp.preset, list(exp.kinds), exp.seeds, exp.data, args.data_dir,
-                      list(exp.overrides), exp.paper)
+                      list(exp.overrides), exp.paper, metric=exp.metric)
     elif name in PRESETS:
         sweep = Sweep(args.task or "recall", name, list(experiment(DEFAULT).kinds), 1, args.data or "",
                       args.data_dir, [])
@@ -117,10 +117,12 @@ def cmd_report(args) -> int:
 
     for d in args.dirs:
         d = Path(d)
-        paper = args.paper
-        if paper is None and (d / "sweep.json").exists():
-            paper = json.loads((d / "sweep.json").read_text()).get("paper", "")
-        summary = write_summary(d, paper_table=paper or "", metric=args.metric)
+        paper, metric = args.paper, args.metric
+        if (d / "sweep.json").exists():
+            recorded = json.loads((d / "sweep.json").read_text())
+            paper = recorded.get("paper", "") if paper is None else paper
+            metric = metric or recorded.get("metric") or None
+        summary = write_summary(d, paper_table=paper or "", metric=metric)
         print(f"## {d}\n")
         print(summary["markdown"])
     return 0

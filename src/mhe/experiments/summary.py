@@ -27,7 +27,7 @@ def collect(out: Path) -> list[dict]:
     return runs
 
 
-LOWER_IS_BETTER = ("perplexity", "loss", "mlm_loss", "nll")
+LOWER_IS_BETTER = ("perplexity", "word_perplexity", "loss", "mlm_loss", "nll")  # and their _strideN forms
 
 
 def aggregate(runs: list[dict], metric: str | None = None) -> dict:
@@ -50,7 +50,7 @@ def aggregate(runs: list[dict], metric: str | None = None) -> dict:
                 numbers = sorted(k for k, v in r.items() if isinstance(v, float) and k != "score")
                 raise MheError(f"run {r.get('run_dir', r['attention'])} has no metric {metric!r}; "
                                f"valid: {', '.join(numbers)}")
-        key, hib = metric, metric not in LOWER_IS_BETTER
+        key, hib = metric, not metric.startswith(LOWER_IS_BETTER)
     metric = metric or primary
     rows = []
     for kind in sorted(by_kind, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):

@@ -27,11 +27,13 @@ class Sweep:
     overrides: list | None = None
     paper: str = ""
     pretrained: str = ""  # fine-tuning: a comparison folder of pre-training runs, one per kind
+    metric: str = ""      # summarise this number of results.json instead of the score ("" = the score)
 
     def identity(self) -> dict:
         d = asdict(self)
         d.pop("data_dir")
         d.pop("paper")
+        d.pop("metric")
         return d
 
     def comparable(self) -> dict:
@@ -98,7 +100,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, log=print) -> 
     log(f"comparing {', '.join(sweep.kinds)} on {sweep.task} ({sweep.preset}"
         f"{', ' + sweep.data if sweep.data else ''}), {sweep.seeds} seed(s)")
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "sweep.json", {"sweep": sweep.identity(), "paper": sweep.paper})
+    write_json_atomic(out / "sweep.json", {"sweep": sweep.identity(), "paper": sweep.paper,
+                                           **({"metric": sweep.metric} if sweep.metric else {})})
     jobs = []
     for seed in range(sweep.seeds):
         for kind in sweep.kinds:
@@ -115,7 +118,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, log=print) -> 
                 raise KeyboardInterrupt
     else:
         _run_parallel(sweep, jobs, workers, log)
-    return write_summary(out, paper_table=sweep.paper)
+    return write_summary(out, paper_table=sweep.paper, metric=sweep.metric or None)
 
 
 def _run_inprocess(sweep, kind, seed, run_dir: Path, log) -> str:

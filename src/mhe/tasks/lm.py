@@ -77,10 +77,20 @@ class CausalLMTask(Task):
         model.eval()
         test_lines = corpus_lines(self.cfg, "test")
         stride = self.stride()
-        res = self._ppl(model, token_stream(self.tok, test_lines), test_lines, stride)
-        return {"split": "test", "stride": stride, "score": res["perplexity"], **res}
+        ids = token_stream(self.tok, test_lines)
+        res = self._ppl(model, ids, test_lines, stride)
+        out = {"split": "test", "stride": stride, "score": res["perplexity"], **res}
+        asked = min(self.cfg.data.eval_stride, self.max_len)
+        if asked > stride:  # the stride asked for was capped: report it as well (the paper fixes 256)
+            extra = self._ppl(model, ids, test_lines, asked)
+            out[f"perplexity_stride{asked}"] = extra["perplexity"]
+            if "word_perplexity" in extra:
+                out[f"word_perplexity_stride{asked}"] = extra["word_perplexity"]
+        return out
 
     def stride(self) -> int:
         """The paper's stride (256) but never more than half the window, so every scored
-        token keeps at least half a window of context."""
+        token keeps at least half a window of context. When that caps ``data.eval_stride``,
+        :meth:`final` also reports ``perplexity_strideN`` at the stride asked for (at most the
+        window: then consecutive windows share one token)."""
         return max(1, min(self.cfg.data.eval_stride, self.max_len // 2))
