@@ -12,7 +12,7 @@ from pathlib import Path
 from mhe.attention import KINDS, PAPER_KINDS
 from mhe.errors import MheError
 from mhe.metrics import peop, prr
-from mhe.training.checkpoint import write_json_atomic
+from mhe.training.checkpoint import write_json_atomic, write_text_atomic
 
 ORDER = list(PAPER_KINDS) + [k for k in KINDS if k not in PAPER_KINDS]
 
@@ -101,6 +101,10 @@ def paper_columns(summary: dict, table: str) -> dict:
     return {"table": table, "metric": t["metric"], "rows": out, "percent": bool(t.get("percent"))}
 
 
+def _label(kind: str) -> str:
+    return kind.upper() if kind in ("sha", "mha", "mqa", "skv", "gqa") else kind
+
+
 def _fmt(x, digits=4):
     if x is None:
         return "-"
@@ -114,8 +118,8 @@ def markdown(summary: dict, paper: dict | None = None) -> str:
         head += [f"paper {paper['metric']}", "paper PRR (%)", "paper PEoP"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in summary["rows"]:
-        cells = [r["kind"].upper() if r["kind"] in ("sha", "mha", "mqa", "skv", "gqa") else r["kind"],
-                 f"{r['attention_params'] / 1e6:.3f}M", f"{_fmt(r['mean'])} ± {_fmt(r['std'], 2)}", str(r["n_seeds"]),
+        cells = [_label(r["kind"]), f"{r['attention_params'] / 1e6:.3f}M",
+                 f"{_fmt(r['mean'])} ± {_fmt(r['std'], 2)}", str(r["n_seeds"]),
                  "-" if r["prr"] is None else f"{100 * r['prr']:.1f}", "-" if r["peop"] is None else f"{r['peop']:.2f}"]
         if paper:
             p = paper["rows"].get(r["kind"])
@@ -149,7 +153,7 @@ def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None
     paper = paper_columns(summary, paper_table) if paper_table else None
     write_json_atomic(out / "summary.json", {**summary, **({"paper": paper} if paper else {})})
     md = markdown(summary, paper)
-    _write_text(out / "summary.md", md)
+    write_text_atomic(out / "summary.md", md)
     tmp = out / ".summary.csv.tmp"
     with open(tmp, "w", newline="") as f:
         w = csv.writer(f)
@@ -167,12 +171,6 @@ def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None
         rows = [(r["kind"], r["prr"], (paper["rows"].get(r["kind"]) or {}).get("prr")) for r in summary["rows"]]
         plot_prr_vs_paper(rows, f"{summary['task']}: PRR, ours against {paper['table']}", out / "prr_vs_paper.png")
     return {**summary, "markdown": md}
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def overview(dirs: list[Path], plot: Path | None = None) -> str:
@@ -209,7 +207,7 @@ def overview(dirs: list[Path], plot: Path | None = None) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     prr_rows = []
     for k in kinds:
-        cells = [k.upper() if k in ("sha", "mha", "mqa", "skv", "gqa") else k, f"{params[k] / 1e6:.3f}M"]
+        cells = [_label(k), f"{params[k] / 1e6:.3f}M"]
         cells += [f"{cell[(t, k)]['mean']:.4f} ± {cell[(t, k)]['std']:.3f}" for t in tasks]
         r = prr(avg[k], avg["mha"], higher_is_better=hib) if "mha" in avg else None
         e = (_safe_peop(avg[k], params[k], avg["sha"], params["sha"], hib)

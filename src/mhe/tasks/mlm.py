@@ -94,4 +94,3 @@ class MaskedLMTask(Task):
     def final(self, model):
         res = self.evaluate(model)
         return {"split": "valid", "score": res["mlm_accuracy"], **res}
-
