@@ -136,4 +136,4 @@ def test_measured_equals_analytic_for_every_preset(name, bias):
         extra = {"max_len": cfg.max_len} if kind == "linear" else opts
         want = model_attention_params(kind, arch=cfg.arch, n_layers=cfg.n_layers, d_model=cfg.d_model,
                                       n_heads=cfg.n_heads, head_dim=cfg.head_dim, bias=bias, **extra)
-        assert count_attention_params(model) == want, (name, kind)
+        assert count_attention_params(model, include_bias=bias) == want, (name, kind)

@@ -31,7 +31,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--d-model", type=int, help="model width m (default n*d)")
     g.add_argument("--kinds", default="paper",
                    help="comma-separated kinds, 'paper' (the seven of Tables 1-3) or 'all'")
-    g.add_argument("--bias", action="store_true", help="count projection biases too")
+    g.add_argument("--bias", "--with-bias", dest="bias", action="store_true",
+                   help="count projection biases too (the paper's counts have none: section 5.3, Table 4)")
 
 
 def _resolve_geometry(args) -> dict:

@@ -9,7 +9,9 @@ from mhe.accounting.params import (
     count_params,
     gpt3_projection,
     model_attention_params,
+    model_param_counts,
 )
 
 __all__ = ["ARCHS", "MemoryRow", "attention_memory", "attention_params", "attention_sublayers",
-           "count_attention_params", "count_params", "gpt3_projection", "model_attention_params"]
+           "count_attention_params", "count_params", "gpt3_projection", "model_attention_params",
+           "model_param_counts"]

@@ -64,10 +64,12 @@ def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | N
     return total
 
 
-def count_params(module: nn.Module, *, include_output: bool = True) -> int:
-    """Measured count: every parameter the module holds (``out_proj`` left out on request)."""
+def count_params(module: nn.Module, *, include_output: bool = True, include_bias: bool = True) -> int:
+    """Measured count: every parameter the module holds (``out_proj`` and the projection
+    biases left out on request)."""
     return sum(p.numel() for name, p in module.named_parameters()
-               if include_output or "out_proj" not in name.split("."))
+               if (include_output or "out_proj" not in name.split("."))
+               and (include_bias or name.split(".")[-1] != "bias"))
 
 
 def attention_sublayers(arch: str, n_layers: int) -> int:
@@ -87,12 +89,26 @@ def model_attention_params(kind: str, *, arch: str, n_layers: int, d_model: int,
     return per * attention_sublayers(arch, n_layers)
 
 
-def count_attention_params(model: nn.Module, *, include_output: bool = True) -> int:
-    """Measured attention parameters of a model: the sum over its attention modules."""
+def count_attention_params(model: nn.Module, *, include_output: bool = True, include_bias: bool = False) -> int:
+    """Measured attention parameters of a model: the sum over its attention modules.
+
+    By default in the paper's convention (section 5.3, Table 4): projection weights (and MHE
+    head embeddings), no biases, even where the model has them (the BERT and GPT-2 presets);
+    ``include_bias=True`` counts everything the modules hold."""
     from mhe.attention.base import Attention
 
-    return sum(count_params(mod, include_output=include_output)
+    return sum(count_params(mod, include_output=include_output, include_bias=include_bias)
                for mod in model.modules() if isinstance(mod, Attention))
+
+
+def model_param_counts(model: nn.Module) -> dict[str, int]:
+    """What a model holds, each count saying what it includes: ``total`` (every distinct
+    parameter: embeddings, biases, LayerNorms, heads; tied weights once), ``attention``
+    (the paper's convention: attention weights without biases) and ``attention_bias``."""
+    with_bias = count_attention_params(model, include_bias=True)
+    weights = count_attention_params(model)
+    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return {"total": total, "attention": weights, "attention_bias": with_bias - weights}
 
 
 def gpt3_projection(kinds=("mha", "el-att", "mqa", "skv", "mhe-add", "mhe-mul", "sha")) -> dict[str, int]:

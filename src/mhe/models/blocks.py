@@ -12,14 +12,22 @@ from mhe.attention.base import KVCache
 from mhe.models.config import ModelConfig
 
 
+def activation(name: str) -> nn.Module:
+    """The feed-forward non-linearity ``name`` of :data:`mhe.models.config.ACTIVATIONS`."""
+    if name == "relu":
+        return nn.ReLU()
+    return nn.GELU(approximate="tanh" if name == "gelu_tanh" else "none")
+
+
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network with GELU (BERT, GPT-2)."""
+    """Position-wise feed-forward network (Vaswani et al. 2017, Eq. 2), with ``cfg.activation``:
+    exact GELU (BERT), tanh GELU (GPT-2) or ReLU (Transformer)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.fc_in = nn.Linear(cfg.d_model, cfg.d_ff)
         self.fc_out = nn.Linear(cfg.d_ff, cfg.d_model)
-        self.act = nn.GELU()
+        self.act = activation(cfg.activation)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
@@ -130,9 +138,54 @@ def init_weights(model: nn.Module, std: float = 0.02) -> None:
             nn.init.zeros_(mod.bias)
 
 
-def init_model(model: nn.Module) -> None:
-    """:func:`init_weights`, then each MHE sublayer's own head-embedding initialisation."""
-    init_weights(model)
+def init_gpt2(model: nn.Module, n_layers: int) -> None:
+    """GPT-2's changes to :func:`init_weights` (Radford et al. 2019, section 2.3: "we scale the
+    weights of residual layers at initialization by a factor of 1/sqrt(N) where N is the number
+    of residual layers"; N = 2 per block): each block's attention output projection and
+    feed-forward output get N(0, 0.02 / sqrt(2 L)); learned positions N(0, 0.01) as in the
+    released code (model.py, ``wpe``)."""
+    std = 0.02 / math.sqrt(2 * n_layers)
+    for block in model.modules():
+        if isinstance(block, Block):
+            for lin in (getattr(block.self_attn, "out_proj", None), block.ffn.fc_out):
+                if isinstance(lin, nn.Linear):
+                    nn.init.normal_(lin.weight, std=std)
+        elif isinstance(block, Embeddings) and not block.sinusoidal:
+            nn.init.normal_(block.positions.weight, std=0.01)
+
+
+def init_transformer(model: nn.Module, d_model: int) -> None:
+    """Vaswani et al. (2017) as in the authors' tensor2tensor code: Glorot-uniform projections
+    (``uniform_unit_scaling``: fan-average, uniform), zero biases, token embeddings
+    N(0, d_model^-1/2) (multiplied by sqrt(d_model) at the input, section 3.4)."""
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear):
+            nn.init.xavier_uniform_(mod.weight)
+            if mod.bias is not None:
+                nn.init.zeros_(mod.bias)
+        elif isinstance(mod, nn.Embedding):
+            nn.init.normal_(mod.weight, std=d_model ** -0.5)
+        elif isinstance(mod, nn.LayerNorm):
+            nn.init.ones_(mod.weight)
+            nn.init.zeros_(mod.bias)
+
+
+def init_model(model: nn.Module, scheme: str = "bert", *, n_layers: int = 1, d_model: int = 1) -> None:
+    """Initialise every weight as the family's original does, then each MHE sublayer's own
+    head-embedding initialisation.
+
+    Args:
+        scheme: ``bert`` (:func:`init_weights`), ``gpt2`` (:func:`init_weights` then
+            :func:`init_gpt2`) or ``transformer`` (:func:`init_transformer`).
+        n_layers: blocks per stack (``gpt2``'s residual scaling).
+        d_model: model width (``transformer``'s embedding scale).
+    """
+    if scheme == "transformer":
+        init_transformer(model, d_model)
+    else:
+        init_weights(model)
+        if scheme == "gpt2":
+            init_gpt2(model, n_layers)
     for mod in model.modules():
         if hasattr(mod, "reset_head_embeddings"):
             mod.reset_head_embeddings()

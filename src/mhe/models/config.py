@@ -9,6 +9,7 @@ from mhe.attention.registry import KINDS, accepts_option
 from mhe.errors import MheError, one_of, require_positive
 
 ARCHS = ("encoder", "decoder", "encoder-decoder")
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 HEADS = {"encoder": ("mlm", "classification", "qa"), "decoder": ("lm", "classification"),
          "encoder-decoder": ("seq2seq",)}
 
@@ -20,6 +21,9 @@ class ModelConfig:
     ``n_layers`` counts the layers of each stack (the encoder-decoder has
     ``n_layers`` encoder and ``n_layers`` decoder layers). ``attention`` is the
     kind used by every attention sublayer; ``attn_options`` are passed to it.
+    ``activation`` is the feed-forward (and BERT MLM-transform) non-linearity: ``gelu``
+    (exact, erf-based: BERT), ``gelu_tanh`` (the tanh approximation: GPT-2) or ``relu``
+    (Vaswani et al. 2017, section 3.3).
     """
 
     arch: str
@@ -33,6 +37,7 @@ class ModelConfig:
     attention: str = "mha"
     attn_options: dict = field(default_factory=dict)
     attn_bias: bool = False
+    activation: str = "gelu"
     dropout: float = 0.1
     attn_dropout: float = 0.1
     norm_first: bool = False
@@ -54,6 +59,8 @@ class ModelConfig:
                          n_heads=self.n_heads, d_ff=self.d_ff, max_len=self.max_len)
         if self.head_dim is None and self.d_model % self.n_heads:
             raise MheError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set head_dim")
+        if self.activation not in ACTIVATIONS:
+            raise one_of("activation", self.activation, ACTIVATIONS)
         if self.positions not in ("learned", "sinusoidal"):
             raise one_of("position embedding", self.positions, ("learned", "sinusoidal"))
         if not self.head:
@@ -88,21 +95,35 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
+# The presets build the original architectures (biases, activation, LayerNorm epsilon); the
+# initialisation of each family is in mhe.models.blocks. The paper's parameter counts leave the
+# biases out (section 5.3, Table 4); mhe.accounting follows the paper unless asked for biases.
+
+
 def _bert(**kw) -> ModelConfig:
+    # Devlin et al. 2019 / google-research/bert modeling.py: Q/K/V/O biases, exact (erf) GELU,
+    # LayerNorm epsilon 1e-12
     base = dict(arch="encoder", vocab_size=30522, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
-                max_len=512, norm_first=False, layer_norm_eps=1e-12, type_vocab_size=2)
+                max_len=512, norm_first=False, layer_norm_eps=1e-12, type_vocab_size=2, attn_bias=True,
+                activation="gelu")
     return ModelConfig(**{**base, **kw})
 
 
 def _gpt2(**kw) -> ModelConfig:
+    # Radford et al. 2019 / openai gpt-2 model.py: biased c_attn and c_proj, tanh-approximated
+    # GELU, LayerNorm epsilon 1e-5
     base = dict(arch="decoder", vocab_size=50257, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
-                max_len=512, norm_first=True)
+                max_len=512, norm_first=True, layer_norm_eps=1e-5, attn_bias=True, activation="gelu_tanh")
     return ModelConfig(**{**base, **kw})
 
 
 def _transformer(**kw) -> ModelConfig:
+    # Vaswani et al. 2017: ReLU feed-forward (Eq. 2, with biases); attention projections without
+    # biases (Eqs. 1 and section 3.2.2: MultiHead = Concat(head_i) W^O, head_i = Attention(Q W_i^Q, ...);
+    # likewise the authors' tensor2tensor code); LayerNorm epsilon 1e-6 (tensor2tensor)
     base = dict(arch="encoder-decoder", vocab_size=37000, d_model=512, n_layers=6, n_heads=8, d_ff=2048,
-                max_len=100, norm_first=False, positions="sinusoidal", pad_id=0)
+                max_len=100, norm_first=False, positions="sinusoidal", pad_id=0, layer_norm_eps=1e-6,
+                attn_bias=False, activation="relu")
     return ModelConfig(**{**base, **kw})
 
 

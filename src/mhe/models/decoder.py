@@ -48,7 +48,7 @@ class _DecoderModel(nn.Module):
         self.decoder = Decoder(cfg)
 
     def _finish_init(self) -> None:
-        init_model(self)
+        init_model(self, "gpt2", n_layers=self.cfg.n_layers)
 
     def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None, device=None):
         return self.decoder.new_caches(batch, max_len, dtype=dtype, device=device)

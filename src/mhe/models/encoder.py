@@ -6,13 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mhe.models.blocks import Block, Embeddings, init_model
+from mhe.models.blocks import Block, Embeddings, activation, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
 
 class Encoder(nn.Module):
-    """Post-LN BERT encoder: learned positions, token types, GELU feed-forward."""
+    """Post-LN BERT encoder: learned positions, token types, ``cfg.activation`` feed-forward."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -40,11 +40,11 @@ class _EncoderModel(nn.Module):
 
 
 class EncoderForMaskedLM(_EncoderModel):
-    """BERT masked-LM head: dense + GELU + LayerNorm, decoder tied to the token embeddings."""
+    """BERT masked-LM head: dense + activation + LayerNorm, decoder tied to the token embeddings."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        self.transform = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.GELU(),
+        self.transform = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), activation(cfg.activation),
                                        nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps))
         self.decoder = nn.Linear(cfg.d_model, cfg.vocab_size)
         self._finish_init()

@@ -34,7 +34,7 @@ class EncoderDecoder(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=eps) if cfg.norm_first else None
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=eps) if cfg.norm_first else None
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        init_model(self)
+        init_model(self, "transformer", d_model=cfg.d_model)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.tokens.weight
 
