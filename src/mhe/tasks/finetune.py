@@ -264,7 +264,7 @@ class FinetuneTask(Task):
             span_score, text = best.get(i, (-math.inf, ""))
             preds[ex.uid] = "" if (v2 and null.get(i, -math.inf) > span_score) else text
             golds[ex.uid] = [a for a, _ in ex.answers]
-        return squad_scores(preds, golds)
+        return squad_scores(preds, golds, version="v2.0" if v2 else "v1.1")
 
     def final(self, model):
         res = self.evaluate(model)
