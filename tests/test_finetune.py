@@ -71,7 +71,7 @@ def synthetic_data(tmp_path_factory):
     return d
 
 
-ALL = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "mnli-mm", "qnli", "rte", "boolq", "cb", "sg-rte", "wic",
+ALL = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "mnli-mm", "qnli", "rte", "wnli", "boolq", "cb", "sg-rte", "wic",
        "multirc", "copa", "wsc", "squad-v2"]
 OFFICIAL = {"cola": "matthews_corrcoef", "mrpc": "f1", "qqp": "f1", "stsb": "spearman", "cb": "f1_macro",
             "multirc": "f1a", "squad-v2": "f1", "squad": "f1"}
@@ -183,3 +183,59 @@ def test_hub_path_offline_says_what_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import fails
     with pytest.raises(MheError, match="needs the optional 'datasets' package .*put glue/RTE/dev.tsv under --data-dir"):
         read_examples("rte", "dev", source="hub")
+
+
+def test_wnli_and_diagnostic_readers_on_the_real_files():
+    root = require_data("glue/WNLI/dev.tsv", "superglue/AX-b/AX-b.jsonl.gz", "superglue/AX-g/AX-g.jsonl.gz")
+    train, dev = read_examples("wnli", "train", data_dir=root), read_examples("wnli", "dev", data_dir=root)
+    assert (len(train), len(dev)) == (635, 71) and sum(e.label for e in dev) == 31  # majority 40/71 is 0
+    axb = read_examples("ax-b", "test", data_dir=root)
+    assert len(axb) == 1104 and sum(e.label == 0 for e in axb) == 460 and axb[0].group == "Negation"
+    axg = read_examples("ax-g", "test", data_dir=root)
+    assert len(axg) == 356 and len({e.group for e in axg}) == 178
+    assert axg[0].group == axg[1].group and axg[0].text_b == axg[1].text_b and axg[0].text_a != axg[1].text_a
+
+
+def _jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_diagnostics_score_an_rte_run(encoder_run, tmp_path, capsys):
+    """AX-b and AX-g through a model fine-tuned on RTE: the reported Matthews correlation,
+    accuracy and gender parity are those of the written predictions, recomputed by hand."""
+    root = require_data("glue/RTE/train.tsv.gz")
+    d = tmp_path / "data"
+    shutil.copytree(root / "glue" / "RTE", d / "glue" / "RTE")
+    labels = ["entailment", "not_entailment"]
+    axb = [{"idx": i, "sentence1": f"The cat sat on mat {i}.", "sentence2": ["A cat sat.", "No cat sat."][i % 2] * (1 + i % 3),
+            "label": labels[(i // 2) % 2], "logic": "Negation"} for i in range(12)]
+    axg = []
+    for i in range(5):
+        for j, pron in enumerate(("his", "her")):
+            axg.append({"idx": 2 * i + j, "premise": f"The nurse {i} met the patient to discuss {pron} results.",
+                        "hypothesis": f"The patient {i} had results.", "label": labels[i % 2], "pair_id": 10 * i + 2 * j})
+    _jsonl(d / "superglue" / "AX-b" / "AX-b.jsonl", axb)
+    _jsonl(d / "superglue" / "AX-g" / "AX-g.jsonl", axg)
+    run = tmp_path / "rte"
+    opts = {"train_limit": 16, "dev_limit": 8}
+    assert main(["finetune", "--task", "rte", "--checkpoint", str(encoder_run), "--data-dir", str(d), "--out", str(run),
+                 *sum((["--set", s] for s in TINY), []), "--set", f"data.task_options={json.dumps(opts)}"]) == 0
+    capsys.readouterr()
+    assert main(["diagnostics", "--checkpoint", str(run), "--out", str(tmp_path / "sub")]) == 0
+    res = json.loads(capsys.readouterr().out)
+    pb = [labels.index(json.loads(x)["label"]) for x in (tmp_path / "sub" / "AX-b.jsonl").read_text().splitlines()]
+    gb = [labels.index(r["label"]) for r in axb]
+    tp = sum(p == g == 0 for p, g in zip(pb, gb))
+    tn = sum(p == g == 1 for p, g in zip(pb, gb))
+    fp = sum(p == 0 and g == 1 for p, g in zip(pb, gb))
+    fn = sum(p == 1 and g == 0 for p, g in zip(pb, gb))
+    den = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    mcc = (tp * tn - fp * fn) / den if den else 0.0
+    assert res["ax-b"]["metric"] == "matthews_corrcoef" and res["ax-b"]["score"] == pytest.approx(mcc, abs=1e-12)
+    assert res["ax-b"]["total"] == 12
+    pg = [json.loads(x)["label"] for x in (tmp_path / "sub" / "AX-g.jsonl").read_text().splitlines()]
+    assert res["ax-g"]["metric"] == "gender_parity"
+    assert res["ax-g"]["gender_parity"] == pytest.approx(sum(pg[2 * i] == pg[2 * i + 1] for i in range(5)) / 5)
+    assert res["ax-g"]["accuracy"] == pytest.approx(sum(p == r["label"] for p, r in zip(pg, axg)) / 10)
+    assert main(["diagnostics", "--checkpoint", str(encoder_run)]) == 2  # not an RTE run

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from mhe.errors import MheError
 from mhe.metrics.classification import task_metrics
 from mhe.metrics.squad import exact_match, f1_score, normalize_answer, squad_scores
 
@@ -56,3 +57,14 @@ def test_squad_normalisation_and_scores():
     assert r["f1"] == pytest.approx(100 * (1 + 2 * (2 / 3) / (2 / 3 + 1) + 1) / 3)
     assert r["HasAns_total"] == 2 and r["NoAns_exact"] == 100.0
     assert squad_scores({"q3": "something"}, {"q3": []})["f1"] == 0.0
+
+
+def test_diagnostic_metrics_by_hand():
+    # AX-g: three minimal pairs; the second pair's predictions differ
+    r = task_metrics("ax-g", [0, 0, 1, 0, 1, 1], [0, 1, 1, 1, 1, 0], pair_ids=["a", "a", "b", "b", "c", "c"])
+    assert r["metric"] == "gender_parity" and r["score"] == pytest.approx(2 / 3) and r["accuracy"] == 0.5
+    with pytest.raises(MheError, match="minimal pairs"):
+        task_metrics("ax-g", [0, 1, 1], [0, 1, 1], pair_ids=["a", "a", "a"])
+    r = task_metrics("ax-b", [1, 1, 0, 0, 1, 0], [1, 0, 0, 0, 1, 1])
+    assert r["metric"] == "matthews_corrcoef" and r["score"] == pytest.approx((2 * 2 - 1 * 1) / 9)
+    assert task_metrics("wnli", [0, 1, 1], [0, 1, 0])["accuracy"] == pytest.approx(2 / 3)

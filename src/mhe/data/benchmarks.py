@@ -9,7 +9,13 @@ Every task yields :class:`Example` records. Input construction:
 * COPA: a choice between two (premise + "What was the cause?" / "What happened as a
   result?", alternative) pairs, scored by one logit each;
 * MultiRC: one binary decision per (paragraph, question + answer), grouped by question;
-* SQuAD: (question, context) with character offsets of every gold answer.
+* SQuAD: (question, context) with character offsets of every gold answer;
+* WNLI (GLUE): sentence1 [SEP] sentence2;
+* AX-b and AX-g (SuperGLUE diagnostics, test split only, labelled): RTE-style pairs scored
+  by a model fine-tuned on RTE (``mhe diagnostics``); AX-g's ``group`` names each minimal
+  pair (two consecutive records with the same hypothesis, differing in the pronoun's gender).
+
+ReCoRD has its own reader (:mod:`mhe.data.record`).
 
 A record with missing fields or a label outside the task's label set raises an error
 naming the file and record.
@@ -42,7 +48,7 @@ class Example:
 class BenchTask:
     name: str
     benchmark: str  # glue | superglue | squad
-    kind: str  # classification | regression | choice | span
+    kind: str  # classification | regression | choice | span | diagnostic
     labels: tuple  # label names, in id order (empty for regression/span)
     files: dict  # split -> relative path(s) without .gz/.xz
     reader: str
@@ -73,6 +79,12 @@ TASKS = {
                "tsv:question:sentence:label"),
     "rte": _t("rte", "glue", "classification", ["entailment", "not_entailment"], GLUE_FILES("RTE"),
               "tsv:sentence1:sentence2:label"),
+    "wnli": _t("wnli", "glue", "classification", ["0", "1"], GLUE_FILES("WNLI"), "tsv:sentence1:sentence2:label"),
+    # SuperGLUE diagnostics: evaluation only, with a model fine-tuned on RTE (same label order)
+    "ax-b": _t("ax-b", "superglue", "diagnostic", ["entailment", "not_entailment"],
+               {"test": ["superglue/AX-b/AX-b.jsonl"]}, "axb"),
+    "ax-g": _t("ax-g", "superglue", "diagnostic", ["entailment", "not_entailment"],
+               {"test": ["superglue/AX-g/AX-g.jsonl"]}, "axg"),
     "boolq": _t("boolq", "superglue", "classification", ["False", "True"], SG_FILES("BoolQ"), "boolq"),
     "cb": _t("cb", "superglue", "classification", ["entailment", "contradiction", "neutral"], SG_FILES("CB"), "nli"),
     "sg-rte": _t("sg-rte", "superglue", "classification", ["entailment", "not_entailment"], SG_FILES("RTE"), "nli"),
@@ -101,6 +113,8 @@ def read_examples(name: str, split: str, *, data_dir=None, limit: int | None = N
     if split not in t.files:
         raise one_of(f"split of {name}", split, t.files)
     if source == "hub":
+        if t.name not in HUB:
+            raise MheError(f"{t.name} has no hub copy here; use local files (--data-dir)")
         out = _from_hub(t, split)
         return out[:limit] if limit else out
     if source != "local":
@@ -194,6 +208,8 @@ TAG = re.compile(r"<[^>]+>")
 
 def _read_jsonl(t, path):
     out = []
+    if t.reader == "axg":
+        return _pair_axg(_read_records(t, path), path)
     with open_text(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -206,6 +222,31 @@ def _read_jsonl(t, path):
     return out
 
 
+def _read_records(t, path):
+    out = []
+    with open_text(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    raise MheError(f"{path}: record {n}: not valid JSON") from None
+                out.extend(_parse_record(t, rec, path, n))
+    return out
+
+
+def _pair_axg(examples: list[Example], path) -> list[Example]:
+    """AX-g (Winogender): records 2i and 2i+1 are a minimal pair with the same hypothesis."""
+    if len(examples) % 2:
+        raise MheError(f"{path}: {len(examples)} records; AX-g holds minimal pairs (an even number)")
+    for i in range(0, len(examples), 2):
+        a, b = examples[i], examples[i + 1]
+        if a.text_b != b.text_b:
+            raise MheError(f"{path}: records {a.uid} and {b.uid} should be a minimal pair (same hypothesis)")
+        a.group = b.group = f"pair-{i // 2}"
+    return examples
+
+
 def _parse_record(t, rec, path, n) -> list[Example]:
     """One official SuperGLUE record -> examples (MultiRC: one per answer)."""
     g = lambda k: _get(rec, k, path, n)  # noqa: E731
@@ -213,8 +254,10 @@ def _parse_record(t, rec, path, n) -> list[Example]:
     uid = str(rec.get("idx", n))
     if t.reader == "boolq":
         return [Example(g("question"), g("passage"), lab(g("label")), uid=uid)]
-    if t.reader == "nli":
+    if t.reader in ("nli", "axg"):
         return [Example(g("premise"), g("hypothesis"), lab(g("label")), uid=uid)]
+    if t.reader == "axb":
+        return [Example(g("sentence1"), g("sentence2"), lab(g("label")), uid=uid, group=rec.get("logic", ""))]
     if t.reader == "wic":
         s1 = _mark(g("sentence1"), g("start1"), g("end1"), "*")
         s2 = _mark(g("sentence2"), g("start2"), g("end2"), "*")
@@ -265,7 +308,8 @@ HUB = {"cola": ("nyu-mll/glue", "cola", "validation"), "sst2": ("nyu-mll/glue", 
        "mrpc": ("nyu-mll/glue", "mrpc", "validation"), "stsb": ("nyu-mll/glue", "stsb", "validation"),
        "qqp": ("nyu-mll/glue", "qqp", "validation"), "mnli": ("nyu-mll/glue", "mnli", "validation_matched"),
        "mnli-mm": ("nyu-mll/glue", "mnli", "validation_mismatched"), "qnli": ("nyu-mll/glue", "qnli", "validation"),
-       "rte": ("nyu-mll/glue", "rte", "validation"), "boolq": ("aps/super_glue", "boolq", "validation"),
+       "rte": ("nyu-mll/glue", "rte", "validation"), "wnli": ("nyu-mll/glue", "wnli", "validation"),
+       "boolq": ("aps/super_glue", "boolq", "validation"),
        "cb": ("aps/super_glue", "cb", "validation"), "sg-rte": ("aps/super_glue", "rte", "validation"),
        "wic": ("aps/super_glue", "wic", "validation"), "multirc": ("aps/super_glue", "multirc", "validation"),
        "copa": ("aps/super_glue", "copa", "validation"), "wsc": ("aps/super_glue", "wsc.fixed", "validation"),
@@ -273,7 +317,8 @@ HUB = {"cola": ("nyu-mll/glue", "cola", "validation"), "sst2": ("nyu-mll/glue", 
 # GLUE text columns on the hub (labels there are already the indices of our label lists)
 HUB_TEXT = {"cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
             "stsb": ("sentence1", "sentence2"), "qqp": ("question1", "question2"), "mnli": ("premise", "hypothesis"),
-            "mnli-mm": ("premise", "hypothesis"), "qnli": ("question", "sentence"), "rte": ("sentence1", "sentence2")}
+            "mnli-mm": ("premise", "hypothesis"), "qnli": ("question", "sentence"), "rte": ("sentence1", "sentence2"),
+            "wnli": ("sentence1", "sentence2")}
 
 
 def _from_hub(t: BenchTask, split: str) -> list[Example]:

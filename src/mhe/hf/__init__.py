@@ -9,7 +9,9 @@
 * ``mhe-encoder-decoder``: ``AutoModelForSeq2SeqLM``.
 
 The models wrap the core ``mhe.models`` modules (attribute ``mhe``); ``to_hf`` and ``from_hf``
-convert in both directions without copying weights. Supported: transformers >= 5.0, < 6
+convert in both directions without copying weights. ``import_hf`` and ``export_hf``
+(``mhe.hf.weights``) copy Hugging Face GPT-2 and BERT weights (a model object or a local
+``save_pretrained`` directory) into ``mhe`` MHA models and back, exactly. Supported: transformers >= 5.0, < 6
 (tested with 5.17 and 5.24).
 """
 
@@ -24,9 +26,10 @@ from mhe.hf.modeling import (
     MheSeq2SeqLM,
 )
 from mhe.hf.register import register
+from mhe.hf.weights import export_hf, import_hf
 
 register()
 
 __all__ = ["MheDecoderConfig", "MheDecoderForCausalLM", "MheDecoderForSequenceClassification", "MheEncoderConfig",
            "MheEncoderForMaskedLM", "MheEncoderForQuestionAnswering", "MheEncoderForSequenceClassification",
-           "MheSeq2SeqConfig", "MheSeq2SeqLM", "from_hf", "register", "to_hf", "to_hf_tokenizer"]
+           "MheSeq2SeqConfig", "MheSeq2SeqLM", "export_hf", "from_hf", "import_hf", "register", "to_hf", "to_hf_tokenizer"]

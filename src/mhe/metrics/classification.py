@@ -53,6 +53,20 @@ def multirc(pred, gold, question_ids) -> dict:
     return {"f1a": f1(pred, gold), "em": float(np.mean([all(v) for v in per_q.values()]))}
 
 
+def gender_parity(pred, groups) -> float:
+    """AX-g (Rudinger et al. 2018, SuperGLUE's Winogender diagnostic): the fraction of minimal
+    pairs (examples sharing a ``groups`` value, two each) given the same prediction."""
+    per_pair = defaultdict(list)
+    for p, g in zip(pred, groups):
+        per_pair[g].append(p)
+    sizes = {len(v) for v in per_pair.values()}
+    if sizes != {2}:
+        from mhe.errors import MheError
+
+        raise MheError(f"gender parity needs minimal pairs (two examples per pair), got group sizes {sorted(sizes)}")
+    return float(np.mean([a == b for a, b in per_pair.values()]))
+
+
 # task -> (official metric, other metrics); the functions take (pred, gold)
 OFFICIAL = {
     "cola": ("matthews_corrcoef", {"matthews_corrcoef": matthews, "accuracy": accuracy}),
@@ -64,6 +78,9 @@ OFFICIAL = {
     "mnli-mm": ("accuracy", {"accuracy": accuracy}),
     "qnli": ("accuracy", {"accuracy": accuracy}),
     "rte": ("accuracy", {"accuracy": accuracy}),
+    "wnli": ("accuracy", {"accuracy": accuracy}),
+    "ax-b": ("matthews_corrcoef", {"matthews_corrcoef": matthews, "accuracy": accuracy}),
+    "ax-g": ("gender_parity", {"accuracy": accuracy}),
     "boolq": ("accuracy", {"accuracy": accuracy}),
     "cb": ("f1_macro", {"f1_macro": macro_f1, "accuracy": accuracy}),
     "sg-rte": ("accuracy", {"accuracy": accuracy}),
@@ -80,4 +97,6 @@ def task_metrics(task: str, pred, gold, **extra) -> dict:
     out = {k: fn(pred, gold) for k, fn in fns.items()}
     if task == "multirc":
         out.update(multirc(pred, gold, extra["question_ids"]))
+    if task == "ax-g":
+        out["gender_parity"] = gender_parity(pred, extra["pair_ids"])
     return {"metric": name, "score": out[name], **out}

@@ -236,6 +236,18 @@ class FinetuneTask(Task):
         res = task_metrics(self.name, pred, gold, **extra)
         return {k: v for k, v in res.items() if k not in ("metric", "score")} | {self.metric: res["score"]}
 
+    @torch.no_grad()
+    def predict(self, model, examples) -> list[int]:
+        """Label ids the model predicts for ``examples`` of this task's kind (e.g. the SuperGLUE
+        diagnostics AX-b and AX-g with a model fine-tuned on RTE)."""
+        model.eval()
+        dev = next(model.parameters()).device
+        feats = self._features(examples, training=False)
+        bs = self.cfg.data.eval_batch_size * 2
+        logits = [self._forward(model, self.to(self._batch(feats[k:k + bs]), dev)).logits.float().cpu()
+                  for k in range(0, len(feats), bs)]
+        return torch.cat(logits).argmax(-1).tolist()
+
     def _squad_eval(self, logits) -> dict:
         max_ans = int(self.o["max_answer_len"])
         best: dict[int, tuple[float, str]] = {}
