@@ -42,13 +42,13 @@ def _unknown_field(cls, d: dict, prefix: str = "") -> str | None:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key, value in d.items():
         if key not in fields:
-            return f"unknown field {prefix}{key!r} (valid: {', '.join(fields)})"
+            return f"unknown field {prefix + key!r} (valid: {', '.join(fields)})"
         f = fields[key]
         if f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
             if dataclasses.is_dataclass(default):
                 if not isinstance(value, dict):
-                    return f"field {prefix}{key!r} must be an object, got {value!r}"
+                    return f"field {prefix + key!r} must be an object, got {value!r}"
                 inner = _unknown_field(type(default), value, f"{prefix}{key}.")
                 if inner:
                     return inner
