@@ -446,3 +446,19 @@ def test_finetuning_refuses_a_backbone_of_another_shape(pretrained, tmp_path):
     with pytest.raises(MheError, match=r"weight 'encoder.layers.0.ffn.fc_in.bias' has shape \(256,\), "
                                        r"the model needs \(128,\)$"):
         _finetune_model(pretrained, tmp_path, "model.d_ff=128")
+
+
+def test_a_sweep_stopped_by_sigterm_exits_143(monkeypatch, capsys):
+    """Commands that run several trainings (compare) raise RunInterrupted; main exits 128 + signal."""
+    from mhe import cli
+    from mhe.training.loop import RunInterrupted
+
+    cli.build_parser()
+
+    def stopped(args):
+        raise RunInterrupted(signal.SIGTERM)
+
+    help_text, add_args, _ = cli.COMMANDS["train"]
+    monkeypatch.setitem(cli.COMMANDS, "train", (help_text, add_args, stopped))
+    assert main(TRAIN + ["--out", "unused"]) == 143
+    assert capsys.readouterr().err == "mhe train: interrupted\n"

@@ -95,9 +95,9 @@ def cmd_compare(args) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         summary = run_sweep(sweep, out, workers=workers, log=log)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         log(f"interrupted; rerun the same command to resume ({out})")
-        return 130
+        return getattr(e, "exit_code", 130)  # 143 when SIGTERM stopped a run
     print(summary["markdown"])
     print(f"tables: {out}/summary.md, summary.csv, summary.json; plots: {out}/score_vs_params.png, "
           f"{out}/training_curves.png")

@@ -35,11 +35,20 @@ from mhe.training.weights import BEST, has_best, load_best, save_best
 
 DONE = ("finished", "early_stopped")  # statuses after which results.json is written
 
-__all__ = ["DONE", "Trainer", "TrainingStopped", "seed_all"]
+__all__ = ["DONE", "RunInterrupted", "Trainer", "TrainingStopped", "seed_all"]
 
 
 class TrainingStopped(MheError):
     """The run stopped itself (non-finite loss); the message says where and what is left."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A signal stopped a run after it saved; raised by callers that run several (sweeps) so
+    the command exits with ``exit_code``: 128 + the signal number (130 SIGINT, 143 SIGTERM)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by signal {signum}")
+        self.exit_code = 128 + int(signum)
 
 
 class Trainer:
