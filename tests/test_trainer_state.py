@@ -5,6 +5,7 @@ loader and malformed run files."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -462,3 +463,10 @@ def test_a_sweep_stopped_by_sigterm_exits_143(monkeypatch, capsys):
     monkeypatch.setitem(cli.COMMANDS, "train", (help_text, add_args, stopped))
     assert main(TRAIN + ["--out", "unused"]) == 143
     assert capsys.readouterr().err == "mhe train: interrupted\n"
+
+
+def test_a_fresh_start_drops_the_records_of_an_attempt_killed_before_its_first_checkpoint(tmp_path):
+    Trainer(tiny_run("train.stop_at=2", "train.save_every=0"), RecallTask(), tmp_path, log=quiet).fit()
+    shutil.rmtree(tmp_path / "checkpoints")
+    Trainer(tiny_run(), RecallTask(), tmp_path, log=quiet).fit()  # no --resume: nothing to resume from
+    assert steps_logged(tmp_path) == [1, 2, 3, 4, 5, 6]

@@ -141,6 +141,8 @@ class Trainer:
         state = TrainerState(opt, sched, order, config_hash=self.cfg_hash)
         if self.resume:
             self._resume(model, state, dist)
+        if dist.main and truncate_metrics(self.out / METRICS, state.step):  # a killed attempt's records
+            self.log(f"cut {self.out / METRICS} back to step {state.step}")
         return model, state
 
     def _resume(self, model, state: TrainerState, dist) -> None:
@@ -155,8 +157,6 @@ class Trainer:
             self.last_saved = last
             if dist.main:
                 self.log(f"resuming from {last} (step {state.step})")
-        if dist.main and truncate_metrics(self.out / METRICS, state.step):
-            self.log(f"cut {self.out / METRICS} back to step {state.step}")
 
     def _write_config(self, model) -> None:
         write_json_atomic(self.out / CONFIG, {
