@@ -470,3 +470,12 @@ def test_a_fresh_start_drops_the_records_of_an_attempt_killed_before_its_first_c
     shutil.rmtree(tmp_path / "checkpoints")
     Trainer(tiny_run(), RecallTask(), tmp_path, log=quiet).fit()  # no --resume: nothing to resume from
     assert steps_logged(tmp_path) == [1, 2, 3, 4, 5, 6]
+
+
+def test_finetune_resume_where_there_is_no_run_exits_2(pretrained, tmp_path, capsys):
+    root, run = pretrained
+    out = tmp_path / "nothing-here"
+    assert main(["finetune", "--task", "rte", "--checkpoint", str(run), "--data-dir", str(root), "--out", str(out),
+                 "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"there is no run in {out}" in err and not out.exists()
