@@ -224,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     except MheError as e:
         print(f"mhe {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print(f"mhe {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return getattr(e, "exit_code", 130)  # RunInterrupted carries 128 + its signal
 
 
 if __name__ == "__main__":  # run the registered module, not a second copy of it

@@ -68,7 +68,11 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     path = Path(directory) / "tokenizer.json"
     if not path.is_file():
         raise MheError(f"no tokenizer at {path}")
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers library raises a bare Exception for a corrupt file
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise MheError(f"{path}: not a readable tokenizer ({reason})") from e
 
 
 def special_id(tok: Tokenizer, name: str) -> int:

@@ -95,9 +95,9 @@ def cmd_compare(args) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         summary = run_sweep(sweep, out, workers=workers, log=log)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         log(f"interrupted; rerun the same command to resume ({out})")
-        return 130
+        return getattr(e, "exit_code", 130)  # 143 when SIGTERM stopped a run
     print(summary["markdown"])
     print(f"tables: {out}/summary.md, summary.csv, summary.json; plots: {out}/score_vs_params.png, "
           f"{out}/training_curves.png")
@@ -155,10 +155,13 @@ def _run_args(p):
 
 @command("run", "train one run from a saved configuration (used by mhe compare's workers)", _run_args)
 def cmd_run(args) -> int:
-    from mhe.training.cli import run_training
-    from mhe.training.config import RunConfig, validate
+    from mhe.training.cli import exit_status, run_training
+    from mhe.training.config import validate
+    from mhe.training.run_files import read_run_config_file
 
-    cfg = RunConfig.from_dict(json.loads(Path(args.config).read_text()))
+    cfg = read_run_config_file(args.config)
     validate(cfg)
     res = run_training(cfg, args.out, args.resume)
-    return 0 if res["status"] in ("finished", "early_stopped") else 3
+    if res["status"] in ("finished", "early_stopped"):
+        return 0
+    return exit_status(res) or 3  # interrupted: 130/143; stopped early by train.stop_at: 3

@@ -3,10 +3,10 @@ beside the paper's."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mhe.accounting.scaling import LABELS as _SCALING_LABELS
+from mhe.training.run_files import read_metrics
 
 LABELS = {**_SCALING_LABELS, "mhe-mul": "MHE-Mul"}  # both MHE variants appear side by side here
 
@@ -65,7 +65,7 @@ def plot_curves(runs: list[dict], path: Path) -> None:
         f = Path(r["run_dir"]) / "metrics.jsonl"
         if not f.exists():
             continue
-        recs = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        recs = read_metrics(f)
         recs = [x for x in recs if "loss" in x]
         steps, loss = [x["step"] for x in recs], smooth([x["loss"] for x in recs])
         ax.plot(steps, loss, label=LABELS.get(r["attention"], r["attention"]))

@@ -13,6 +13,7 @@ from mhe.attention import KINDS, PAPER_KINDS
 from mhe.errors import MheError
 from mhe.metrics import peop, prr
 from mhe.training.checkpoint import write_json_atomic, write_text_atomic
+from mhe.training.run_files import read_results
 
 ORDER = list(PAPER_KINDS) + [k for k in KINDS if k not in PAPER_KINDS]
 
@@ -21,7 +22,7 @@ def collect(out: Path) -> list[dict]:
     """Every finished run's results.json under ``out/runs``."""
     runs = []
     for f in sorted((out / "runs").glob("*/results.json")):
-        r = json.loads(f.read_text())
+        r = read_results(f.parent)
         r["run_dir"] = str(f.parent)
         runs.append(r)
     return runs

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from mhe.errors import MheError
 from mhe.training.checkpoint import list_checkpoints, write_json_atomic
+from mhe.training.loop import RunInterrupted
 
 
 @dataclass
@@ -113,15 +114,15 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, log=print) -> 
     log(f"{len(jobs)} run(s) to do, {workers} at a time -> {out}")
     if workers <= 1:
         for kind, seed, run_dir in jobs:
-            status = _run_inprocess(sweep, kind, seed, run_dir, log)
-            if status == "interrupted":
-                raise KeyboardInterrupt
+            res = _run_inprocess(sweep, kind, seed, run_dir, log)
+            if res["status"] == "interrupted":
+                raise RunInterrupted(res["signal"])
     else:
         _run_parallel(sweep, jobs, workers, log)
     return write_summary(out, paper_table=sweep.paper, metric=sweep.metric or None)
 
 
-def _run_inprocess(sweep, kind, seed, run_dir: Path, log) -> str:
+def _run_inprocess(sweep, kind, seed, run_dir: Path, log) -> dict:
     from mhe.tasks import build_task
     from mhe.training.loop import Trainer
 
@@ -132,7 +133,7 @@ def _run_inprocess(sweep, kind, seed, run_dir: Path, log) -> str:
     res = Trainer(cfg, build_task(cfg.task), run_dir, resume=resume, log=log).fit()
     if res["status"] in ("finished", "early_stopped"):
         log(f"[done] {kind} seed {seed}: {res['metric']} = {res['score']:.4g} ({time.perf_counter() - t0:.0f} s)")
-    return res["status"]
+    return res
 
 
 def _run_parallel(sweep, jobs, workers, log) -> None:

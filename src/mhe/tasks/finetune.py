@@ -13,7 +13,6 @@ non-padding token. Inputs longer than the model are truncated longest-first
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -26,25 +25,36 @@ from mhe.metrics.classification import OFFICIAL, task_metrics
 from mhe.metrics.squad import squad_scores
 from mhe.models import MODEL_CLASSES, ModelConfig
 from mhe.tasks.text import pad_rows
+from mhe.training import checkpoint as ckpt
+from mhe.training.run_files import is_run_dir, read_run_record
 from mhe.training.task import Task
+from mhe.training.weights import load_state_strict, read_sealed_weights
 
 OPTIONS = {"task": "", "checkpoint": "", "train_split": "train", "dev_split": "dev", "train_limit": 0,
            "dev_limit": 0, "doc_stride": 128, "max_answer_len": 30, "dev_offset": 0}
 
 
 def load_pretrained(run_dir: Path):
-    """(model config dict, tokenizer, weights path) of a pre-training run."""
-    from mhe.training import checkpoint as ckpt
-
-    cfg_file = run_dir / "config.json"
-    if not cfg_file.is_file():
+    """(model config dict, tokenizer, newest checkpoint folder) of a pre-training run."""
+    if not is_run_dir(run_dir):
         raise MheError(f"--checkpoint {run_dir} is not a run directory (no config.json)")
-    model_cfg = json.loads(cfg_file.read_text())["model"]
+    model_cfg = read_run_record(run_dir)["model"]
     tok = load_tokenizer(run_dir)
     weights = ckpt.latest_checkpoint(run_dir / "checkpoints")
     if weights is None:
         raise MheError(f"no complete checkpoint under {run_dir / 'checkpoints'}")
     return model_cfg, tok, weights
+
+
+def load_backbone(model: torch.nn.Module, weights: Path, arch: str) -> None:
+    """Start ``model`` from the pre-trained ``weights``: every backbone weight must load
+    (same shape); only the new task head may be missing and only the pre-training head
+    may be left over (section 4.4: pre-train, then fine-tune)."""
+    backbone = "encoder." if arch == "encoder" else "decoder."
+    source = read_sealed_weights(weights)
+    load_state_strict(model, source, source=weights / "model.safetensors",
+                      allow_missing=[k for k in model.state_dict() if not k.startswith(backbone)],
+                      allow_unexpected=[k for k in source if not k.startswith(backbone)])
 
 
 class FinetuneTask(Task):
@@ -71,16 +81,7 @@ class FinetuneTask(Task):
         mc = ModelConfig(**{**model_cfg, "head": head, "num_labels": n_labels, **cfg.model})
         self.model_cfg = mc
         model = MODEL_CLASSES[(mc.arch, mc.head)](mc)
-        from safetensors.torch import load_file
-
-        state = load_file(str(weights / "model.safetensors"))
-        own = model.state_dict()
-        loaded = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-        backbone = [k for k in own if k.startswith(("encoder.", "decoder."))]
-        missing = [k for k in backbone if k not in loaded]
-        if missing:
-            raise MheError(f"checkpoint {weights} lacks {len(missing)} backbone weights, e.g. {missing[0]}")
-        model.load_state_dict(loaded, strict=False)
+        load_backbone(model, weights, mc.arch)
         self.encoder = mc.arch == "encoder"
         self.tok = tok
         if self.encoder:  # [CLS] a [SEP] b [SEP], truncated longest-first to the model's length

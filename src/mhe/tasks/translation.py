@@ -11,7 +11,6 @@ protocol with evaluations once per epoch).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -23,6 +22,7 @@ from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
 from mhe.models.generation import beam_search
 from mhe.tasks.text import pad_rows
+from mhe.training.run_files import METRICS, read_metrics
 from mhe.training.task import Task
 
 OPTIONS = {"src": "en", "tgt": "de", "max_tokens": 4096, "beam": 4, "alpha": 0.6, "eval_sentences": 500,
@@ -164,7 +164,7 @@ class TranslationTask(Task):
         res = {"split": "test", "score": bleu["bleu"], "bleu": bleu["bleu"], "signature": bleu["signature"],
                "beam": int(self.o["beam"]), "alpha": float(self.o["alpha"])}
         if self.o["protocol"] == "last5":
-            recs = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            recs = read_metrics(self.out / METRICS)
             last = [r["test_bleu"] for r in recs if "test_bleu" in r][-5:]
             if last:
                 res["bleu_last5_mean"] = sum(last) / len(last)

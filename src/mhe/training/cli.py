@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -51,6 +52,14 @@ def run_training(cfg, out: str, resume: bool) -> dict:
     return {**result, "out": out}
 
 
+def exit_status(res: dict) -> int:
+    """0 for a run that finished (or stopped where ``train.stop_at`` said); 128 + the signal
+    number (130 for SIGINT, 143 for SIGTERM) for a run a signal interrupted after saving."""
+    if res.get("status") == "interrupted":
+        return 128 + int(res.get("signal") or signal.SIGINT)
+    return 0
+
+
 def _print_result(res: dict) -> None:
     keys = [k for k in ("status", "step", "task", "attention", "metric", "score", "perplexity", "word_perplexity",
                         "accuracy", "mlm_accuracy", "attention_params", "out") if k in res]
@@ -64,8 +73,9 @@ def _train_args(p):
 @command("train", "train a model on a task (lm, mlm, recall) with the shared engine", _train_args)
 def cmd_train(args) -> int:
     cfg = build_run(args.task, args)
-    _print_result(run_training(cfg, args.out, args.resume))
-    return 0
+    res = run_training(cfg, args.out, args.resume)
+    _print_result(res)
+    return exit_status(res)
 
 
 def _pretrain_args(p):
@@ -83,8 +93,9 @@ def cmd_pretrain(args) -> int:
     if not args.data:
         raise MheError("pretrain needs --data (ptb, wikitext-2 or wikitext-103)")
     cfg = build_run(task, args)
-    _print_result(run_training(cfg, args.out, args.resume))
-    return 0
+    res = run_training(cfg, args.out, args.resume)
+    _print_result(res)
+    return exit_status(res)
 
 
 def _eval_args(p):
@@ -143,7 +154,7 @@ def cmd_train_mt(args) -> int:
     res = run_training(cfg, args.out or f"runs/mt-{args.data}-{args.attention}", args.resume)
     keys = ("status", "step", "attention", "bleu", "bleu_last5_mean", "signature", "attention_params", "out")
     print(json.dumps({k: res[k] for k in keys if k in res}, indent=2))
-    return 0
+    return exit_status(res)
 
 
 def _translate_args(p):
@@ -189,12 +200,10 @@ def finetune_config(task: str, checkpoint: str, *, data_dir: str = "", overrides
     from mhe.data.benchmarks import bench_task
     from mhe.training.config import DataConfig, RunConfig, apply_overrides
     from mhe.training.defaults import finetune_train
+    from mhe.training.run_files import read_run_record
 
     bench_task(task)
-    run_cfg = Path(checkpoint) / "config.json"
-    if not run_cfg.is_file():
-        raise MheError(f"--checkpoint {checkpoint} is not a run directory (no config.json)")
-    pre = json.loads(run_cfg.read_text())["run"]
+    pre = read_run_record(checkpoint)["run"]
     cfg = RunConfig(task="finetune", preset=pre["preset"], attention=pre["attention"], train=finetune_train(task),
                     data=DataConfig(dataset=task, data_dir=data_dir,
                                     task_options={"task": task, "checkpoint": str(checkpoint)}))
@@ -205,19 +214,25 @@ def finetune_config(task: str, checkpoint: str, *, data_dir: str = "", overrides
 
 @command("finetune", "fine-tune a pre-trained run on GLUE, SuperGLUE or SQuAD", _finetune_args)
 def cmd_finetune(args) -> int:
+    from mhe.training.loop import DONE
+    from mhe.training.run_files import RESULTS, is_run_dir, read_results
+
     if args.seeds <= 0:
         raise MheError(f"--seeds must be positive, got {args.seeds}")
     out = Path(args.out or f"runs/finetune-{args.task}-{Path(args.checkpoint).name}")
+    if args.resume and not out.is_dir():
+        raise MheError(f"--resume: there is no run in {out}; drop --resume to start one")
     results = []
     for seed in range(args.seeds):
         cfg = finetune_config(args.task, args.checkpoint, data_dir=args.data_dir, overrides=args.set, seed=seed)
         run_dir = out / f"seed-{seed}" if args.seeds > 1 else out
-        if (run_dir / "results.json").exists():
-            results.append(json.loads((run_dir / "results.json").read_text()))
-            continue
-        res = run_training(cfg, str(run_dir), args.resume)
-        if res["status"] not in ("finished", "early_stopped"):
-            return 130
+        # with several seeds, --resume continues the seeds that started and starts the others
+        resume = args.resume and (args.seeds == 1 or is_run_dir(run_dir))
+        res = run_training(cfg, str(run_dir), resume) if resume or not (run_dir / RESULTS).exists() \
+            else read_results(run_dir)
+        if res["status"] not in DONE:
+            _print_result(res)
+            return exit_status(res)
         results.append(res)
     scores = [r["score"] for r in results]
     import statistics

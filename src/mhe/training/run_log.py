@@ -1,0 +1,94 @@
+"""What a run reports while it trains: ``metrics.jsonl``, TensorBoard and the progress bar,
+and the signal watch that turns SIGINT/SIGTERM into a clean stop."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from mhe.errors import MheError
+from mhe.training.run_files import METRICS, append_metrics
+
+
+class RunLog:
+    """Writes one record per ``log_every`` steps (and at evaluations) on the main process."""
+
+    def __init__(self, out: Path, *, main: bool, log_every: int, start: int, stop: int, progress: bool,
+                 tensorboard: bool) -> None:
+        self.path, self.main, self.log_every, self.stop = out / METRICS, main, log_every, stop
+        self.tb = _tensorboard(out) if (tensorboard and main) else None
+        self.bar = _progress(start, stop) if (progress and main) else None
+        self.tokens, self.t0 = 0, time.perf_counter()
+
+    def step(self, step: int, *, loss: float, tokens: int, grad_norm: float, lr: float,
+             metrics: dict | None) -> None:
+        """Account one optimiser step; ``metrics`` are the evaluation's when one ran."""
+        self.tokens += tokens
+        record = None
+        if self.main and (step % self.log_every == 0 or step == self.stop):
+            dt = time.perf_counter() - self.t0
+            record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                      "tokens_per_s": self.tokens / dt if dt > 0 else 0.0}
+            self.tokens, self.t0 = 0, time.perf_counter()
+        if metrics is not None:
+            record = {**(record or {"step": step, "loss": loss}), **metrics}
+        if record is not None and self.main:
+            append_metrics(self.path, record)
+            if self.tb is not None:
+                for k, v in record.items():
+                    if k != "step" and isinstance(v, (int, float)):
+                        self.tb.add_scalar(k, v, step)
+        if self.bar is not None:
+            self.bar.update(1)
+            rate = self.bar.format_dict.get("rate") or 0.0  # steps per second
+            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rate * tokens:,.0f}", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+class SignalWatch:
+    """While active, the first SIGINT/SIGTERM is recorded (the loop stops at the next step,
+    saves and reports it); a second one stops at once with ``KeyboardInterrupt``."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._old: dict = {}
+
+    def __enter__(self) -> "SignalWatch":
+        if not sys.platform.startswith("win") and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        self._old = {}
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+
+def _progress(start, total):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, mininterval=1.0, leave=False)
+
+
+def _tensorboard(out: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise MheError("train.tensorboard=true needs the optional 'tensorboard' package") from None
+    return SummaryWriter(str(out / "tensorboard"))

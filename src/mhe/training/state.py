@@ -1,0 +1,81 @@
+"""Everything a run must carry across an interruption, as one object that saves and restores itself."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from mhe.training.batches import BatchOrder
+
+
+def rng_state() -> dict:
+    """The torch (CPU and CUDA), Python and NumPy generators: tensors and JSON-able meta."""
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{i}"] = s
+    py = random.getstate()
+    np_state = np.random.get_state()
+    meta = {"python": [py[0], list(py[1]), py[2]],
+            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]}
+    return {"tensors": tensors, "meta": meta}
+
+
+def set_rng_state(state: dict) -> None:
+    tensors, meta = state["tensors"], state["meta"]
+    torch.set_rng_state(tensors["torch_cpu"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    py = meta["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = meta["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+@dataclass
+class TrainerState:
+    """Step, data position, best score, patience count, optimiser, scheduler and (when
+    saved) the random generators: what a checkpoint holds besides the weights."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    data: BatchOrder
+    config_hash: str = ""
+    step: int = 0
+    best: float | None = None
+    bad_evals: int = 0               # evaluations since the best one (early stopping's patience count)
+    best_step: int | None = field(default=None)
+
+    def improved(self, score: float, higher_is_better: bool) -> bool:
+        """Record an evaluation; True when it is the best so far."""
+        if self.best is None or (score > self.best if higher_is_better else score < self.best):
+            self.best, self.best_step, self.bad_evals = score, self.step, 0
+            return True
+        self.bad_evals += 1
+        return False
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "data": self.data.state_dict(), "best": self.best, "best_step": self.best_step,
+                "bad_evals": self.bad_evals, "config_hash": self.config_hash,
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "rng": rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.best, self.bad_evals = int(state["step"]), state.get("best"), int(state.get("bad_evals", 0))
+        self.best_step = state.get("best_step")
+        self.config_hash = state.get("config_hash", "")
+        self.data.load_state_dict(state["data"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if "rng" in state:
+            set_rng_state(state["rng"])
