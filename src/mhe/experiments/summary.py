@@ -95,7 +95,7 @@ def paper_columns(summary: dict, table: str) -> dict:
         col = {"params_m": params_m, "params": exact[kind], "score": score, "prr": None, "peop": None}
         if "mha" in rows:
             col["prr"] = prr(score, rows["mha"][1], higher_is_better=hib)
-        if "sha" in rows and kind != "sha":
+        if "sha" in rows and kind != "sha" and params_m is not None:  # no printed size (FNet, Linear): no PEoP
             col["peop"] = _safe_peop(score, exact[kind], rows["sha"][1], exact["sha"], hib)
         out[kind] = col
     return {"table": table, "metric": t["metric"], "rows": out, "percent": bool(t.get("percent"))}
