@@ -29,8 +29,7 @@ class CausalLMTask(Task):
         self.cfg = cfg
         train = corpus_lines(cfg, "train")
         self.valid_lines = corpus_lines(cfg, "valid")
-        self.tok = tokenizer_for(cfg, out, train, default_kind="bpe", default_vocab=8192,
-                                 dist=dist)
+        self.tok = tokenizer_for(cfg, out, train, task="lm", dist=dist)
         self.device = dist.device
         vocab = self.tok.get_vocab_size()
         extra = {}

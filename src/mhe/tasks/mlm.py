@@ -38,8 +38,7 @@ class MaskedLMTask(Task):
             raise MheError("masked language modelling needs --data (ptb, wikitext-2 or wikitext-103)")
         self.cfg = cfg
         train = corpus_lines(cfg, "train")
-        self.tok = tokenizer_for(cfg, out, train, default_kind="wordpiece", default_vocab=8192,
-                                 dist=dist)
+        self.tok = tokenizer_for(cfg, out, train, task="mlm", dist=dist)
         model = build_model(cfg.preset, attention=cfg.attention,
                             **{"vocab_size": self.tok.get_vocab_size(), **cfg.model})
         if model.cfg.arch != "encoder":

@@ -23,11 +23,11 @@ from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
 from mhe.models.generation import beam_search
 from mhe.tasks.text import pad_rows
+from mhe.tasks.vocab import resolve_tokenizer
 from mhe.training.task import Task
 
 OPTIONS = {"src": "en", "tgt": "de", "max_tokens": 4096, "beam": 4, "alpha": 0.6, "eval_sentences": 500,
            "protocol": "best", "eval_batch": 64, "test_sentences": 0}
-DEFAULT_VOCAB = {"wmt14": 37000, "multi30k": 8000}  # the paper's 37K for WMT-14 (section 4.4)
 
 
 def token_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int) -> list[list[int]]:
@@ -86,8 +86,8 @@ class TranslationTask(Task):
         if path.is_file():
             tok = load_tokenizer(self.out)
         else:
-            tok = train_tokenizer(self.cfg.data.tokenizer or "bpe", texts,
-                                  self.cfg.data.vocab_size or DEFAULT_VOCAB.get(name, 8000))
+            choice = resolve_tokenizer(self.cfg, "mt")  # the preset's convention (section 4.4)
+            tok = train_tokenizer(choice.kind, texts, choice.vocab_size)
             self.out.mkdir(parents=True, exist_ok=True)
             save_tokenizer(tok, self.out)
         if dist is not None and dist.world > 1:
