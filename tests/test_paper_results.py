@@ -99,3 +99,21 @@ def test_paper_columns_leave_peop_blank_without_a_printed_size():
     assert cols["fnet"]["peop"] is None and cols["linear"]["peop"] is None
     assert cols["linear"]["prr"] == pytest.approx(0.726 / 0.819)
     assert cols["mhe-mul"]["peop"] is not None
+
+
+def test_comparison_presets_name_existing_tables_and_matching_shapes():
+    from mhe.experiments.presets import EXPERIMENTS
+
+    for name, e in EXPERIMENTS.items():
+        c = preset(e.preset)
+        if not e.paper:
+            continue
+        t = paper_table(e.paper)
+        if e.paper.startswith("tableD-"):  # the scaling presets use the size the paper printed
+            assert t["params_from"] == e.preset, name
+            for kind in e.kinds:
+                exact = model_attention_params(kind, arch=c.arch, n_layers=c.n_layers, d_model=c.d_model,
+                                               n_heads=c.n_heads, head_dim=c.head_dim)
+                assert abs(exact / 1e6 - t["rows"][kind][0]) <= 0.01, (name, kind)
+    fl = EXPERIMENTS["paper-fnet-linear"]
+    assert {"fnet", "linear"} <= set(fl.kinds) and {"fnet", "linear"} <= set(paper_table(fl.paper)["rows"])
