@@ -230,3 +230,17 @@ def overview(dirs: list[Path], plot: Path | None = None) -> str:
                  "means. PRR against MHA and PEoP against SHA are computed from the averages (section 4.6)."
                  + (" Paper: the same tasks' Table 1 scores, averaged." if paper_avg else ""))
     return "\n".join(lines) + "\n"
+
+
+def metric_means(results: list[dict]) -> dict:
+    """Mean and sample std over seeds of every official metric the runs report
+    (``official_metrics``, fine-tuning), e.g. MRPC's accuracy (the headline) and F1."""
+    import statistics
+
+    names = results[0].get("official_metrics") or []
+    out = {}
+    for m in names:
+        vals = [r[m] for r in results if isinstance(r.get(m), (int, float))]
+        if len(vals) == len(results):
+            out[m] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
+    return out

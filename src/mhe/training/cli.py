@@ -225,6 +225,9 @@ def cmd_finetune(args) -> int:
     summary = {"task": args.task, "metric": results[0]["metric"], "attention": results[0]["attention"],
                "scores": scores, "mean": statistics.fmean(scores),
                "std": statistics.stdev(scores) if len(scores) > 1 else 0.0, "n_seeds": len(scores)}
+    from mhe.experiments.summary import metric_means
+
+    summary["metrics"] = metric_means(results)  # every official metric; `metric` is the paper's headline
     if args.seeds > 1:
         from mhe.training.checkpoint import write_json_atomic
 
