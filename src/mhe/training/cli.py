@@ -70,6 +70,8 @@ def cmd_train(args) -> int:
 
 def _pretrain_args(p):
     add_run_args(p, task_choice=False)
+    p.add_argument("--init-from", default="", metavar="RUN",
+                   help="continue pre-training: start from RUN's weights and tokenizer, with a fresh optimiser")
 
 
 @command("pretrain", "pre-train: causal LM for decoder presets, masked LM for encoder presets", _pretrain_args)
@@ -83,6 +85,8 @@ def cmd_pretrain(args) -> int:
     if not args.data:
         raise MheError("pretrain needs --data (ptb, wikitext-2 or wikitext-103)")
     cfg = build_run(task, args)
+    if args.init_from:
+        cfg.train.init_from = str(args.init_from)
     _print_result(run_training(cfg, args.out, args.resume))
     return 0
 
@@ -93,6 +97,8 @@ def _eval_args(p):
     p.add_argument("--split", default="test", choices=("valid", "test"))
     p.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: the run's)")
     p.add_argument("--data-dir", default="")
+    p.add_argument("--data", default="", help="score an lm run on this corpus instead (ptb, wikitext-2, "
+                                              "wikitext-103) with the run's own tokenizer")
     p.add_argument("--out", default="", help="write the figures as JSON here (default: stdout)")
 
 
@@ -105,7 +111,11 @@ def cmd_eval(args) -> int:
         raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not {args.task!r}")
     if args.stride:
         cfg.data.eval_stride = args.stride
-    if cfg.task == "lm":
+    if args.data:
+        from mhe.tasks.cross_eval import corpus_perplexity
+
+        res = corpus_perplexity(task, model, cfg, args.data, args.split)
+    elif cfg.task == "lm":
         from mhe.tasks.text import corpus_lines, token_stream
 
         lines = corpus_lines(cfg, args.split)

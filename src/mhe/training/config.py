@@ -33,6 +33,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     label_smoothing: float = 0.0
+    init_from: str = ""              # a run directory: start from its weights and tokenizer (tasks/init_from.py)
     seed: int = 0
     log_every: int = 10
     eval_every: int = 0              # 0: only at the end
