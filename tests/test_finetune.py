@@ -73,7 +73,7 @@ def synthetic_data(tmp_path_factory):
 
 ALL = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "mnli-mm", "qnli", "rte", "wnli", "boolq", "cb", "sg-rte", "wic",
        "multirc", "copa", "wsc", "squad-v2"]
-OFFICIAL = {"cola": "matthews_corrcoef", "mrpc": "f1", "qqp": "f1", "stsb": "spearman", "cb": "f1_macro",
+OFFICIAL = {"cola": "matthews_corrcoef", "mrpc": "accuracy", "qqp": "f1", "stsb": "spearman", "cb": "f1_macro",
             "multirc": "f1a", "squad-v2": "f1", "squad": "f1"}
 
 
@@ -87,6 +87,9 @@ def test_every_task_end_to_end(task, encoder_run, synthetic_data, tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["metric"] == OFFICIAL.get(task, "accuracy")
     assert math.isfinite(res["score"]) and res["score"] == res[res["metric"]]
+    assert all(math.isfinite(res[m]) for m in res["official_metrics"])  # every official metric is shown
+    if task == "mrpc":
+        assert res["official_metrics"] == ["f1", "accuracy"]
     if task == "squad-v2":
         assert {"HasAns_f1", "NoAns_f1"} <= set(res)
     if task == "multirc":

@@ -19,7 +19,11 @@ def test_matthews_by_hand():
 
 def test_f1_and_macro_f1_by_hand():
     r = task_metrics("mrpc", [1, 1, 1, 0], [1, 0, 1, 1])  # tp 2, fp 1, fn 1
-    assert r["metric"] == "f1" and r["f1"] == pytest.approx(2 / 3) and r["accuracy"] == 0.5
+    assert r["f1"] == pytest.approx(2 / 3) and r["accuracy"] == 0.5
+    # the paper reports MRPC accuracy (Appendix A); GLUE's official F1 is reported beside it
+    assert r["metric"] == "accuracy" and r["score"] == 0.5 and r["official"] == ["f1", "accuracy"]
+    r = task_metrics("qqp", [1, 1, 1, 0], [1, 0, 1, 1])
+    assert r["metric"] == "f1" and r["score"] == pytest.approx(2 / 3) and r["official"] == ["f1", "accuracy"]
     # CB: three classes; per-class F1: c0 (tp1 fp0 fn1) 2/3, c1 (tp1 fp1 fn0) 2/3, c2 (tp0 fp1 fn1) 0
     r = task_metrics("cb", [0, 1, 1, 2], [0, 1, 2, 0])
     assert r["metric"] == "f1_macro" and r["score"] == pytest.approx((2 / 3 + 2 / 3 + 0) / 3)
@@ -28,6 +32,7 @@ def test_f1_and_macro_f1_by_hand():
 def test_correlations_by_hand():
     r = task_metrics("stsb", [1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 5.0])
     assert r["metric"] == "spearman" and r["spearman"] == pytest.approx(0.8)  # 1 - 6*2/(4*15)
+    assert r["official"] == ["spearman", "pearson"]
     xs, ys = [1, 2, 3, 4], [1, 3, 2, 5]
     mx, my = 2.5, 2.75
     cov = sum((a - mx) * (b - my) for a, b in zip(xs, ys))
@@ -41,7 +46,7 @@ def test_multirc_f1a_and_em_by_hand():
     gold = [1, 0, 1, 0, 0]
     qids = ["A", "A", "B", "B", "B"]
     r = task_metrics("multirc", pred, gold, question_ids=qids)
-    assert r["metric"] == "f1a" and r["em"] == 0.5
+    assert r["metric"] == "f1a" and r["em"] == 0.5 and r["official"] == ["f1a", "em"]
     assert r["f1a"] == pytest.approx(2 * (2 / 3) * 1 / (2 / 3 + 1))  # tp 2, fp 1, fn 0
 
 

@@ -73,9 +73,7 @@ def _kinds(spec: str) -> list[str]:
 
 
 def _kind_options(kind: str, geo: dict) -> dict:
-    if kind == "gqa":
-        return {"n_kv_heads": max(1, geo["n_heads"] // 4) if geo["n_heads"] % 4 == 0 else 1}
-    if kind == "linear":
+    if kind == "linear":  # gqa: its config's default group count (attention.multi_head.default_kv_heads)
         return {"max_len": geo["max_len"]}
     return {}
 

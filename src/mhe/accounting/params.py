@@ -48,7 +48,7 @@ def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | N
     # (input width, output width) of each input projection
     projections = {
         "mha": [nd, nd, nd],
-        "gqa": [nd, getattr(cfg, "n_kv_heads", 1) * d, getattr(cfg, "n_kv_heads", 1) * d],
+        "gqa": [nd, getattr(cfg, "n_kv_heads", 0) * d, getattr(cfg, "n_kv_heads", 0) * d],  # config's default
         "mqa": [nd, d, d],
         "skv": [nd, nd],
         "el-att": [nd],

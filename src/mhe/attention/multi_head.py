@@ -47,14 +47,31 @@ class MultiHeadAttention(Attention):
         return self.out_proj(self._merge_heads(h))  # [B, T, m]
 
 
+def default_kv_heads(n_heads: int) -> int:
+    """GQA's default number of key/value heads: the largest divisor of ``n_heads`` not above n/4
+    (12 heads: 3, 16: 4, 8: 2; 4 or fewer: 1).
+
+    One quarter keeps GQA between its two limits, MQA (g = 1) and MHA (g = n), as Ainslie et
+    al. (2023) use it (e.g. 8 groups of 64 heads is n/8; n/4 is the middle ground common in
+    released models); a default of 1 would only repeat MQA. Models, ``mhe params`` and
+    ``mhe memory`` all take it from here.
+    """
+    require_positive(n_heads=n_heads)
+    limit = max(1, n_heads // 4)
+    return max(g for g in range(1, limit + 1) if n_heads % g == 0)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GroupedQueryConfig(AttentionConfig):
-    """Adds ``n_kv_heads``, the number of key/value heads (must divide n_heads)."""
+    """Adds ``n_kv_heads``, the number of key/value heads (must divide n_heads; 0 or unset:
+    :func:`default_kv_heads`)."""
 
-    n_kv_heads: int = 1
+    n_kv_heads: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.n_kv_heads == 0:
+            object.__setattr__(self, "n_kv_heads", default_kv_heads(self.n_heads))
         require_positive(n_kv_heads=self.n_kv_heads)
         if self.n_heads % self.n_kv_heads:
             raise MheError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")

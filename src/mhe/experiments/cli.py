@@ -25,6 +25,16 @@ def _compare_args(p):
     p.add_argument("--out", default=None, help="output folder (default runs/compare-PRESET[-TASK])")
 
 
+# section 4.4: "For each task, we use five different seeds and report the average"
+PAPER_FINETUNE_SEEDS = 5
+
+
+def _is_finetuning(task: str) -> bool:
+    from mhe.data.benchmarks import TASKS as BENCH
+
+    return task in BENCH
+
+
 def experiment_task(name: str) -> str:
     from mhe.experiments.presets import EXPERIMENTS
 
@@ -68,8 +78,12 @@ def build_sweep(args):
         if args.seeds <= 0:
             raise MheError(f"--seeds must be positive, got {args.seeds}")
         sweep.seeds = args.seeds
+    elif name.startswith("paper-") and _is_finetuning(sweep.task):
+        sweep.seeds = PAPER_FINETUNE_SEEDS
     if args.data:
         sweep.data = args.data
+    if name in EXPERIMENTS and _is_finetuning(sweep.task) and not _is_finetuning(experiment(name).task):
+        sweep.overrides = []  # the preset's overrides configure its pre-training, not the fine-tuning
     sweep.overrides = list(sweep.overrides or []) + list(args.set)
     from mhe.experiments.paper import paper_table, paper_tables
 

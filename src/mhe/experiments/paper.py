@@ -1,4 +1,11 @@
-"""The paper's published numbers (Tables 1-3), kept as data with their source."""
+"""The paper's published numbers kept as data, each with the table it comes from.
+
+``tables`` hold one score per attention kind (Tables 1-3 and the per-task rows of
+Appendix A), the shape ``mhe report`` sets beside a comparison. ``appendix`` holds
+the appendix tables whole: per-task GLUE/SuperGLUE with standard deviations and
+the (M) rows (Appendix A), their PEoP tables, memory usage (Appendix C) and the
+size-scaling tables (Appendix D), each naming its LaTeX label in ``table``.
+"""
 
 from __future__ import annotations
 
@@ -19,10 +26,22 @@ def paper_tables() -> list[str]:
 
 
 def paper_table(name: str) -> dict:
-    """``{"metric", "higher_is_better", "rows": {kind: [params_M, score]}}``."""
+    """``{"metric", "higher_is_better", "rows": {kind: [params_M or None, score]}}``."""
     tables = _data()["tables"]
     if name not in tables:
         raise one_of("paper table", name, tables)
+    return tables[name]
+
+
+def appendix_tables() -> list[str]:
+    return list(_data()["appendix"])
+
+
+def appendix_table(name: str) -> dict:
+    """One appendix table as printed: ``{"table": its label, "note", ...}`` (see the module doc)."""
+    tables = _data()["appendix"]
+    if name not in tables:
+        raise one_of("appendix table", name, tables)
     return tables[name]
 
 

@@ -22,7 +22,8 @@ class Experiment:
     metric: str = ""                 # the results.json number the summary reports ("" = the score)
 
 
-_GPU_MT = ["train.steps=2000", "train.warmup_steps=600", "train.eval_every=500", "train.save_every=500",
+_GPU_MT = ["data.vocab_size=8000",  # Multi30k is small: not the 37K BPE of transformer-base (tasks/vocab.py)
+           "train.steps=2000", "train.warmup_steps=600", "train.eval_every=500", "train.save_every=500",
            'data.task_options={"max_tokens": 8192, "eval_sentences": 300}']
 _GPU_MLM = ["model.n_layers=6", "model.max_len=128", "data.vocab_size=16384", "train.steps=4000",
             "train.batch_size=64", "train.lr=5e-4", "train.warmup_steps=400", "train.schedule=linear",
@@ -58,12 +59,40 @@ EXPERIMENTS = {
     "paper-table1": Experiment("mlm", "bert-base", "wikitext-103", overrides=["train.steps=1000000",
                                "train.batch_size=128"], note="stage 1 of Table 1; then fine-tune with --pretrained"),
     "paper-table3": Experiment("mt", "transformer-base", "wmt14", paper="table3-wmt14",
-                               overrides=["train.steps=100000", 'data.task_options={"protocol": "last5"}']),
+                               overrides=["train.steps=100000", "train.keep_last=5",
+                                          'data.task_options={"protocol": "last5", "checkpoint_every": "epoch"}']),
     "paper-table2": Experiment("lm", "gpt2-base", "wikitext-103", seeds=5, paper="table2-wikitext-103",
                                overrides=["train.steps=1000000", "train.batch_size=128"]),
     "paper-table2-ptb": Experiment("lm", "gpt2-base", "ptb", seeds=5, paper="table2-ptb",
                                    overrides=["train.steps=1000000", "train.batch_size=128"]),
 }
+
+# --- Appendix A (FNet/Linear encoders) and Appendix D (size scaling): comparison presets ---
+_PRETRAIN = ["train.steps=1000000", "train.batch_size=128"]
+_SCALING = ("mha", "mhe-mul")
+EXPERIMENTS.update({
+    "cpu-fnet-linear": Experiment("mlm", "tiny-encoder", "wikitext-2", kinds=("sha", "mha", "fnet", "linear", "mhe-mul"),
+                                  note="token mixing vs attention, minutes on a CPU; then mhe compare --task rte"),
+    "paper-fnet-linear": Experiment("mlm", "bert-base", "wikitext-103", kinds=("sha", "mha", "fnet", "linear", "mhe-mul"),
+                                    overrides=_PRETRAIN, paper="table1-glue",
+                                    note="Appendix A's FNet/Linear rows: pre-train, then fine-tune with --pretrained"),
+    "paper-scaling-bert-large": Experiment("mlm", "bert-large", "wikitext-103", kinds=_SCALING, overrides=_PRETRAIN,
+                                           paper="tableD-glue-encoder-large",
+                                           note="Appendix D 'large'; then fine-tune with --pretrained"),
+    "paper-scaling-gpt2-medium": Experiment("lm", "gpt2-medium", "wikitext-103", kinds=_SCALING, seeds=5,
+                                            overrides=_PRETRAIN, paper="tableD-wikitext-103-decoder-medium"),
+    **{f"paper-scaling-{name}": Experiment(
+        "mt", preset, "wmt14", kinds=_SCALING, paper=f"tableD-wmt14-{size}",
+        overrides=[f"train.steps={steps}", "train.keep_last=5",
+                   'data.task_options={"protocol": "last5", "checkpoint_every": "epoch"}'],
+        note="Appendix D, table:seq2seq_scaling")
+       for name, preset, size, steps in (
+           ("transformer-16x32", "transformer-16x32", "base-16x32", 100_000),
+           ("transformer-4x128", "transformer-4x128", "base-4x128", 100_000),
+           ("transformer-4l", "transformer-4l", "4l", 100_000), ("transformer-8l", "transformer-8l", "8l", 100_000),
+           ("transformer-12h", "transformer-12h", "12h", 100_000),
+           ("transformer-big", "transformer-big", "big", 300_000))},
+})
 DEFAULT = "cpu-recall"
 
 

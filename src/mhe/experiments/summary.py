@@ -96,7 +96,7 @@ def paper_columns(summary: dict, table: str) -> dict:
         col = {"params_m": params_m, "params": exact[kind], "score": score, "prr": None, "peop": None}
         if "mha" in rows:
             col["prr"] = prr(score, rows["mha"][1], higher_is_better=hib)
-        if "sha" in rows and kind != "sha":
+        if "sha" in rows and kind != "sha" and params_m is not None:  # no printed size (FNet, Linear): no PEoP
             col["peop"] = _safe_peop(score, exact[kind], rows["sha"][1], exact["sha"], hib)
         out[kind] = col
     return {"table": table, "metric": t["metric"], "rows": out, "percent": bool(t.get("percent"))}
@@ -231,3 +231,17 @@ def overview(dirs: list[Path], plot: Path | None = None) -> str:
                  "means. PRR against MHA and PEoP against SHA are computed from the averages (section 4.6)."
                  + (" Paper: the same tasks' Table 1 scores, averaged." if paper_avg else ""))
     return "\n".join(lines) + "\n"
+
+
+def metric_means(results: list[dict]) -> dict:
+    """Mean and sample std over seeds of every official metric the runs report
+    (``official_metrics``, fine-tuning), e.g. MRPC's accuracy (the headline) and F1."""
+    import statistics
+
+    names = results[0].get("official_metrics") or []
+    out = {}
+    for m in names:
+        vals = [r[m] for r in results if isinstance(r.get(m), (int, float))]
+        if len(vals) == len(results):
+            out[m] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
+    return out

@@ -21,7 +21,7 @@ import torch
 from mhe.data.benchmarks import bench_task, read_examples
 from mhe.data.tokenize import load_tokenizer, save_tokenizer, special_id, with_pair_template
 from mhe.errors import MheError
-from mhe.metrics.classification import OFFICIAL, task_metrics
+from mhe.metrics.classification import headline_metric, official_metrics, task_metrics
 from mhe.metrics.squad import squad_scores
 from mhe.models import MODEL_CLASSES, ModelConfig
 from mhe.tasks.text import pad_rows
@@ -71,7 +71,7 @@ class FinetuneTask(Task):
         self.cfg, self.o, self.out = cfg, o, out
         self.spec = bench_task(o["task"])
         self.name = self.spec.name
-        self.metric = "f1" if self.spec.kind == "span" else OFFICIAL[self.name][0]
+        self.metric = "f1" if self.spec.kind == "span" else headline_metric(self.name)  # the paper's
         model_cfg, tok, weights = load_pretrained(Path(o["checkpoint"]))
         arch = model_cfg["arch"]
         if self.spec.kind == "span" and arch != "encoder":
@@ -235,7 +235,7 @@ class FinetuneTask(Task):
         if self.name == "multirc":
             extra["question_ids"] = [self.dev_examples[f["ex"]].group for f in self.dev_items]
         res = task_metrics(self.name, pred, gold, **extra)
-        return {k: v for k, v in res.items() if k not in ("metric", "score")} | {self.metric: res["score"]}
+        return {k: v for k, v in res.items() if k not in ("metric", "score", "official")} | {self.metric: res["score"]}
 
     @torch.no_grad()
     def predict(self, model, examples) -> list[int]:
@@ -281,5 +281,6 @@ class FinetuneTask(Task):
 
     def final(self, model):
         res = self.evaluate(model)
+        official = ["exact_match", "f1"] if self.spec.kind == "span" else official_metrics(self.name)
         return {"split": self.o["dev_split"], "task_name": self.name, "score": res[self.metric], **res,
-                "metric": self.metric}
+                "metric": self.metric, "official_metrics": official}  # metric: the paper's headline

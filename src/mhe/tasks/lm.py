@@ -8,6 +8,7 @@ from mhe.data.corpora import word_count
 from mhe.errors import MheError
 from mhe.metrics.perplexity import perplexity, sliding_window_nll
 from mhe.models import build_model
+from mhe.tasks.init_from import adopt_tokenizer, init_weights, starts_from
 from mhe.tasks.text import corpus_lines, is_word_level, token_stream, tokenizer_for
 from mhe.training.task import Task
 
@@ -29,8 +30,10 @@ class CausalLMTask(Task):
         self.cfg = cfg
         train = corpus_lines(cfg, "train")
         self.valid_lines = corpus_lines(cfg, "valid")
-        self.tok = tokenizer_for(cfg, out, train, default_kind="bpe", default_vocab=8192,
-                                 dist=dist)
+        source = starts_from(cfg, out)  # continued pre-training: the source's tokenizer and weights
+        if source and (dist is None or dist.main):
+            adopt_tokenizer(source, out)
+        self.tok = tokenizer_for(cfg, out, train, task="lm", dist=dist)
         self.device = dist.device
         vocab = self.tok.get_vocab_size()
         extra = {}
@@ -39,6 +42,8 @@ class CausalLMTask(Task):
         model = build_model(cfg.preset, attention=cfg.attention, **{"vocab_size": vocab, **extra, **cfg.model})
         if model.cfg.arch != "decoder":
             raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({model.cfg.arch})")
+        if source:
+            init_weights(model, source)
         self.max_len = model.cfg.max_len
         self.seq_len = min(cfg.data.seq_len or self.max_len, self.max_len)
         stream = token_stream(self.tok, train)

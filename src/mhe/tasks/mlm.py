@@ -9,6 +9,7 @@ import torch
 from mhe.data.tokenize import special_id
 from mhe.errors import MheError
 from mhe.models import build_model
+from mhe.tasks.init_from import adopt_tokenizer, init_weights, starts_from
 from mhe.tasks.text import corpus_lines, token_stream, tokenizer_for
 from mhe.training.task import Task
 
@@ -38,12 +39,16 @@ class MaskedLMTask(Task):
             raise MheError("masked language modelling needs --data (ptb, wikitext-2 or wikitext-103)")
         self.cfg = cfg
         train = corpus_lines(cfg, "train")
-        self.tok = tokenizer_for(cfg, out, train, default_kind="wordpiece", default_vocab=8192,
-                                 dist=dist)
+        source = starts_from(cfg, out)  # continued pre-training: the source's tokenizer and weights
+        if source and (dist is None or dist.main):
+            adopt_tokenizer(source, out)
+        self.tok = tokenizer_for(cfg, out, train, task="mlm", dist=dist)
         model = build_model(cfg.preset, attention=cfg.attention,
                             **{"vocab_size": self.tok.get_vocab_size(), **cfg.model})
         if model.cfg.arch != "encoder":
             raise MheError(f"masked language modelling needs an encoder preset, got {cfg.preset!r}")
+        if source:
+            init_weights(model, source)
         self.vocab = self.tok.get_vocab_size()
         self.cls, self.sep = special_id(self.tok, "[CLS]"), special_id(self.tok, "[SEP]")
         self.mask_id = special_id(self.tok, "[MASK]")

@@ -8,6 +8,7 @@ import torch
 
 from mhe.data.corpora import corpus, read_lines
 from mhe.data.tokenize import load_tokenizer, save_tokenizer, special_id, train_tokenizer
+from mhe.tasks.vocab import resolve_tokenizer
 
 
 def corpus_lines(cfg, split: str) -> list[str]:
@@ -16,19 +17,18 @@ def corpus_lines(cfg, split: str) -> list[str]:
                       limit=d.limit_lines or None)
 
 
-def tokenizer_for(cfg, out: Path, train_lines: list[str], *, default_kind: str, default_vocab: int, dist=None):
-    """Reuse ``out/tokenizer.json`` when it exists (resume), else train and save one.
+def tokenizer_for(cfg, out: Path, train_lines: list[str], *, task: str, dist=None):
+    """Reuse ``out/tokenizer.json`` when it exists (resume), else train and save one of the
+    kind and size the preset's convention and ``data.*`` choose (:mod:`mhe.tasks.vocab`).
     Under DDP the main process trains it and the others load it."""
     if dist is not None and dist.world > 1:
         if dist.main and not (out / "tokenizer.json").is_file():
-            tokenizer_for(cfg, out, train_lines, default_kind=default_kind, default_vocab=default_vocab)
+            tokenizer_for(cfg, out, train_lines, task=task)
         dist.barrier()
     if (out / "tokenizer.json").is_file():
         return load_tokenizer(out)
-    kind = cfg.data.tokenizer or ("word" if corpus(cfg.data.dataset).word_level else default_kind)
-    # word level keeps the corpus's whole vocabulary (PTB: 10k) unless a size is given
-    vocab = cfg.data.vocab_size or (1_000_000 if kind == "word" else default_vocab)
-    tok = train_tokenizer(kind, train_lines, vocab)
+    choice = resolve_tokenizer(cfg, task, word_level_corpus=corpus(cfg.data.dataset).word_level)
+    tok = train_tokenizer(choice.kind, train_lines, choice.vocab_size)
     out.mkdir(parents=True, exist_ok=True)
     save_tokenizer(tok, out)
     return tok

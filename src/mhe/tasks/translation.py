@@ -5,8 +5,11 @@ token-based batches, label smoothing, beam search, sacrebleu.
 (source + target tokens, padding included), ``beam``, ``alpha`` (length
 penalty), ``eval_sentences`` (validation sentences decoded at each evaluation),
 ``protocol``: ``best`` (test BLEU of the best validation checkpoint) or
-``last5`` (also the mean test BLEU over the last five evaluations, the paper's
-protocol with evaluations once per epoch).
+``last5`` (the paper's: each of the last ``last_n`` checkpoints decoded with the final
+beam settings, their test BLEU averaged; see :mod:`mhe.tasks.mt_protocol`),
+``average_weights`` (with ``last5``: also decode the average of those checkpoints'
+weights), ``checkpoint_every``: ``"epoch"`` sets ``train.save_every`` to one epoch's
+batches (or leave it to ``train.save_every`` steps). ``docs/wmt14.md`` gives the layout.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
 from mhe.models.generation import beam_search
 from mhe.tasks.text import pad_rows
-from mhe.training.run_files import METRICS, read_metrics
+from mhe.tasks.vocab import resolve_tokenizer
 from mhe.training.task import Task
 
 OPTIONS = {"src": "en", "tgt": "de", "max_tokens": 4096, "beam": 4, "alpha": 0.6, "eval_sentences": 500,
-           "protocol": "best", "eval_batch": 64, "test_sentences": 0}
-DEFAULT_VOCAB = {"wmt14": 37000, "multi30k": 8000}  # the paper's 37K for WMT-14 (section 4.4)
+           "protocol": "best", "eval_batch": 64, "test_sentences": 0, "last_n": 5, "average_weights": False,
+           "checkpoint_every": ""}
+PROTOCOLS = ("best", "last5")
 
 
 def token_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int) -> list[list[int]]:
@@ -59,6 +63,7 @@ class TranslationTask(Task):
         if bad:
             raise MheError(f"unknown translation option {bad[0]!r}; valid: {', '.join(OPTIONS)}")
         self.o = o
+        _check_protocol(cfg, o)
         name = cfg.data.dataset or "multi30k"
         self.dataset = name
         d = dict(data_dir=cfg.data.data_dir or None, source=cfg.data.source)
@@ -76,6 +81,8 @@ class TranslationTask(Task):
         self.tgt_ids = [self._encode(t) for t in train_tgt]
         self.batches = token_batches([len(x) for x in self.src_ids], [len(y) + 1 for y in self.tgt_ids],
                                      int(o["max_tokens"]))
+        if o["checkpoint_every"] == "epoch":  # one checkpoint per pass over the data (the paper's epochs)
+            cfg.train.save_every = len(self.batches) // max(1, cfg.train.batch_size) or 1
         return model
 
     def _tokenizer(self, texts, name, dist):
@@ -86,8 +93,8 @@ class TranslationTask(Task):
         if path.is_file():
             tok = load_tokenizer(self.out)
         else:
-            tok = train_tokenizer(self.cfg.data.tokenizer or "bpe", texts,
-                                  self.cfg.data.vocab_size or DEFAULT_VOCAB.get(name, 8000))
+            choice = resolve_tokenizer(self.cfg, "mt")  # the preset's convention (section 4.4)
+            tok = train_tokenizer(choice.kind, texts, choice.vocab_size)
             self.out.mkdir(parents=True, exist_ok=True)
             save_tokenizer(tok, self.out)
         if dist is not None and dist.world > 1:
@@ -145,11 +152,7 @@ class TranslationTask(Task):
     def evaluate(self, model):
         n = int(self.o["eval_sentences"])
         src, ref = self.valid[0][:n], self.valid[1][:n]
-        res = {"bleu": corpus_bleu(self.translate(model, src, beam=1), ref)["bleu"]}
-        if self.o["protocol"] == "last5":
-            test_src, test_ref = self._test()
-            res["test_bleu"] = corpus_bleu(self.translate(model, test_src, beam=1), test_ref)["bleu"]
-        return res
+        return {"bleu": corpus_bleu(self.translate(model, src, beam=1), ref)["bleu"]}
 
     def _test(self):
         d = dict(data_dir=self.cfg.data.data_dir or None, source=self.cfg.data.source)
@@ -164,9 +167,33 @@ class TranslationTask(Task):
         res = {"split": "test", "score": bleu["bleu"], "bleu": bleu["bleu"], "signature": bleu["signature"],
                "beam": int(self.o["beam"]), "alpha": float(self.o["alpha"])}
         if self.o["protocol"] == "last5":
-            recs = read_metrics(self.out / METRICS)
-            last = [r["test_bleu"] for r in recs if "test_bleu" in r][-5:]
-            if last:
-                res["bleu_last5_mean"] = sum(last) / len(last)
-                res["bleu_last5"] = last
+            res.update(self.last_checkpoints_bleu(model, src, ref))
+            res["score"] = res["bleu_last5_mean"]  # the paper's figure
         return res
+
+    def last_checkpoints_bleu(self, model, src: list[str], ref: list[str]) -> dict:
+        """Test BLEU of each of the last ``last_n`` checkpoints with the final beam settings, their
+        mean and, with ``average_weights``, the BLEU of their averaged weights (section 4.4)."""
+        from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
+        from mhe.training.averaging import last_checkpoints
+
+        points = last_checkpoints(self.out / "checkpoints", int(self.o["last_n"]))
+        bleu = lambda m: corpus_bleu(self.translate(m, src), ref)["bleu"]  # noqa: E731
+        per = last_checkpoint_scores(model, points, bleu)
+        res = {"bleu_last5": per["scores"], "bleu_last5_steps": per["steps"], "bleu_last5_mean": per["mean"]}
+        if self.o["average_weights"]:
+            res["bleu_averaged_weights"] = averaged_checkpoint_score(model, points, bleu)
+        return res
+
+
+def _check_protocol(cfg, o: dict) -> None:
+    """One-line errors for a protocol the run cannot carry out."""
+    if o["protocol"] not in PROTOCOLS:
+        raise MheError(f"unknown translation protocol {o['protocol']!r}; valid: {', '.join(PROTOCOLS)}")
+    if o["checkpoint_every"] not in ("", "epoch"):
+        raise MheError(f"checkpoint_every takes \"epoch\" or \"\" (train.save_every), got {o['checkpoint_every']!r}")
+    if o["protocol"] == "last5":
+        n = int(o["last_n"])
+        if n <= 0 or cfg.train.keep_last < n or not cfg.train.keep_checkpoints:
+            raise MheError(f"protocol last5 keeps the last {n} checkpoints: set train.keep_last={max(n, 1)} "
+                           f"(got {cfg.train.keep_last}) and train.keep_checkpoints=true")

@@ -80,6 +80,8 @@ def cmd_train(args) -> int:
 
 def _pretrain_args(p):
     add_run_args(p, task_choice=False)
+    p.add_argument("--init-from", default="", metavar="RUN",
+                   help="continue pre-training: start from RUN's weights and tokenizer, with a fresh optimiser")
 
 
 @command("pretrain", "pre-train: causal LM for decoder presets, masked LM for encoder presets", _pretrain_args)
@@ -93,6 +95,8 @@ def cmd_pretrain(args) -> int:
     if not args.data:
         raise MheError("pretrain needs --data (ptb, wikitext-2 or wikitext-103)")
     cfg = build_run(task, args)
+    if args.init_from:
+        cfg.train.init_from = str(args.init_from)
     res = run_training(cfg, args.out, args.resume)
     _print_result(res)
     return exit_status(res)
@@ -104,6 +108,8 @@ def _eval_args(p):
     p.add_argument("--split", default="test", choices=("valid", "test"))
     p.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: the run's)")
     p.add_argument("--data-dir", default="")
+    p.add_argument("--data", default="", help="score an lm run on this corpus instead (ptb, wikitext-2, "
+                                              "wikitext-103) with the run's own tokenizer")
     p.add_argument("--out", default="", help="write the figures as JSON here (default: stdout)")
 
 
@@ -116,7 +122,11 @@ def cmd_eval(args) -> int:
         raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not {args.task!r}")
     if args.stride:
         cfg.data.eval_stride = args.stride
-    if cfg.task == "lm":
+    if args.data:
+        from mhe.tasks.cross_eval import corpus_perplexity
+
+        res = corpus_perplexity(task, model, cfg, args.data, args.split)
+    elif cfg.task == "lm":
         from mhe.tasks.text import corpus_lines, token_stream
 
         lines = corpus_lines(cfg, args.split)
@@ -240,6 +250,9 @@ def cmd_finetune(args) -> int:
     summary = {"task": args.task, "metric": results[0]["metric"], "attention": results[0]["attention"],
                "scores": scores, "mean": statistics.fmean(scores),
                "std": statistics.stdev(scores) if len(scores) > 1 else 0.0, "n_seeds": len(scores)}
+    from mhe.experiments.summary import metric_means
+
+    summary["metrics"] = metric_means(results)  # every official metric; `metric` is the paper's headline
     if args.seeds > 1:
         from mhe.training.checkpoint import write_json_atomic
 

@@ -19,7 +19,8 @@ class TrainConfig:
     """Optimisation and cadence (Appendix B, Table 11: pre-training)."""
 
     steps: int = 1_000_000           # the schedule's horizon
-    epochs: float = 0                # if > 0: steps = epochs x (training items // batch_size)
+    epochs: float = 0                # if > 0: steps = epochs x (training items // batch_size);
+                                     # --set train.steps=N turns epochs off (the later of the two wins)
     batch_size: int = 32             # global batch (split over GPUs)
     grad_accum: int = 1
     lr: float = 1e-4
@@ -32,6 +33,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     label_smoothing: float = 0.0
+    init_from: str = ""              # a run directory: start from its weights and tokenizer (tasks/init_from.py)
     seed: int = 0
     log_every: int = 10
     eval_every: int = 0              # 0: only at the end
@@ -146,6 +148,8 @@ def apply_overrides(cfg: RunConfig, items: list[str]) -> RunConfig:
                     raise MheError(f"--set {key} takes a JSON object, got {raw!r}")
                 value = {**current, **value}  # successive --set items merge
             setattr(target, name, value)
+            if section == "train" and name == "steps":
+                cfg.train.epochs = 0  # an explicit step count wins over (fine-tuning's default) epochs
         else:
             raise one_of("--set section", section, ("train", "data", "model"))
     validate(cfg)

@@ -1,0 +1,75 @@
+"""Continued pre-training: start a run from another run's weights (``train.init_from``).
+
+The new run takes the source run's tokenizer (so the embeddings mean the same ids) and
+its newest complete checkpoint's model weights, as fine-tuning does; the optimiser,
+schedule and step count start afresh. The model shape must match the source's: the same
+preset and the same ``model.*`` settings.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from torch import nn
+
+from mhe.errors import MheError
+
+
+def starts_from(cfg, out: Path) -> str:
+    """The run to start from: ``train.init_from`` while ``out`` holds no complete checkpoint of
+    its own (a resumed or evaluated run loads its own weights, and needs no source any more)."""
+    from mhe.training.checkpoint import latest_checkpoint
+
+    if not cfg.train.init_from or latest_checkpoint(out / "checkpoints", report=lambda _: None) is not None:
+        return ""
+    return cfg.train.init_from
+
+
+def source_checkpoint(run_dir: str | Path) -> Path:
+    """The newest complete checkpoint of a run directory."""
+    from mhe.training.checkpoint import latest_checkpoint
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise MheError(f"train.init_from={run_dir} is not a run directory (no config.json)")
+    point = latest_checkpoint(run_dir / "checkpoints", report=lambda _: None)
+    if point is None:
+        raise MheError(f"train.init_from={run_dir} has no complete checkpoint under checkpoints/")
+    return point
+
+
+def adopt_tokenizer(run_dir: str | Path, out: Path) -> None:
+    """Copy the source run's ``tokenizer.json`` into ``out`` (kept when ``out`` already has one:
+    a resumed run; refused when that one differs)."""
+    src = Path(run_dir) / "tokenizer.json"
+    if not src.is_file():
+        raise MheError(f"train.init_from={run_dir} has no tokenizer.json")
+    dst = out / "tokenizer.json"
+    if dst.is_file():
+        if json.loads(dst.read_text()) != json.loads(src.read_text()):
+            raise MheError(f"{out} already holds another tokenizer than train.init_from={run_dir}")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".tokenizer.json.tmp"
+    shutil.copyfile(src, tmp)
+    tmp.replace(dst)
+
+
+def init_weights(model: nn.Module, run_dir: str | Path) -> Path:
+    """Load the source run's newest weights into ``model``; returns the checkpoint used.
+
+    Shapes and names must match exactly (tied output weights aside)."""
+    from mhe.training.weights import load_state_strict
+    from mhe.training.averaging import model_weights
+
+    point = source_checkpoint(run_dir)
+    state = model_weights(point)
+    own = model.state_dict()
+    for k, t in state.items():
+        if k in own and own[k].shape != t.shape:
+            raise MheError(f"train.init_from={run_dir}: {k} is {tuple(t.shape)} there but {tuple(own[k].shape)} "
+                           "here; use the source's preset and model.* settings")
+    load_state_strict(model, state, source=point)
+    return point
