@@ -44,3 +44,6 @@ def require_data(*relpaths: str) -> Path:
             pytest.fail(msg)
         pytest.skip(msg)
     return root
+
+
+from tiny_runs import lm_run, mt_run  # noqa: E402,F401  (session-scoped tiny runs, shared)
