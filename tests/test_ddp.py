@@ -3,8 +3,9 @@ train exactly like one process at the full batch (same global batch, dropout off
 
 What can differ is only floating-point summation order (the all-reduce adds two half-batch
 mean gradients and divides by two), so losses, gradient norms and final weights must agree
-to float32 rounding (measured: losses 6e-8 relative, weights 1.2e-7 absolute). A reduction that sums instead of averaging doubles the logged gradient
-norm; a missing reduction lets the two processes drift apart from the single one.
+to float32 rounding (measured: losses 6e-8 relative, weights 1.2e-7 absolute). A reduction
+that sums instead of averaging doubles the logged gradient norm; a missing reduction lets the
+two processes drift apart from the single one.
 """
 
 import json
