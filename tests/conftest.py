@@ -8,6 +8,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# One CPU thread per test process, and the same for the processes tests start (mhe.runtime):
+# with torch's default of one thread per core the suite slows several-fold under any load.
+os.environ["MHE_THREADS"] = "1"
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
+torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def seed_everything():
@@ -37,3 +44,6 @@ def require_data(*relpaths: str) -> Path:
             pytest.fail(msg)
         pytest.skip(msg)
     return root
+
+
+from tiny_runs import lm_run, mt_run  # noqa: E402,F401  (session-scoped tiny runs, shared)

@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        from mhe.runtime import configure_threads
+
+        configure_threads()  # MHE_THREADS: one setting for every command (mhe.runtime)
         return int(COMMANDS[args.command][2](args) or 0)
     except MheError as e:
         print(f"mhe {args.command}: error: {e}", file=sys.stderr)

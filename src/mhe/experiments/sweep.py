@@ -141,7 +141,9 @@ def _run_parallel(sweep, jobs, workers, log) -> None:
     import torch
 
     gpus = torch.cuda.device_count()
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    from mhe.runtime import worker_threads
+
+    threads = worker_threads(workers)
 
     def launch(slot_job):
         slot, (kind, seed, run_dir) = slot_job
@@ -151,7 +153,7 @@ def _run_parallel(sweep, jobs, workers, log) -> None:
         cmd = [sys.executable, "-m", "mhe", "run", "--config", str(run_dir / "run.json"), "--out", str(run_dir)]
         if list_checkpoints(run_dir / "checkpoints"):
             cmd.append("--resume")
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        env = dict(os.environ, MHE_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(slot % gpus)
         log(f"[start] {kind} seed {seed}" + (f" on GPU {slot % gpus}" if gpus else ""))
