@@ -11,6 +11,7 @@ import gzip
 import io
 import lzma
 import os
+import zlib
 from pathlib import Path
 
 from mhe.errors import MheError
@@ -42,10 +43,63 @@ def find_file(relpath: str, root: Path | None = None) -> Path:
 
 
 def open_text(path: str | os.PathLike) -> io.TextIOBase:
-    """Open plain, gzip or xz text as UTF-8 by the file name's ending."""
+    """Open plain, gzip or xz text as UTF-8 by the file name's ending (no error translation:
+    readers use :func:`iter_lines` / :func:`read_text`, which name the file and the byte)."""
     path = str(path)
     if path.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8")
     if path.endswith(".xz"):
         return lzma.open(path, "rt", encoding="utf-8")
     return open(path, encoding="utf-8")
+
+
+def _open_bytes(path: str) -> io.BufferedIOBase:
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.endswith(".xz"):
+        return lzma.open(path, "rb")
+    return open(path, "rb")
+
+
+# What a damaged file raises while it is decompressed or read.
+_READ_ERRORS = (gzip.BadGzipFile, lzma.LZMAError, EOFError, zlib.error, OSError)
+
+
+def _read_error(path: str, err: Exception, offset: int) -> MheError:
+    if isinstance(err, EOFError):
+        what = "truncated compressed file (ends before its end-of-stream marker)"
+    elif isinstance(err, (gzip.BadGzipFile, lzma.LZMAError, zlib.error)):
+        what = f"corrupt compressed file ({err})"
+    else:
+        what = f"cannot read ({err.strerror or err})"
+    return MheError(f"{path}: {what}, after {offset} bytes of text")
+
+
+def _decode(raw: bytes, path: str, line: int, offset: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MheError(f"{path}: line {line}: byte {offset + e.start} (0x{raw[e.start]:02x}) is not UTF-8; "
+                       "the data files must be UTF-8 text") from None
+
+
+def iter_lines(path: str | os.PathLike):
+    """Yield the lines of a plain, gzip or xz UTF-8 file with ``\n`` endings (``\r\n``
+    becomes ``\n``, as text mode would). A corrupt or truncated archive, an unreadable
+    file or a byte that is not UTF-8 raises :class:`MheError` naming the file, the line
+    and the byte offset (of the uncompressed text)."""
+    path = str(path)
+    offset, n = 0, 0
+    try:
+        with _open_bytes(path) as f:
+            for n, raw in enumerate(f, 1):
+                line = _decode(raw, path, n, offset)
+                offset += len(raw)
+                yield line[:-2] + "\n" if line.endswith("\r\n") else line
+    except _READ_ERRORS as e:
+        raise _read_error(path, e, offset) from None
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The whole UTF-8 text of a plain, gzip or xz file, with the errors of :func:`iter_lines`."""
+    return "".join(iter_lines(path))
