@@ -127,7 +127,7 @@ def cmd_report(args) -> int:
             recorded = json.loads((d / "sweep.json").read_text())
             paper = recorded.get("paper", "") if paper is None else paper
             metric = metric or recorded.get("metric") or None
-        summary = write_summary(d, paper_table=paper or "", metric=metric)
+        summary = write_summary(d, paper_table=paper or "", metric=metric, strict_paper=True)
         print(f"## {d}\n")
         print(summary["markdown"])
     return 0

@@ -174,10 +174,10 @@ def cmd_translate(args) -> int:
         raise MheError(f"--alpha must be a finite length penalty >= 0, got {args.alpha}")
     if args.input != "-" and not Path(args.input).is_file():
         raise MheError(f"input file not found: {args.input}")
+    lines = read_source_lines(args.input)  # before the model loads: bad input fails at once
     model, cfg, task = load_run(args.checkpoint)
     if cfg.task != "mt":
         raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not a translation run")
-    lines = read_source_lines(args.input)
     for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha):
         print(hyp)
     return 0
