@@ -80,7 +80,7 @@ def _decode(raw: bytes, path: str, line: int, offset: int) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise MheError(f"{path}: line {line}: byte {offset + e.start} (0x{raw[e.start]:02x}) is not UTF-8; "
-                       "the data files must be UTF-8 text") from None
+                       "the file must be UTF-8 text") from None
 
 
 def iter_lines(path: str | os.PathLike):

@@ -29,6 +29,7 @@ class CausalLMTask(Task):
         self.cfg = cfg
         train = corpus_lines(cfg, "train")
         self.valid_lines = corpus_lines(cfg, "valid")
+        self.test_lines = corpus_lines(cfg, "test")  # read now: a bad test split fails before training
         self.tok = tokenizer_for(cfg, out, train, default_kind="bpe", default_vocab=8192,
                                  dist=dist)
         self.device = dist.device
@@ -75,7 +76,7 @@ class CausalLMTask(Task):
 
     def final(self, model):
         model.eval()
-        test_lines = corpus_lines(self.cfg, "test")
+        test_lines = self.test_lines
         stride = self.stride()
         ids = token_stream(self.tok, test_lines)
         res = self._ppl(model, ids, test_lines, stride)
