@@ -147,7 +147,7 @@ def cmd_overview(args) -> int:
     from mhe.training.checkpoint import write_text_atomic
 
     if args.out:
-        check_output_file(args.out, "--out")
+        check_output_file(args.out, "--out", parent_must_exist=True)
     if args.plot:
         check_output_file(args.plot, "--plot", suffixes=image_suffixes(), parent_must_exist=True)
     md = overview([Path(d) for d in args.dirs], plot=Path(args.plot) if args.plot else None)

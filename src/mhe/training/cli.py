@@ -108,7 +108,7 @@ def cmd_eval(args) -> int:
     if args.out:
         from mhe.output_paths import check_output_file
 
-        check_output_file(args.out, "--out")
+        check_output_file(args.out, "--out", parent_must_exist=True)
     model, cfg, task = load_run(args.checkpoint, data_dir=args.data_dir)
     if args.task != cfg.task:
         raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not {args.task!r}")
