@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mhe.data.paths import data_root, find_file, iter_lines, read_text
+from mhe.data.paths import data_root, find_file, iter_lines, read_text, record_shape
 from mhe.errors import MheError, one_of
 
 
@@ -212,24 +212,11 @@ def _read_jsonl(t, path):
     return out
 
 
-# What a record of the wrong structure raises inside the parsers (a field of the wrong type).
-_SHAPE_ERRORS = (KeyError, TypeError, IndexError, AttributeError, ValueError)
-
-
-def _shape_error(path, where, err: Exception) -> MheError:
-    detail = f"missing field {err.args[0]!r}" if isinstance(err, KeyError) else str(err).splitlines()[0]
-    return MheError(f"{path}: {where}: malformed record ({detail})")
-
-
 def _parse_record(t, rec, path, n) -> list[Example]:
     """One official SuperGLUE record -> examples (MultiRC: one per answer); a field of the
     wrong type or structure raises :class:`MheError` naming the file and record."""
-    try:
+    with record_shape(path, f"record {n}"):
         return _parse_fields(t, rec, path, n)
-    except MheError:
-        raise
-    except _SHAPE_ERRORS as e:
-        raise _shape_error(path, f"record {n}", e) from None
 
 
 def _parse_fields(t, rec, path, n) -> list[Example]:
@@ -256,10 +243,9 @@ def _parse_fields(t, rec, path, n) -> list[Example]:
             words[i + k - 1] = words[i + k - 1] + sym
         return [Example(" ".join(words), None, lab(g("label")), uid=uid)]
     if t.reader == "copa":
-        asks = {"cause": "What was the cause?", "effect": "What happened as a result?"}
-        if g("question") not in asks:
+        if g("question") not in ("cause", "effect"):
             raise MheError(f"{path}: record {n}: question {g('question')!r} is not one of cause, effect")
-        ask = asks[g("question")]
+        ask = {"cause": "What was the cause?", "effect": "What happened as a result?"}[g("question")]
         return [Example(f"{g('premise')} {ask}", None, lab(g("label")), choices=[g("choice1"), g("choice2")], uid=uid)]
     passage = " ".join(TAG.sub(" ", g("passage")["text"]).split())  # multirc
     out = []
@@ -280,12 +266,8 @@ def _read_squad(path):
     if not isinstance(arts, list):
         raise MheError(f"{path}: 'data' must be a list of articles, got {type(arts).__name__}")
     for a, art in enumerate(arts):
-        try:
+        with record_shape(path, f"data[{a}]"):
             _squad_article(art, path, out)
-        except MheError:
-            raise
-        except _SHAPE_ERRORS as e:
-            raise _shape_error(path, f"data[{a}]", e) from None
     return out
 
 

@@ -12,6 +12,7 @@ import io
 import lzma
 import os
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 from mhe.errors import MheError
@@ -98,6 +99,23 @@ def iter_lines(path: str | os.PathLike):
                 yield line[:-2] + "\n" if line.endswith("\r\n") else line
     except _READ_ERRORS as e:
         raise _read_error(path, e, offset) from None
+
+
+# What a record of the wrong structure raises inside a parser (a field of the wrong type).
+SHAPE_ERRORS = (KeyError, TypeError, IndexError, AttributeError, ValueError)
+
+
+@contextmanager
+def record_shape(path, where: str):
+    """Turn what a record of the wrong structure raises inside a parser (a missing key, a
+    field of the wrong type) into one line naming the file and ``where`` (the record)."""
+    try:
+        yield
+    except MheError:
+        raise
+    except SHAPE_ERRORS as e:
+        detail = f"missing field {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        raise MheError(f"{path}: {where}: malformed record ({detail})") from None
 
 
 def read_text(path: str | os.PathLike) -> str:
