@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mhe.cli import command
 from mhe.errors import MheError
+from mhe.output_paths import check_output_dir
 
 
 def add_run_args(p, *, task_choice: bool) -> None:
@@ -45,8 +46,6 @@ def build_run(task: str, args):
 def run_training(cfg, out: str, resume: bool) -> dict:
     from mhe.tasks import build_task
     from mhe.training.loop import Trainer
-
-    from mhe.output_paths import check_output_dir
 
     out = out or f"runs/{cfg.task}-{cfg.preset}-{cfg.attention}"
     check_output_dir(out)  # before any data is read: a bad --out fails at once
@@ -232,12 +231,11 @@ def finetune_config(task: str, checkpoint: str, *, data_dir: str = "", overrides
 
 @command("finetune", "fine-tune a pre-trained run on GLUE, SuperGLUE or SQuAD", _finetune_args)
 def cmd_finetune(args) -> int:
-    from mhe.output_paths import check_output_dir
-
     if args.seeds <= 0:
         raise MheError(f"--seeds must be positive, got {args.seeds}")
-    out = check_output_dir(args.out or f"runs/finetune-{args.task}-{Path(args.checkpoint).name}")
+    out = Path(args.out or f"runs/finetune-{args.task}-{Path(args.checkpoint).name}")
     results = []
+    check_output_dir(out)  # before the checkpoint or any data is read
     for seed in range(args.seeds):
         cfg = finetune_config(args.task, args.checkpoint, data_dir=args.data_dir, overrides=args.set, seed=seed)
         run_dir = out / f"seed-{seed}" if args.seeds > 1 else out
