@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mhe.data.paths import data_root, find_file, iter_lines, read_text, record_shape
+from mhe.data.paths import data_root, find_file, iter_lines, open_text, read_text, record_shape
 from mhe.errors import MheError, one_of
 
 
@@ -199,22 +199,23 @@ TAG = re.compile(r"<[^>]+>")
 
 def _read_jsonl(t, path):
     out = []
-    for n, line in enumerate(iter_lines(path), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError as e:
-            raise MheError(f"{path}: record {n}: not valid JSON ({getattr(e, 'msg', e)})") from None
-        if not isinstance(rec, dict):
-            raise MheError(f"{path}: record {n}: expected a JSON object, got a JSON {type(rec).__name__}")
-        out.extend(_parse_record(t, rec, path, n))
+    with open_text(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                raise MheError(f"{path}: record {n}: not valid JSON") from None
+            out.extend(_parse_record(t, rec, path, n))
     return out
 
 
 def _parse_record(t, rec, path, n) -> list[Example]:
     """One official SuperGLUE record -> examples (MultiRC: one per answer); a field of the
     wrong type or structure raises :class:`MheError` naming the file and record."""
+    if not isinstance(rec, dict):
+        raise MheError(f"{path}: record {n}: expected a JSON object, got a JSON {type(rec).__name__}")
     with record_shape(path, f"record {n}"):
         return _parse_fields(t, rec, path, n)
 

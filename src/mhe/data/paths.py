@@ -43,15 +43,29 @@ def find_file(relpath: str, root: Path | None = None) -> Path:
                    f"point --data-dir or {ENV} at the folder that holds it")
 
 
-def open_text(path: str | os.PathLike) -> io.TextIOBase:
-    """Open plain, gzip or xz text as UTF-8 by the file name's ending (no error translation:
-    readers use :func:`iter_lines` / :func:`read_text`, which name the file and the byte)."""
-    path = str(path)
-    if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    if path.endswith(".xz"):
-        return lzma.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+def open_text(path: str | os.PathLike) -> "CheckedText":
+    """Open plain, gzip or xz UTF-8 text by the file name's ending, for iteration by line
+    or ``read()``; damaged files raise the one-line errors of :func:`iter_lines`."""
+    return CheckedText(path)
+
+
+class CheckedText:
+    """A read-only text file (``with``, iteration, ``read``) read through :func:`iter_lines`."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.name = str(path)
+
+    def __enter__(self) -> "CheckedText":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def __iter__(self):
+        return iter_lines(self.name)
+
+    def read(self) -> str:
+        return read_text(self.name)
 
 
 def _open_bytes(path: str) -> io.BufferedIOBase:
