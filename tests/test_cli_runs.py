@@ -2,6 +2,7 @@
 each checked against a direct computation from the saved files: the weights in the run's
 safetensors, its tokenizer, the model's own beam search, a per-window NLL written plainly."""
 
+import io
 import json
 import math
 
@@ -102,6 +103,7 @@ def sharp_checkpoint(run, dest):
     import shutil
 
     from mhe.training.checkpoint import save_checkpoint
+    from mhe.training.state import rng_state
 
     shutil.copytree(run, dest)
     model, _, _ = load_run(run)
@@ -111,8 +113,8 @@ def sharp_checkpoint(run, dest):
             if "norm" not in name:  # layer norms keep their trained affine
                 p.normal_(0, 0.2)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    return save_checkpoint(dest / "checkpoints", 99, model=model, optimizer=opt, scheduler=None,
-                           trainer_state={}, keep_last=0)
+    state = {"step": 99, "optimizer": opt.state_dict(), "scheduler": {}, "rng": rng_state(), "data": {}}
+    return save_checkpoint(dest / "checkpoints", model=model, state=state, keep_last=0)
 
 
 @torch.no_grad()
@@ -142,6 +144,7 @@ def test_translate_equals_the_models_own_beam_search(mt_run, capsys, tmp_path):
     assert got == want
 
 
-def test_translate_refuses_a_run_of_another_task(lm_run, capsys):
+def test_translate_refuses_a_run_of_another_task(lm_run, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A dog.\n")))
     assert main(["translate", "--checkpoint", str(lm_run), "--input", "-"]) == 2
     assert "not a translation run" in capsys.readouterr().err

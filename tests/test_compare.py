@@ -99,10 +99,14 @@ def test_sweep_resumes_and_report_rebuilds(tmp_path, capsys):
     before = (out / "summary.json").read_text()
     for f in ("summary.json", "summary.md", "summary.csv"):
         (out / f).unlink()
-    assert main(["report", str(out), "--paper", "table2-ptb"]) == 0
+    # a paper table of another metric (perplexity beside recall accuracy) is refused, nothing written
+    assert main(["report", str(out), "--paper", "table2-ptb"]) == 2
+    assert not (out / "summary.json").exists()
+    assert "'table2-ptb' reports perplexity" in capsys.readouterr().err
+    assert main(["report", str(out), "--paper", "table2-glue"]) == 0
     again = json.loads((out / "summary.json").read_text())
     assert again["rows"] == json.loads(before)["rows"]
-    assert again["paper"]["table"] == "table2-ptb" and "paper perplexity" in capsys.readouterr().out
+    assert again["paper"]["table"] == "table2-glue" and "paper accuracy" in capsys.readouterr().out
 
 
 def test_folder_with_another_comparison_is_refused(tmp_path):

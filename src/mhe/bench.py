@@ -250,6 +250,13 @@ def cmd_bench(args) -> int:
     bad = sections - {"attn", "train", "decode"}
     if bad:
         raise MheError(f"unknown bench section {sorted(bad)[0]!r}; valid: attn, train, decode")
+    for option, value in (("--reps", args.reps), ("--train-batch", args.train_batch)):
+        if value is not None and value <= 0:
+            raise MheError(f"{option} must be a positive integer, got {value}")
+    if args.json:
+        from mhe.output_paths import check_output_file
+
+        check_output_file(args.json, "--json")
     from mhe.attention import kernels
 
     kernels.set_decode_kernel(args.decode_kernel)

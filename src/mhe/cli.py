@@ -12,6 +12,14 @@ from mhe.errors import MheError
 COMMANDS: dict[str, tuple[str, object, object]] = {}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors as one line (``mhe CMD: error: ...``) and exit code 2, like every
+    other bad input; ``--help`` still prints the full usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def command(name: str, help_text: str, add_args):
     """Register ``add_args(parser)`` and the decorated ``run(args)`` as a subcommand."""
     def deco(fn):
@@ -44,17 +52,24 @@ def _resolve_geometry(args) -> dict:
                    head_dim=cfg.resolved_head_dim, max_len=cfg.max_len)
         overrides = {"n_layers": args.layers, "n_heads": args.heads, "head_dim": args.head_dim,
                      "d_model": args.d_model, "arch": args.arch}
+        _positive_sizes(args)
         geo.update({k: v for k, v in overrides.items() if v is not None})
         return geo
     missing = [f for f, v in (("--layers", args.layers), ("--heads", args.heads), ("--head-dim", args.head_dim))
                if v is None]
     if missing:
         raise MheError(f"give --preset NAME or all of --layers, --heads, --head-dim (missing {', '.join(missing)})")
-    from mhe.errors import require_positive
-
-    require_positive(layers=args.layers, n_heads=args.heads, head_dim=args.head_dim)
+    _positive_sizes(args)
     return dict(arch=args.arch or "encoder", n_layers=args.layers, n_heads=args.heads, head_dim=args.head_dim,
                 d_model=args.d_model or args.heads * args.head_dim, max_len=512)
+
+
+def _positive_sizes(args) -> None:
+    """Every size given on the command line is a positive integer (named as its option)."""
+    for name, option, value in (("layers", "--layers", args.layers), ("n_heads", "--heads", args.heads),
+                                ("head_dim", "--head-dim", args.head_dim), ("d_model", "--d-model", args.d_model)):
+        if value is not None and value <= 0:
+            raise MheError(f"{name} must be a positive integer, got {value} ({option})")
 
 
 def _kinds(spec: str) -> list[str]:
@@ -66,6 +81,8 @@ def _kinds(spec: str) -> list[str]:
     if spec == "all":
         return list(KINDS)
     kinds = [k.strip() for k in spec.split(",") if k.strip()]
+    if not kinds:
+        raise MheError(f"--kinds {spec!r} names no attention kind; give 'paper', 'all' or some of {', '.join(KINDS)}")
     for k in kinds:
         if k not in KINDS:
             raise one_of("attention kind", k, KINDS)
@@ -140,6 +157,9 @@ def cmd_memory(args) -> int:
 
     if args.preset is None and args.layers is None:
         args.layers = 12  # not used by the per-block table
+    for option, value in (("--batch", args.batch), ("--seq-len", args.seq_len)):
+        if value <= 0:
+            raise MheError(f"{option} must be a positive integer, got {value}")
     geo = _resolve_geometry(args)
     rows = attention_memory(_kinds(args.kinds), d_model=geo["d_model"], n_heads=geo["n_heads"],
                             head_dim=geo["head_dim"], batch=args.batch, seq_len=args.seq_len, bias=args.bias)
@@ -166,6 +186,12 @@ def cmd_scaling(args) -> int:
     from mhe.accounting import gpt3_projection
     from mhe.accounting.scaling import LABELS, params_vs_heads, params_vs_layers, plot_scaling
 
+    if args.head_dim <= 0:
+        raise MheError(f"--head-dim must be a positive integer, got {args.head_dim}")
+    if args.plot:
+        from mhe.output_paths import check_output_file, image_suffixes
+
+        check_output_file(args.plot, "--plot", suffixes=image_suffixes(), parent_must_exist=True)
     heads = [1, 2, 4, 8, 16, 32, 64, 128]
     curve = params_vs_heads(heads, args.head_dim)
     print(f"Parameters of one attention sublayer (Q, K, V; d={args.head_dim}) against heads:")
@@ -200,7 +226,7 @@ def _load_more_commands() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     _load_more_commands()
-    parser = argparse.ArgumentParser(prog="mhe", description="Multi-head embedding attention toolkit")
+    parser = OneLineParser(prog="mhe", description="Multi-head embedding attention toolkit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help_text, add_args, _) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

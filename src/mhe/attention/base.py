@@ -56,6 +56,11 @@ class AttentionConfig:
                 )
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         require_positive(head_dim=self.head_dim)
+        for name in ("causal", "bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise MheError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
+            raise MheError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise MheError(f"dropout must be in [0, 1), got {self.dropout!r}")
 
@@ -210,6 +215,9 @@ class Attention(nn.Module):
 
     def _check_input(self, x: torch.Tensor, context: torch.Tensor | None) -> None:
         m = self.cfg.d_model
+        for name, t in (("input", x), ("context", context)):
+            if name == "input" or t is not None:
+                _check_floating(name, t, self)
         if x.dim() != 3 or x.shape[-1] != m:
             raise MheError(f"input must have shape [B, T, d_model={m}], got {tuple(x.shape)}")
         if context is not None and (context.dim() != 3 or context.shape[-1] != m
@@ -230,6 +238,17 @@ class Attention(nn.Module):
     def extra_repr(self) -> str:
         c = self.cfg
         return f"kind={self.kind}, d_model={c.d_model}, n_heads={c.n_heads}, head_dim={c.head_dim}, causal={c.causal}"
+
+
+def _check_floating(name: str, t, module: nn.Module) -> None:
+    """``t`` is a floating tensor of the weights' dtype (any float dtype under autocast)."""
+    if not isinstance(t, torch.Tensor):
+        raise MheError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise MheError(f"{name} must be a floating-point tensor [B, T, d_model], got {t.dtype}")
+    w = next(module.parameters(), None)
+    if w is not None and t.dtype != w.dtype and not torch.is_autocast_enabled(t.device.type):
+        raise MheError(f"{name} is {t.dtype} but the weights are {w.dtype}; cast one to the other or use autocast")
 
 
 def default_scale(head_dim: int) -> float:

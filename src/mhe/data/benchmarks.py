@@ -17,8 +17,9 @@ Every task yields :class:`Example` records. Input construction:
 
 ReCoRD has its own reader (:mod:`mhe.data.record`).
 
-A record with missing fields or a label outside the task's label set raises an error
-naming the file and record.
+A record with missing fields, of the wrong structure or with a label outside the
+task's label set raises an error naming the file and record (the line, for JSONL and
+TSV); so does a split without one example.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mhe.data.paths import data_root, find_file, open_text
+from mhe.data.paths import data_root, find_file, iter_lines, open_text, read_text, record_shape
 from mhe.errors import MheError, one_of
 
 
@@ -124,6 +125,8 @@ def read_examples(name: str, split: str, *, data_dir=None, limit: int | None = N
     out: list[Example] = []
     for p in paths:
         out.extend(_read(t, p))
+    if not out:
+        raise MheError(f"{', '.join(str(p) for p in paths)}: the {split} split of {name} has no examples")
     return out[:limit] if limit else out
 
 
@@ -164,8 +167,9 @@ def _read(t: BenchTask, path: Path) -> list[Example]:
 
 
 def _read_tsv(t, path, col_a, col_b, col_label):
-    with open_text(path) as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    rows = list(csv.reader(iter_lines(path), delimiter="\t", quoting=csv.QUOTE_NONE))
+    if not rows:
+        raise MheError(f"{path}: empty file (expected a header line with {col_a!r})")
     header = [h.lstrip("\ufeff") for h in rows[0]]
     need = [c for c in (col_a, col_b, col_label) if c]
     missing = [c for c in need if c not in header]
@@ -184,16 +188,17 @@ def _read_tsv(t, path, col_a, col_b, col_label):
 
 def _read_cola(t, path):
     out = []
-    with open_text(path) as f:
-        for n, line in enumerate(f, 1):
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) < 4:
-                raise MheError(f"{path}: line {n}: {len(parts)} fields, expected 4 (source, label, mark, sentence)")
-            out.append(Example(parts[3], None, _label(t, parts[1], path, f"line {n}"), uid=str(n)))
+    for n, line in enumerate(iter_lines(path), 1):
+        parts = line.rstrip("\n").split("\t")
+        if len(parts) < 4:
+            raise MheError(f"{path}: line {n}: {len(parts)} fields, expected 4 (source, label, mark, sentence)")
+        out.append(Example(parts[3], None, _label(t, parts[1], path, f"line {n}"), uid=str(n)))
     return out
 
 
 def _get(rec, key, path, n):
+    if not isinstance(rec, dict):
+        raise MheError(f"{path}: record {n}: expected a JSON object with {key!r}, got {type(rec).__name__}")
     if key not in rec:
         raise MheError(f"{path}: record {n}: missing field {key!r}")
     return rec[key]
@@ -248,7 +253,15 @@ def _pair_axg(examples: list[Example], path) -> list[Example]:
 
 
 def _parse_record(t, rec, path, n) -> list[Example]:
-    """One official SuperGLUE record -> examples (MultiRC: one per answer)."""
+    """One official SuperGLUE record -> examples (MultiRC: one per answer); a field of the
+    wrong type or structure raises :class:`MheError` naming the file and record."""
+    if not isinstance(rec, dict):
+        raise MheError(f"{path}: record {n}: expected a JSON object, got a JSON {type(rec).__name__}")
+    with record_shape(path, f"record {n}"):
+        return _parse_fields(t, rec, path, n)
+
+
+def _parse_fields(t, rec, path, n) -> list[Example]:
     g = lambda k: _get(rec, k, path, n)  # noqa: E731
     lab = lambda v: _label(t, v, path, f"record {n}")  # noqa: E731
     uid = str(rec.get("idx", n))
@@ -274,6 +287,8 @@ def _parse_record(t, rec, path, n) -> list[Example]:
             words[i + k - 1] = words[i + k - 1] + sym
         return [Example(" ".join(words), None, lab(g("label")), uid=uid)]
     if t.reader == "copa":
+        if g("question") not in ("cause", "effect"):
+            raise MheError(f"{path}: record {n}: question {g('question')!r} is not one of cause, effect")
         ask = {"cause": "What was the cause?", "effect": "What happened as a result?"}[g("question")]
         return [Example(f"{g('premise')} {ask}", None, lab(g("label")), choices=[g("choice1"), g("choice2")], uid=uid)]
     passage = " ".join(TAG.sub(" ", g("passage")["text"]).split())  # multirc
@@ -286,21 +301,31 @@ def _parse_record(t, rec, path, n) -> list[Example]:
 
 
 def _read_squad(path):
-    with open_text(path) as f:
-        data = json.load(f)
-    out = []
-    for art in _get(data, "data", path, 0):
-        for para in art["paragraphs"]:
-            ctx = para["context"]
-            for qa in para["qas"]:
-                answers = [(a["text"], a["answer_start"]) for a in qa.get("answers", [])]
-                if qa.get("is_impossible"):
-                    answers = []
-                for text, start in answers:
-                    if ctx[start:start + len(text)] != text:
-                        raise MheError(f"{path}: question {qa['id']}: answer {text!r} not at offset {start}")
-                out.append(Example(qa["question"], ctx, uid=qa["id"], answers=answers))
+    try:
+        data = json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise MheError(f"{path}: line {e.lineno} column {e.colno}: not valid JSON ({e.msg})") from None
+    out: list[Example] = []
+    arts = _get(data, "data", path, 0)
+    if not isinstance(arts, list):
+        raise MheError(f"{path}: 'data' must be a list of articles, got {type(arts).__name__}")
+    for a, art in enumerate(arts):
+        with record_shape(path, f"data[{a}]"):
+            _squad_article(art, path, out)
     return out
+
+
+def _squad_article(art, path, out: list) -> None:
+    for para in art["paragraphs"]:
+        ctx = para["context"]
+        for qa in para["qas"]:
+            answers = [(a["text"], a["answer_start"]) for a in qa.get("answers", [])]
+            if qa.get("is_impossible"):
+                answers = []
+            for text, start in answers:
+                if ctx[start:start + len(text)] != text:
+                    raise MheError(f"{path}: question {qa['id']}: answer {text!r} not at offset {start}")
+            out.append(Example(qa["question"], ctx, uid=qa["id"], answers=answers))
 
 
 # task -> (hub dataset, configuration, validation split)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mhe.data.paths import data_root, find_file, open_text
+from mhe.data.paths import data_root, find_file, iter_lines
 from mhe.errors import MheError, one_of
 
 SPLITS = ("train", "valid", "test")
@@ -42,7 +42,8 @@ def corpus(name: str) -> Corpus:
 
 def read_lines(name: str, split: str, *, data_dir: str | Path | None = None, source: str = "local",
                limit: int | None = None) -> list[str]:
-    """The split's lines, stripped of the trailing newline; empty lines are dropped."""
+    """The split's lines, stripped of the trailing newline; empty lines are dropped.
+    A split with no text (empty, or blank lines only) is an error, not an empty list."""
     c = corpus(name)
     if split not in SPLITS:
         raise one_of("split", split, SPLITS)
@@ -52,15 +53,16 @@ def read_lines(name: str, split: str, *, data_dir: str | Path | None = None, sou
         raise one_of("data source", source, ("local", "hub"))
     path = find_file(c.files[split], data_root(data_dir))
     lines = []
-    with open_text(path) as f:
-        for i, line in enumerate(f, 1):
-            if "\x00" in line:
-                raise MheError(f"{path}:{i}: malformed line (NUL byte) in a text corpus")
-            line = line.strip()
-            if line:
-                lines.append(line)
-            if limit and len(lines) >= limit:
-                break
+    for i, line in enumerate(iter_lines(path), 1):
+        if "\x00" in line:
+            raise MheError(f"{path}:{i}: malformed line (NUL byte) in a text corpus")
+        line = line.strip()
+        if line:
+            lines.append(line)
+        if limit and len(lines) >= limit:
+            break
+    if not lines:
+        raise MheError(f"{path}: the {split} split has no text (empty or blank lines only)")
     return lines
 
 
@@ -78,6 +80,8 @@ def _from_hub(c: Corpus, split: str, limit: int | None) -> list[str]:
                        f"offline, put {c.files[split]} under --data-dir") from None
     key = "sentence" if "sentence" in ds.column_names else "text"
     lines = [t.strip() for t in ds[key] if t.strip()]
+    if not lines:
+        raise MheError(f"{c.hub[0]} ({c.hub[1]}): the {split} split has no text")
     return lines[:limit] if limit else lines
 
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mhe.data.paths import data_root, find_file, open_text
+from mhe.data.paths import data_root, find_file, iter_lines, read_text
 from mhe.errors import MheError, one_of
 
 SEG = re.compile(r"<seg[^>]*>(.*?)</seg>", re.IGNORECASE)
@@ -48,15 +48,16 @@ def parallel_corpus(name: str) -> ParallelCorpus:
 
 def read_sgml(path: Path) -> list[str]:
     """The text of every <seg> of a WMT SGML file, in order, entities decoded."""
-    with open_text(path) as f:
-        return [html.unescape(m.group(1).strip()) for m in SEG.finditer(f.read())]
+    return [html.unescape(m.group(1).strip()) for m in SEG.finditer(read_text(path))]
 
 
 def _read(path: Path) -> list[str]:
-    if ".sgm" in path.name:
-        return read_sgml(path)
-    with open_text(path) as f:
-        return [line.rstrip("\n").strip() for line in f]
+    """The file's sentences; a file without one non-blank line is an error (an empty split)."""
+    lines = read_sgml(path) if ".sgm" in path.name else [line.rstrip("\n").strip() for line in iter_lines(path)]
+    if not any(lines):
+        what = "no <seg> with text" if ".sgm" in path.name else "no text (empty or blank lines only)"
+        raise MheError(f"{path}: {what}")
+    return lines
 
 
 def read_parallel(name: str, split: str, src: str, tgt: str, *, data_dir=None, source: str = "local",
@@ -85,6 +86,8 @@ def read_parallel(name: str, split: str, src: str, tgt: str, *, data_dir=None, s
     if drop_empty:
         pairs = [(s, t) for s, t in zip(srcs, tgts) if s and t]
         srcs, tgts = [p[0] for p in pairs], [p[1] for p in pairs]
+        if not pairs:
+            raise MheError(f"{name} {split}: no pair has text on both sides ({src}, {tgt})")
     if limit:
         srcs, tgts = srcs[:limit], tgts[:limit]
     return srcs, tgts

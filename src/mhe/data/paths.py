@@ -11,6 +11,8 @@ import gzip
 import io
 import lzma
 import os
+import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 from mhe.errors import MheError
@@ -41,11 +43,95 @@ def find_file(relpath: str, root: Path | None = None) -> Path:
                    f"point --data-dir or {ENV} at the folder that holds it")
 
 
-def open_text(path: str | os.PathLike) -> io.TextIOBase:
-    """Open plain, gzip or xz text as UTF-8 by the file name's ending."""
-    path = str(path)
+def open_text(path: str | os.PathLike) -> "CheckedText":
+    """Open plain, gzip or xz UTF-8 text by the file name's ending, for iteration by line
+    or ``read()``; damaged files raise the one-line errors of :func:`iter_lines`."""
+    return CheckedText(path)
+
+
+class CheckedText:
+    """A read-only text file (``with``, iteration, ``read``) read through :func:`iter_lines`."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.name = str(path)
+
+    def __enter__(self) -> "CheckedText":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def __iter__(self):
+        return iter_lines(self.name)
+
+    def read(self) -> str:
+        return read_text(self.name)
+
+
+def _open_bytes(path: str) -> io.BufferedIOBase:
     if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
+        return gzip.open(path, "rb")
     if path.endswith(".xz"):
-        return lzma.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return lzma.open(path, "rb")
+    return open(path, "rb")
+
+
+# What a damaged file raises while it is decompressed or read.
+_READ_ERRORS = (gzip.BadGzipFile, lzma.LZMAError, EOFError, zlib.error, OSError)
+
+
+def _read_error(path: str, err: Exception, offset: int) -> MheError:
+    if isinstance(err, EOFError):
+        what = "truncated compressed file (ends before its end-of-stream marker)"
+    elif isinstance(err, (gzip.BadGzipFile, lzma.LZMAError, zlib.error)):
+        what = f"corrupt compressed file ({err})"
+    else:
+        what = f"cannot read ({err.strerror or err})"
+    return MheError(f"{path}: {what}, after {offset} bytes of text")
+
+
+def _decode(raw: bytes, path: str, line: int, offset: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MheError(f"{path}: line {line}: byte {offset + e.start} (0x{raw[e.start]:02x}) is not UTF-8; "
+                       "the file must be UTF-8 text") from None
+
+
+def iter_lines(path: str | os.PathLike):
+    """Yield the lines of a plain, gzip or xz UTF-8 file with ``\n`` endings (``\r\n``
+    becomes ``\n``, as text mode would). A corrupt or truncated archive, an unreadable
+    file or a byte that is not UTF-8 raises :class:`MheError` naming the file, the line
+    and the byte offset (of the uncompressed text)."""
+    path = str(path)
+    offset, n = 0, 0
+    try:
+        with _open_bytes(path) as f:
+            for n, raw in enumerate(f, 1):
+                line = _decode(raw, path, n, offset)
+                offset += len(raw)
+                yield line[:-2] + "\n" if line.endswith("\r\n") else line
+    except _READ_ERRORS as e:
+        raise _read_error(path, e, offset) from None
+
+
+# What a record of the wrong structure raises inside a parser (a field of the wrong type).
+SHAPE_ERRORS = (KeyError, TypeError, IndexError, AttributeError, ValueError)
+
+
+@contextmanager
+def record_shape(path, where: str):
+    """Turn what a record of the wrong structure raises inside a parser (a missing key, a
+    field of the wrong type) into one line naming the file and ``where`` (the record)."""
+    try:
+        yield
+    except MheError:
+        raise
+    except SHAPE_ERRORS as e:
+        detail = f"missing field {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        raise MheError(f"{path}: {where}: malformed record ({detail})") from None
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The whole UTF-8 text of a plain, gzip or xz file, with the errors of :func:`iter_lines`."""
+    return "".join(iter_lines(path))

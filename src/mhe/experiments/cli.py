@@ -104,7 +104,12 @@ def cmd_compare(args) -> int:
 
     name, sweep = build_sweep(args)
     default = f"runs/compare-{name}" + (f"-{args.task}" if args.task and args.task != experiment_task(name) else "")
-    out = Path(args.out or default)
+    from mhe.errors import MheError
+    from mhe.output_paths import check_output_dir
+
+    out = check_output_dir(args.out or default)
+    if args.workers is not None and args.workers <= 0:
+        raise MheError(f"--workers must be a positive integer, got {args.workers}")
     workers = args.workers or (torch.cuda.device_count() or 2)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
@@ -136,7 +141,7 @@ def cmd_report(args) -> int:
             recorded = json.loads((d / "sweep.json").read_text())
             paper = recorded.get("paper", "") if paper is None else paper
             metric = metric or recorded.get("metric") or None
-        summary = write_summary(d, paper_table=paper or "", metric=metric)
+        summary = write_summary(d, paper_table=paper or "", metric=metric, strict_paper=True)
         print(f"## {d}\n")
         print(summary["markdown"])
     return 0
@@ -152,8 +157,13 @@ def _overview_args(p):
          _overview_args)
 def cmd_overview(args) -> int:
     from mhe.experiments.summary import overview
+    from mhe.output_paths import check_output_file, image_suffixes
     from mhe.training.checkpoint import write_text_atomic
 
+    if args.out:
+        check_output_file(args.out, "--out", parent_must_exist=True)
+    if args.plot:
+        check_output_file(args.plot, "--plot", suffixes=image_suffixes(), parent_must_exist=True)
     md = overview([Path(d) for d in args.dirs], plot=Path(args.plot) if args.plot else None)
     print(md)
     if args.out:

@@ -141,8 +141,28 @@ def markdown(summary: dict, paper: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None) -> dict:
-    """Write summary.json, summary.md, summary.csv and the plots; returns the summary."""
+def check_paper_matches(summary: dict, table: str, *, metric: bool = True) -> None:
+    """Refuse a paper table of another task (and, with ``metric``, of another metric) than
+    the comparison's, before anything is written."""
+    from mhe.data.benchmarks import TASKS as BENCH
+    from mhe.experiments.paper import paper_table
+
+    t = paper_table(table)
+    subject = table.split("-", 1)[-1]  # table1-rte -> rte, table2-ptb -> ptb
+    if subject in BENCH and subject != summary["task"]:
+        raise MheError(f"paper table {table!r} is task {subject!r}, this comparison is {summary['task']!r}; "
+                       f"give --paper table1-{summary['task']} or --paper ''")
+    ours, theirs = summary["metric"], t["metric"]
+    if metric and theirs not in ours and ours not in theirs:  # f1 ~ f1_macro, perplexity ~ word_perplexity
+        raise MheError(f"paper table {table!r} reports {t['metric']}, this comparison ({summary['task']}) reports "
+                       f"{summary['metric']}; give a table of the same task and metric or --paper ''")
+
+
+def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None,
+                  strict_paper: bool = False) -> dict:
+    """Write summary.json, summary.md, summary.csv and the plots; returns the summary.
+    A paper table of another task is refused; with ``strict_paper`` (``mhe report``) also
+    one of another metric."""
     runs = collect(out)
     if metric is None and paper_table and runs:
         from mhe.experiments.paper import paper_table as table
@@ -151,6 +171,8 @@ def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None
         if wanted != runs[0]["metric"] and all(isinstance(r.get(wanted), float) for r in runs):  # accuracy)
             metric = wanted
     summary = aggregate(runs, metric)
+    if paper_table:
+        check_paper_matches(summary, paper_table, metric=strict_paper)
     paper = paper_columns(summary, paper_table) if paper_table else None
     write_json_atomic(out / "summary.json", {**summary, **({"paper": paper} if paper else {})})
     md = markdown(summary, paper)

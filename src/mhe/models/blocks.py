@@ -9,7 +9,9 @@ from torch import nn
 
 from mhe.attention import build_attention
 from mhe.attention.base import KVCache
+from mhe.errors import MheError
 from mhe.models.config import ModelConfig
+from mhe.models.inputs import check_ids
 
 
 def activation(name: str) -> nn.Module:
@@ -92,11 +94,18 @@ class Embeddings(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.max_len = cfg.max_len
 
-    def forward(self, ids: torch.Tensor, *, start: int = 0, token_types: torch.Tensor | None = None):
+    def forward(self, ids: torch.Tensor, *, start: int = 0, token_types: torch.Tensor | None = None,
+                name: str = "input_ids"):
+        """``ids`` [B, T] (``name`` is the argument an error names) -> [B, T, m]."""
+        check_ids(name, ids, self.tokens.num_embeddings)
         t = ids.shape[1]
         if start + t > self.max_len:
-            from mhe.errors import MheError
-            raise MheError(f"sequence of {start + t} positions exceeds the model's max_len {self.max_len}")
+            raise MheError(f"{name}: sequence of {start + t} positions exceeds the model's max_len {self.max_len}")
+        if token_types is not None and self.types is not None:
+            check_ids("token_type_ids", token_types, self.types.num_embeddings)
+            if token_types.shape != ids.shape:
+                raise MheError(f"token_type_ids must have the shape of {name} {tuple(ids.shape)}, "
+                               f"got {tuple(token_types.shape)}")
         x = self.tokens(ids) * self.scale
         if self.sinusoidal:
             table = self._pos_table

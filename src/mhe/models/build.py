@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from mhe.errors import MheError
 from mhe.models.config import ModelConfig, preset
 from mhe.models.decoder import DecoderForCausalLM, DecoderForSequenceClassification
 from mhe.models.encoder import (
@@ -25,6 +26,8 @@ MODEL_CLASSES = {
 
 def resolve_config(preset_or_config: str | ModelConfig, *, attention: str | None = None,
                    **overrides) -> ModelConfig:
+    if not isinstance(preset_or_config, (str, ModelConfig)):
+        raise MheError(f"build_model takes a preset name or a ModelConfig, got {type(preset_or_config).__name__}")
     cfg = preset(preset_or_config) if isinstance(preset_or_config, str) else preset_or_config
     if attention is not None:
         overrides["attention"] = attention

@@ -10,6 +10,7 @@ from mhe.attention.base import KVCache
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.encoder import classification_loss
+from mhe.models.inputs import check_labels, check_mask
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
 
@@ -30,6 +31,7 @@ class Decoder(nn.Module):
     def forward(self, input_ids, attention_mask=None, caches: list[KVCache] | None = None):
         start = caches[0].pos if caches else 0
         x = self.embed(input_ids, start=start)
+        check_mask("attention_mask", attention_mask, input_ids.shape[0], start + input_ids.shape[1])
         mask = as_bool_mask(attention_mask)
         for i, layer in enumerate(self.layers):
             x = layer(x, mask=mask, cache=caches[i] if caches else None)
@@ -80,6 +82,7 @@ class DecoderForCausalLM(_DecoderModel):
         -100 marks positions to ignore. ``return_logits=False`` skips the full output
         distribution where only the loss is needed (adaptive softmax)."""
         h = self.decoder(input_ids, attention_mask, caches)
+        check_labels("labels", labels, input_ids.shape)
         if self.adaptive is None:
             logits = self.lm_head(h)  # [B, T, V]
             loss = None

@@ -8,6 +8,7 @@ from torch import nn
 
 from mhe.models.blocks import Block, Embeddings, activation, init_model
 from mhe.models.config import ModelConfig
+from mhe.models.inputs import check_labels, check_mask
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
 
@@ -22,8 +23,9 @@ class Encoder(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
-        mask = as_bool_mask(attention_mask)
         x = self.embed(input_ids, token_types=token_type_ids)  # [B, T, m]
+        check_mask("attention_mask", attention_mask, *input_ids.shape)
+        mask = as_bool_mask(attention_mask)
         for layer in self.layers:
             x = layer(x, mask=mask)
         return self.final_norm(x) if self.final_norm is not None else x
@@ -53,6 +55,7 @@ class EncoderForMaskedLM(_EncoderModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         h = self.encoder(input_ids, attention_mask, token_type_ids)
+        check_labels("labels", labels, input_ids.shape)
         logits = self.decoder(self.transform(h))  # [B, T, V]
         loss = None
         if labels is not None:

@@ -11,6 +11,7 @@ from mhe.attention.registry import attention_class
 from mhe.errors import MheError
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
+from mhe.models.inputs import check_labels, check_mask
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
 
@@ -39,8 +40,9 @@ class EncoderDecoder(nn.Module):
             self.lm_head.weight = self.embed.tokens.weight
 
     def encode(self, src_ids, src_mask=None):
+        x = self.embed(src_ids, name="src_ids")
+        check_mask("src_mask", src_mask, *src_ids.shape)
         mask = as_bool_mask(src_mask)
-        x = self.embed(src_ids)
         for layer in self.encoder_layers:
             x = layer(x, mask=mask)
         return self.encoder_norm(x) if self.encoder_norm is not None else x  # [B, S, m]
@@ -48,7 +50,11 @@ class EncoderDecoder(nn.Module):
     def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None,
                caches: list[tuple[KVCache, KVCache]] | None = None):
         start = caches[0][0].pos if caches else 0
-        x = self.embed(tgt_ids, start=start)
+        x = self.embed(tgt_ids, start=start, name="tgt_ids")
+        if memory.shape[0] != tgt_ids.shape[0]:
+            raise MheError(f"tgt_ids has batch {tgt_ids.shape[0]}, the source (memory) has {memory.shape[0]}")
+        check_mask("src_mask", src_mask, *memory.shape[:2])
+        check_mask("tgt_mask", tgt_mask, tgt_ids.shape[0], start + tgt_ids.shape[1])
         src_mask, tgt_mask = as_bool_mask(src_mask), as_bool_mask(tgt_mask)
         for i, layer in enumerate(self.decoder_layers):
             self_cache, cross_cache = caches[i] if caches else (None, None)
@@ -63,6 +69,7 @@ class EncoderDecoder(nn.Module):
         each position must predict (-100 ignored)."""
         memory = self.encode(src_ids, src_mask)
         logits = self.decode(tgt_ids, memory, src_mask, tgt_mask)
+        check_labels("labels", labels, tgt_ids.shape)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,

@@ -89,14 +89,14 @@ class FinetuneTask(Task):
 
             self.pair_tok = with_pair_template(Tokenizer.from_str(tok.to_str()))
             self.pair_tok.enable_truncation(mc.max_len, strategy="longest_first")
-        out.mkdir(parents=True, exist_ok=True)
-        save_tokenizer(tok, out)
         self.pad = special_id(tok, "[PAD]")
         self.sep, self.eos = special_id(tok, "[SEP]"), special_id(tok, "[EOS]")
         self.max_len = mc.max_len
         d = dict(data_dir=cfg.data.data_dir or None, source=cfg.data.source)
         train = read_examples(self.name, o["train_split"], **d)
         dev = read_examples(self.name, o["dev_split"], **d)
+        out.mkdir(parents=True, exist_ok=True)
+        save_tokenizer(tok, out)  # only once the data has been read whole
         if o["train_split"] == o["dev_split"]:  # a labelled part stands in for training data
             cut = int(o["dev_offset"]) or len(train) // 2
             train, dev = train[:cut], dev[cut:]

@@ -30,6 +30,7 @@ class CausalLMTask(Task):
         self.cfg = cfg
         train = corpus_lines(cfg, "train")
         self.valid_lines = corpus_lines(cfg, "valid")
+        self.test_lines = corpus_lines(cfg, "test")  # read now: a bad test split fails before training
         source = starts_from(cfg, out)  # continued pre-training: the source's tokenizer and weights
         if source and (dist is None or dist.main):
             adopt_tokenizer(source, out)
@@ -80,7 +81,7 @@ class CausalLMTask(Task):
 
     def final(self, model):
         model.eval()
-        test_lines = corpus_lines(self.cfg, "test")
+        test_lines = self.test_lines
         stride = self.stride()
         ids = token_stream(self.tok, test_lines)
         res = self._ppl(model, ids, test_lines, stride)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mhe.cli import command
 from mhe.errors import MheError
+from mhe.output_paths import check_output_dir
 
 
 def add_run_args(p, *, task_choice: bool) -> None:
@@ -48,6 +49,7 @@ def run_training(cfg, out: str, resume: bool) -> dict:
     from mhe.training.loop import Trainer
 
     out = out or f"runs/{cfg.task}-{cfg.preset}-{cfg.attention}"
+    check_output_dir(out)  # before any data is read: a bad --out fails at once
     result = Trainer(cfg, build_task(cfg.task), out, resume=resume, log=lambda m: print(m, file=sys.stderr)).fit()
     return {**result, "out": out}
 
@@ -117,6 +119,12 @@ def _eval_args(p):
 def cmd_eval(args) -> int:
     from mhe.checkpoint_io import load_run
 
+    if args.stride is not None and args.stride <= 0:
+        raise MheError(f"--stride must be a positive integer, got {args.stride}")
+    if args.out:
+        from mhe.output_paths import check_output_file
+
+        check_output_file(args.out, "--out", parent_must_exist=True)
     model, cfg, task = load_run(args.checkpoint, data_dir=args.data_dir)
     if args.task != cfg.task:
         raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not {args.task!r}")
@@ -176,23 +184,41 @@ def _translate_args(p):
 
 @command("translate", "translate lines with a trained model (stdin or --input)", _translate_args)
 def cmd_translate(args) -> int:
+    import math
+
     from mhe.checkpoint_io import load_run
 
+    if args.beam is not None and args.beam <= 0:
+        raise MheError(f"--beam must be a positive integer (1 is greedy), got {args.beam}")
+    if args.alpha is not None and not (math.isfinite(args.alpha) and args.alpha >= 0):
+        raise MheError(f"--alpha must be a finite length penalty >= 0, got {args.alpha}")
+    if args.input != "-" and not Path(args.input).is_file():
+        raise MheError(f"input file not found: {args.input}")
+    lines = read_source_lines(args.input)  # before the model loads: bad input fails at once
     model, cfg, task = load_run(args.checkpoint)
     if cfg.task != "mt":
         raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not a translation run")
-    if args.input == "-":
-        lines = [line.rstrip("\n") for line in sys.stdin]
-    else:
-        from mhe.data.paths import open_text
-
-        if not Path(args.input).is_file():
-            raise MheError(f"input file not found: {args.input}")
-        with open_text(args.input) as f:
-            lines = [line.rstrip("\n") for line in f]
     for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha):
         print(hyp)
     return 0
+
+
+def read_source_lines(source: str) -> list[str]:
+    """Lines of a UTF-8 file (plain, gzip or xz) or, for ``-``, of standard input; a byte
+    that is not UTF-8 is an error naming the line and byte offset."""
+    from mhe.data.paths import iter_lines
+
+    if source != "-":
+        return [line.rstrip("\n") for line in iter_lines(source)]
+    lines, offset = [], 0
+    for n, raw in enumerate(sys.stdin.buffer, 1):
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as e:
+            raise MheError(f"standard input: line {n}: byte {offset + e.start} (0x{raw[e.start]:02x}) is not "
+                           "UTF-8; the input must be UTF-8 text") from None
+        offset += len(raw)
+    return lines
 
 
 def _finetune_args(p):
@@ -233,6 +259,7 @@ def cmd_finetune(args) -> int:
     if args.resume and not out.is_dir():
         raise MheError(f"--resume: there is no run in {out}; drop --resume to start one")
     results = []
+    check_output_dir(out)  # before the checkpoint or any data is read
     for seed in range(args.seeds):
         cfg = finetune_config(args.task, args.checkpoint, data_dir=args.data_dir, overrides=args.set, seed=seed)
         run_dir = out / f"seed-{seed}" if args.seeds > 1 else out

@@ -1,0 +1,65 @@
+"""Output paths checked before any work starts: a command that would fail only when it
+writes its result (after minutes of training or timing) fails at once instead, with one
+line naming the option and the path. Nothing is created here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mhe.errors import MheError
+
+
+def _writable_parent(path: Path, option: str) -> None:
+    """The nearest existing ancestor of ``path`` must be a folder this process may write."""
+    parent = path.parent
+    while not parent.exists():
+        if parent == parent.parent:
+            break
+        parent = parent.parent
+    if not parent.is_dir():
+        raise MheError(f"{option} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise MheError(f"{option} {path}: folder {parent} is not writable")
+
+
+def check_output_dir(path: str | os.PathLike, option: str = "--out") -> Path:
+    """A folder a run may write into: an existing folder, or a path whose nearest existing
+    ancestor is a writable folder (it is created later, by the run)."""
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise MheError(f"{option} {path} is an existing file, not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise MheError(f"{option} {path}: folder is not writable")
+        return path
+    _writable_parent(path, option)
+    return path
+
+
+def check_output_file(path: str | os.PathLike, option: str, *, suffixes: tuple[str, ...] = (),
+                      parent_must_exist: bool = False) -> Path:
+    """A file a command may write: not a folder, with one of ``suffixes`` (when given), in a
+    writable folder (which must already exist when ``parent_must_exist``)."""
+    path = Path(path)
+    if str(path) in ("", "."):
+        raise MheError(f"{option} needs a file name, got {str(path)!r}")
+    if path.is_dir():
+        raise MheError(f"{option} {path} is a folder; give a file name")
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise MheError(f"{option} {path}: unknown file type {path.suffix or '(none)'!r}; "
+                       f"valid: {', '.join(suffixes)}")
+    if parent_must_exist and not path.parent.is_dir():
+        what = "is a file, not a folder" if path.parent.exists() else "does not exist"
+        raise MheError(f"{option} {path}: folder {path.parent} {what}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise MheError(f"{option} {path}: file is not writable")
+    _writable_parent(path, option)
+    return path
+
+
+def image_suffixes() -> tuple[str, ...]:
+    """File endings matplotlib can save (``.png``, ``.pdf``, ``.svg``, ...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return tuple(sorted(f".{k}" for k in FigureCanvasBase.get_supported_filetypes()))
