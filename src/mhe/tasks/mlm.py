@@ -40,8 +40,7 @@ class MaskedLMTask(Task):
         train = corpus_lines(cfg, "train")
         self.tok = tokenizer_for(cfg, out, train, default_kind="wordpiece", default_vocab=8192,
                                  dist=dist)
-        model = build_model(cfg.preset, attention=cfg.attention,
-                            **{"vocab_size": self.tok.get_vocab_size(), **cfg.model})
+        model = build_model(cfg.model, vocab_size=self.tok.get_vocab_size())
         if model.cfg.arch != "encoder":
             raise MheError(f"masked language modelling needs an encoder preset, got {cfg.preset!r}")
         self.vocab = self.tok.get_vocab_size()
