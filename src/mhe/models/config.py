@@ -61,8 +61,8 @@ class ModelConfig:
             self.attn_options = attention_options(self.attention, self.attn_options)
         check_fields(self, "model")
         if self.head_dim is None and self.d_model % self.n_heads:
-            raise MheError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
-                           "set model.head_dim")
+            raise MheError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads} "
+                           "(or set model.head_dim)")
         if not self.head:
             self.head = HEADS[self.arch][0]
         if self.head not in HEADS[self.arch]:

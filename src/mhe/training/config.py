@@ -201,9 +201,9 @@ def check_device(device: str) -> None:
         index = int(device.split(":")[1]) if ":" in device else 0
         if index >= n:
             have = f"{n} CUDA device(s)" if n else "no CUDA device"
-            raise MheError(f"train.device={device!r} is not available: this machine has {have}; use auto or cpu")
+            raise MheError(f"train.device={device!r} is not available: this machine has {have}; valid here: auto, cpu")
     if device == "mps" and not torch.backends.mps.is_available():
-        raise MheError("train.device='mps' is not available on this machine; use auto or cpu")
+        raise MheError("train.device='mps' is not available on this machine; valid here: auto, cpu")
 
 
 def apply_overrides(cfg: RunConfig, items: list[str], *, device_check: bool = True) -> RunConfig:
