@@ -345,3 +345,11 @@ def test_typed_experiment_matches_its_earlier_set_items(tmp_path):
     check_sweep_dir(tmp_path, sweep("train.save_every=0"))  # more seeds, another cadence: the same comparison
     with pytest.raises(MheError, match=r"train.steps: 600 there, 700 now"):
         check_sweep_dir(tmp_path, sweep("train.steps=700"))
+
+
+def test_one_list_of_architectures_and_heads():
+    from mhe.accounting import ARCHS as counted
+    from mhe.models import ARCHS, MODEL_CLASSES
+    from mhe.models.config import HEADS
+
+    assert counted is ARCHS and set(MODEL_CLASSES) == {(a, h) for a in ARCHS for h in HEADS[a]}
