@@ -353,3 +353,10 @@ def test_one_list_of_architectures_and_heads():
     from mhe.models.config import HEADS
 
     assert counted is ARCHS and set(MODEL_CLASSES) == {(a, h) for a in ARCHS for h in HEADS[a]}
+
+
+@pytest.mark.parametrize("stride", ["0", "-5"])
+def test_eval_stride_is_checked_before_loading(stride, tmp_path, capsys):
+    assert main(["eval", "--checkpoint", str(tmp_path / "none"), "--stride", stride]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--stride={stride} is out of range; --stride must be > 0" in err[0]

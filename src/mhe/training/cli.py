@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -98,11 +99,17 @@ def _eval_args(p):
 @command("eval", "evaluate a trained run (perplexity with a sliding window of stride 256)", _eval_args)
 def cmd_eval(args) -> int:
     from mhe.checkpoint_io import load_run
+    from mhe.settings import check_bounds
 
+    if args.stride is not None:  # checked as data.eval_stride is, before the run is loaded
+        from mhe.training.config import DataConfig
+
+        stride_field = next(f for f in dataclasses.fields(DataConfig) if f.name == "eval_stride")
+        check_bounds("--stride", args.stride, stride_field.metadata["bounds"])
     model, cfg, task = load_run(args.checkpoint, data_dir=args.data_dir)
     if args.task != cfg.task:
         raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not {args.task!r}")
-    if args.stride:
+    if args.stride is not None:
         cfg.data.eval_stride = args.stride
     if cfg.task == "lm":
         from mhe.tasks.text import corpus_lines, token_stream
