@@ -26,8 +26,7 @@ def saved_model(run, weights):
     cfg = RunConfig.from_dict(json.loads((run / "config.json").read_text())["run"])
     tok = load_tokenizer(run)
     extra = {"pad_id": tok.token_to_id("[PAD]")} if cfg.task == "mt" else {}
-    model = build_model(cfg.preset, attention=cfg.attention,
-                        **{"vocab_size": tok.get_vocab_size(), **extra, **cfg.model})
+    model = build_model(cfg.model, vocab_size=tok.get_vocab_size(), **extra)
     model.load_state_dict(load_file(str(weights)))
     return model.eval(), cfg, tok
 
@@ -49,7 +48,7 @@ def test_load_run_returns_the_saved_weights(lm_run):
     assert_same_weights(model, best)
     model2, _, _ = load_run(step2)  # a checkpoint folder: exactly that checkpoint
     assert_same_weights(model2, step2 / "model.safetensors")
-    fresh = build_model(cfg.preset, attention=cfg.attention, vocab_size=task.tok.get_vocab_size(), **cfg.model)
+    fresh = build_model(cfg.model, vocab_size=task.tok.get_vocab_size())
     assert not all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model2.state_dict().values()))
 
 

@@ -136,10 +136,10 @@ def test_presets_have_the_paper_geometry():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(attention="nope"), "unknown attention kind 'nope'"),
+    (dict(attention="nope"), "model.attention='nope' is not allowed; model.attention takes one of mha"),
     (dict(head="lm"), "unknown head for a encoder 'lm'; valid: mlm, classification, qa"),
-    (dict(colour="red"), "unknown model option 'colour'"),
-    (dict(d_model=30), "d_model=30 is not divisible by n_heads=4"),
+    (dict(colour="red"), "unknown model setting 'colour'"),
+    (dict(d_model=30), "d_model=30 must be divisible by model.n_heads=4"),
 ])
 def test_bad_model_options(bad, match):
     with pytest.raises(MheError, match=match):

@@ -3,6 +3,7 @@
 import argparse
 import json
 
+from mhe.experiments.presets import experiment
 from mhe.cli import main
 from mhe.experiments.cli import PAPER_FINETUNE_SEEDS, _compare_args, build_sweep
 from mhe.training.config import RunConfig, apply_overrides
@@ -50,7 +51,8 @@ def test_paper_presets_fine_tune_five_seeds_without_their_pretraining_settings()
     _, sweep = build_sweep(_args(["--preset", "paper-table1", "--task", "rte", "--seeds", "2"]))
     assert sweep.seeds == 2
     _, sweep = build_sweep(_args(["--preset", "paper-table1"]))  # the pre-training itself: one run a kind
-    assert sweep.seeds == 1 and "train.steps=1000000" in sweep.overrides
+    assert sweep.seeds == 1 and sweep.experiment == "paper-table1"
+    assert experiment("paper-table1").run_config("mha").train.steps == 1_000_000
     _, sweep = build_sweep(_args(["--task", "rte"]))
     assert sweep.seeds == 1  # only paper-* presets change the default
 

@@ -358,9 +358,9 @@ def finished_run(tmp_path):
     (lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "run"}),
      r"config.json: no 'run' object \(truncated or not written by mhe\)"),
     (lambda t: json.dumps({**json.loads(t), "run": {**json.loads(t)["run"], "colour": 1}}),
-     r"config.json: unknown field 'colour' \(valid: task, preset"),
+     r"config.json: unknown run configuration key 'colour'; valid keys: task, preset"),
     (lambda t: json.dumps({**json.loads(t), "run": {**json.loads(t)["run"], "train": {"lrr": 1}}}),
-     r"config.json: unknown field 'train.lrr' \(valid: steps"),
+     r"config.json: unknown setting 'train.lrr'; valid train keys: steps"),
     (lambda t: "[1, 2]", r"config.json: must be a JSON object, got list"),
 ])
 def test_a_damaged_config_is_one_line_naming_the_file(finished_run, damage, match):
@@ -392,8 +392,8 @@ def test_a_corrupt_tokenizer_is_named(tmp_path):
 @pytest.mark.parametrize("content, match", [
     (None, r"run.json: no such run configuration"),
     ("{not json", r"run.json: malformed JSON \(Expecting property name"),
-    ('{"task": "recall", "preset": "tiny-decoder", "speed": 3}', r"run.json: unknown field 'speed'"),
-    ('{"preset": "tiny-decoder"}', r"run.json: not a valid run configuration \("),
+    ('{"task": "recall", "preset": "tiny-decoder", "speed": 3}', r"run.json: unknown run configuration key 'speed'"),
+    ('{"preset": "tiny-decoder"}', r"run.json: the run configuration needs .task."),
 ])
 def test_mhe_run_config_errors(tmp_path, capsys, content, match):
     path = tmp_path / "run.json"

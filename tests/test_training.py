@@ -156,11 +156,11 @@ def test_output_folder_with_other_configuration_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("item, match", [
-    ("train.lrr=1", "unknown --set key 'train.lrr'; valid train keys: steps, epochs, batch_size"),
-    ("model.colour=1", "unknown --set key 'model.colour'; valid model keys:"),
+    ("train.lrr=1", "unknown setting 'train.lrr'; valid train keys: steps, epochs, batch_size"),
+    ("model.colour=1", "unknown setting 'model.colour'; valid model keys:"),
     ("optim.lr=1", "unknown --set section 'optim'; valid: train, data, model"),
-    ("train.steps=abc", "--set train.steps takes a number, got 'abc'"),
-    ("train.schedule=wavy", "unknown schedule 'wavy'; valid: linear, cosine"),
+    ("train.steps=abc", "train.steps='abc' is not allowed; train.steps takes an integer"),
+    ("train.schedule=wavy", "train.schedule='wavy' is not allowed; train.schedule takes one of linear, cosine"),
     ("train.steps", "--set takes KEY=VALUE"),
 ])
 def test_bad_set_keys(item, match):

@@ -29,9 +29,11 @@ def command(name: str, help_text: str, add_args):
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
+    from mhe.models.config import ARCHS
+
     g = p.add_argument_group("model (a preset, or explicit sizes)")
     g.add_argument("--preset", help="a model preset, e.g. bert-base, gpt2-base, transformer-base")
-    g.add_argument("--arch", choices=("encoder", "decoder", "encoder-decoder"), default=None,
+    g.add_argument("--arch", choices=ARCHS, default=None,
                    help="decides the sublayer count: L, L, or 3L (L = --layers per stack)")
     g.add_argument("--layers", type=int, help="layers (per stack for the encoder-decoder)")
     g.add_argument("--heads", type=int, help="attention heads n")
@@ -73,20 +75,9 @@ def _positive_sizes(args) -> None:
 
 
 def _kinds(spec: str) -> list[str]:
-    from mhe.attention import KINDS, PAPER_KINDS
-    from mhe.errors import one_of
+    from mhe.attention import parse_kinds
 
-    if spec == "paper":
-        return list(PAPER_KINDS)
-    if spec == "all":
-        return list(KINDS)
-    kinds = [k.strip() for k in spec.split(",") if k.strip()]
-    if not kinds:
-        raise MheError(f"--kinds {spec!r} names no attention kind; give 'paper', 'all' or some of {', '.join(KINDS)}")
-    for k in kinds:
-        if k not in KINDS:
-            raise one_of("attention kind", k, KINDS)
-    return kinds
+    return list(parse_kinds(spec))
 
 
 def _kind_options(kind: str, geo: dict) -> dict:

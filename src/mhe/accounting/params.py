@@ -11,8 +11,7 @@ from torch import nn
 
 from mhe.attention.registry import make_config
 from mhe.errors import one_of
-
-ARCHS = ("encoder", "decoder", "encoder-decoder")
+from mhe.models.config import ARCHS
 
 
 def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None,

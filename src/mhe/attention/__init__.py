@@ -7,7 +7,8 @@ from mhe.attention.registry import (
     attention_class,
     build_attention,
     make_config,
+    parse_kinds,
 )
 
 __all__ = ["Attention", "AttentionConfig", "KVCache", "KINDS", "PAPER_KINDS",
-           "attention_class", "build_attention", "make_config"]
+           "attention_class", "build_attention", "make_config", "parse_kinds"]

@@ -26,6 +26,22 @@ def register(name: str):
     return deco
 
 
+def parse_kinds(spec: str, *, what: str = "--kinds") -> tuple[str, ...]:
+    """A comma-separated list of kinds, ``paper`` (the seven of Tables 1-3) or ``all``."""
+    if spec == "paper":
+        return PAPER_KINDS
+    if spec == "all":
+        return KINDS
+    kinds = tuple(k.strip() for k in spec.split(",") if k.strip())
+    if not kinds:
+        raise MheError(f"{what} {spec!r} names no attention kind; give paper, all or a comma-separated list of "
+                       f"{', '.join(KINDS)}")
+    for k in kinds:
+        if k not in KINDS:
+            raise one_of("attention kind", k, KINDS)
+    return kinds
+
+
 def attention_class(kind: str):
     _ensure_loaded()
     if kind not in _REGISTRY:

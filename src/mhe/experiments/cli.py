@@ -42,7 +42,7 @@ def experiment_task(name: str) -> str:
 
 
 def build_sweep(args):
-    from mhe.attention import KINDS
+    from mhe.attention import parse_kinds
     from mhe.errors import MheError, one_of
     from mhe.experiments.presets import DEFAULT, EXPERIMENTS, experiment
     from mhe.experiments.sweep import Sweep
@@ -51,8 +51,8 @@ def build_sweep(args):
     name = args.preset or DEFAULT
     if name in EXPERIMENTS:
         exp = experiment(name)
-        sweep = Sweep(exp.task, exp.preset, list(exp.kinds), exp.seeds, exp.data, args.data_dir,
-                      list(exp.overrides), exp.paper, metric=exp.metric)
+        sweep = Sweep(exp.task, exp.preset, list(exp.kinds), exp.seeds, exp.data, args.data_dir, [], exp.paper,
+                      metric=exp.metric, experiment=name)
     elif name in PRESETS:
         sweep = Sweep(args.task or "recall", name, list(experiment(DEFAULT).kinds), 1, args.data or "",
                       args.data_dir, [])
@@ -66,14 +66,11 @@ def build_sweep(args):
         if args.task not in valid:
             raise one_of("task", args.task, valid)
         sweep.task = args.task
+        sweep.experiment = ""  # an experiment's settings belong to its own task
     if args.pretrained:
         sweep.pretrained = str(args.pretrained)
-    if args.kinds:
-        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-        for k in kinds:
-            if k not in KINDS:
-                raise one_of("attention kind", k, KINDS)
-        sweep.kinds = kinds
+    if args.kinds is not None:
+        sweep.kinds = list(parse_kinds(args.kinds))
     if args.seeds is not None:
         if args.seeds <= 0:
             raise MheError(f"--seeds must be positive, got {args.seeds}")
@@ -180,11 +177,11 @@ def _run_args(p):
 @command("run", "train one run from a saved configuration (used by mhe compare's workers)", _run_args)
 def cmd_run(args) -> int:
     from mhe.training.cli import exit_status, run_training
-    from mhe.training.config import validate
+    from mhe.training.config import check_device
     from mhe.training.run_files import read_run_config_file
 
-    cfg = read_run_config_file(args.config)
-    validate(cfg)
+    cfg = read_run_config_file(args.config)  # checks every setting
+    check_device(cfg.train.device)
     res = run_training(cfg, args.out, args.resume)
     if res["status"] in ("finished", "early_stopped"):
         return 0

@@ -1,37 +1,108 @@
 """Comparison presets: the paper's experiments at their published settings, and reduced
-versions that fit one GPU for about an hour or one CPU for minutes."""
+versions that fit one GPU for about an hour or one CPU for minutes.
+
+Each experiment names its task, model preset and data, and a function that edits the
+task's default :class:`~mhe.training.config.RunConfig` into the experiment's (typed
+fields, checked when the run is built); :meth:`Experiment.run_config` returns one run's.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+
+from dataclasses import dataclass, replace
+from typing import Callable
 
 from mhe.attention import PAPER_KINDS
 from mhe.errors import one_of
+from mhe.training.config import RunConfig, validate
+from mhe.training.defaults import default_run
 
 
-@dataclass
+@dataclass(frozen=True)
 class Experiment:
     task: str
     preset: str                      # model preset
     data: str = ""
     kinds: tuple = PAPER_KINDS
     seeds: int = 1
-    overrides: list = field(default_factory=list)  # --set items applied to every run
+    configure: Callable[[RunConfig], RunConfig] | None = None  # the experiment's settings
     paper: str = ""                  # paper table to set beside ours
     note: str = ""
     metric: str = ""                 # the results.json number the summary reports ("" = the score)
 
+    def run_config(self, kind: str, seed: int = 0, *, data: str | None = None) -> RunConfig:
+        """One run: the task's defaults for the preset, kind and data, then this experiment's settings."""
+        cfg = self.settings(default_run(self.task, self.preset, kind, self.data if data is None else data))
+        cfg.train.seed = seed
+        return cfg
 
-_GPU_MT = ["data.vocab_size=8000",  # Multi30k is small: not the 37K BPE of transformer-base (tasks/vocab.py)
-           "train.steps=2000", "train.warmup_steps=600", "train.eval_every=500", "train.save_every=500",
-           'data.task_options={"max_tokens": 8192, "eval_sentences": 300}']
-_GPU_MLM = ["model.n_layers=6", "model.max_len=128", "data.vocab_size=16384", "train.steps=4000",
-            "train.batch_size=64", "train.lr=5e-4", "train.warmup_steps=400", "train.schedule=linear",
-            "train.save_every=2000", "train.log_every=50"]
-_GPU_LM = ["model.n_layers=6", "model.max_len=256", "data.vocab_size=16384", "train.steps=600",
-           "train.batch_size=32", "train.lr=5e-4", "train.warmup_steps=60", "train.schedule=cosine",
-           "train.eval_every=100", "train.save_every=100", "train.patience=3", "train.log_every=25",
-           "model.dropout=0.1", "model.attn_dropout=0.1"]
+    def settings(self, cfg: RunConfig) -> RunConfig:
+        """``cfg`` with this experiment's settings applied and checked."""
+        if self.configure is not None:
+            cfg = self.configure(cfg)
+        validate(cfg)
+        return cfg
+
+
+def gpu_mt(cfg: RunConfig) -> RunConfig:
+    """Transformer-base on Multi30k, one GPU: 2000 steps, evaluated every 500."""
+    t = cfg.train
+    t.steps, t.warmup_steps, t.eval_every, t.save_every = 2000, 600, 500, 500
+    cfg.data.vocab_size = 8000  # Multi30k is small: not the 37K BPE of transformer-base (tasks/vocab.py)
+    cfg.data.task_options = replace(cfg.data.task_options, max_tokens=8192, eval_sentences=300)
+    return cfg
+
+
+def cpu_mt(cfg: RunConfig) -> RunConfig:
+    """Tiny encoder-decoder on 5000 Multi30k pairs, BLEU on 200 test sentences."""
+    cfg.data.limit_lines = 5000
+    cfg.data.task_options = replace(cfg.data.task_options, test_sentences=200)
+    return cfg
+
+
+def gpu_mlm(cfg: RunConfig) -> RunConfig:
+    """BERT-base head geometry (12 heads of 64), 6 layers of 128 tokens, 4000 steps."""
+    cfg.model = cfg.model.replace(n_layers=6, max_len=128)
+    cfg.data.vocab_size = 16384
+    t = cfg.train
+    t.steps, t.batch_size, t.lr, t.warmup_steps, t.schedule = 4000, 64, 5e-4, 400, "linear"
+    t.save_every, t.log_every = 2000, 50
+    return cfg
+
+
+def gpu_lm(cfg: RunConfig) -> RunConfig:
+    """GPT-2 base head geometry (12 heads of 64), 6 layers of 256 tokens, 600 steps with
+    early stopping. The score uses stride 128 (the paper's 256, capped at half the
+    window); runs also record perplexity_stride256."""
+    cfg.model = cfg.model.replace(n_layers=6, max_len=256, dropout=0.1, attn_dropout=0.1)
+    cfg.data.vocab_size = 16384
+    t = cfg.train
+    t.steps, t.batch_size, t.lr, t.warmup_steps, t.schedule = 600, 32, 5e-4, 60, "cosine"
+    t.eval_every, t.save_every, t.patience, t.log_every = 100, 100, 3, 25
+    return cfg
+
+
+def gpu_lm_words(cfg: RunConfig) -> RunConfig:
+    """:func:`gpu_lm` with PTB's own word vocabulary."""
+    cfg = gpu_lm(cfg)
+    cfg.data.tokenizer = "word"
+    return cfg
+
+
+def paper_pretraining(cfg: RunConfig) -> RunConfig:
+    """Appendix B pre-training length: 1M steps of batch 128."""
+    cfg.train.steps, cfg.train.batch_size = 1_000_000, 128
+    return cfg
+
+
+def paper_mt(cfg: RunConfig, steps: int = 100_000) -> RunConfig:
+    """Table 3: 100K steps; one checkpoint per epoch, and the test BLEU of the last five
+    (each decoded with the final beam settings) averaged (section 4.4)."""
+    cfg.train.steps, cfg.train.keep_last = steps, 5
+    cfg.data.task_options = replace(cfg.data.task_options, protocol="last5", checkpoint_every="epoch")
+    return cfg
+
 
 EXPERIMENTS = {
     # the main job: built-in data, 2 CPU cores, a few minutes
@@ -40,58 +111,48 @@ EXPERIMENTS = {
     "cpu-wikitext-2": Experiment("lm", "tiny-decoder", "wikitext-2", paper="table2-wikitext-103",
                                  note="tiny decoder; the paper's row is WikiText-103"),
     # one GPU for about an hour: GPT-2 base head geometry (12 heads of 64), 6 layers, 3 seeds
-    # test perplexity: the score uses stride 128 (the paper's 256, capped at half the 256-token
-    # window); runs also record perplexity_stride256 (`mhe report DIR --metric perplexity_stride256`)
-    "gpu-ptb": Experiment("lm", "gpt2-base", "ptb", seeds=3, overrides=_GPU_LM + ["data.tokenizer=word"],
-                          paper="table2-ptb"),
-    "gpu-wikitext-2": Experiment("lm", "gpt2-base", "wikitext-2", seeds=3, overrides=_GPU_LM,
+    "gpu-ptb": Experiment("lm", "gpt2-base", "ptb", seeds=3, configure=gpu_lm_words, paper="table2-ptb"),
+    "gpu-wikitext-2": Experiment("lm", "gpt2-base", "wikitext-2", seeds=3, configure=gpu_lm,
                                  paper="table2-wikitext-103"),
     # translation (Table 3 shape) and encoder pre-training (the first stage of Table 1)
-    "cpu-multi30k": Experiment("mt", "tiny-encoder-decoder", "multi30k", paper="table3-wmt14",
-                               overrides=["data.limit_lines=5000", 'data.task_options={"test_sentences": 200}']),
-    "gpu-multi30k": Experiment("mt", "transformer-base", "multi30k", seeds=3, overrides=_GPU_MT,
+    "cpu-multi30k": Experiment("mt", "tiny-encoder-decoder", "multi30k", paper="table3-wmt14", configure=cpu_mt),
+    "gpu-multi30k": Experiment("mt", "transformer-base", "multi30k", seeds=3, configure=gpu_mt,
                                paper="table3-wmt14"),
     "cpu-mlm": Experiment("mlm", "tiny-encoder", "wikitext-2",
                           note="then: mhe compare --task rte --pretrained runs/compare-cpu-mlm"),
-    "gpu-mlm": Experiment("mlm", "bert-base", "wikitext-2", overrides=_GPU_MLM,
+    "gpu-mlm": Experiment("mlm", "bert-base", "wikitext-2", configure=gpu_mlm,
                           note="BERT-base head geometry, 6 layers; then fine-tune with --pretrained"),
     # the paper's published settings (Appendix B pre-training values; Table 3 WMT-14 100K steps)
-    "paper-table1": Experiment("mlm", "bert-base", "wikitext-103", overrides=["train.steps=1000000",
-                               "train.batch_size=128"], note="stage 1 of Table 1; then fine-tune with --pretrained"),
-    "paper-table3": Experiment("mt", "transformer-base", "wmt14", paper="table3-wmt14",
-                               overrides=["train.steps=100000", "train.keep_last=5",
-                                          'data.task_options={"protocol": "last5", "checkpoint_every": "epoch"}']),
+    "paper-table1": Experiment("mlm", "bert-base", "wikitext-103", configure=paper_pretraining,
+                               note="stage 1 of Table 1; then fine-tune with --pretrained"),
+    "paper-table3": Experiment("mt", "transformer-base", "wmt14", paper="table3-wmt14", configure=paper_mt),
     "paper-table2": Experiment("lm", "gpt2-base", "wikitext-103", seeds=5, paper="table2-wikitext-103",
-                               overrides=["train.steps=1000000", "train.batch_size=128"]),
+                               configure=paper_pretraining),
     "paper-table2-ptb": Experiment("lm", "gpt2-base", "ptb", seeds=5, paper="table2-ptb",
-                                   overrides=["train.steps=1000000", "train.batch_size=128"]),
+                                   configure=paper_pretraining),
 }
 
 # --- Appendix A (FNet/Linear encoders) and Appendix D (size scaling): comparison presets ---
-_PRETRAIN = ["train.steps=1000000", "train.batch_size=128"]
 _SCALING = ("mha", "mhe-mul")
+_MIXING = ("sha", "mha", "fnet", "linear", "mhe-mul")
 EXPERIMENTS.update({
-    "cpu-fnet-linear": Experiment("mlm", "tiny-encoder", "wikitext-2", kinds=("sha", "mha", "fnet", "linear", "mhe-mul"),
+    "cpu-fnet-linear": Experiment("mlm", "tiny-encoder", "wikitext-2", kinds=_MIXING,
                                   note="token mixing vs attention, minutes on a CPU; then mhe compare --task rte"),
-    "paper-fnet-linear": Experiment("mlm", "bert-base", "wikitext-103", kinds=("sha", "mha", "fnet", "linear", "mhe-mul"),
-                                    overrides=_PRETRAIN, paper="table1-glue",
+    "paper-fnet-linear": Experiment("mlm", "bert-base", "wikitext-103", kinds=_MIXING, configure=paper_pretraining,
+                                    paper="table1-glue",
                                     note="Appendix A's FNet/Linear rows: pre-train, then fine-tune with --pretrained"),
-    "paper-scaling-bert-large": Experiment("mlm", "bert-large", "wikitext-103", kinds=_SCALING, overrides=_PRETRAIN,
-                                           paper="tableD-glue-encoder-large",
+    "paper-scaling-bert-large": Experiment("mlm", "bert-large", "wikitext-103", kinds=_SCALING,
+                                           configure=paper_pretraining, paper="tableD-glue-encoder-large",
                                            note="Appendix D 'large'; then fine-tune with --pretrained"),
     "paper-scaling-gpt2-medium": Experiment("lm", "gpt2-medium", "wikitext-103", kinds=_SCALING, seeds=5,
-                                            overrides=_PRETRAIN, paper="tableD-wikitext-103-decoder-medium"),
-    **{f"paper-scaling-{name}": Experiment(
+                                            configure=paper_pretraining, paper="tableD-wikitext-103-decoder-medium"),
+    **{f"paper-scaling-{preset}": Experiment(
         "mt", preset, "wmt14", kinds=_SCALING, paper=f"tableD-wmt14-{size}",
-        overrides=[f"train.steps={steps}", "train.keep_last=5",
-                   'data.task_options={"protocol": "last5", "checkpoint_every": "epoch"}'],
-        note="Appendix D, table:seq2seq_scaling")
-       for name, preset, size, steps in (
-           ("transformer-16x32", "transformer-16x32", "base-16x32", 100_000),
-           ("transformer-4x128", "transformer-4x128", "base-4x128", 100_000),
-           ("transformer-4l", "transformer-4l", "4l", 100_000), ("transformer-8l", "transformer-8l", "8l", 100_000),
-           ("transformer-12h", "transformer-12h", "12h", 100_000),
-           ("transformer-big", "transformer-big", "big", 300_000))},
+        configure=functools.partial(paper_mt, steps=steps), note="Appendix D, table:seq2seq_scaling")
+       for preset, size, steps in (
+           ("transformer-16x32", "base-16x32", 100_000), ("transformer-4x128", "base-4x128", 100_000),
+           ("transformer-4l", "4l", 100_000), ("transformer-8l", "8l", 100_000),
+           ("transformer-12h", "12h", 100_000), ("transformer-big", "big", 300_000))},
 })
 DEFAULT = "cpu-recall"
 

@@ -25,36 +25,60 @@ class Sweep:
     seeds: int
     data: str = ""
     data_dir: str = ""
-    overrides: list | None = None
+    overrides: list | None = None  # --set items for every run (the command line's)
     paper: str = ""
     pretrained: str = ""  # fine-tuning: a comparison folder of pre-training runs, one per kind
     metric: str = ""      # summarise this number of results.json instead of the score ("" = the score)
+    experiment: str = ""  # a comparison preset whose settings every run starts from ("" = the task's defaults)
 
     def identity(self) -> dict:
+        """What sweep.json records: the request and ``run``, the settings every run shares."""
         d = asdict(self)
-        d.pop("data_dir")
-        d.pop("paper")
-        d.pop("metric")
+        for k in ("data_dir", "paper", "metric"):
+            d.pop(k)
+        d["run"] = self.shared_run()
         return d
 
+    def shared_run(self) -> dict:
+        """The identity of the first kind's seed-0 run without what differs between runs
+        (the kind, the seed, a fine-tuning run's checkpoint)."""
+        ident = run_config(self, self.kinds[0], 0).identity()
+        ident.pop("attention")
+        ident["train"].pop("seed")
+        ident["data"]["task_options"].pop("checkpoint", None)
+        return json.loads(json.dumps(ident))  # as sweep.json holds it (tuples become lists)
+
     def comparable(self) -> dict:
-        """The identity minus what may change between invocations of one comparison: the
-        seed count (more seeds extend it) and operational overrides (checkpoint cadence, ...)."""
+        """What may not change between invocations of one comparison: the kinds, the
+        pre-training runs and every run setting (the seed count and operational settings
+        such as the checkpoint cadence may)."""
         return _comparable(self.identity())
 
 
 def _comparable(identity: dict) -> dict:
-    from mhe.training.config import OPERATIONAL_TRAIN_KEYS
+    run = identity.get("run")
+    if run is None:  # sweep.json of an earlier version: the --set items beside the task's defaults
+        fields = {k: identity[k] for k in ("task", "preset", "kinds", "seeds", "data", "overrides", "pretrained")
+                  if k in identity}
+        run = Sweep(**fields).shared_run()
+    return {"kinds": identity["kinds"], "pretrained": identity.get("pretrained", ""), **_flatten(run)}
 
-    operational = {f"train.{k}" for k in OPERATIONAL_TRAIN_KEYS}
-    d = {k: v for k, v in identity.items() if k != "seeds"}
-    d["overrides"] = [o for o in identity.get("overrides") or [] if o.split("=", 1)[0] not in operational]
-    return d
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def run_config(sweep: Sweep, kind: str, seed: int):
-    """The RunConfig of one (kind, seed): the task's defaults, the sweep's overrides, the seed."""
+    """The RunConfig of one (kind, seed): the task's defaults (or the experiment's settings),
+    the sweep's --set items, the seed."""
     from mhe.data.benchmarks import TASKS as BENCH
+    from mhe.experiments.presets import experiment
     from mhe.training.config import apply_overrides
     from mhe.training.defaults import default_run
 
@@ -70,7 +94,10 @@ def run_config(sweep: Sweep, kind: str, seed: int):
                               seed=seed)
         cfg.train.progress = False
         return cfg
-    cfg = default_run(sweep.task, sweep.preset, kind, sweep.data)
+    if sweep.experiment:
+        cfg = experiment(sweep.experiment).run_config(kind, data=sweep.data)
+    else:
+        cfg = default_run(sweep.task, sweep.preset, kind, sweep.data)
     cfg.data.data_dir = sweep.data_dir
     cfg = apply_overrides(cfg, list(sweep.overrides or []))
     cfg.train.seed = seed

@@ -6,17 +6,21 @@ from mhe.errors import MheError
 
 
 def _hf_class(arch: str, head: str):
+    """The Hugging Face wrapper of the core class that (arch, head) builds
+    (:data:`mhe.models.MODEL_CLASSES`, the one (arch, head) map)."""
+    from mhe import models as core
     from mhe.hf import modeling as m
 
-    classes = {("encoder", "mlm"): m.MheEncoderForMaskedLM,
-               ("encoder", "classification"): m.MheEncoderForSequenceClassification,
-               ("encoder", "qa"): m.MheEncoderForQuestionAnswering,
-               ("decoder", "lm"): m.MheDecoderForCausalLM,
-               ("decoder", "classification"): m.MheDecoderForSequenceClassification,
-               ("encoder-decoder", "seq2seq"): m.MheSeq2SeqLM}
-    if (arch, head) not in classes:
+    wrappers = {core.EncoderForMaskedLM: m.MheEncoderForMaskedLM,
+                core.EncoderForSequenceClassification: m.MheEncoderForSequenceClassification,
+                core.EncoderForQuestionAnswering: m.MheEncoderForQuestionAnswering,
+                core.DecoderForCausalLM: m.MheDecoderForCausalLM,
+                core.DecoderForSequenceClassification: m.MheDecoderForSequenceClassification,
+                core.EncoderDecoder: m.MheSeq2SeqLM}
+    cls = core.MODEL_CLASSES.get((arch, head))
+    if cls not in wrappers:
         raise MheError(f"no Hugging Face class for a {arch} with head {head!r}")
-    return classes[(arch, head)]
+    return wrappers[cls]
 
 
 def to_hf(model, **config_kwargs):

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Literal
 
 from mhe.attention.registry import KINDS, accepts_option
-from mhe.errors import MheError, one_of, require_positive
+from mhe.errors import MheError, one_of
+from mhe.models.attention_options import attention_options, options_class
+from mhe.settings import check_fields, setting
 
-ARCHS = ("encoder", "decoder", "encoder-decoder")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 HEADS = {"encoder": ("mlm", "classification", "qa"), "decoder": ("lm", "classification"),
          "encoder-decoder": ("seq2seq",)}
+"""Architecture -> the heads it can carry (the first is its default); the (arch, head)
+pairs :data:`mhe.models.build.MODEL_CLASSES` maps to classes."""
+
+ARCHS: tuple[str, ...] = tuple(HEADS)
+"""The three architectures: BERT-like encoder, GPT-2-like decoder, Transformer encoder-decoder."""
+
+POSITIONS = ("learned", "sinusoidal")
 
 
 @dataclass
@@ -20,57 +29,56 @@ class ModelConfig:
 
     ``n_layers`` counts the layers of each stack (the encoder-decoder has
     ``n_layers`` encoder and ``n_layers`` decoder layers). ``attention`` is the
-    kind used by every attention sublayer; ``attn_options`` are passed to it.
+    kind used by every attention sublayer (the one place a run names it);
+    ``attn_options`` are that kind's typed options
+    (:mod:`mhe.models.attention_options`; a dict is converted).
     ``activation`` is the feed-forward (and BERT MLM-transform) non-linearity: ``gelu``
     (exact, erf-based: BERT), ``gelu_tanh`` (the tanh approximation: GPT-2) or ``relu``
     (Vaswani et al. 2017, section 3.3).
     """
 
-    arch: str
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_ff: int
-    max_len: int
-    head_dim: int | None = None
-    attention: str = "mha"
-    attn_options: dict = field(default_factory=dict)
+    arch: Literal[ARCHS]
+    vocab_size: int = setting(gt=0)
+    d_model: int = setting(gt=0)
+    n_layers: int = setting(gt=0)
+    n_heads: int = setting(gt=0)
+    d_ff: int = setting(gt=0)
+    max_len: int = setting(gt=0)
+    head_dim: int | None = setting(None, gt=0)
+    attention: Literal[KINDS] = "mha"
+    attn_options: object = None
     attn_bias: bool = False
-    activation: str = "gelu"
-    dropout: float = 0.1
-    attn_dropout: float = 0.1
+    activation: Literal[ACTIVATIONS] = "gelu"
+    dropout: float = setting(0.1, ge=0, lt=1)
+    attn_dropout: float = setting(0.1, ge=0, lt=1)
     norm_first: bool = False
-    layer_norm_eps: float = 1e-5
-    type_vocab_size: int = 0
-    positions: str = "learned"
+    layer_norm_eps: float = setting(1e-5, gt=0)
+    type_vocab_size: int = setting(0, ge=0)
+    positions: Literal[POSITIONS] = "learned"
     tie_embeddings: bool = True
-    pad_id: int = 0
+    pad_id: int = setting(0, ge=0)
     head: str = ""
-    num_labels: int = 2
-    adaptive_cutoffs: list = field(default_factory=list)  # decoder LM: adaptive softmax (Grave et al. 2017)
+    num_labels: int = setting(2, gt=0)
+    adaptive_cutoffs: list[int] = field(default_factory=list)  # decoder LM: adaptive softmax (Grave et al. 2017)
 
     def __post_init__(self) -> None:
-        if self.arch not in ARCHS:
-            raise one_of("architecture", self.arch, ARCHS)
-        if self.attention not in KINDS:
-            raise one_of("attention kind", self.attention, KINDS)
-        require_positive(vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers,
-                         n_heads=self.n_heads, d_ff=self.d_ff, max_len=self.max_len)
+        if self.attention in KINDS:
+            self.attn_options = attention_options(self.attention, self.attn_options)
+        check_fields(self, "model")
         if self.head_dim is None and self.d_model % self.n_heads:
-            raise MheError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set head_dim")
-        if self.activation not in ACTIVATIONS:
-            raise one_of("activation", self.activation, ACTIVATIONS)
-        if self.positions not in ("learned", "sinusoidal"):
-            raise one_of("position embedding", self.positions, ("learned", "sinusoidal"))
+            raise MheError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads} "
+                           "(or set model.head_dim)")
         if not self.head:
             self.head = HEADS[self.arch][0]
         if self.head not in HEADS[self.arch]:
             raise one_of(f"head for a {self.arch}", self.head, HEADS[self.arch])
-        require_positive(num_labels=self.num_labels)
+        n_kv = getattr(self.attn_options, "n_kv_heads", 1)  # 0: the default group count
+        if n_kv and self.n_heads % n_kv:
+            raise MheError(f"model.attn_options.n_kv_heads={n_kv} must divide model.n_heads={self.n_heads}")
         cuts = list(self.adaptive_cutoffs)
         if cuts and (cuts != sorted(set(cuts)) or cuts[0] <= 0 or cuts[-1] >= self.vocab_size):
-            raise MheError(f"adaptive_cutoffs must increase strictly within 1..{self.vocab_size - 1}, got {cuts}")
+            raise MheError(f"model.adaptive_cutoffs must increase strictly within 1..{self.vocab_size - 1}, "
+                           f"got {cuts}")
 
     @property
     def resolved_head_dim(self) -> int:
@@ -81,14 +89,17 @@ class ModelConfig:
         opts = {"dropout": self.attn_dropout, "bias": self.attn_bias, "causal": causal}
         if accepts_option(self.attention, "max_len"):
             opts["max_len"] = self.max_len
-        opts.update(self.attn_options)
+        opts.update({k: v for k, v in dataclasses.asdict(self.attn_options).items() if v is not None})
         return opts
 
     def replace(self, **changes) -> "ModelConfig":
         valid = {f.name for f in dataclasses.fields(self)}
         bad = sorted(set(changes) - valid)
         if bad:
-            raise MheError(f"unknown model option {bad[0]!r}; valid: {', '.join(sorted(valid))}")
+            raise MheError(f"unknown model setting {bad[0]!r}; valid keys: {', '.join(sorted(valid))}")
+        kind = changes.get("attention", self.attention)
+        if "attn_options" not in changes and kind in KINDS and options_class(kind) is not type(self.attn_options):
+            changes["attn_options"] = None  # a new kind starts from its own default options
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -160,3 +171,12 @@ def preset(name: str) -> ModelConfig:
     if name not in PRESETS:
         raise one_of("preset", name, PRESETS)
     return PRESETS[name]()
+
+
+def earlier_preset(name: str) -> ModelConfig:
+    """The named preset as configurations saved in the earlier layout (a kind beside a dict of
+    overrides) were built: no attention biases, the exact GELU everywhere, and LayerNorm
+    epsilon 1e-5 in the encoder-decoder. Those runs' weights fit this model, not today's preset."""
+    cfg = preset(name)
+    eps = 1e-5 if cfg.arch == "encoder-decoder" else cfg.layer_norm_eps
+    return cfg.replace(attn_bias=False, activation="gelu", layer_norm_eps=eps)

@@ -1,6 +1,6 @@
 """Fine-tuning a pre-trained run on GLUE, SuperGLUE and SQuAD (paper Tables 1-2, 5-7).
 
-``data.task_options``: ``task`` (rte, mrpc, cola, ..., squad, squad-v2), ``checkpoint``
+``data.task_options`` (:class:`mhe.training.task_options.FinetuneOptions`): ``task`` (rte, mrpc, cola, ..., squad, squad-v2), ``checkpoint``
 (the pre-training run directory), ``train_split``/``dev_split`` (default train/dev;
 offline SQuAD has no train file, so tests train on a labelled part of dev),
 ``train_limit``/``dev_limit``, ``doc_stride`` (128), ``max_answer_len`` (30).
@@ -13,6 +13,8 @@ non-padding token. Inputs longer than the model are truncated longest-first
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -23,15 +25,13 @@ from mhe.data.tokenize import load_tokenizer, save_tokenizer, special_id, with_p
 from mhe.errors import MheError
 from mhe.metrics.classification import headline_metric, official_metrics, task_metrics
 from mhe.metrics.squad import squad_scores
-from mhe.models import MODEL_CLASSES, ModelConfig
+from mhe.models import ModelConfig, build_model
 from mhe.tasks.text import pad_rows
 from mhe.training import checkpoint as ckpt
 from mhe.training.run_files import is_run_dir, read_run_record
 from mhe.training.task import Task
 from mhe.training.weights import load_state_strict, read_sealed_weights
 
-OPTIONS = {"task": "", "checkpoint": "", "train_split": "train", "dev_split": "dev", "train_limit": 0,
-           "dev_limit": 0, "doc_stride": 128, "max_answer_len": 30, "dev_offset": 0}
 
 
 def load_pretrained(run_dir: Path):
@@ -62,10 +62,7 @@ class FinetuneTask(Task):
     higher_is_better = True
 
     def setup(self, cfg, out: Path, dist):
-        o = {**OPTIONS, **cfg.data.task_options}
-        bad = sorted(set(o) - set(OPTIONS))
-        if bad:
-            raise MheError(f"unknown fine-tuning option {bad[0]!r}; valid: {', '.join(OPTIONS)}")
+        o = dataclasses.asdict(cfg.data.task_options)  # FinetuneOptions, checked when the run was built
         if not o["checkpoint"]:
             raise MheError("fine-tuning needs --checkpoint (a pre-training run directory)")
         self.cfg, self.o, self.out = cfg, o, out
@@ -78,9 +75,10 @@ class FinetuneTask(Task):
             raise MheError(f"{self.name} (span extraction) needs an encoder; the checkpoint is a {arch}")
         head = "qa" if self.spec.kind == "span" else "classification"
         n_labels = 1 if self.spec.kind in ("regression", "choice") else max(2, len(self.spec.labels))
-        mc = ModelConfig(**{**model_cfg, "head": head, "num_labels": n_labels, **cfg.model})
+        # the pre-trained model, with the run's model settings that differ from the preset
+        mc = ModelConfig(**{**model_cfg, "head": head, "num_labels": n_labels, **cfg.model_overrides()})
         self.model_cfg = mc
-        model = MODEL_CLASSES[(mc.arch, mc.head)](mc)
+        model = build_model(mc)
         load_backbone(model, weights, mc.arch)
         self.encoder = mc.arch == "encoder"
         self.tok = tok

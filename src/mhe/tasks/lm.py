@@ -38,9 +38,9 @@ class CausalLMTask(Task):
         self.device = dist.device
         vocab = self.tok.get_vocab_size()
         extra = {}
-        if cfg.preset.startswith("tiny-") and vocab >= ADAPTIVE_FROM and "adaptive_cutoffs" not in cfg.model:
+        if cfg.preset.startswith("tiny-") and vocab >= ADAPTIVE_FROM and not cfg.model.adaptive_cutoffs:
             extra["adaptive_cutoffs"] = [c for c in ADAPTIVE_CUTOFFS if c < vocab]
-        model = build_model(cfg.preset, attention=cfg.attention, **{"vocab_size": vocab, **extra, **cfg.model})
+        model = build_model(cfg.model, vocab_size=vocab, **extra)
         if model.cfg.arch != "decoder":
             raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({model.cfg.arch})")
         if source:

@@ -43,8 +43,7 @@ class MaskedLMTask(Task):
         if source and (dist is None or dist.main):
             adopt_tokenizer(source, out)
         self.tok = tokenizer_for(cfg, out, train, task="mlm", dist=dist)
-        model = build_model(cfg.preset, attention=cfg.attention,
-                            **{"vocab_size": self.tok.get_vocab_size(), **cfg.model})
+        model = build_model(cfg.model, vocab_size=self.tok.get_vocab_size())
         if model.cfg.arch != "encoder":
             raise MheError(f"masked language modelling needs an encoder preset, got {cfg.preset!r}")
         if source:

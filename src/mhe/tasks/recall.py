@@ -11,6 +11,7 @@ Score: accuracy over the queried values (higher is better).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -19,8 +20,6 @@ from mhe.errors import MheError
 from mhe.models import build_model
 from mhe.training.task import Task
 
-DEFAULTS = {"n_keys": 32, "n_values": 32, "pairs": 8, "queries": 8, "train_size": 20000,
-            "test_size": 1000, "data_seed": 1234}
 
 
 def make_recall(n: int, *, n_keys: int, n_values: int, pairs: int, queries: int, seed: int):
@@ -49,15 +48,12 @@ class RecallTask(Task):
 
     def setup(self, cfg, out: Path, dist):
         self.cfg = cfg
-        o = {**DEFAULTS, **cfg.data.task_options}
-        unknown = sorted(set(o) - set(DEFAULTS))
-        if unknown:
-            raise MheError(f"unknown recall option {unknown[0]!r}; valid: {', '.join(DEFAULTS)}")
+        o = dataclasses.asdict(cfg.data.task_options)  # RecallOptions, checked when the run was built
         gen = dict(n_keys=o["n_keys"], n_values=o["n_values"], pairs=o["pairs"], queries=o["queries"])
         self.x, self.y = make_recall(o["train_size"], seed=o["data_seed"], **gen)
         self.tx, self.ty = make_recall(o["test_size"], seed=o["data_seed"] + 1, **gen)
         vocab = o["n_keys"] + o["n_values"] + 1
-        model = build_model(cfg.preset, attention=cfg.attention, **{"vocab_size": vocab, **cfg.model})
+        model = build_model(cfg.model, vocab_size=vocab)
         if model.cfg.arch != "decoder":
             raise MheError(f"recall trains a decoder; got {cfg.preset!r} ({model.cfg.arch})")
         if model.cfg.max_len < self.x.shape[1]:

@@ -1,19 +1,22 @@
 """Translation with the encoder-decoder (paper Table 3): shared sub-word vocabulary,
 token-based batches, label smoothing, beam search, sacrebleu.
 
-``data.task_options`` keys: ``src``/``tgt`` languages, ``max_tokens`` per batch
-(source + target tokens, padding included), ``beam``, ``alpha`` (length
-penalty), ``eval_sentences`` (validation sentences decoded at each evaluation),
-``protocol``: ``best`` (test BLEU of the best validation checkpoint) or
-``last5`` (the paper's: each of the last ``last_n`` checkpoints decoded with the final
-beam settings, their test BLEU averaged; see :mod:`mhe.tasks.mt_protocol`),
-``average_weights`` (with ``last5``: also decode the average of those checkpoints'
-weights), ``checkpoint_every``: ``"epoch"`` sets ``train.save_every`` to one epoch's
-batches (or leave it to ``train.save_every`` steps). ``docs/wmt14.md`` gives the layout.
+``data.task_options`` are :class:`mhe.training.task_options.TranslationOptions`:
+``src``/``tgt`` languages, ``max_tokens`` per batch (source + target tokens,
+padding included), ``beam``, ``alpha`` (length penalty), ``eval_sentences``
+(validation sentences decoded at each evaluation), ``protocol``: ``best`` (test
+BLEU of the best validation checkpoint) or ``last5`` (the paper's: each of the last
+``last_n`` checkpoints decoded with the final beam settings, their test BLEU averaged;
+see :mod:`mhe.tasks.mt_protocol`), ``average_weights`` (with ``last5``: also decode the
+average of those checkpoints' weights), ``checkpoint_every``: ``"epoch"`` sets
+``train.save_every`` to one epoch's batches (or leave it to ``train.save_every`` steps).
+``docs/wmt14.md`` gives the layout.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import torch
@@ -28,9 +31,6 @@ from mhe.tasks.text import pad_rows
 from mhe.tasks.vocab import resolve_tokenizer
 from mhe.training.task import Task
 
-OPTIONS = {"src": "en", "tgt": "de", "max_tokens": 4096, "beam": 4, "alpha": 0.6, "eval_sentences": 500,
-           "protocol": "best", "eval_batch": 64, "test_sentences": 0, "last_n": 5, "average_weights": False,
-           "checkpoint_every": ""}
 PROTOCOLS = ("best", "last5")
 
 
@@ -58,10 +58,7 @@ class TranslationTask(Task):
 
     def setup(self, cfg, out: Path, dist):
         self.cfg, self.out = cfg, out
-        o = {**OPTIONS, **cfg.data.task_options}
-        bad = sorted(set(o) - set(OPTIONS))
-        if bad:
-            raise MheError(f"unknown translation option {bad[0]!r}; valid: {', '.join(OPTIONS)}")
+        o = dataclasses.asdict(cfg.data.task_options)  # TranslationOptions, checked when the run was built
         self.o = o
         _check_protocol(cfg, o)
         name = cfg.data.dataset or "multi30k"
@@ -72,8 +69,7 @@ class TranslationTask(Task):
         self.valid = read_parallel(name, "valid", o["src"], o["tgt"], **d)
         self.tok = self._tokenizer(train_src + train_tgt, name, dist)
         self.bos, self.eos, self.pad = (special_id(self.tok, t) for t in ("[BOS]", "[EOS]", "[PAD]"))
-        model = build_model(cfg.preset, attention=cfg.attention,
-                            **{"vocab_size": self.tok.get_vocab_size(), "pad_id": self.pad, **cfg.model})
+        model = build_model(cfg.model, vocab_size=self.tok.get_vocab_size(), pad_id=self.pad)
         if model.cfg.arch != "encoder-decoder":
             raise MheError(f"translation needs an encoder-decoder preset, got {cfg.preset!r}")
         self.max_len = model.cfg.max_len

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
@@ -16,7 +17,7 @@ def add_run_args(p, *, task_choice: bool) -> None:
     if task_choice:
         p.add_argument("--task", required=True, help="lm, mlm or recall")
     p.add_argument("--preset", required=True, help="model preset (tiny-decoder, gpt2-base, bert-base, ...)")
-    p.add_argument("--attention", default="mha", help="attention kind (mha, mhe-mul, ...)")
+    p.add_argument("--attention", default="mha", help="attention kind (mha, mhe-mul, ...): sets model.attention")
     p.add_argument("--data", default="", help="dataset: ptb, wikitext-2, wikitext-103")
     p.add_argument("--data-dir", default="", help="data folder (default: $MHE_DATA or ../shared/data)")
     p.add_argument("--out", default="", help="run directory (default runs/TASK-PRESET-KIND)")
@@ -26,29 +27,28 @@ def add_run_args(p, *, task_choice: bool) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
 
 
-def build_run(task: str, args):
-    from mhe.attention import KINDS
-    from mhe.errors import one_of
-    from mhe.models import preset as get_preset
+def build_run(task: str, args, *, task_options: dict | None = None):
+    """The run's typed configuration: the task's defaults, then ``--attention``, ``--data``,
+    ``--seed`` and every ``--set`` item, all checked before anything is read or written."""
     from mhe.training.config import apply_overrides
     from mhe.training.defaults import default_run
 
-    get_preset(args.preset)
-    if args.attention not in KINDS:
-        raise one_of("attention kind", args.attention, KINDS)
-    cfg = default_run(task, args.preset, args.attention, args.data)
+    cfg = default_run(task, args.preset, "mha", args.data)
+    items = [f"model.attention={args.attention}"]
     if args.data_dir:
         cfg.data.data_dir = args.data_dir
     if args.seed is not None:
-        cfg.train.seed = args.seed
-    return apply_overrides(cfg, args.set)
+        items.append(f"train.seed={args.seed}")
+    if task_options:
+        items.append(f"data.task_options={json.dumps(task_options)}")
+    return apply_overrides(cfg, items + list(args.set))
 
 
 def run_training(cfg, out: str, resume: bool) -> dict:
     from mhe.tasks import build_task
     from mhe.training.loop import Trainer
 
-    out = out or f"runs/{cfg.task}-{cfg.preset}-{cfg.attention}"
+    out = out or f"runs/{cfg.task}-{cfg.preset}-{cfg.model.attention}"
     check_output_dir(out)  # before any data is read: a bad --out fails at once
     result = Trainer(cfg, build_task(cfg.task), out, resume=resume, log=lambda m: print(m, file=sys.stderr)).fit()
     return {**result, "out": out}
@@ -118,9 +118,13 @@ def _eval_args(p):
 @command("eval", "evaluate a trained run (perplexity with a sliding window of stride 256)", _eval_args)
 def cmd_eval(args) -> int:
     from mhe.checkpoint_io import load_run
+    from mhe.settings import check_bounds
 
-    if args.stride is not None and args.stride <= 0:
-        raise MheError(f"--stride must be a positive integer, got {args.stride}")
+    if args.stride is not None:  # checked as data.eval_stride is, before the run is loaded
+        from mhe.training.config import DataConfig
+
+        stride_field = next(f for f in dataclasses.fields(DataConfig) if f.name == "eval_stride")
+        check_bounds("--stride", args.stride, stride_field.metadata["bounds"])
     if args.out:
         from mhe.output_paths import check_output_file
 
@@ -128,7 +132,7 @@ def cmd_eval(args) -> int:
     model, cfg, task = load_run(args.checkpoint, data_dir=args.data_dir)
     if args.task != cfg.task:
         raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not {args.task!r}")
-    if args.stride:
+    if args.stride is not None:
         cfg.data.eval_stride = args.stride
     if args.data:
         from mhe.tasks.cross_eval import corpus_perplexity
@@ -166,10 +170,9 @@ def _mt_args(p):
 
 @command("train-mt", "train the encoder-decoder on parallel text; BLEU with sacrebleu", _mt_args)
 def cmd_train_mt(args) -> int:
-    # successive data.task_options items merge, so a user's --set data.task_options={...} adds to these
-    args.set = [f'data.task_options={json.dumps({"src": args.src, "tgt": args.tgt})}', *args.set]
-    cfg = build_run("mt", args)
-    res = run_training(cfg, args.out or f"runs/mt-{args.data}-{args.attention}", args.resume)
+    # the languages go in first, so a user's --set data.task_options.src=... wins
+    cfg = build_run("mt", args, task_options={"src": args.src, "tgt": args.tgt})
+    res = run_training(cfg, args.out or f"runs/mt-{args.data}-{cfg.model.attention}", args.resume)
     keys = ("status", "step", "attention", "bleu", "bleu_last5_mean", "signature", "attention_params", "out")
     print(json.dumps({k: res[k] for k in keys if k in res}, indent=2))
     return exit_status(res)
@@ -234,13 +237,16 @@ def _finetune_args(p):
 
 def finetune_config(task: str, checkpoint: str, *, data_dir: str = "", overrides=(), seed: int = 0):
     from mhe.data.benchmarks import bench_task
+    from mhe.models import preset
     from mhe.training.config import DataConfig, RunConfig, apply_overrides
     from mhe.training.defaults import finetune_train
-    from mhe.training.run_files import read_run_record
+    from mhe.training.run_files import read_run_config
 
     bench_task(task)
-    pre = read_run_record(checkpoint)["run"]
-    cfg = RunConfig(task="finetune", preset=pre["preset"], attention=pre["attention"], train=finetune_train(task),
+    pre = read_run_config(checkpoint)
+    # the model itself comes from the checkpoint; model.* settings here change it from the preset
+    cfg = RunConfig(task="finetune", preset=pre.preset, model=preset(pre.preset).replace(attention=pre.kind),
+                    train=finetune_train(task),
                     data=DataConfig(dataset=task, data_dir=data_dir,
                                     task_options={"task": task, "checkpoint": str(checkpoint)}))
     cfg = apply_overrides(cfg, list(overrides))

@@ -1,7 +1,11 @@
-"""Run configuration: nested dataclasses, dotted ``--set`` overrides, a stable hash.
+"""Run configuration: one typed tree (run -> model, train, data), dotted ``--set`` overrides
+checked by type and range before any work starts, and a stable hash.
 
-Defaults follow the paper's Appendix B for each phase; tiny presets get short
-schedules that run on a CPU in minutes.
+``RunConfig.model`` is a :class:`~mhe.models.ModelConfig` (the preset with the run's
+overrides) and holds the only copy of the attention kind and its typed options; the
+task fills in what the data decides (vocabulary size, padding id, head). Defaults
+follow the paper's Appendix B for each phase; tiny presets get short schedules that
+run on a CPU in minutes.
 """
 
 from __future__ import annotations
@@ -9,44 +13,56 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from mhe.errors import MheError, one_of
+from mhe.models.config import ModelConfig, earlier_preset, preset
+from mhe.settings import build, check_fields, field_types, nondefault, parse_text, set_path, setting
+from mhe.training.task_options import TASK_OPTIONS, task_options
+
+Schedule = Literal["linear", "cosine", "cosine_restarts", "constant", "inverse_sqrt"]
+Precision = Literal["auto", "fp32", "bf16"]
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+TASKS: tuple[str, ...] = tuple(TASK_OPTIONS)
+DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
 
 
 @dataclass
 class TrainConfig:
     """Optimisation and cadence (Appendix B, Table 11: pre-training)."""
 
-    steps: int = 1_000_000           # the schedule's horizon
-    epochs: float = 0                # if > 0: steps = epochs x (training items // batch_size);
-                                     # --set train.steps=N turns epochs off (the later of the two wins)
-    batch_size: int = 32             # global batch (split over GPUs)
-    grad_accum: int = 1
-    lr: float = 1e-4
-    schedule: str = "linear"         # linear | cosine | cosine_restarts | constant | inverse_sqrt
-    warmup_steps: int = 10_000
-    warmup_ratio: float = 0.0        # if > 0, warmup = ratio * steps (fine-tuning: 6%)
-    restarts: int = 1                # cycles of cosine_restarts
-    betas: tuple = (0.9, 0.9999)
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0
-    label_smoothing: float = 0.0
-    init_from: str = ""              # a run directory: start from its weights and tokenizer (tasks/init_from.py)
-    seed: int = 0
-    log_every: int = 10
-    eval_every: int = 0              # 0: only at the end
-    save_every: int = 0              # 0: only at the end
-    keep_last: int = 2
-    keep_checkpoints: bool = True    # false: once results.json exists, delete checkpoints/ and best/
-    stop_at: int = 0                 # end this invocation at this step (the schedule keeps `steps`)
-    patience: int = 0                # early stopping: evaluations without improvement (0: off)
-    precision: str = "auto"          # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
+    steps: int = setting(1_000_000, gt=0)      # the schedule's horizon
+    epochs: float = setting(0.0, ge=0)         # if > 0: steps = epochs x (training items // batch_size);
+                                               # --set train.steps=N turns epochs off (the later of the two wins)
+    batch_size: int = setting(32, gt=0)        # global batch (split over GPUs)
+    grad_accum: int = setting(1, gt=0)
+    lr: float = setting(1e-4, gt=0)
+    schedule: Schedule = "linear"
+    warmup_steps: int = setting(10_000, ge=0)
+    warmup_ratio: float = setting(0.0, ge=0, le=1)  # if > 0, warmup = ratio * steps (fine-tuning: 6%)
+    restarts: int = setting(1, gt=0)           # cycles of cosine_restarts
+    betas: tuple[float, float] = setting((0.9, 0.9999), ge=0, lt=1)
+    eps: float = setting(1e-8, gt=0)
+    weight_decay: float = setting(0.01, ge=0)
+    clip_norm: float = setting(1.0, ge=0)      # 0: no clipping
+    label_smoothing: float = setting(0.0, ge=0, lt=1)
+    init_from: str = ""                         # a run directory: start from its weights and tokenizer (tasks/init_from.py)
+    seed: int = setting(0, ge=0)
+    log_every: int = setting(10, gt=0)
+    eval_every: int = setting(0, ge=0)         # 0: only at the end
+    save_every: int = setting(0, ge=0)         # 0: only at the end
+    keep_last: int = setting(2, gt=0)
+    keep_checkpoints: bool = True              # false: once results.json exists, delete checkpoints/ and best/
+    stop_at: int = setting(0, ge=0)            # end this invocation at this step (the schedule keeps `steps`)
+    patience: int = setting(0, ge=0)           # early stopping: evaluations without improvement (0: off)
+    precision: Precision = "auto"              # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     compile: bool = False
     progress: bool = True
     tensorboard: bool = False
-    device: str = "auto"
+    device: str = "auto"                       # auto | cpu | cuda | cuda:N | mps
 
 
 # train.* settings that change how a run is carried out, not what it computes: outside the hash
@@ -56,120 +72,166 @@ OPERATIONAL_TRAIN_KEYS = ("stop_at", "log_every", "eval_every", "save_every", "k
 
 @dataclass
 class DataConfig:
-    """Which data and how it is cut."""
+    """Which data and how it is cut; ``task_options`` are the task's own typed options
+    (:mod:`mhe.training.task_options`; a dict is converted)."""
 
     dataset: str = ""
     data_dir: str = ""
-    source: str = "local"            # local | hub
-    tokenizer: str = ""              # bpe | wordpiece | word ("" = the task's convention)
-    vocab_size: int = 0              # 0 = the task's default
-    seq_len: int = 0                 # 0 = the model's max_len
-    eval_stride: int = 256           # sliding-window perplexity (section 4.5)
-    eval_batch_size: int = 16
-    limit_lines: int = 0             # read at most this many lines per split (0 = all)
-    task_options: dict = field(default_factory=dict)
+    source: Literal["local", "hub"] = "local"
+    tokenizer: Literal["", "bpe", "wordpiece", "word"] = ""  # "" = the task's convention
+    vocab_size: int = setting(0, ge=0)         # 0 = the task's default
+    seq_len: int = setting(0, ge=0)            # 0 = the model's max_len
+    eval_stride: int = setting(256, gt=0)      # sliding-window perplexity (section 4.5)
+    eval_batch_size: int = setting(16, gt=0)
+    limit_lines: int = setting(0, ge=0)        # read at most this many lines per split (0 = all)
+    task_options: object = None
 
 
 @dataclass
 class RunConfig:
+    """One run: the task, the model preset and its resolved :class:`ModelConfig`, training
+    and data settings. ``model`` defaults to the preset; ``model.attention`` is the kind."""
+
     task: str
     preset: str
-    attention: str = "mha"
-    model: dict = field(default_factory=dict)  # ModelConfig overrides
+    model: ModelConfig | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise one_of("task", self.task, TASKS)
+        if self.model is None:
+            self.model = preset(self.preset)
+        validate(self)
+
+    @property
+    def kind(self) -> str:
+        """The attention kind of every sublayer (``model.attention``)."""
+        return self.model.attention
+
+    def model_overrides(self) -> dict:
+        """The model settings that differ from the preset's (kind and its options aside)."""
+        base = preset(self.preset)
+        return {f.name: _plain(getattr(self.model, f.name)) for f in dataclasses.fields(ModelConfig)
+                if f.name not in ("attention", "attn_options") and getattr(self.model, f.name) != getattr(base, f.name)}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
-        d = dict(d)
-        train = TrainConfig(**{**d.pop("train", {})})
-        train.betas = tuple(train.betas)
-        return cls(train=train, data=DataConfig(**d.pop("data", {})), **d)
+        """Read a saved ``run`` (config.json, run.json), migrating the earlier layout whose
+        ``attention`` sat beside a dict of model overrides."""
+        return from_dict(d)
 
     def identity(self) -> dict:
-        """What makes two runs the same run (cadence, stop_at and progress bars aside)."""
-        d = self.to_dict()
+        """What makes two runs the same run (cadence, stop_at and progress bars aside). Laid
+        out as configurations were before the model was typed, so earlier hashes hold where
+        the model overrides differ from the preset."""
+        model = self.model_overrides()
+        if opts := nondefault(self.model.attn_options):
+            model["attn_options"] = opts
+        train = dataclasses.asdict(self.train)
         for k in OPERATIONAL_TRAIN_KEYS:
-            d["train"].pop(k, None)
-        d["data"].pop("data_dir", None)
-        d["data"].pop("eval_batch_size", None)
-        return d
+            train.pop(k)
+        if float(train["epochs"]).is_integer():
+            train["epochs"] = int(train["epochs"])  # hashed as before, when whole epochs were ints
+        data = dataclasses.asdict(self.data)
+        data.pop("data_dir")
+        data.pop("eval_batch_size")
+        data["task_options"] = nondefault(self.data.task_options)
+        return {"task": self.task, "preset": self.preset, "attention": self.model.attention, "model": model,
+                "train": train, "data": data}
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def parse_value(text: str):
-    """``--set`` values: JSON when it parses (numbers, true/false, lists), else the string."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        low = text.lower()
-        if low in ("true", "false"):
-            return low == "true"
-        return text
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
-def apply_overrides(cfg: RunConfig, items: list[str]) -> RunConfig:
-    """Apply ``section.key=value`` items; unknown keys list the valid ones."""
-    from mhe.models.config import ModelConfig
+def from_dict(d: dict) -> RunConfig:
+    """A :class:`RunConfig` from its saved dict (either layout); bad fields are one-line errors."""
+    if not isinstance(d, dict):
+        raise MheError(f"a run configuration must be a JSON object, got {type(d).__name__}")
+    d = dict(d)
+    valid = ("task", "preset", "attention", "model", "train", "data")
+    for k in d:
+        if k not in valid:
+            raise MheError(f"unknown run configuration key {k!r}; valid keys: {', '.join(valid)}")
+    for k in ("task", "preset"):
+        if not isinstance(d.get(k), str):
+            raise MheError(f"the run configuration needs {k!r} (a string), got {d.get(k)!r}")
+    model = d.get("model") or {}
+    if not isinstance(model, dict):
+        raise MheError(f"the run configuration's 'model' must be a JSON object, got {model!r}")
+    if "attention" in d or "arch" not in model:  # earlier layout: the kind beside the preset's overrides
+        model = earlier_preset(d["preset"]).replace(attention=d.get("attention", "mha"), **model)
+    else:
+        model = build(ModelConfig, model, "model")
+    return RunConfig(task=d["task"], preset=d["preset"], model=model,
+                     train=build(TrainConfig, d.get("train") or {}, "train"),
+                     data=build(DataConfig, d.get("data") or {}, "data"))
 
-    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+
+def validate(cfg: RunConfig) -> None:
+    """Check every setting of ``cfg`` (types, finiteness, ranges, allowed values) and the
+    rules between them; normalise the typed options. Raises a one-line :class:`MheError`."""
+    preset(cfg.preset)
+    if not isinstance(cfg.model, ModelConfig):
+        raise MheError(f"model must be a ModelConfig, got {type(cfg.model).__name__}")
+    cfg.model = cfg.model.replace()  # runs the model's own checks after field-by-field edits
+    check_fields(cfg.train, "train")
+    cfg.data.task_options = task_options(cfg.task, cfg.data.task_options)
+    check_fields(cfg.data, "data")
+    check = getattr(cfg.data.task_options, "check", None)
+    if check:
+        check()
+    t = cfg.train
+    if not re.fullmatch(DEVICE_PATTERN, t.device):
+        raise MheError(f"train.device={t.device!r} is not allowed; train.device takes auto, cpu, cuda, cuda:N or mps")
+
+
+def check_device(device: str) -> None:
+    """Refuse a device this machine lacks (``train.device=cuda`` without a GPU)."""
+    import torch
+
+    if device.startswith("cuda"):
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= n:
+            have = f"{n} CUDA device(s)" if n else "no CUDA device"
+            raise MheError(f"train.device={device!r} is not available: this machine has {have}; valid here: auto, cpu")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise MheError("train.device='mps' is not available on this machine; valid here: auto, cpu")
+
+
+def apply_overrides(cfg: RunConfig, items: list[str], *, device_check: bool = True) -> RunConfig:
+    """Apply ``section.key=value`` items (``model.attn_options.n_kv_heads=2`` reaches nested
+    options), each parsed by its field's type; unknown keys list the valid ones. A
+    ``model.attention`` item applies first, so options given with it belong to the new kind."""
+    pairs = []
     for item in items or []:
         if "=" not in item:
             raise MheError(f"--set takes KEY=VALUE, got {item!r}")
         key, raw = item.split("=", 1)
-        value = parse_value(raw)
-        section, _, name = key.partition(".")
-        if section == "model":
-            if name not in model_fields:
-                raise MheError(f"unknown --set key {key!r}; valid model keys: {', '.join(sorted(model_fields))}")
-            cfg.model[name] = value
-        elif section in ("train", "data"):
-            target = getattr(cfg, section)
-            valid = [f.name for f in dataclasses.fields(target)]
-            if name not in valid:
-                raise MheError(f"unknown --set key {key!r}; valid {section} keys: {', '.join(valid)}")
-            current = getattr(target, name)
-            if isinstance(current, bool) and not isinstance(value, bool):
-                raise MheError(f"--set {key} takes true or false, got {raw!r}")
-            if isinstance(current, (int, float)) and not isinstance(current, bool):
-                if not isinstance(value, (int, float)) or isinstance(value, bool):
-                    raise MheError(f"--set {key} takes a number, got {raw!r}")
-                value = type(current)(value) if not (isinstance(current, int) and isinstance(value, float)
-                                                     and not value.is_integer()) else value
-            if isinstance(current, tuple):
-                value = tuple(value)
-            if isinstance(current, dict):
-                if not isinstance(value, dict):
-                    raise MheError(f"--set {key} takes a JSON object, got {raw!r}")
-                value = {**current, **value}  # successive --set items merge
-            setattr(target, name, value)
-            if section == "train" and name == "steps":
-                cfg.train.epochs = 0  # an explicit step count wins over (fine-tuning's default) epochs
-        else:
+        pairs.append((key.strip(), raw))
+    pairs.sort(key=lambda kv: kv[0] != "model.attention")
+    for key, raw in pairs:
+        section, _, rest = key.partition(".")
+        if section not in ("train", "data", "model"):
             raise one_of("--set section", section, ("train", "data", "model"))
+        if not rest:
+            raise MheError(f"--set takes SECTION.KEY=VALUE, got {key!r}")
+        if key == "model.attention":
+            cfg.model = cfg.model.replace(attention=parse_text(key, raw, field_types(ModelConfig)["attention"]))
+            continue
+        set_path(getattr(cfg, section), rest.split("."), raw, key)
+        if key == "train.steps":
+            cfg.train.epochs = 0.0  # an explicit step count wins over (fine-tuning's default) epochs
     validate(cfg)
+    if device_check:
+        check_device(cfg.train.device)
     return cfg
-
-
-SCHEDULES = ("linear", "cosine", "cosine_restarts", "constant", "inverse_sqrt")
-PRECISIONS = ("auto", "fp32", "bf16")
-
-
-def validate(cfg: RunConfig) -> None:
-    t = cfg.train
-    if t.schedule not in SCHEDULES:
-        raise one_of("schedule", t.schedule, SCHEDULES)
-    if t.precision not in PRECISIONS:
-        raise one_of("precision", t.precision, PRECISIONS)
-    for name in ("steps", "batch_size", "grad_accum"):
-        if getattr(t, name) <= 0:
-            raise MheError(f"train.{name} must be positive, got {getattr(t, name)}")
-    if t.lr <= 0:
-        raise MheError(f"train.lr must be positive, got {t.lr}")
-    if t.stop_at < 0 or t.warmup_steps < 0:
-        raise MheError("train.stop_at and train.warmup_steps must be >= 0")

@@ -7,6 +7,7 @@ dropout 0.1). ``tiny-*`` presets get short schedules sized for a CPU.
 
 from __future__ import annotations
 
+from mhe.models.config import preset as get_preset
 from mhe.training.config import DataConfig, RunConfig, TrainConfig
 
 TINY_TRAIN = dict(steps=600, batch_size=32, lr=1e-3, warmup_steps=60, schedule="cosine", log_every=10,
@@ -39,6 +40,7 @@ def finetune_train(bench: str) -> TrainConfig:
 
 
 def default_run(task: str, preset: str, attention: str, dataset: str = "") -> RunConfig:
+    """The task's default run for a model preset and attention kind (``model.attention``)."""
     train = TrainConfig()
     model: dict = {}
     if preset.startswith("tiny-"):
@@ -63,4 +65,5 @@ def default_run(task: str, preset: str, attention: str, dataset: str = "") -> Ru
         train = TrainConfig(**RECALL_TRAIN)
         if preset.startswith("tiny-"):
             model = dict(RECALL_MODEL)
-    return RunConfig(task=task, preset=preset, attention=attention, model=model, train=train, data=data)
+    return RunConfig(task=task, preset=preset, model=get_preset(preset).replace(attention=attention, **model),
+                     train=train, data=data)

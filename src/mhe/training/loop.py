@@ -256,7 +256,7 @@ class Trainer:
 
     def _summary(self, model, step, status) -> dict:
         return {"task": self.task.name, "metric": self.task.metric, "higher_is_better": self.task.higher_is_better,
-                "attention": self.cfg.attention, "preset": self.cfg.preset, "seed": self.cfg.train.seed,
+                "attention": self.cfg.model.attention, "preset": self.cfg.preset, "seed": self.cfg.train.seed,
                 "attention_params": count_attention_params(model),
                 "total_params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
                 "steps": step, "status": status, "config_hash": self.cfg_hash}

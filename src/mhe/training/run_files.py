@@ -37,33 +37,14 @@ def read_json(path: str | Path, *, what: str = "JSON file") -> object:
         raise MheError(f"{path}: cannot be read ({e.strerror})") from e
 
 
-def _unknown_field(cls, d: dict, prefix: str = "") -> str | None:
-    """The first key of ``d`` (recursively into nested dataclasses) that ``cls`` does not have."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key, value in d.items():
-        if key not in fields:
-            return f"unknown field {prefix + key!r} (valid: {', '.join(fields)})"
-        f = fields[key]
-        if f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-            if dataclasses.is_dataclass(default):
-                if not isinstance(value, dict):
-                    return f"field {prefix + key!r} must be an object, got {value!r}"
-                inner = _unknown_field(type(default), value, f"{prefix}{key}.")
-                if inner:
-                    return inner
-    return None
-
-
 def run_config_from_dict(d: object, *, source: str | Path) -> RunConfig:
     """A :class:`RunConfig` from its dictionary, or a one-line error naming ``source``."""
     if not isinstance(d, dict):
         raise MheError(f"{source}: a run configuration must be a JSON object, got {type(d).__name__}")
-    problem = _unknown_field(RunConfig, d)
-    if problem:
-        raise MheError(f"{source}: {problem}")
     try:
-        return RunConfig.from_dict(d)
+        return RunConfig.from_dict(d)  # checks every key and value, migrating the earlier layout
+    except MheError as e:
+        raise MheError(f"{source}: {e}") from e
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise MheError(f"{source}: not a valid run configuration ({e})") from e
 

@@ -1,0 +1,366 @@
+"""Typed settings: every bad ``--set`` value is a one-line error naming the key, the value
+and what is allowed, raised when the configuration is built; good values parse to their
+field's type; configurations saved in the earlier layout still load (and hash as before)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mhe.cli import main
+from mhe.errors import MheError
+from mhe.models.attention_options import GroupedQueryOptions, MHEOptions, NoOptions
+from mhe.training.config import DataConfig, RunConfig, apply_overrides
+from mhe.training.defaults import default_run
+from mhe.training.task_options import FinetuneOptions, RecallOptions, TranslationOptions
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+def base(task: str):
+    """A default run of each task (fine-tuning without a checkpoint: none is read here)."""
+    if task == "finetune":
+        return RunConfig(task="finetune", preset="tiny-encoder",
+                         data=DataConfig(dataset="rte", task_options={"task": "rte", "checkpoint": "x"}))
+    return default_run(task, {"mt": "tiny-encoder-decoder", "mlm": "tiny-encoder"}.get(task, "tiny-decoder"), "mha",
+                       {"lm": "ptb", "mlm": "ptb", "mt": "multi30k"}.get(task, ""))
+
+
+# (items, task, the key named, the bad value as the message shows it)
+BAD = [
+    # train.*: issue 16's examples first
+    (["train.lr=NaN"], "lm", "train.lr", "nan"),
+    (["train.log_every=0"], "lm", "train.log_every", "0"),
+    (["train.betas=[2,3]"], "lm", "train.betas", "2.0"),
+    (["train.betas=5"], "lm", "train.betas", "5"),
+    (["train.device=gpu"], "lm", "train.device", "gpu"),
+    (["train.steps=2.5"], "lm", "train.steps", "2.5"),
+    (["train.save_every=-1"], "lm", "train.save_every", "-1"),
+    (["train.weight_decay=-1"], "lm", "train.weight_decay", "-1"),
+    (["train.lr=inf"], "lm", "train.lr", "inf"),
+    (["train.lr=-1e-3"], "lm", "train.lr", "-0.001"),
+    (["train.lr=0"], "lm", "train.lr", "0"),
+    (["train.lr=fast"], "lm", "train.lr", "fast"),
+    (["train.betas=[0.9]"], "lm", "train.betas", "0.9"),
+    (["train.betas=[0.9,\"a\"]"], "lm", "train.betas[1]", "a"),
+    (["train.betas=[0.9,1.0]"], "lm", "train.betas", "1.0"),
+    (["train.device=cuda:7"], "lm", "train.device", "cuda:7"),
+    (["train.device=tpu"], "lm", "train.device", "tpu"),
+    (["train.steps=0"], "lm", "train.steps", "0"),
+    (["train.steps=-5"], "lm", "train.steps", "-5"),
+    (["train.steps=many"], "lm", "train.steps", "many"),
+    (["train.eval_every=-2"], "lm", "train.eval_every", "-2"),
+    (["train.batch_size=0"], "lm", "train.batch_size", "0"),
+    (["train.batch_size=8.5"], "lm", "train.batch_size", "8.5"),
+    (["train.grad_accum=0"], "lm", "train.grad_accum", "0"),
+    (["train.schedule=wavy"], "lm", "train.schedule", "wavy"),
+    (["train.precision=fp16"], "lm", "train.precision", "fp16"),
+    (["train.warmup_steps=-1"], "lm", "train.warmup_steps", "-1"),
+    (["train.warmup_ratio=1.5"], "lm", "train.warmup_ratio", "1.5"),
+    (["train.eps=0"], "lm", "train.eps", "0"),
+    (["train.clip_norm=-0.5"], "lm", "train.clip_norm", "-0.5"),
+    (["train.label_smoothing=1"], "lm", "train.label_smoothing", "1"),
+    (["train.seed=-1"], "lm", "train.seed", "-1"),
+    (["train.keep_last=0"], "lm", "train.keep_last", "0"),
+    (["train.stop_at=-3"], "lm", "train.stop_at", "-3"),
+    (["train.patience=-1"], "lm", "train.patience", "-1"),
+    (["train.compile=maybe"], "lm", "train.compile", "maybe"),
+    (["train.progress=2"], "lm", "train.progress", "2"),
+    (["train.epochs=-1"], "lm", "train.epochs", "-1"),
+    (["train.epochs=nan"], "lm", "train.epochs", "nan"),
+    (["train.restarts=0"], "lm", "train.restarts", "0"),
+    # data.*
+    (["data.seq_len=-1"], "lm", "data.seq_len", "-1"),
+    (["data.eval_stride=-256"], "lm", "data.eval_stride", "-256"),
+    (["data.eval_stride=0"], "lm", "data.eval_stride", "0"),
+    (["data.vocab_size=-5"], "lm", "data.vocab_size", "-5"),
+    (["data.vocab_size=big"], "lm", "data.vocab_size", "big"),
+    (["data.limit_lines=1.5"], "lm", "data.limit_lines", "1.5"),
+    (["data.eval_batch_size=0"], "lm", "data.eval_batch_size", "0"),
+    (["data.source=cloud"], "lm", "data.source", "cloud"),
+    (["data.tokenizer=sentencepiece"], "lm", "data.tokenizer", "sentencepiece"),
+    # model.*
+    (["model.dropout=1.5"], "lm", "model.dropout", "1.5"),
+    (["model.dropout=abc"], "lm", "model.dropout", "abc"),
+    (["model.dropout=-0.1"], "lm", "model.dropout", "-0.1"),
+    (["model.attn_dropout=1"], "lm", "model.attn_dropout", "1"),
+    (["model.n_heads=0"], "lm", "model.n_heads", "0"),
+    (["model.n_layers=-1"], "lm", "model.n_layers", "-1"),
+    (["model.d_model=2.5"], "lm", "model.d_model", "2.5"),
+    (["model.d_model=30"], "lm", "model.d_model", "30"),
+    (["model.d_ff=NaN"], "lm", "model.d_ff", "nan"),
+    (["model.attention=nope"], "lm", "model.attention", "nope"),
+    (["model.positions=rotary"], "lm", "model.positions", "rotary"),
+    (["model.layer_norm_eps=0"], "lm", "model.layer_norm_eps", "0"),
+    (["model.tie_embeddings=yes"], "lm", "model.tie_embeddings", "yes"),
+    (["model.head_dim=-4"], "lm", "model.head_dim", "-4"),
+    (["model.max_len=0"], "lm", "model.max_len", "0"),
+    (["model.adaptive_cutoffs=5"], "lm", "model.adaptive_cutoffs", "5"),
+    (["model.adaptive_cutoffs=[1,\"x\"]"], "lm", "model.adaptive_cutoffs[1]", "x"),
+    (["model.adaptive_cutoffs=[500,100]"], "lm", "model.adaptive_cutoffs", "500"),
+    (["model.head=qa"], "lm", "head", "qa"),
+    # model.attn_options.*: each kind's typed options
+    (["model.attention=gqa", "model.attn_options.n_kv_heads=-1"], "lm", "model.attn_options.n_kv_heads", "-1"),
+    (["model.attention=gqa", "model.attn_options.n_kv_heads=3"], "lm", "model.attn_options.n_kv_heads", "3"),
+    (["model.attn_options.n_kv_heads=two", "model.attention=gqa"], "lm", "model.attn_options.n_kv_heads", "two"),
+    (["model.attention=mhe-mul", "model.attn_options.impl=slow"], "lm", "model.attn_options.impl", "slow"),
+    (["model.attention=mhe-add", "model.attn_options.query_fold=sideways"], "lm", "model.attn_options.query_fold",
+     "sideways"),
+    (["model.attention=mhe-mul", "model.attn_options.init_std=-1"], "lm", "model.attn_options.init_std", "-1"),
+    (["model.attention=mhe-mul", "model.attn_options.init_std=inf"], "lm", "model.attn_options.init_std", "inf"),
+    (["model.attention=linear", "model.attn_options.max_len=0"], "lm", "model.attn_options.max_len", "0"),
+    (["model.attention=gqa", "model.attn_options=5"], "lm", "model.attn_options", "5"),
+    (["model.attention=gqa", 'model.attn_options={"n_kv_heads": -2}'], "lm", "model.attn_options.n_kv_heads", "-2"),
+    # data.task_options.*: each task's typed options
+    (["data.task_options.pairs=0"], "recall", "data.task_options.pairs", "0"),
+    (["data.task_options.pairs=64"], "recall", "data.task_options.pairs", "64"),
+    (["data.task_options.queries=9"], "recall", "data.task_options.queries", "9"),
+    (["data.task_options.train_size=-1"], "recall", "data.task_options.train_size", "-1"),
+    (["data.task_options.data_seed=1.5"], "recall", "data.task_options.data_seed", "1.5"),
+    (["data.task_options.beam=0"], "mt", "data.task_options.beam", "0"),
+    (["data.task_options.alpha=nan"], "mt", "data.task_options.alpha", "nan"),
+    (["data.task_options.protocol=last3"], "mt", "data.task_options.protocol", "last3"),
+    (["data.task_options.max_tokens=-4096"], "mt", "data.task_options.max_tokens", "-4096"),
+    (["data.task_options.eval_sentences=0"], "mt", "data.task_options.eval_sentences", "0"),
+    (["data.task_options.test_sentences=-1"], "mt", "data.task_options.test_sentences", "-1"),
+    (['data.task_options={"beam": 0}'], "mt", "data.task_options.beam", "0"),
+    (["data.task_options=[1,2]"], "mt", "data.task_options", "[1, 2]"),
+    (["data.task_options.doc_stride=0"], "finetune", "data.task_options.doc_stride", "0"),
+    (["data.task_options.train_limit=-1"], "finetune", "data.task_options.train_limit", "-1"),
+    (["data.task_options.max_answer_len=abc"], "finetune", "data.task_options.max_answer_len", "abc"),
+]
+
+
+@pytest.mark.parametrize("items, task, key, shown", BAD, ids=[" ".join(c[0]) for c in BAD])
+def test_bad_setting_is_one_line_naming_key_and_value(items, task, key, shown):
+    with pytest.raises(MheError) as e:
+        apply_overrides(base(task), items)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert key in msg and shown.lower() in msg.lower(), msg
+    assert any(w in msg for w in ("takes", "must", "valid")), msg  # says what is allowed
+
+
+def test_the_table_is_large():
+    assert len(BAD) >= 60
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="this machine has a GPU")
+def test_cuda_without_a_gpu_is_one_line():
+    with pytest.raises(MheError, match=r"^train.device='cuda' is not available: this machine has no CUDA device"):
+        apply_overrides(base("lm"), ["train.device=cuda"])
+
+
+@pytest.mark.parametrize("item, valid", [
+    ("train.lrr=1", "valid train keys: steps, epochs"),
+    ("data.colour=red", "valid data keys: dataset, data_dir"),
+    ("model.colour=red", "valid model keys: arch, vocab_size"),
+    ("model.attn_options.n_kv_heads=2", "valid model.attn_options keys: none"),
+    ("data.task_options.beam=2", "valid data.task_options keys: n_keys, n_values"),
+    ("model.dropout.x=1", "model.dropout has no sub-keys"),
+])
+def test_unknown_keys_list_the_valid_ones(item, valid):
+    with pytest.raises(MheError, match=valid):
+        apply_overrides(base("recall"), [item])
+
+
+def test_good_values_parse_to_their_types():
+    cfg = apply_overrides(base("lm"), [
+        "train.lr=3e-4", "train.steps=1e3", "train.betas=[0.9, 0.98]", "train.compile=TRUE", "train.epochs=2",
+        "train.schedule=cosine", "train.device=cpu", "model.head_dim=16", "model.adaptive_cutoffs=[100, 200]",
+        "model.dropout=0", "data.eval_stride=128", "data.tokenizer=word"])
+    t = cfg.train
+    assert (t.lr, t.steps, t.betas, t.compile, t.epochs) == (3e-4, 1000, (0.9, 0.98), True, 2.0)
+    assert type(t.steps) is int and type(t.epochs) is float and type(t.betas) is tuple
+    assert (cfg.model.head_dim, cfg.model.adaptive_cutoffs, cfg.model.dropout) == (16, [100, 200], 0.0)
+    assert type(cfg.model.dropout) is float and cfg.data.eval_stride == 128 and cfg.data.tokenizer == "word"
+    assert apply_overrides(cfg, ["model.head_dim=null"]).model.head_dim is None
+
+
+@pytest.mark.parametrize("items", [
+    ["model.attention=gqa", "model.attn_options.n_kv_heads=2"],
+    ["model.attn_options.n_kv_heads=2", "model.attention=gqa"],  # the kind applies first
+    ["model.attention=gqa", 'model.attn_options={"n_kv_heads": 2}'],
+])
+def test_the_kind_lives_in_the_model_with_typed_options(items):
+    cfg = apply_overrides(base("lm"), items)
+    assert cfg.model.attention == cfg.kind == "gqa" and cfg.model.attn_options == GroupedQueryOptions(n_kv_heads=2)
+    assert not hasattr(cfg, "attention")
+    assert cfg.model.attention_options(causal=True)["n_kv_heads"] == 2
+    # another kind starts from its own defaults
+    assert apply_overrides(cfg, ["model.attention=mqa"]).model.attn_options == NoOptions()
+    mhe = apply_overrides(base("lm"), ["model.attention=mhe-mul", "model.attn_options.impl=reference"])
+    assert mhe.model.attn_options == MHEOptions(impl="reference")
+
+
+def test_task_options_are_typed_and_merge():
+    mt = apply_overrides(base("mt"), ['data.task_options={"src": "de", "tgt": "en"}', "data.task_options.beam=2",
+                                      'data.task_options={"alpha": 1}'])
+    assert mt.data.task_options == TranslationOptions(src="de", tgt="en", beam=2, alpha=1.0)
+    assert type(mt.data.task_options.alpha) is float
+    recall = apply_overrides(base("recall"), ["data.task_options.pairs=16"])
+    assert recall.data.task_options == RecallOptions(pairs=16)
+    assert base("finetune").data.task_options == FinetuneOptions(task="rte", checkpoint="x")
+
+
+# The earlier layout: the kind beside a dict of model overrides, task options as a plain dict.
+# That code built its models from the earlier presets (no attention biases, exact GELU): the
+# loaded model must be that one, so the hash differs from the one the earlier code computed
+# (3fa8d89eab4aaa5d and 393d930d2c6b825a): those preset values are overrides of today's presets.
+OLD_RECALL = {"task": "recall", "preset": "tiny-decoder", "attention": "gqa",
+              "model": {"d_model": 32, "d_ff": 64, "n_layers": 1, "attn_options": {"n_kv_heads": 2}},
+              "train": {"steps": 8, "batch_size": 16, "lr": 0.003, "betas": [0.9, 0.98], "seed": 1, "device": "cpu"},
+              "data": {"task_options": {"pairs": 4, "queries": 4, "train_size": 128}}}
+OLD_FINETUNE = {"task": "finetune", "preset": "bert-base", "attention": "el-att", "model": {},
+                "train": {"epochs": 5, "lr": 0.0001, "schedule": "cosine_restarts", "warmup_ratio": 0.06,
+                          "betas": [0.9, 0.999], "eps": 1e-06, "weight_decay": 0.0, "patience": 3},
+                "data": {"dataset": "cb", "data_dir": "data-cache",
+                         "task_options": {"task": "cb", "checkpoint": "results/encoder-mlm/runs/el-att-seed0"}}}
+
+
+@pytest.mark.parametrize("old", [OLD_RECALL, OLD_FINETUNE])
+def test_old_layout_loads_the_model_it_built_and_round_trips(old):
+    cfg = RunConfig.from_dict(json.loads(json.dumps(old)))
+    assert (cfg.model.attn_bias, cfg.model.activation) == (False, "gelu")  # the earlier presets
+    assert cfg.model_overrides()["attn_bias"] is False
+    digest = cfg.hash()
+    assert cfg.model.attention == old["attention"]
+    saved = cfg.to_dict()
+    assert "attention" not in saved and saved["model"]["attention"] == old["attention"]
+    again = RunConfig.from_dict(json.loads(json.dumps(saved)))
+    assert again.hash() == digest and again.to_dict() == saved
+
+
+def test_old_layout_values_become_typed():
+    cfg = RunConfig.from_dict(OLD_RECALL)
+    assert cfg.model.attn_options == GroupedQueryOptions(n_kv_heads=2) and cfg.model.n_layers == 1
+    assert cfg.data.task_options == RecallOptions(pairs=4, queries=4, train_size=128)
+    assert cfg.train.betas == (0.9, 0.98)
+
+
+def test_a_saved_run_of_this_repository_loads():
+    f = Path(__file__).parent.parent / "results" / "lm-ptb" / "runs" / "mha-seed0" / "config.json"
+    if not f.exists():
+        pytest.skip("no saved results in this checkout")
+    saved = json.loads(f.read_text())
+    cfg = RunConfig.from_dict(saved["run"])
+    resolved = {k: v for k, v in saved["model"].items() if k not in ("vocab_size", "attn_options")}
+    mine = {k: v for k, v in cfg.model.to_dict().items() if k in resolved}
+    assert mine == resolved  # the preset plus the recorded overrides is the model the run built
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({**OLD_RECALL, "colour": 1}, "unknown run configuration key 'colour'"),
+    ({**OLD_RECALL, "train": {"lr": "fast"}}, "train.lr='fast' is not allowed"),
+    ({**OLD_RECALL, "data": {"eval_stride": -1}}, "data.eval_stride=-1 is out of range"),
+    ({k: v for k, v in OLD_RECALL.items() if k != "preset"}, "needs 'preset'"),
+    ([1, 2], "must be a JSON object"),
+])
+def test_bad_saved_configuration_is_one_line(bad, match):
+    with pytest.raises(MheError, match=match):
+        RunConfig.from_dict(bad)
+
+
+CLI_BAD = ["train.lr=NaN", "model.dropout=abc", "model.attn_options.n_kv_heads=3", "data.seq_len=-1",
+           "train.device=gpu", "train.betas=5"]
+
+
+@pytest.mark.parametrize("item", CLI_BAD)
+def test_cli_bad_setting_exits_2_before_any_work(item, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["pretrain", "--preset", "tiny-decoder", "--data", "ptb", "--attention", "gqa", "--out", str(out),
+            "--set", item]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and item.split("=")[0] in err[0] and "Traceback" not in err[0]
+    assert not out.exists()
+
+
+def test_cli_set_model_attention_works():
+    import argparse
+
+    from mhe.training.cli import build_run
+
+    args = argparse.Namespace(preset="tiny-decoder", attention="mha", data="ptb", data_dir="", seed=3,
+                              set=["model.attention=mqa"])
+    cfg = build_run("lm", args)
+    assert cfg.model.attention == "mqa" and cfg.train.seed == 3
+
+
+@pytest.mark.parametrize("item", ["train.log_every=0", "model.attention=mqq"])
+def test_python_m_mhe_bad_setting(item, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "mhe", "pretrain", "--preset", "tiny-decoder", "--data", "ptb",
+                           "--out", str(out), "--set", item], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and item.split("=")[1] in lines[0] and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [["params", "--preset", "bert-base", "--kinds", ""],
+                                  ["compare", "--kinds", " , "]])
+def test_empty_kind_list_is_refused(argv, capsys):
+    assert main(argv) == 2
+    assert "names no attention kind" in capsys.readouterr().err
+
+
+def test_typed_options_match_what_each_attention_class_accepts():
+    import dataclasses
+
+    from mhe.attention import KINDS, AttentionConfig, attention_class
+    from mhe.models.attention_options import options_class
+
+    shared = {f.name for f in dataclasses.fields(AttentionConfig)}
+    for kind in KINDS:
+        accepted = {f.name: f.default for f in dataclasses.fields(attention_class(kind).config_class)}
+        own = {k: v for k, v in accepted.items() if k not in shared}
+        typed = {f.name: f.default for f in dataclasses.fields(options_class(kind))}
+        assert set(typed) == set(own), kind
+        for name, default in typed.items():  # linear's max_len defaults to the model's (None)
+            assert default == own[name] or (kind, name, default) == ("linear", "max_len", None)
+
+
+# A comparison folder written before experiments were typed records their --set items.
+OLD_GPU_PTB = {"task": "lm", "preset": "gpt2-base", "kinds": ["sha", "mha"], "seeds": 3, "data": "ptb",
+               "overrides": ["model.n_layers=6", "model.max_len=256", "data.vocab_size=16384", "train.steps=600",
+                             "train.batch_size=32", "train.lr=5e-4", "train.warmup_steps=60", "train.schedule=cosine",
+                             "train.eval_every=100", "train.save_every=100", "train.patience=3", "train.log_every=25",
+                             "model.dropout=0.1", "model.attn_dropout=0.1", "data.tokenizer=word",
+                             "train.keep_checkpoints=false"], "pretrained": ""}
+
+
+def test_typed_experiment_matches_its_earlier_set_items(tmp_path):
+    import argparse
+
+    from mhe.experiments.cli import build_sweep
+    from mhe.experiments.sweep import check_sweep_dir
+
+    (tmp_path / "sweep.json").write_text(json.dumps({"sweep": OLD_GPU_PTB}))
+
+    def sweep(*items):
+        args = argparse.Namespace(task=None, preset="gpu-ptb", kinds="sha,mha", seeds=5, data=None, data_dir="",
+                                  set=list(items), paper=None, pretrained="")
+        return build_sweep(args)[1]
+
+    check_sweep_dir(tmp_path, sweep("train.save_every=0"))  # more seeds, another cadence: the same comparison
+    with pytest.raises(MheError, match=r"train.steps: 600 there, 700 now"):
+        check_sweep_dir(tmp_path, sweep("train.steps=700"))
+
+
+def test_one_list_of_architectures_and_heads():
+    from mhe.accounting import ARCHS as counted
+    from mhe.models import ARCHS, MODEL_CLASSES
+    from mhe.models.config import HEADS
+
+    assert counted is ARCHS and set(MODEL_CLASSES) == {(a, h) for a in ARCHS for h in HEADS[a]}
+
+
+@pytest.mark.parametrize("stride", ["0", "-5"])
+def test_eval_stride_is_checked_before_loading(stride, tmp_path, capsys):
+    assert main(["eval", "--checkpoint", str(tmp_path / "none"), "--stride", stride]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--stride={stride} is out of range; --stride must be > 0" in err[0]
