@@ -84,9 +84,12 @@ class Embeddings(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.max_len = cfg.max_len
 
-    def forward(self, ids: torch.Tensor, *, start: int = 0, token_types: torch.Tensor | None = None):
+    def forward(self, ids: torch.Tensor, *, start: int = 0, token_types: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None):
+        """``positions`` (``[T]`` or ``[B, T]`` tensor, e.g. a KV cache's write positions, or
+        positions that skip left padding) replace ``start .. start + T - 1``."""
         t = ids.shape[1]
-        if start + t > self.max_len:
+        if positions is None and start + t > self.max_len:
             from mhe.errors import MheError
             raise MheError(f"sequence of {start + t} positions exceeds the model's max_len {self.max_len}")
         x = self.tokens(ids) * self.scale
@@ -94,9 +97,10 @@ class Embeddings(nn.Module):
             table = self._pos_table
             if table is None or table.device != x.device:
                 table = self._pos_table = sinusoid_table(self.max_len, x.shape[-1]).to(x.device)
-            x = x + table[start:start + t].to(x.dtype)
+            x = x + (table[start:start + t] if positions is None else table[positions]).to(x.dtype)
         else:
-            x = x + self.positions(torch.arange(start, start + t, device=ids.device))
+            x = x + self.positions(torch.arange(start, start + t, device=ids.device) if positions is None
+                                   else positions)
         if self.types is not None:
             x = x + self.types(token_types if token_types is not None else torch.zeros_like(ids))
         if self.norm is not None:

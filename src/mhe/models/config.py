@@ -33,6 +33,7 @@ class ModelConfig:
     attention: str = "mha"
     attn_options: dict = field(default_factory=dict)
     attn_bias: bool = False
+    attn_kernel: str = "sdpa"  # how attention runs (mhe.attention.kernels.KERNELS); never changes results
     dropout: float = 0.1
     attn_dropout: float = 0.1
     norm_first: bool = False
@@ -71,7 +72,7 @@ class ModelConfig:
 
     def attention_options(self, *, causal: bool) -> dict:
         """Keyword options for :func:`build_attention` for one sublayer of this model."""
-        opts = {"dropout": self.attn_dropout, "bias": self.attn_bias, "causal": causal}
+        opts = {"dropout": self.attn_dropout, "bias": self.attn_bias, "causal": causal, "kernel": self.attn_kernel}
         if accepts_option(self.attention, "max_len"):
             opts["max_len"] = self.max_len
         opts.update(self.attn_options)

@@ -47,8 +47,10 @@ class EncoderDecoder(nn.Module):
 
     def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None,
                caches: list[tuple[KVCache, KVCache]] | None = None):
-        start = caches[0][0].pos if caches else 0
-        x = self.embed(tgt_ids, start=start)
+        positions = None
+        if caches:  # the new tokens sit at the self-attention caches' write positions
+            positions = caches[0][0].index + torch.arange(tgt_ids.shape[1], device=tgt_ids.device)  # [T]
+        x = self.embed(tgt_ids, positions=positions)
         src_mask, tgt_mask = as_bool_mask(src_mask), as_bool_mask(tgt_mask)
         for i, layer in enumerate(self.decoder_layers):
             self_cache, cross_cache = caches[i] if caches else (None, None)
