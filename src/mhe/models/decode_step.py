@@ -59,13 +59,14 @@ class StepRunner:
         step: the decode step; it may mutate caches in place.
         inputs: example inputs (copied into the runner's own tensors on each call).
         mode: ``eager``, ``graph`` or ``compile`` (see the module docstring).
+        compile_options: passed to ``torch.compile`` in ``compile`` mode.
         before_warmup: called before each warm-up run of ``graph`` mode, to undo what a
             previous run changed (the caches' write position); the step's effects on the
             caches are the same on replay, so a warm-up is harmless once undone.
     """
 
     def __init__(self, step: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor], *, mode: str,
-                 before_warmup: Callable[[], None] | None = None) -> None:
+                 before_warmup: Callable[[], None] | None = None, compile_options: dict | None = None) -> None:
         self.mode = mode
         self.inputs = [t.clone() for t in inputs]
         self._step = step
@@ -74,6 +75,7 @@ class StepRunner:
         self._before = before_warmup or (lambda: None)
         if mode == "compile":
             opts = {"mode": "reduce-overhead"} if self.inputs[0].device.type == "cuda" else {}
+            opts.update(compile_options or {})
             self._step = torch.compile(step, fullgraph=True, dynamic=False, **opts)
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ def length_penalty(length: torch.Tensor, alpha: float) -> torch.Tensor:
 @torch.no_grad()
 def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, *, bos_id: int, eos_id: int,
                 beam: int = 4, max_len: int = 100, alpha: float = 0.6, use_cache: bool = True,
-                step_mode: str = "auto") -> torch.Tensor:
+                step_mode: str = "auto", compile_options: dict | None = None, return_scores: bool = False):
     """The best hypothesis per source, ``[B, L]`` starting with ``bos_id``, padded with ``eos_id``.
 
     Hypotheses are ranked by log-probability; finished ones (ending in EOS) keep their
@@ -24,6 +24,7 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, 
     With ``use_cache`` each step is one call of a static decode step (reorder the
     self-attention caches in place by the surviving parents, then decode one token; see
     :mod:`mhe.models.decode_step` for ``step_mode``); fast MHE decodes folded to MQA.
+    ``return_scores`` also returns each best hypothesis's length-normalised score ``[B]``.
     """
     b, s = src.shape
     dev = src.device
@@ -49,7 +50,8 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, 
         view.decode(tokens, memory, smask, caches=caches)  # fill the cross-attention caches
         for self_cache, _ in caches:
             self_cache.reset()
-        run = StepRunner(step, [tokens, sel], mode=resolve_mode(step_mode, dev), before_warmup=restorer(caches))
+        run = StepRunner(step, [tokens, sel], mode=resolve_mode(step_mode, dev), before_warmup=restorer(caches),
+                         compile_options=compile_options)
     for t in range(max_len - 1):
         if run is not None:
             logits = run(tokens[:, -1:], sel)
@@ -70,9 +72,9 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, 
     is_eos = tokens[:, 1:] == eos_id
     first = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, torch.full_like(is_eos[:, 0], tokens.shape[1] - 1, dtype=torch.long))
     final = scores.view(-1) / length_penalty(first, alpha)
-    best = final.view(b, beam).argmax(1)
+    best_score, best = final.view(b, beam).max(1)
     out = tokens.view(b, beam, -1)[torch.arange(b, device=dev), best]
     # everything after the first EOS becomes EOS
     after = torch.cumsum(out[:, 1:] == eos_id, 1) > 0
     out[:, 1:] = torch.where(after, torch.full_like(out[:, 1:], eos_id), out[:, 1:])
-    return out
+    return (out, best_score) if return_scores else out

@@ -58,7 +58,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
              use_cache: bool = True, stop_ids: Sequence[int] = (), pad_id: int | None = None,
              do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              seed: int | None = None, streamer: Callable[[list[int]], None] | None = None,
-             step_mode: str = "auto") -> torch.Tensor:
+             step_mode: str = "auto", compile_options: dict | None = None, return_logits: bool = False):
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
     Args:
@@ -72,10 +72,12 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         do_sample, temperature, top_k, top_p, seed: see :class:`SamplingConfig`.
         streamer: called after every step with the new token of each row.
         step_mode: ``auto`` (CUDA graph on a GPU, eager on a CPU), ``eager``, ``graph``,
-            ``compile`` (see :mod:`mhe.models.decode_step`).
+            ``compile`` (see :mod:`mhe.models.decode_step`); ``compile_options`` go to
+            ``torch.compile`` (e.g. ``{"backend": "aot_eager"}``).
 
     Returns:
-        ``[B, P + n]`` token ids, the prompts followed by ``n <= max_new_tokens`` new tokens.
+        ``[B, P + n]`` token ids, the prompts followed by ``n <= max_new_tokens`` new tokens;
+        with ``return_logits`` also the logits each new token was chosen from, ``[B, n, V]``.
     """
     require_positive(max_new_tokens=max_new_tokens)
     sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -106,16 +108,19 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
             s.key_mask.fill_(True)
         step = s.step if padded else (lambda tok, pos: s.view(tok, caches=s.caches, position_ids=pos).logits[:, -1])
         if s.runner is None or s.runner.mode != s.mode or getattr(s.runner, "padded", None) != padded:
-            s.runner = StepRunner(step, [input_ids[:, -1:], nxt_pos], mode=s.mode, before_warmup=restorer(s.caches))
+            s.runner = StepRunner(step, [input_ids[:, -1:], nxt_pos], mode=s.mode, before_warmup=restorer(s.caches),
+                                  compile_options=compile_options)
             s.runner.padded = padded
         run = s.runner
     else:
         logits = model(input_ids, attention_mask=prompt_mask, position_ids=positions, last_only=True).logits[:, -1]
 
-    out = [input_ids]
+    out, seen = [input_ids], []
     done = torch.zeros(b, dtype=torch.bool, device=dev)
     seq, seq_mask, seq_pos = input_ids, prompt_mask, positions
     for i in range(max_new_tokens):
+        if return_logits:
+            seen.append(logits.clone())  # the runner's output tensor is reused by the next step
         tok = next_token(logits, sampling, gen)  # [B]
         tok = torch.where(done, torch.full_like(tok, fill), tok)
         if len(stops):
@@ -133,4 +138,5 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
             seq_mask = torch.cat([seq_mask, torch.ones_like(tok[:, None], dtype=torch.bool)], 1)
             seq_pos = torch.cat([seq_pos, pos], 1)
             logits = model(seq, attention_mask=seq_mask, position_ids=seq_pos).logits[:, -1]
-    return torch.cat(out, 1)
+    tokens = torch.cat(out, 1)
+    return (tokens, torch.stack(seen, 1)) if return_logits else tokens
