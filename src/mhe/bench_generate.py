@@ -54,8 +54,12 @@ def _ours(kind, batch, prompt, new, *, dev, dtype, small, kernel, mode, reps):
     sec = _time(lambda: model.generate(ids, new, step_mode=mode), cuda=dev.type == "cuda", reps=reps)
     session = model.__dict__.get("_generation_session")
     kv = sum(c.nbytes() for c in session.caches) if session is not None else 0
+    model.__dict__["_generation_session"] = None
+    # the prompt's share: a call for one new token is the prefill alone (a new session is built first)
+    model.generate(ids, 1, step_mode="eager")
+    prefill = _time(lambda: model.generate(ids, 1, step_mode="eager"), cuda=dev.type == "cuda", reps=reps)
     del model, session
-    return sec, kv
+    return sec, kv, prefill
 
 
 def _peer(batch, prompt, new, *, dev, dtype, small, reps):
@@ -87,12 +91,12 @@ def run_generate_section(kinds, args, *, dev, dtype, small) -> list[dict]:
             sec = _peer(batch, prompt, new, dev=dev, dtype=dtype, small=small, reps=reps)
             if sec is not None:
                 rows.append(dict(batch=batch, prompt=prompt, new=new, path="HF GPT2LMHeadModel.generate",
-                                 kind="mha", seconds=sec, kv_mib=None))
+                                 kind="mha", seconds=sec, kv_mib=None, prefill_ms=None))
         for kind in kinds:
-            sec, kv = _ours(kind, batch, prompt, new, dev=dev, dtype=dtype, small=small, kernel=args.kernel,
+            sec, kv, prefill = _ours(kind, batch, prompt, new, dev=dev, dtype=dtype, small=small, kernel=args.kernel,
                             mode=mode, reps=reps)
             rows.append(dict(batch=batch, prompt=prompt, new=new, path=f"model.generate ({mode})", kind=kind,
-                             seconds=sec, kv_mib=kv / 2**20))
+                             seconds=sec, kv_mib=kv / 2**20, prefill_ms=1000 * prefill))
             if cuda:
                 torch.cuda.empty_cache()
     for r in rows:
@@ -102,12 +106,14 @@ def run_generate_section(kinds, args, *, dev, dtype, small) -> list[dict]:
     mha = {(r["batch"], r["prompt"]): r for r in rows if r["kind"] == "mha" and not r["path"].startswith("HF")}
     print(f"\ngenerate end to end (gpt2-base, random weights, greedy, {str(dtype).split('.')[-1]}; "
           "prefill included; MHE folded to MQA)")
-    print_table(["batch", "prompt+new", "path", "kind", "ms/token", "tokens/s", "vs HF", "tok/s vs MHA", "KV MiB"],
+    print_table(["batch", "prompt+new", "path", "kind", "ms/token", "tokens/s", "vs HF", "tok/s vs MHA", "KV MiB",
+                 "prefill ms"],
                 [[r["batch"], f"{r['prompt']}+{r['new']}", r["path"], r["kind"], f"{r['ms_per_token']:.3f}",
                   f"{r['tokens_per_s']:,.0f}",
                   f"{base[(r['batch'], r['prompt'])]['seconds'] / r['seconds']:.1f}x"
                   if (r["batch"], r["prompt"]) in base else "-",
                   f"{r['tokens_per_s'] / mha[(r['batch'], r['prompt'])]['tokens_per_s']:.2f}x"
                   if (r["batch"], r["prompt"]) in mha and not r["path"].startswith("HF") else "-",
-                  "-" if r["kv_mib"] is None else f"{r['kv_mib']:.1f}"] for r in rows])
+                  "-" if r["kv_mib"] is None else f"{r['kv_mib']:.1f}",
+                  "-" if r["prefill_ms"] is None else f"{r['prefill_ms']:.1f}"] for r in rows])
     return rows

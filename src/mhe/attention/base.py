@@ -96,6 +96,7 @@ class KVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)  # [B, h_kv, L, d]
         self.register_buffer("index", torch.zeros((), dtype=torch.long, device=device), persistent=False)
         self.filled = 0  # cross-attention: how many encoder positions are stored
+        self.fresh = True  # nothing written since the last reset: a prompt may attend to itself only
 
     @property
     def max_len(self) -> int:
@@ -109,6 +110,7 @@ class KVCache(nn.Module):
     @pos.setter
     def pos(self, value: int) -> None:
         self.index.fill_(value)
+        self.fresh = value == 0
 
     def nbytes(self) -> int:
         """Bytes held by the key and value buffers."""
@@ -129,6 +131,8 @@ class KVCache(nn.Module):
         self.k.index_copy_(2, at, k.to(self.k.dtype))
         self.v.index_copy_(2, at, v.to(self.v.dtype))
         self.index.add_(t)
+        if self.fresh:
+            self.fresh = False
         return self.k, self.v, start
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,6 +158,7 @@ class KVCache(nn.Module):
     def reset(self) -> None:
         self.index.zero_()
         self.filled = 0
+        self.fresh = True
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows in place (beam search keeps the surviving hypotheses)."""
@@ -241,6 +246,11 @@ class Attention(nn.Module):
         q = self._queries(x)  # [B, h_q, T, d]
         cross = context is not None
         if cache is not None and not cross:
+            if getattr(cache, "fresh", False) and mask is None and self.cfg.causal:
+                # a prompt into an empty cache: plain causal SDPA over its own keys (flash), as without a cache
+                k, v = self._keys_values(x)
+                cache.update(k, v)
+                return self._output(self._attend(q, k, v, key_mask=None, causal=True))
             k, v, start = cache.update(*self._keys_values(x))  # the whole buffers [B, h_kv, L, d]
             if mask is not None:
                 self._check_mask(mask, x.shape[0], mask.shape[1])

@@ -66,15 +66,17 @@ class StepRunner:
     """
 
     def __init__(self, step: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor], *, mode: str,
-                 before_warmup: Callable[[], None] | None = None, compile_options: dict | None = None) -> None:
+                 before_warmup: Callable[[], None] | None = None, compile_options: dict | None = None,
+                 device: torch.device | None = None) -> None:
         self.mode = mode
+        device = device if device is not None else inputs[0].device
         self.inputs = [t.clone() for t in inputs]
         self._step = step
         self._graph = None
         self._out: torch.Tensor | None = None
         self._before = before_warmup or (lambda: None)
         if mode == "compile":
-            opts = {"mode": "reduce-overhead"} if self.inputs[0].device.type == "cuda" else {}
+            opts = {"mode": "reduce-overhead"} if device.type == "cuda" else {}
             opts.update(compile_options or {})
             self._step = torch.compile(step, fullgraph=True, dynamic=False, **opts)
 
@@ -90,6 +92,7 @@ class StepRunner:
 
     def _capture(self) -> None:
         saved = [t.clone() for t in self.inputs]
+        torch.cuda.synchronize()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
