@@ -191,7 +191,7 @@ def _load_more_commands() -> None:
     """Commands that live with their subsystem register themselves on import."""
     import importlib
 
-    for mod in ("mhe.training.cli", "mhe.experiments.cli", "mhe.bench"):
+    for mod in ("mhe.training.cli", "mhe.experiments.cli", "mhe.bench", "mhe.generate_cli"):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:
