@@ -9,8 +9,7 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
 
 * ``sdpa`` (default): ``torch.nn.functional.scaled_dot_product_attention`` with grouped
   heads through ``enable_gqa``; one new token over a grouped cache stacks the query heads
-  of a group as query rows of one head, and over a long one-head cache on a GPU splits the
-  keys into chunks merged by their log-sum-exps (flash-decoding).
+  of a group as query rows of one head.
 * ``sdpa-expand``: as ``sdpa`` but key/value heads are repeated to the query heads first.
 * ``eager``: the softmax written out (tests, attention maps).
 * ``matmul-decode``: as ``sdpa``, except one-token grouped decoding is an explicit
@@ -108,50 +107,10 @@ def _rows(q, k, mask):
     return rows, mask
 
 
-SPLIT_MIN_KEYS = 2048  # one-head decoding over at least this many keys is split over the keys (CUDA)
-
-
-def _split_chunks(rows: torch.Tensor, k: torch.Tensor) -> int:
-    """How many key chunks a one-head decode is split into (1 = no split)."""
-    b, s = k.shape[0], k.shape[2]
-    if not (rows.is_cuda and k.shape[1] == 1 and s >= SPLIT_MIN_KEYS and rows.dtype != torch.float32):
-        return 1
-    chunks = max(1, min(8, 256 // b))  # enough thread blocks for the card at any batch
-    while chunks > 1 and s % (chunks * 16):
-        chunks //= 2
-    return chunks
-
-
-def _split_key_attention(rows, k, v, mask, scale, chunks):
-    """Flash-decoding (Dao et al. 2023): attend over ``chunks`` slices of one K/V head in
-    parallel, then merge the partial results with their log-sum-exps. SDPA alone gives a
-    one-head decode only B x ceil(rows / 64) thread blocks, too few for a long cache."""
-    b, _, g, d = rows.shape
-    s = k.shape[2]
-    kc = k.reshape(b * chunks, 1, s // chunks, d)  # [B*c, 1, S/c, d] (one head: no copy)
-    vc = v.reshape(b * chunks, 1, s // chunks, d)
-    qc = rows.expand(b, chunks, g, d).reshape(b * chunks, 1, g, d)  # [B*c, 1, G, d]
-    bias = None
-    if mask is not None:
-        m = mask.expand(b, 1, 1, s).reshape(b * chunks, 1, 1, s // chunks)  # [B*c, 1, 1, S/c]
-        bias = torch.zeros(m.shape, dtype=rows.dtype, device=rows.device).masked_fill(~m, float("-inf"))
-        bias = bias.expand(b * chunks, 1, g, s // chunks)
-    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(qc, kc, vc, bias, True, 0.0, False,
-                                                                       scale=scale)[:2]
-    out = out.float().view(b, chunks, g, d)
-    lse = lse[:, 0, :g].view(b, chunks, g)  # [B, c, G]
-    weight = torch.exp(lse - lse.amax(1, keepdim=True)).nan_to_num(0.0)  # fully masked chunks weigh 0
-    out = (out.nan_to_num(0.0) * weight[..., None]).sum(1) / weight.sum(1)[..., None]  # [B, G, d]
-    return out.to(rows.dtype)[:, None]  # [B, 1, G, d]
-
-
 @register_kernel("sdpa")
 def sdpa_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
     if _one_token_grouped(q, k, mask, dropout_p):
         rows, rmask = _rows(q, k, mask)
-        chunks = _split_chunks(rows, k)
-        if chunks > 1:
-            return _split_key_attention(rows, k, v, rmask, scale, chunks).reshape(q.shape)
         out = F.scaled_dot_product_attention(rows, k, v, attn_mask=rmask, scale=scale)
         return out.reshape(q.shape)  # [B, h_q, 1, d]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
