@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--step-mode", default="auto")
     ap.add_argument("--compare", nargs=2, default=None)
+    ap.add_argument("--kernel", default="", help="attention kernel (ModelConfig.attn_kernel; newer trees only)")
+    ap.add_argument("--dtype", default="float32", help="float32 (as mhe translate) or bfloat16")
     a = ap.parse_args()
     if a.compare:
         x, y = (torch.load(p) for p in a.compare)
@@ -46,7 +48,8 @@ def main() -> None:
     from mhe.models.generation import beam_search
 
     torch.manual_seed(0)
-    model = build_model("transformer-base", attention="mha", vocab_size=8000, dropout=0.0, attn_dropout=0.0)
+    kernel = {"attn_kernel": a.kernel} if a.kernel else {}
+    model = build_model("transformer-base", attention="mha", vocab_size=8000, dropout=0.0, attn_dropout=0.0, **kernel)
     if a.weights:
         model.load_state_dict(torch.load(a.weights))
     else:  # sharper output distributions than N(0, 0.02) gives, so near-ties do not decide the beams
@@ -55,7 +58,7 @@ def main() -> None:
     if a.save_weights:
         torch.save(model.state_dict(), a.save_weights)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = model.to(dev).eval()
+    model = model.to(dev, getattr(torch, a.dtype)).eval()
     srcs = sources(a.sentences, 8000)
     order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
     extra = {"step_mode": a.step_mode} if "step_mode" in inspect.signature(beam_search).parameters else {}
@@ -78,7 +81,8 @@ def main() -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize()
     sec = time.perf_counter() - t0
-    print(f"{len(srcs)} sentences, beam 4: {sec:.2f} s ({extra or 'old beam search'}); "
+    print(f"{len(srcs)} sentences, beam 4, {a.dtype}{', kernel ' + a.kernel if a.kernel else ''}: {sec:.2f} s "
+          f"({extra or 'old beam search'}); "
           f"device {torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}")
     if a.out:
         torch.save({"hyps": hyps, "seconds": sec}, a.out)
