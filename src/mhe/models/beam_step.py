@@ -5,7 +5,8 @@ last token of every hypothesis, and does the beam bookkeeping (log-softmax, fini
 hypotheses only extend with EOS at no cost, top-k over beam x vocabulary, the token
 history) on tensors, so ``decode_step.StepRunner`` can replay it as a CUDA graph or compile it
 once. A session keeps its buffers and captured step for one shape (rows, beam, source length
-rounded up to a multiple of 8) and is reused by later batches of that shape.
+rounded up to a multiple of 32) and is reused by later batches of that shape: capturing (and
+cuDNN planning a new attention shape) costs far more than a step, so few shapes pay off.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 
 from mhe.models.decode_step import StepRunner, inference_view, weights_version
 
-SOURCE_BUCKET = 8  # sources are padded (masked) to a multiple of this, so batches share a step
+SOURCE_BUCKET = 32  # sources are padded (masked) to a multiple of this, so batches share a captured step
 
 
 def source_bucket(s: int) -> int:
