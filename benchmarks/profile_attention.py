@@ -13,7 +13,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mhe.attention import build_attention, kernels
+from mhe.attention import build_attention
 from mhe.bench import timed
 
 VARIANTS = [("mha", "mha", {}, "native"), ("mqa", "mqa", {}, "native"), ("mqa expand", "mqa", {}, "expand"),
@@ -34,8 +34,8 @@ def main() -> None:
     g = torch.randn_like(x)
     table = []
     for label, kind, opts, mode in VARIANTS:
-        kernels.set_gqa_mode(mode)
-        mod = build_attention(kind, d_model=768, n_heads=12, causal=True, **opts).to(dev, dt)
+        kernel = "sdpa-expand" if mode == "expand" else "sdpa"
+        mod = build_attention(kind, d_model=768, n_heads=12, causal=True, kernel=kernel, **opts).to(dev, dt)
         fn = torch.compile(mod) if a.compile else mod
 
         def step():
@@ -56,7 +56,6 @@ def main() -> None:
         top = sorted(prof.key_averages(), key=lambda e: -getattr(e, "self_device_time_total", 0))[: a.top]
         for e in top:
             print(f"   {getattr(e, 'self_device_time_total', 0) / 5 / 1000:7.3f} ms  x{e.count // 5:<3} {e.key[:90]}")
-    kernels.set_gqa_mode("native")
     print(f"\n| variant | fwd+bwd ms | again | GPU busy ms | kernels/step |\n|---|---:|---:|---:|---:|")
     for label, ms, ms2, busy, nk in table:
         print(f"| {label} | {ms:.3f} | {ms2:.3f} | {busy:.3f} | {nk} |")

@@ -54,7 +54,7 @@ CLI_CASES = [
     ("bench-train-batch-zero", ["bench", "--train-batch", "0"], "--train-batch must be a positive integer, got 0"),
     ("bench-kind-unknown", ["bench", "--kinds", "mha,fnet"], "unknown bench kind 'fnet'"),
     ("bench-section-unknown", ["bench", "--sections", "attn,nap"], "unknown bench section 'nap'"),
-    ("bench-decode-kernel", ["bench", "--decode-kernel", "cublas", "--sections", "attn"], "'cublas'"),
+    ("bench-decode-kernel", ["bench", "--kernel", "cublas", "--sections", "attn"], "'cublas'"),
     # mhe translate / eval
     ("translate-beam-neg", ["translate", "--checkpoint", "{tmp}/dir", "--beam", "-2"], "--beam must be a positive integer"),
     ("translate-beam-zero", ["translate", "--checkpoint", "{tmp}/dir", "--beam", "0"], "got 0"),

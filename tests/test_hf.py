@@ -153,3 +153,46 @@ def test_trainer_gradient_accumulation(tmp_path):
     assert any(not torch.equal(a[k], start[k]) for k in a)  # the step moved the weights
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind, heads", [("mhe-mul", 1), ("mha", 4), ("gqa", 2)])
+def test_static_cache_keeps_the_kinds_kv_heads(kind, heads):
+    """``cache_implementation="static"``: same tokens and logits as the dynamic cache; the static
+    buffers hold the kind's K/V heads; left-padded prompts generate as they do alone."""
+    hf = to_hf(core("tiny-decoder", kind, attn_options={"n_kv_heads": 2} if kind == "gqa" else {})).eval()
+    ids = torch.randint(7, 99, (2, 5))
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+    dyn = hf.generate(ids, **kw)
+    sta = hf.generate(ids, cache_implementation="static", **kw)
+    assert torch.equal(dyn.sequences, sta.sequences)
+    torch.testing.assert_close(torch.stack(sta.logits), torch.stack(dyn.logits), rtol=1e-5, atol=1e-5)
+    cache = getattr(sta, mhe.hf.modeling.CACHE_FIELD)
+    assert type(cache).__name__ == "StaticCache" and cache.layers[0].keys.shape[1] == heads
+    padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), ids[1:, :3]], 1)  # row 1's first 3 tokens, left-padded
+    batch = hf.generate(torch.cat([ids[:1], padded]), attention_mask=(torch.cat([ids[:1], padded]) != 0).long(),
+                        cache_implementation="static", **kw)
+    alone = hf.generate(ids[1:, :3], **kw)
+    torch.testing.assert_close(torch.stack(batch.logits)[:, 1], torch.stack(alone.logits)[:, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_attn_implementation_picks_the_kernel():
+    hf = to_hf(core("tiny-decoder", "mhe-mul")).eval()
+    ids = torch.randint(7, 99, (2, 5))
+    sdpa = hf(ids).logits
+    kernels = {m.cfg.kernel for m in hf.modules() if hasattr(m, "cfg") and hasattr(m.cfg, "kernel")}
+    assert kernels == {"sdpa"}
+    hf.config._attn_implementation = "eager"
+    eager = hf(ids).logits
+    kernels = {m.cfg.kernel for m in hf.modules() if hasattr(m, "cfg") and hasattr(m.cfg, "kernel")}
+    assert kernels == {"eager"}
+    torch.testing.assert_close(eager, sdpa, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_static_cache_generation_under_torch_compile():
+    hf = to_hf(core("tiny-decoder", "mhe-mul")).eval()
+    ids = torch.randint(7, 99, (2, 5))
+    want = hf.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    hf.forward = torch.compile(hf.forward)
+    got = hf.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+    assert torch.equal(got, want)

@@ -8,7 +8,12 @@ Sections (each can be chosen with ``--sections``):
   sequence length 512 (bf16 autocast, optional torch.compile): tokens/s, MFU,
   peak memory;
 * ``decode``: one generation step of gpt2-base against a filled KV cache at
-  (batch 64, context 4096) and (batch 1, context 1024): tokens/s and KV bytes.
+  (batch 64, context 4096) and (batch 1, context 1024): tokens/s and KV bytes;
+* ``generate``: the user's call, ``model.generate`` end to end (prompt + new tokens), with
+  Hugging Face GPT-2's ``generate`` as the peer (``mhe.bench_generate``).
+
+``--kernel`` picks the attention kernel (``mhe.attention.kernels.KERNELS``) through the
+model configuration; nothing global is switched.
 
 Timing: warm-up first, CUDA events around each call, median of the repeats.
 On a CPU it runs a tiny smoke configuration so CI can check that it runs.
@@ -85,14 +90,20 @@ def _variants(kinds):
     return out
 
 
-def bench_attention(kinds, *, dev, dtype, B, T, m, n, warmup, reps, compile_model=False) -> list[dict]:
+def bench_attention(kinds, *, dev, dtype, B, T, m, n, warmup, reps, compile_model=False,
+                    kernel="sdpa") -> list[dict]:
+    """Each variant compiled on its own (dynamo reset between them, so eight variants never
+    reach dynamo's recompile limit); ``graphs`` counts the graphs dynamo built for it
+    (1 = no recompilation; fwd and fwd+bwd share one graph)."""
     from mhe.attention import build_attention
 
     cuda = dev.type == "cuda"
     rows = []
     for label, kind, opts in _variants(kinds):
-        mod = build_attention(kind, d_model=m, n_heads=n, causal=True, **opts).to(dev, dtype)
+        mod = build_attention(kind, d_model=m, n_heads=n, causal=True, kernel=kernel, **opts).to(dev, dtype)
         if compile_model:
+            torch._dynamo.reset()
+            torch._dynamo.utils.counters.clear()
             mod = torch.compile(mod)
         x = torch.randn(B, T, m, device=dev, dtype=dtype, requires_grad=True)
         g = torch.randn(B, T, m, device=dev, dtype=dtype)
@@ -104,13 +115,17 @@ def bench_attention(kinds, *, dev, dtype, B, T, m, n, warmup, reps, compile_mode
         def fwd_bwd():
             mod(x).backward(g)
 
-        rows.append({"kind": label, "fwd_ms": timed(fwd, warmup=warmup, reps=reps, cuda=cuda),
-                     "fwd_bwd_ms": timed(fwd_bwd, warmup=warmup, reps=reps, cuda=cuda)})
+        row = {"kind": label, "fwd_ms": timed(fwd, warmup=warmup, reps=reps, cuda=cuda),
+               "fwd_bwd_ms": timed(fwd_bwd, warmup=warmup, reps=reps, cuda=cuda)}
+        if compile_model:
+            row["graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        rows.append(row)
         del mod, x, g
     return rows
 
 
-def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, graphs=False) -> list[dict]:
+def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, graphs=False,
+                           kernel="sdpa") -> list[dict]:
     """One attention sublayer decoding one token against a filled cache (MHE folded to MQA)."""
     from mhe.attention import build_attention
     from mhe.attention.folding import fold_mhe
@@ -120,7 +135,7 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
     for batch, ctx in settings:
         for kind in kinds:
             opts = {"n_kv_heads": 4} if kind == "gqa" else {}
-            mod = build_attention(kind, d_model=m, n_heads=n, causal=True, **opts).to(dev, dtype).eval()
+            mod = build_attention(kind, d_model=m, n_heads=n, causal=True, kernel=kernel, **opts).to(dev, dtype).eval()
             if kind.startswith("mhe-"):
                 mod = fold_mhe(mod)
             cache = mod.new_cache(batch, ctx + 1)
@@ -186,7 +201,7 @@ def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, s
     return rows
 
 
-def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False) -> list[dict]:
+def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False, kernel="sdpa") -> list[dict]:
     from mhe.attention.folding import fold_model
     from mhe.models import build_model
 
@@ -195,7 +210,7 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
     for batch, ctx in settings:
         for kind in kinds:
             opts = {"n_kv_heads": 4} if kind == "gqa" else {}
-            overrides = dict(max_len=ctx + 1, attn_options=opts, dropout=0.0, attn_dropout=0.0)
+            overrides = dict(max_len=ctx + 1, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=kernel)
             if small:
                 overrides.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
             model = build_model("gpt2-base", attention=kind, **overrides).to(dev, dtype).eval()
@@ -234,7 +249,10 @@ def _bench_args(p):
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--json", default="", help="also write every figure to this JSON file")
     p.add_argument("--no-graphs", action="store_true", help="time decode eagerly, not as CUDA graph replays")
-    p.add_argument("--decode-kernel", default="sdpa", help="sdpa or matmul for one-token grouped attention")
+    p.add_argument("--kernel", default="sdpa", help="attention kernel: sdpa, sdpa-expand, eager, matmul-decode")
+    p.add_argument("--gen-batches", default="1,64", help="generate section: batches at prompt 256 + 256 new")
+    p.add_argument("--gen-long", default="64x4096", help="generate section: BATCHxCONTEXT runs (256 new tokens)")
+    p.add_argument("--no-peer", action="store_true", help="generate section: skip Hugging Face GPT-2")
     p.add_argument("--no-pad-vocab", action="store_true", help="keep the preset's vocabulary size in training")
 
 
@@ -247,9 +265,9 @@ def cmd_bench(args) -> int:
         if k in ("fnet", "linear"):
             raise MheError(f"unknown bench kind {k!r}; valid: {', '.join(BENCH_KINDS)}")
     sections = set(args.sections.split(","))
-    bad = sections - {"attn", "train", "decode"}
+    bad = sections - {"attn", "train", "decode", "generate"}
     if bad:
-        raise MheError(f"unknown bench section {sorted(bad)[0]!r}; valid: attn, train, decode")
+        raise MheError(f"unknown bench section {sorted(bad)[0]!r}; valid: attn, train, decode, generate")
     for option, value in (("--reps", args.reps), ("--train-batch", args.train_batch)):
         if value is not None and value <= 0:
             raise MheError(f"{option} must be a positive integer, got {value}")
@@ -259,13 +277,13 @@ def cmd_bench(args) -> int:
         check_output_file(args.json, "--json")
     from mhe.attention import kernels
 
-    kernels.set_decode_kernel(args.decode_kernel)
+    kernels.check_kernel(args.kernel)
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     small = args.smoke or not cuda
     card = torch.cuda.get_device_name(dev) if cuda else "CPU"
     print(f"device: {card}; torch {torch.__version__}; {'smoke sizes' if small else 'full sizes'}; "
-          f"decode kernel {args.decode_kernel}")
+          f"attention kernel {args.kernel}")
     reps = args.reps or (3 if small else 50)
     warm = 1 if small else 10
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -273,15 +291,16 @@ def cmd_bench(args) -> int:
     if "attn" in sections:
         B, T, m, n = (2, 64, 64, 4) if small else (16, 1024, 768, 12)
         rows = bench_attention(kinds, dev=dev, dtype=dtype, B=B, T=T, m=m, n=n, warmup=warm, reps=reps,
-                               compile_model=args.compile)
+                               compile_model=args.compile, kernel=args.kernel)
         result["attention"] = rows
         ref = {r["kind"]: r for r in rows}
         print(f"\nattention sublayer, B={B} T={T} m={m} n={n}, causal, {str(dtype).split('.')[-1]}"
               f"{', torch.compile' if args.compile else ''}")
-        print_table(["kind", "fwd ms", "fwd+bwd ms", "vs MQA", "vs MHA"],
+        print_table(["kind", "fwd ms", "fwd+bwd ms", "vs MQA", "vs MHA", "graphs"],
                     [[r["kind"], f"{r['fwd_ms']:.3f}", f"{r['fwd_bwd_ms']:.3f}",
                       f"{r['fwd_bwd_ms'] / ref['mqa']['fwd_bwd_ms']:.2f}" if "mqa" in ref else "-",
-                      f"{r['fwd_bwd_ms'] / ref['mha']['fwd_bwd_ms']:.2f}" if "mha" in ref else "-"] for r in rows])
+                      f"{r['fwd_bwd_ms'] / ref['mha']['fwd_bwd_ms']:.2f}" if "mha" in ref else "-",
+                      r.get("graphs", "-")] for r in rows])
     if "train" in sections:
         T = 64 if small else 512
         rows = bench_training(kinds, [p.strip() for p in args.presets.split(",")], dev=dev, B=2 if small else args.train_batch, T=T,
@@ -300,7 +319,7 @@ def cmd_bench(args) -> int:
         m, n = (64, 4) if small else (768, 12)
         graphs = cuda and not args.no_graphs
         rows = bench_decode_attention(kinds, settings, dev=dev, dtype=dtype, m=m, n=n, warmup=warm, reps=reps,
-                                      graphs=graphs)
+                                      graphs=graphs, kernel=args.kernel)
         result["decode_attention"] = rows
         ref = {(r["batch"], r["kind"]): r for r in rows}
         print(f"\ndecode one token, one attention sublayer (m={m}, {n} heads; MHE folded to MQA)"
@@ -310,13 +329,18 @@ def cmd_bench(args) -> int:
                       f"{ref[(r['batch'], 'mha')]['step_ms'] / r['step_ms']:.2f}x" if (r["batch"], "mha") in ref else "-",
                       f"{r['kv_cache_mib']:.1f}"] for r in rows])
         settings = [(2, 32), (1, 16)] if small else [(64, 4096), (1, 1024)]
-        rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small, graphs=graphs)
+        rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small, graphs=graphs,
+                            kernel=args.kernel)
         result["decode"] = rows
         print("\ndecode one token against a filled KV cache (gpt2-base; MHE folded to MQA)"
               f"{'; CUDA graph replays' if graphs else ''}")
         print_table(["batch", "context", "kind", "step ms", "tokens/s", "KV MiB/layer", "KV MiB total"],
                     [[r["batch"], r["context"], r["kind"], f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
                       f"{r['kv_cache_mib_per_layer']:.1f}", f"{r['kv_cache_mib_total']:.1f}"] for r in rows])
+    if "generate" in sections:
+        from mhe.bench_generate import run_generate_section
+
+        result["generate"] = run_generate_section(kinds, args, dev=dev, dtype=dtype, small=small)
     if args.json:
         from mhe.training.checkpoint import write_json_atomic
 

@@ -207,7 +207,7 @@ def _load_more_commands() -> None:
     """Commands that live with their subsystem register themselves on import."""
     import importlib
 
-    for mod in ("mhe.training.cli", "mhe.experiments.cli", "mhe.bench", "mhe.tasks.diagnostics"):
+    for mod in ("mhe.training.cli", "mhe.experiments.cli", "mhe.bench", "mhe.tasks.diagnostics", "mhe.generate_cli"):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:

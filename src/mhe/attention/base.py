@@ -37,6 +37,9 @@ class AttentionConfig:
         dropout: dropout on the attention probabilities (training only).
         causal: mask future positions in self-attention.
         bias: give every projection a bias (the paper's counts exclude biases).
+        kernel: how the attention step is computed, a name in
+            :data:`mhe.attention.kernels.KERNELS` (``sdpa``, ``eager``, ...); it never
+            changes the function, only how it runs.
     """
 
     d_model: int
@@ -45,9 +48,11 @@ class AttentionConfig:
     dropout: float = 0.0
     causal: bool = False
     bias: bool = False
+    kernel: str = "sdpa"
 
     def __post_init__(self) -> None:
         require_positive(d_model=self.d_model, n_heads=self.n_heads)
+        kernels.check_kernel(self.kernel)
         if self.head_dim is None:
             if self.d_model % self.n_heads:
                 raise MheError(
@@ -74,65 +79,137 @@ class AttentionConfig:
         return tuple(f.name for f in dataclasses.fields(cls))
 
 
-class KVCache:
-    """Preallocated key/value buffers for incremental decoding.
+class KVCache(nn.Module):
+    """Preallocated key/value buffers with static shapes, for incremental decoding.
 
-    Holds ``n_kv_heads`` heads: n for MHA, n_kv for GQA, one for MQA, SHA and
-    fast MHE. Self-attention appends each step's keys and values at ``pos``;
-    cross-attention fills the cache once from the encoder output and reuses it.
+    Holds ``n_kv_heads`` heads: n for MHA, n_kv for GQA, one for MQA, SHA and fast MHE.
+    The buffers ``k, v: [B, h_kv, L, d]`` and the write position ``index`` (a 0-d tensor)
+    are non-persistent buffers, so a decode step reads and writes only tensors: new keys
+    and values are written at ``index .. index + T - 1`` with ``index_copy_`` and attention
+    runs over the whole buffer under a mask (positions not yet written are never visible),
+    so one decode step is the same graph for every token (CUDA graphs, ``torch.compile``).
+
+    Cross-attention fills the first S positions once from the encoder output and reuses them.
     """
 
     def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  *, dtype: torch.dtype, device: torch.device | str | None = None) -> None:
+        super().__init__()
         require_positive(batch=batch, n_kv_heads=n_kv_heads, max_len=max_len, head_dim=head_dim)
         shape = (batch, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [B, h_kv, L, d]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [B, h_kv, L, d]
-        self.pos = 0
-        self.filled = False  # used by cross-attention
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)  # [B, h_kv, L, d]
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)  # [B, h_kv, L, d]
+        self.register_buffer("index", torch.zeros((), dtype=torch.long, device=device), persistent=False)
+        self.filled = 0  # cross-attention: how many encoder positions are stored
+        self.fresh = True  # nothing written since the last reset: a prompt may attend to itself only
 
     @property
     def max_len(self) -> int:
         return self.k.shape[2]
 
+    @property
+    def pos(self) -> int:
+        """Positions written so far (reads the device: not for a compiled step)."""
+        return int(self.index)
+
+    @pos.setter
+    def pos(self, value: int) -> None:
+        self.index.fill_(value)
+        self.fresh = value == 0
+
     def nbytes(self) -> int:
         """Bytes held by the key and value buffers."""
         return self.k.numel() * self.k.element_size() * 2
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k, v: [B, h_kv, T, d]`` at ``pos`` and return every cached position."""
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write ``k, v: [B, h_kv, T, d]`` at ``index`` and advance it in place.
+
+        Returns the whole buffers and the position of the first new token (a 0-d tensor).
+        """
         t = k.shape[2]
         self._check(k)
-        if self.pos + t > self.max_len:
-            raise MheError(f"KV cache overflow: position {self.pos} + {t} new tokens > max_len {self.max_len}")
-        self.k[:, :, self.pos:self.pos + t] = k
-        self.v[:, :, self.pos:self.pos + t] = v
-        self.pos += t
-        return self.k[:, :, :self.pos], self.v[:, :, :self.pos]
+        start = self.index.clone()
+        if not _tracing():
+            if int(start) + t > self.max_len:
+                raise MheError(f"KV cache overflow: position {int(start)} + {t} new tokens > max_len {self.max_len}")
+        at = start + torch.arange(t, device=k.device)  # [T]
+        self.k.index_copy_(2, at, k.to(self.k.dtype))
+        self.v.index_copy_(2, at, v.to(self.v.dtype))
+        self.index.add_(t)
+        if self.fresh:
+            self.fresh = False
+        return self.k, self.v, start
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k, v`` and return every cached position (eager use; reads the device)."""
+        self.update(k, v)
+        return self.cached()
 
     def fill(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store cross-attention keys and values once."""
-        self.pos = 0
-        out = self.append(k, v)
-        self.filled = True
-        return out
+        """Store cross-attention keys and values ``[B, h_kv, S, d]`` once."""
+        s = k.shape[2]
+        self._check(k)
+        if s > self.max_len:
+            raise MheError(f"KV cache overflow: {s} encoder positions > max_len {self.max_len}")
+        self.k[:, :, :s].copy_(k)
+        self.v[:, :, :s].copy_(v)
+        self.filled = s
+        return self.cached()
 
     def cached(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[:, :, :self.pos], self.v[:, :, :self.pos]
+        n = self.filled or self.pos
+        return self.k[:, :, :n], self.v[:, :, :n]
 
     def reset(self) -> None:
-        self.pos = 0
-        self.filled = False
+        self.index.zero_()
+        self.filled = 0
+        self.fresh = True
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search keeps the surviving hypotheses)."""
-        self.k = self.k.index_select(0, index)
-        self.v = self.v.index_select(0, index)
+        """Select batch rows in place (beam search keeps the surviving hypotheses)."""
+        self.k.copy_(self.k.index_select(0, index))
+        self.v.copy_(self.v.index_select(0, index))
+
+    def self_attention_mask(self, key_mask: torch.Tensor | None, t: int, start: torch.Tensor,
+                            *, causal: bool) -> torch.Tensor:
+        """What ``t`` new queries at ``start ..`` may see of the whole buffer, ``[B|1, 1, t, L]``.
+
+        ``key_mask`` is ``[B, L]`` over the buffer, or ``[B, start + t]`` over the positions
+        written so far (eager use).
+        """
+        return cache_mask(key_mask, t, start, self.max_len, causal=causal, device=self.k.device)
 
     def _check(self, k: torch.Tensor) -> None:
         b, h, _, d = self.k.shape
         if k.shape[0] != b or k.shape[1] != h or k.shape[3] != d:
             raise MheError(f"cache holds [B={b}, heads={h}, d={d}], got keys of shape {tuple(k.shape)}")
+        if k.shape[2] > self.max_len:
+            raise MheError(f"KV cache overflow: {k.shape[2]} new tokens > max_len {self.max_len}")
+
+
+def cache_mask(key_mask: torch.Tensor | None, t: int, start: torch.Tensor | int, length: int, *, causal: bool,
+               device: torch.device) -> torch.Tensor:
+    """What ``t`` new queries at ``start ..`` may see of a cache of ``length`` positions,
+    ``[B|1, 1, t, length]``: keys written so far (up to the query itself when ``causal``) that
+    ``key_mask`` (``[B, length]``, or ``[B, start + t]`` over the positions so far) allows."""
+    if key_mask is not None and key_mask.shape[1] != length:
+        if _tracing() or key_mask.shape[1] != int(start) + t:
+            raise MheError(f"mask must be a boolean key-padding mask of shape [B={key_mask.shape[0]}, "
+                           f"S={length}] (the cache) or [B, {int(start) + t}] (positions so far), "
+                           f"got {tuple(key_mask.shape)}")
+        key_mask = torch.nn.functional.pad(key_mask, (0, length - key_mask.shape[1]), value=False)
+    if causal:
+        return kernels.build_mask(key_mask, causal=True, q_len=t, k_len=length, offset=start, device=device)
+    written = torch.arange(length, device=device) < start + t  # [L]
+    mask = written[None, None, None, :]
+    return mask if key_mask is None else mask & key_mask[:, None, None, :]
+
+
+def _tracing() -> bool:
+    """True inside torch.compile or a CUDA graph capture, where reading the device is not allowed."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 class Attention(nn.Module):
@@ -151,7 +228,6 @@ class Attention(nn.Module):
     def __init__(self, cfg: AttentionConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.backend = "sdpa"
 
     # --- the contract ---------------------------------------------------
     @property
@@ -174,16 +250,23 @@ class Attention(nn.Module):
         self._check_input(x, context)
         q = self._queries(x)  # [B, h_q, T, d]
         cross = context is not None
-        offset = 0
+        if cache is not None and not cross:
+            if getattr(cache, "fresh", False) and mask is None and self.cfg.causal:
+                # a prompt into an empty cache: plain causal SDPA over its own keys (flash), as without a cache
+                k, v = self._keys_values(x)
+                cache.update(k, v)
+                return self._output(self._attend(q, k, v, key_mask=None, causal=True))
+            k, v, start = cache.update(*self._keys_values(x))  # the whole buffers [B, h_kv, L, d]
+            if mask is not None:
+                self._check_mask(mask, x.shape[0], mask.shape[1])
+            full = cache.self_attention_mask(mask, x.shape[1], start, causal=self.cfg.causal)
+            return self._output(self._attend(q, k, v, mask=full))
         if cache is None:
             k, v = self._keys_values(context if cross else x)  # [B, h_kv, S, d]
-        elif cross:
-            k, v = cache.cached() if cache.filled else cache.fill(*self._keys_values(context))
         else:
-            offset = cache.pos
-            k, v = cache.append(*self._keys_values(x))
+            k, v = cache.cached() if cache.filled else cache.fill(*self._keys_values(context))
         key_mask = self._check_mask(mask, x.shape[0], k.shape[2])
-        h = self._attend(q, k, v, key_mask=key_mask, causal=self.cfg.causal and not cross, offset=offset)
+        h = self._attend(q, k, v, key_mask=key_mask, causal=self.cfg.causal and not cross)
         return self._output(h)
 
     # --- hooks -------------------------------------------------------------
@@ -196,11 +279,10 @@ class Attention(nn.Module):
     def _output(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _attend(self, q, k, v, *, key_mask, causal, offset):
-        return kernels.attend(
-            q, k, v, key_mask=key_mask, causal=causal, offset=offset,
-            dropout_p=self.cfg.dropout if self.training else 0.0, backend=self.backend,
-        )
+    def _attend(self, q, k, v, **kw):
+        """``kw``: ``key_mask`` and ``causal``, or a full boolean ``mask`` (static KV cache)."""
+        return kernels.attend(q, k, v, dropout_p=self.cfg.dropout if self.training else 0.0,
+                              kernel=self.cfg.kernel, **kw)
 
     # --- helpers -------------------------------------------------------------
     @staticmethod

@@ -24,7 +24,7 @@ def fold_mhe(mod: _MHEBase) -> nn.Module:
     n, d, m = c.n_heads, c.head_dim, c.d_model
     needs_bias = c.bias or isinstance(mod, MHEAdd)
     mqa = build_attention("mqa", d_model=m, n_heads=n, head_dim=d, dropout=c.dropout, causal=c.causal,
-                          bias=needs_bias).to(mod.q_proj.weight.device, mod.q_proj.weight.dtype)
+                          bias=needs_bias, kernel=c.kernel).to(mod.q_proj.weight.device, mod.q_proj.weight.dtype)
     e = mod.head_embed
     w_q = mod.q_proj.weight  # [d, m]
     b_q = mod.q_proj.bias if mod.q_proj.bias is not None else torch.zeros(d, device=w_q.device, dtype=w_q.dtype)

@@ -19,6 +19,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 
+from mhe.attention.base import AttentionConfig, cache_mask
 from mhe.hf.configuration import MheDecoderConfig, MheEncoderConfig, MheSeq2SeqConfig
 from mhe.models import (
     DecoderForCausalLM,
@@ -34,27 +35,83 @@ CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLM
 
 
 class LayerCache:
-    """One layer's view of a transformers ``Cache``, with the core KV-cache interface."""
+    """One layer's view of a transformers ``Cache`` (dynamic or static), with the core
+    KV-cache interface. A static cache (``cache_implementation="static"``) allocates its
+    buffers from the first keys it sees, so it holds the kind's real K/V head count."""
 
     def __init__(self, cache, layer: int) -> None:
         self.cache, self.layer = cache, layer
+        self._length = 0
+
+    def _layer(self):
+        layers = getattr(self.cache, "layers", [])
+        return layers[self.layer] if self.layer < len(layers) else None
+
+    @property
+    def index(self):
+        """Positions written so far (a tensor for a static cache, so a compiled step is reused)."""
+        layer = self._layer()
+        length = getattr(layer, "cumulative_length", None)
+        if length is not None:
+            return length.clone()
+        return self.cache.get_seq_length(self.layer)
 
     @property
     def pos(self) -> int:
-        return self.cache.get_seq_length(self.layer)
+        return int(self.cache.get_seq_length(self.layer))
 
     @property
     def filled(self) -> bool:  # cross-attention: the encoder's keys are stored once
         return self.cache.get_seq_length(self.layer) > 0
 
-    def append(self, k, v):
-        return self.cache.update(k, v, self.layer)
+    def update(self, k, v):
+        start = self.index
+        keys, values = self.cache.update(k, v, self.layer)
+        self._length = keys.shape[2]
+        return keys, values, start
 
-    fill = append
+    def self_attention_mask(self, key_mask, t, start, *, causal):
+        length = self._length
+        if key_mask is not None and key_mask.shape[1] != length:  # Hugging Face's 2D mask covers the steps so far
+            key_mask = F.pad(key_mask, (0, length - key_mask.shape[1]), value=False) \
+                if key_mask.shape[1] < length else key_mask[:, :length]
+        return cache_mask(key_mask, t, start, length, causal=causal, device=key_mask.device
+                          if key_mask is not None else self.cache_device())
+
+    def cache_device(self):
+        layer = self._layer()
+        return layer.keys.device
+
+    def fill(self, k, v):
+        self.cache.update(k, v, self.layer)
+        return self.cached()
 
     def cached(self):
-        layer = self.cache.layers[self.layer]
+        layer = self._layer()
         return layer.keys, layer.values
+
+
+KERNEL_OF_HF = {"eager": "eager", "sdpa": "sdpa"}
+"""transformers' ``_attn_implementation`` -> our attention kernel (others run SDPA)."""
+
+
+def apply_attn_implementation(core: torch.nn.Module, implementation: str | None) -> None:
+    """Point every attention sublayer of ``core`` at the kernel matching ``implementation``."""
+    kernel = KERNEL_OF_HF.get(implementation or "sdpa", "sdpa")
+    for mod in core.modules():
+        cfg = getattr(mod, "cfg", None)
+        if isinstance(cfg, AttentionConfig) and cfg.kernel != kernel:
+            mod.cfg = dataclasses.replace(cfg, kernel=kernel)
+
+
+def key_padding_mask(mask):
+    """Our key-padding mask ``[B, S]`` from Hugging Face's 2D mask, or from the 4D mask
+    ``[B, 1, T, S]`` that ``generate`` builds for a static cache (its last query row sees every
+    real key so far; causality is added by the cache's own mask)."""
+    if mask is None or mask.dim() == 2:
+        return mask
+    row = mask[:, 0, -1, :]  # [B, S]
+    return row if row.dtype == torch.bool else row == 0
 
 
 def _cache_arg(kwargs: dict):
@@ -65,6 +122,9 @@ class MhePreTrainedModel(PreTrainedModel):
     base_model_prefix = "mhe"
     supports_gradient_checkpointing = False
     _supports_cache_class = True
+    _supports_sdpa = True
+    _supports_static_cache = True
+    _can_compile_fullgraph = True
     core_class = None
     head = ""
 
@@ -72,6 +132,15 @@ class MhePreTrainedModel(PreTrainedModel):
         super().__init__(config)
         self.mhe = core if core is not None else self.core_class(config.model_config(self.head))
         self.post_init()
+        self._kernel_for = None
+        self._sync_kernel()
+
+    def _sync_kernel(self) -> None:
+        """Follow ``config._attn_implementation`` ("eager" or "sdpa"), which transformers may change."""
+        impl = getattr(self.config, "_attn_implementation", None)
+        if impl != self._kernel_for:
+            apply_attn_implementation(self.mhe, impl)
+            self._kernel_for = impl
 
     def _init_weights(self, module):
         """The core modules initialise themselves when built (BERT/GPT-2 N(0, 0.02), MHE head
@@ -168,14 +237,16 @@ class MheDecoderForCausalLM(MhePreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.mhe.lm_head
 
-    def forward(self, input_ids=None, attention_mask=None, labels=None, use_cache=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, labels=None, use_cache=None, position_ids=None,
+                **kwargs):
+        self._sync_kernel()
         pkv = _cache_arg(kwargs)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and pkv is None:
             pkv = DynamicCache()
         n = self.config.num_hidden_layers
         caches = [LayerCache(pkv, i) for i in range(n)] if (use_cache and pkv is not None) else None
-        out = self.mhe(input_ids, attention_mask, caches=caches)
+        out = self.mhe(input_ids, key_padding_mask(attention_mask), caches=caches, position_ids=position_ids)
         loss = None if labels is None else _lm_loss(out.logits, labels, kwargs.get("num_items_in_batch"))
         return CausalLMOutputWithPast(loss=loss, logits=out.logits, **{CACHE_FIELD: pkv if use_cache else None})
 

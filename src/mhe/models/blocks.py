@@ -95,11 +95,13 @@ class Embeddings(nn.Module):
         self.max_len = cfg.max_len
 
     def forward(self, ids: torch.Tensor, *, start: int = 0, token_types: torch.Tensor | None = None,
-                name: str = "input_ids"):
-        """``ids`` [B, T] (``name`` is the argument an error names) -> [B, T, m]."""
+                name: str = "input_ids", positions: torch.Tensor | None = None):
+        """``ids`` [B, T] (``name`` is the argument an error names) -> [B, T, m]. ``positions``
+        (``[T]`` or ``[B, T]`` tensor, e.g. a KV cache's write positions, or positions that skip
+        left padding) replace ``start .. start + T - 1``."""
         check_ids(name, ids, self.tokens.num_embeddings)
         t = ids.shape[1]
-        if start + t > self.max_len:
+        if positions is None and start + t > self.max_len:
             raise MheError(f"{name}: sequence of {start + t} positions exceeds the model's max_len {self.max_len}")
         if token_types is not None and self.types is not None:
             check_ids("token_type_ids", token_types, self.types.num_embeddings)
@@ -111,9 +113,10 @@ class Embeddings(nn.Module):
             table = self._pos_table
             if table is None or table.device != x.device:
                 table = self._pos_table = sinusoid_table(self.max_len, x.shape[-1]).to(x.device)
-            x = x + table[start:start + t].to(x.dtype)
+            x = x + (table[start:start + t] if positions is None else table[positions]).to(x.dtype)
         else:
-            x = x + self.positions(torch.arange(start, start + t, device=ids.device))
+            x = x + self.positions(torch.arange(start, start + t, device=ids.device) if positions is None
+                                   else positions)
         if self.types is not None:
             x = x + self.types(token_types if token_types is not None else torch.zeros_like(ids))
         if self.norm is not None:

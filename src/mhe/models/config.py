@@ -49,6 +49,7 @@ class ModelConfig:
     attn_options: object = None
     attn_bias: bool = False
     activation: Literal[ACTIVATIONS] = "gelu"
+    attn_kernel: str = "sdpa"  # how attention runs (mhe.attention.kernels.KERNELS); never changes results
     dropout: float = setting(0.1, ge=0, lt=1)
     attn_dropout: float = setting(0.1, ge=0, lt=1)
     norm_first: bool = False
@@ -86,7 +87,7 @@ class ModelConfig:
 
     def attention_options(self, *, causal: bool) -> dict:
         """Keyword options for :func:`build_attention` for one sublayer of this model."""
-        opts = {"dropout": self.attn_dropout, "bias": self.attn_bias, "causal": causal}
+        opts = {"dropout": self.attn_dropout, "bias": self.attn_bias, "causal": causal, "kernel": self.attn_kernel}
         if accepts_option(self.attention, "max_len"):
             opts["max_len"] = self.max_len
         opts.update({k: v for k, v in dataclasses.asdict(self.attn_options).items() if v is not None})

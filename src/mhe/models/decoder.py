@@ -28,10 +28,15 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, causal=True, cross=False) for _ in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
-    def forward(self, input_ids, attention_mask=None, caches: list[KVCache] | None = None):
-        start = caches[0].pos if caches else 0
-        x = self.embed(input_ids, start=start)
-        check_mask("attention_mask", attention_mask, input_ids.shape[0], start + input_ids.shape[1])
+    def forward(self, input_ids, attention_mask=None, caches: list[KVCache] | None = None,
+                position_ids: torch.Tensor | None = None):
+        """With ``caches`` the new tokens sit at the caches' write positions (or ``position_ids``)
+        and ``attention_mask`` covers the cache (``[B, L]``) or every position so far."""
+        if position_ids is None and caches:
+            position_ids = caches[0].index + torch.arange(input_ids.shape[1], device=input_ids.device)  # [T]
+        x = self.embed(input_ids, positions=position_ids)
+        if not caches:  # with a cache the mask may cover the whole buffer; the attention checks it
+            check_mask("attention_mask", attention_mask, *input_ids.shape)
         mask = as_bool_mask(attention_mask)
         for i, layer in enumerate(self.layers):
             x = layer(x, mask=mask, cache=caches[i] if caches else None)
@@ -77,12 +82,16 @@ class DecoderForCausalLM(_DecoderModel):
         if cfg.tie_embeddings and self.lm_head is not None:
             self.lm_head.weight = self.decoder.embed.tokens.weight
 
-    def forward(self, input_ids, attention_mask=None, labels=None, caches=None, return_logits=True):
+    def forward(self, input_ids, attention_mask=None, labels=None, caches=None, return_logits=True,
+                position_ids=None, last_only=False):
         """``labels`` are the inputs themselves: position t is scored on token t+1;
         -100 marks positions to ignore. ``return_logits=False`` skips the full output
-        distribution where only the loss is needed (adaptive softmax)."""
-        h = self.decoder(input_ids, attention_mask, caches)
+        distribution where only the loss is needed (adaptive softmax); ``last_only`` computes
+        the logits of the last position only (``[B, 1, V]``, a prompt's prefill)."""
+        h = self.decoder(input_ids, attention_mask, caches, position_ids)
         check_labels("labels", labels, input_ids.shape)
+        if last_only and labels is None:
+            h = h[:, -1:]
         if self.adaptive is None:
             logits = self.lm_head(h)  # [B, T, V]
             loss = None
@@ -109,21 +118,15 @@ class DecoderForCausalLM(_DecoderModel):
             return self.adaptive(_at_least_fp32(h.flatten(0, 1)), target.flatten()).output.view(target.shape)
         return F.log_softmax(_at_least_fp32(self.lm_head(h)), -1).gather(-1, target[..., None]).squeeze(-1)
 
-    @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, use_cache: bool = True,
-                 eos_id: int | None = None) -> torch.Tensor:
-        """Greedy decoding; with ``use_cache`` each step feeds one token through the KV cache."""
-        total = input_ids.shape[1] + max_new_tokens
-        caches = self.new_caches(input_ids.shape[0], total) if use_cache else None
-        out, step_in = input_ids, input_ids
-        for _ in range(max_new_tokens):
-            logits = self(step_in if use_cache else out, caches=caches).logits[:, -1]
-            nxt = logits.argmax(-1, keepdim=True)
-            out = torch.cat([out, nxt], dim=1)
-            step_in = nxt
-            if eos_id is not None and bool((nxt == eos_id).all()):
-                break
-        return out
+                 eos_id: int | None = None, **options) -> torch.Tensor:
+        """Continue ``input_ids`` (see :func:`mhe.models.lm_generate.generate` for the options:
+        sampling, stop tokens, left-padded batches, streaming, compiled decode steps)."""
+        from mhe.models.lm_generate import generate
+
+        stop = options.pop("stop_ids", ())
+        stop = tuple(stop) + ((eos_id,) if eos_id is not None else ())
+        return generate(self, input_ids, max_new_tokens, use_cache=use_cache, stop_ids=stop, **options)
 
 
 class DecoderForSequenceClassification(_DecoderModel):

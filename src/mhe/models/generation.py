@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mhe.models.beam_step import beam_session, source_bucket
+from mhe.models.decode_step import resolve_mode
+
 
 def length_penalty(length: torch.Tensor, alpha: float) -> torch.Tensor:
     """GNMT's ((5 + |Y|) / 6) ** alpha (Wu et al. 2016); alpha = 0 turns it off."""
@@ -13,46 +16,72 @@ def length_penalty(length: torch.Tensor, alpha: float) -> torch.Tensor:
 
 @torch.no_grad()
 def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, *, bos_id: int, eos_id: int,
-                beam: int = 4, max_len: int = 100, alpha: float = 0.6, use_cache: bool = True) -> torch.Tensor:
+                beam: int = 4, max_len: int = 100, alpha: float = 0.6, use_cache: bool = True,
+                step_mode: str = "auto", compile_options: dict | None = None, return_scores: bool = False):
     """The best hypothesis per source, ``[B, L]`` starting with ``bos_id``, padded with ``eos_id``.
 
     Hypotheses are ranked by log-probability; finished ones (ending in EOS) keep their
     score; the final choice divides by the length penalty. ``beam=1`` is greedy search.
+    With ``use_cache`` each step is one call of a static beam step (``beam_step.BeamSession``:
+    reorder the self-attention caches in place, decode one token, choose the beams; see
+    :mod:`mhe.models.decode_step` for ``step_mode``); fast MHE decodes folded to MQA.
+    ``return_scores`` also returns each best hypothesis's length-normalised score ``[B]``.
     """
     b, s = src.shape
     dev = src.device
-    memory = model.encode(src, src_mask)
-    memory = memory.repeat_interleave(beam, 0)  # [B*k, S, m]
-    smask = None if src_mask is None else src_mask.repeat_interleave(beam, 0)
-    tokens = torch.full((b * beam, 1), bos_id, dtype=torch.long, device=dev)
-    scores = torch.zeros(b, beam, device=dev)
-    scores[:, 1:] = float("-inf")  # every beam starts as the same hypothesis: keep one
-    finished = torch.zeros(b * beam, dtype=torch.bool, device=dev)
-    caches = model.new_caches(b * beam, max_len, s) if use_cache else None
-    base = (torch.arange(b, device=dev) * beam)[:, None]
-    for _ in range(max_len - 1):
-        step = tokens[:, -1:] if use_cache else tokens
-        logp = F.log_softmax(model.decode(step, memory, smask, caches=caches)[:, -1].float(), -1)  # [B*k, V]
-        vocab = logp.shape[-1]
-        logp[finished] = float("-inf")
-        logp[finished, eos_id] = 0.0  # a finished hypothesis only repeats EOS, at no cost
-        cand = (scores.reshape(-1, 1) + logp).view(b, beam * vocab)
-        scores, idx = cand.topk(beam, dim=1)  # [B, k]
-        sel = (base + idx // vocab).view(-1)  # surviving parents
-        tok = (idx % vocab).view(-1, 1)
-        tokens = torch.cat([tokens[sel], tok], 1)
-        finished = finished[sel] | (tok.view(-1) == eos_id)
-        if caches is not None:
-            for self_cache, _ in caches:  # cross-attention caches are equal within a source's beams
-                self_cache.reorder(sel)
-        if bool(finished.all()):
-            break
+    if src_mask is None:
+        src_mask = torch.ones_like(src, dtype=torch.bool)
+    if use_cache:
+        mode = resolve_mode(step_mode, dev)
+        store_dtype = next(model.parameters()).dtype
+        session = beam_session(model, b=b, beam=beam, src_len=source_bucket(s), max_len=max_len, eos_id=eos_id,
+                               dtype=store_dtype, device=dev, mode=mode, compile_options=compile_options)
+        memory = session.view.encode(src, src_mask).repeat_interleave(beam, 0)  # [B*k, S, m]
+        session.start(memory, src_mask.repeat_interleave(beam, 0), bos_id)
+        for t in range(max_len - 1):
+            session.runner()
+            if t % 8 == 7 and bool(session.finished.all()):
+                break
+        tokens = session.history[:, :int(session.last) + 1]
+        scores = session.scores
+    else:
+        tokens, scores = _uncached_search(model, src, src_mask, bos_id=bos_id, eos_id=eos_id, beam=beam,
+                                          max_len=max_len)
     is_eos = tokens[:, 1:] == eos_id
     first = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, torch.full_like(is_eos[:, 0], tokens.shape[1] - 1, dtype=torch.long))
     final = scores.view(-1) / length_penalty(first, alpha)
-    best = final.view(b, beam).argmax(1)
-    out = tokens.view(b, beam, -1)[torch.arange(b, device=dev), best]
-    # everything after the first EOS becomes EOS
+    best_score, best = final.view(b, beam).max(1)
+    out = tokens.reshape(b, beam, -1)[torch.arange(b, device=dev), best]
+    # everything after the first EOS becomes EOS; columns after every row's first EOS are dropped, so the
+    # width does not depend on how often the loop checked whether every hypothesis had finished
     after = torch.cumsum(out[:, 1:] == eos_id, 1) > 0
-    out[:, 1:] = torch.where(after, torch.full_like(out[:, 1:], eos_id), out[:, 1:])
-    return out
+    out = torch.cat([out[:, :1], torch.where(after, torch.full_like(out[:, 1:], eos_id), out[:, 1:])], 1)
+    width = int(first.view(b, beam)[torch.arange(b, device=dev), best].max()) + 1
+    out = out[:, :width]
+    return (out, best_score) if return_scores else out
+
+
+def _uncached_search(model, src, src_mask, *, bos_id, eos_id, beam, max_len):
+    """The same search re-reading the whole prefix each step (no cache; for tests)."""
+    b, dev = src.shape[0], src.device
+    memory = model.encode(src, src_mask).repeat_interleave(beam, 0)  # [B*k, S, m]
+    smask = src_mask.repeat_interleave(beam, 0)
+    tokens = torch.full((b * beam, 1), bos_id, dtype=torch.long, device=dev)
+    scores = torch.zeros(b, beam, device=dev)
+    scores[:, 1:] = float("-inf")
+    finished = torch.zeros(b * beam, dtype=torch.bool, device=dev)
+    base = (torch.arange(b, device=dev) * beam)[:, None]
+    for _ in range(max_len - 1):
+        logp = F.log_softmax(model.decode(tokens, memory, smask)[:, -1].float(), -1)  # [B*k, V]
+        vocab = logp.shape[-1]
+        eos_only = torch.full_like(logp[0], float("-inf"))
+        eos_only[eos_id] = 0.0
+        logp = torch.where(finished[:, None], eos_only, logp)
+        scores, idx = (scores.reshape(-1, 1) + logp).view(b, beam * vocab).topk(beam, dim=1)  # [B, k]
+        sel = (base + idx // vocab).view(-1)
+        tok = (idx % vocab).view(-1, 1)
+        tokens = torch.cat([tokens[sel], tok], 1)
+        finished = finished[sel] | (tok.view(-1) == eos_id)
+        if bool(finished.all()):
+            break
+    return tokens, scores

@@ -49,12 +49,15 @@ class EncoderDecoder(nn.Module):
 
     def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None,
                caches: list[tuple[KVCache, KVCache]] | None = None):
-        start = caches[0][0].pos if caches else 0
-        x = self.embed(tgt_ids, start=start, name="tgt_ids")
+        positions = None
+        if caches:  # the new tokens sit at the self-attention caches' write positions
+            positions = caches[0][0].index + torch.arange(tgt_ids.shape[1], device=tgt_ids.device)  # [T]
+        x = self.embed(tgt_ids, positions=positions, name="tgt_ids")
         if memory.shape[0] != tgt_ids.shape[0]:
             raise MheError(f"tgt_ids has batch {tgt_ids.shape[0]}, the source (memory) has {memory.shape[0]}")
         check_mask("src_mask", src_mask, *memory.shape[:2])
-        check_mask("tgt_mask", tgt_mask, tgt_ids.shape[0], start + tgt_ids.shape[1])
+        if not caches:  # with a cache the mask may cover the whole buffer; the attention checks it
+            check_mask("tgt_mask", tgt_mask, *tgt_ids.shape)
         src_mask, tgt_mask = as_bool_mask(src_mask), as_bool_mask(tgt_mask)
         for i, layer in enumerate(self.decoder_layers):
             self_cache, cross_cache = caches[i] if caches else (None, None)

@@ -1,0 +1,119 @@
+"""``mhe bench --sections generate``: what a user's ``model.generate`` call gets, end to end.
+
+gpt2-base with random weights in the bench dtype, greedy, a random prompt and a fixed number
+of new tokens (no stop token), timed from the call to its return (prefill included, CUDA
+synchronised), after one warm-up call that captures the decode step; median of 3 calls. Hugging Face's
+``GPT2LMHeadModel.generate`` (SDPA attention, its default dynamic cache) on the same sizes
+is the peer, in the same run (one call after a short warm-up: it is slow).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mhe.cli import print_table
+
+
+def _settings(args, small: bool) -> list[tuple[int, int, int]]:
+    """(batch, prompt, new tokens)."""
+    if small:
+        return [(1, 8, 8), (2, 8, 8)]
+    out = [(int(b), 256, 256) for b in args.gen_batches.split(",") if b.strip()]
+    for spec in (s for s in args.gen_long.split(",") if s.strip()):
+        b, ctx = (int(x) for x in spec.split("x"))
+        out.append((b, ctx - 256, 256))
+    return out
+
+
+def _time(fn, *, cuda: bool, reps: int) -> float:
+    """Median seconds of ``fn()``."""
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def _ours(kind, batch, prompt, new, *, dev, dtype, small, kernel, mode, reps):
+    from mhe.models import build_model
+
+    opts = {"n_kv_heads": 4} if kind == "gqa" else {}
+    over = dict(max_len=prompt + new, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=kernel)
+    if small:
+        over.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
+    model = build_model("gpt2-base", attention=kind, **over).to(dev, dtype).eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (batch, prompt), device=dev)
+    model.generate(ids, new, step_mode=mode)  # warm-up: builds the caches, captures the step
+    sec = _time(lambda: model.generate(ids, new, step_mode=mode), cuda=dev.type == "cuda", reps=reps)
+    session = model.__dict__.get("_generation_session")
+    kv = sum(c.nbytes() for c in session.caches) if session is not None else 0
+    model.__dict__["_generation_session"] = None
+    # the prompt's share: a call for one new token is the prefill alone (a new session is built first)
+    model.generate(ids, 1, step_mode="eager")
+    prefill = _time(lambda: model.generate(ids, 1, step_mode="eager"), cuda=dev.type == "cuda", reps=reps)
+    del model, session
+    return sec, kv, prefill
+
+
+def _peer(batch, prompt, new, *, dev, dtype, small, reps):
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        return None
+    size = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=512) if small else {}
+    cfg = GPT2Config(n_positions=prompt + new, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, **size)
+    model = GPT2LMHeadModel(cfg).to(dev, dtype).eval()
+    ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device=dev)
+    mask = torch.ones_like(ids)
+    kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+              eos_token_id=None)
+    with torch.no_grad():
+        model.generate(ids, **{**kw, "max_new_tokens": 8, "min_new_tokens": 8})  # warm-up
+        sec = _time(lambda: model.generate(ids, **kw), cuda=dev.type == "cuda", reps=1)
+    del model
+    return sec
+
+
+def run_generate_section(kinds, args, *, dev, dtype, small) -> list[dict]:
+    cuda = dev.type == "cuda"
+    mode = "graph" if cuda and not args.no_graphs else "eager"
+    reps = 1 if small else 3
+    rows = []
+    for batch, prompt, new in _settings(args, small):
+        if not args.no_peer:
+            sec = _peer(batch, prompt, new, dev=dev, dtype=dtype, small=small, reps=reps)
+            if sec is not None:
+                rows.append(dict(batch=batch, prompt=prompt, new=new, path="HF GPT2LMHeadModel.generate",
+                                 kind="mha", seconds=sec, kv_mib=None, prefill_ms=None))
+        for kind in kinds:
+            sec, kv, prefill = _ours(kind, batch, prompt, new, dev=dev, dtype=dtype, small=small, kernel=args.kernel,
+                            mode=mode, reps=reps)
+            rows.append(dict(batch=batch, prompt=prompt, new=new, path=f"model.generate ({mode})", kind=kind,
+                             seconds=sec, kv_mib=kv / 2**20, prefill_ms=1000 * prefill))
+            if cuda:
+                torch.cuda.empty_cache()
+    for r in rows:
+        r["ms_per_token"] = 1000 * r["seconds"] / r["new"]
+        r["tokens_per_s"] = r["batch"] * r["new"] / r["seconds"]
+    base = {(r["batch"], r["prompt"]): r for r in rows if r["path"].startswith("HF")}
+    mha = {(r["batch"], r["prompt"]): r for r in rows if r["kind"] == "mha" and not r["path"].startswith("HF")}
+    print(f"\ngenerate end to end (gpt2-base, random weights, greedy, {str(dtype).split('.')[-1]}; "
+          "prefill included; MHE folded to MQA)")
+    print_table(["batch", "prompt+new", "path", "kind", "ms/token", "tokens/s", "vs HF", "tok/s vs MHA", "KV MiB",
+                 "prefill ms"],
+                [[r["batch"], f"{r['prompt']}+{r['new']}", r["path"], r["kind"], f"{r['ms_per_token']:.3f}",
+                  f"{r['tokens_per_s']:,.0f}",
+                  f"{base[(r['batch'], r['prompt'])]['seconds'] / r['seconds']:.1f}x"
+                  if (r["batch"], r["prompt"]) in base else "-",
+                  f"{r['tokens_per_s'] / mha[(r['batch'], r['prompt'])]['tokens_per_s']:.2f}x"
+                  if (r["batch"], r["prompt"]) in mha and not r["path"].startswith("HF") else "-",
+                  "-" if r["kv_mib"] is None else f"{r['kv_mib']:.1f}",
+                  "-" if r["prefill_ms"] is None else f"{r['prefill_ms']:.1f}"] for r in rows])
+    return rows

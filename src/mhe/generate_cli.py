@@ -1,0 +1,87 @@
+"""``mhe generate``: continue prompts with a trained language-model run.
+
+Loads the run's model and tokenizer (``checkpoint_io.load_run``), left-pads the prompts into
+one batch and calls the fast generation path (``DecoderForCausalLM.generate``: static KV
+cache, CUDA-graph decode step on a GPU, MHE folded to MQA). Each prompt starts a new line of
+the training stream (after ``[EOS]``); a continuation ends at ``[EOS]`` (the end of a line).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from mhe.cli import command
+from mhe.errors import MheError
+
+
+def _generate_args(p):
+    p.add_argument("--checkpoint", required=True, help="a language-model run directory (or one of its checkpoints)")
+    p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
+    p.add_argument("--input", default="", help="a file of prompts, one a line ('-' = stdin)")
+    p.add_argument("--max-new-tokens", type=int, default=50)
+    p.add_argument("--sample", action="store_true", help="sample (default: greedy)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stream", action="store_true", help="print tokens as they come (one prompt)")
+    p.add_argument("--data-dir", default="")
+
+
+def read_prompts(prompts: list[str], source: str) -> list[str]:
+    out = list(prompts)
+    if source == "-":
+        out += [line.rstrip("\n") for line in sys.stdin]
+    elif source:
+        if not Path(source).is_file():
+            raise MheError(f"input file not found: {source}")
+        out += Path(source).read_text(encoding="utf-8").splitlines()
+    if not out:
+        raise MheError("give at least one --prompt, or --input FILE ('-' for stdin)")
+    return out
+
+
+def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, P]`` ids and mask, padded on the left (generation continues at the right edge)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+@command("generate", "continue prompts with a trained language-model run", _generate_args)
+def cmd_generate(args) -> int:
+    from mhe.checkpoint_io import load_run
+    from mhe.data.tokenize import special_id
+
+    prompts = read_prompts(args.prompt, args.input)
+    if args.stream and len(prompts) != 1:
+        raise MheError(f"--stream prints one continuation as it comes; got {len(prompts)} prompts")
+    model, cfg, task = load_run(args.checkpoint, data_dir=args.data_dir)
+    if getattr(model, "cfg", None) is None or model.cfg.arch != "decoder" or model.cfg.head != "lm":
+        raise MheError(f"{args.checkpoint} is a {cfg.task!r} run; mhe generate needs a language-model (lm) run")
+    tok = task.tok
+    eos, pad = special_id(tok, "[EOS]"), special_id(tok, "[PAD]")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = model.to(dev)
+    ids, mask = left_pad([[eos] + tok.encode(p, add_special_tokens=False).ids for p in prompts], pad)
+    streamer = None
+    if args.stream:
+        print(prompts[0], end="", flush=True)
+        streamer = lambda new: new[0] != eos and print(" " + tok.decode([new[0]]), end="", flush=True)  # noqa: E731
+    out = model.generate(ids.to(dev), args.max_new_tokens, attention_mask=mask.to(dev), stop_ids=[eos], pad_id=pad,
+                         do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         seed=args.seed, streamer=streamer)
+    if args.stream:
+        print()
+        return 0
+    for prompt, row in zip(prompts, out[:, ids.shape[1]:].tolist()):
+        row = row[:row.index(eos)] if eos in row else row
+        print(f"{prompt} {tok.decode(row, skip_special_tokens=True)}".strip())
+    return 0

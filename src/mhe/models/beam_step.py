@@ -1,0 +1,113 @@
+"""Beam search state with static shapes: the whole beam step is one graph.
+
+One step reorders the self-attention caches in place by the surviving parents, decodes the
+last token of every hypothesis, and does the beam bookkeeping (log-softmax, finished
+hypotheses only extend with EOS at no cost, top-k over beam x vocabulary, the token
+history) on tensors, so ``decode_step.StepRunner`` can replay it as a CUDA graph or compile it
+once. A session keeps its buffers and captured step for one shape (rows, beam, source length
+rounded up to a multiple of 32) and is reused by later batches of that shape: capturing (and
+cuDNN planning a new attention shape) costs far more than a step, so few shapes pay off.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from mhe.models.decode_step import StepRunner, inference_view, weights_version
+
+SOURCE_BUCKET = 32  # sources are padded (masked) to a multiple of this, so batches share a captured step
+
+
+def source_bucket(s: int) -> int:
+    return -(-s // SOURCE_BUCKET) * SOURCE_BUCKET
+
+
+class BeamSession:
+    """Buffers and the captured step for ``b`` sources x ``beam`` hypotheses of ``max_len``."""
+
+    def __init__(self, view, *, b: int, beam: int, src_len: int, max_len: int, eos_id: int, dtype, device,
+                 mode: str, compile_options: dict | None) -> None:
+        bk = b * beam
+        self.view, self.b, self.beam, self.eos_id = view, b, beam, eos_id
+        m, vocab = view.cfg.d_model, view.cfg.vocab_size
+        self.memory = torch.zeros(bk, src_len, m, dtype=dtype, device=device)  # [B*k, S, m]
+        self.src_mask = torch.zeros(bk, src_len, dtype=torch.bool, device=device)  # [B*k, S]
+        self.caches = view.new_caches(bk, max_len, src_len, dtype=dtype, device=device)
+        self.history = torch.zeros(bk, max_len, dtype=torch.long, device=device)  # tokens so far
+        self.scores = torch.zeros(b, beam, device=device)
+        self.finished = torch.zeros(bk, dtype=torch.bool, device=device)
+        self.parents = torch.arange(bk, device=device)
+        self.last = torch.zeros((), dtype=torch.long, device=device)  # position of the newest token
+        self.base = (torch.arange(b, device=device) * beam)[:, None]  # [B, 1]
+        self.eos_only = torch.full((vocab,), float("-inf"), device=device)
+        self.eos_only[eos_id] = 0.0  # a finished hypothesis only repeats EOS, at no cost
+        self._state = (self.history, self.scores, self.finished, self.parents, self.last)
+        self._saved: list[torch.Tensor] = []
+        self.runner = StepRunner(self.step, [], mode=mode, device=torch.device(device),
+                                 before_warmup=self._restore, compile_options=compile_options)
+
+    def start(self, memory: torch.Tensor, src_mask: torch.Tensor, bos_id: int) -> None:
+        """Load one batch (``memory [B*k, S', m]``, ``S' <= S``) and fill the cross-attention caches."""
+        s = memory.shape[1]
+        self.memory.zero_()
+        self.memory[:, :s] = memory
+        self.src_mask.zero_()
+        self.src_mask[:, :s] = src_mask
+        for self_cache, cross_cache in self.caches:
+            self_cache.reset()
+            cross_cache.reset()
+        self.history.zero_()
+        self.history[:, 0] = bos_id
+        self.view.decode(self.history[:, :1], self.memory, self.src_mask, caches=self.caches)  # fills cross caches
+        for self_cache, _ in self.caches:
+            self_cache.reset()
+            self_cache.fresh = False  # every step, the first included, is the same full-buffer step
+        self.scores.zero_()
+        self.scores[:, 1:] = float("-inf")  # every beam starts as the same hypothesis: keep one
+        self.finished.zero_()
+        self.parents.copy_(torch.arange(self.parents.shape[0], device=self.parents.device))
+        self.last.zero_()
+        self._saved = [t.clone() for t in self._state] + [c.index.clone() for c, _ in self.caches]
+
+    def _restore(self) -> None:
+        for dst, src in zip(list(self._state) + [c.index for c, _ in self.caches], self._saved):
+            dst.copy_(src)
+
+    def step(self) -> torch.Tensor:
+        for self_cache, _ in self.caches:  # cross-attention caches are equal within a source's beams
+            self_cache.reorder(self.parents)
+        tok = self.history.gather(1, self.last.view(1, 1).expand(self.history.shape[0], 1))  # [B*k, 1]
+        logits = self.view.decode(tok, self.memory, self.src_mask, caches=self.caches)[:, -1]
+        logp = F.log_softmax(logits.float(), -1)  # [B*k, V]
+        logp = torch.where(self.finished[:, None], self.eos_only, logp)
+        vocab = logp.shape[-1]
+        cand = (self.scores.reshape(-1, 1) + logp).view(self.b, self.beam * vocab)
+        scores, idx = cand.topk(self.beam, dim=1)  # [B, k]
+        parents = (self.base + idx // vocab).view(-1)  # surviving parents
+        new = (idx % vocab).view(-1, 1)  # [B*k, 1]
+        history = self.history.index_select(0, parents)
+        history.scatter_(1, (self.last + 1).view(1, 1).expand_as(new), new)
+        self.finished.copy_(self.finished.index_select(0, parents) | (new.view(-1) == self.eos_id))
+        self.history.copy_(history)
+        self.scores.copy_(scores)
+        self.parents.copy_(parents)
+        self.last.add_(1)
+        return self.scores
+
+
+def beam_session(model, *, b, beam, src_len, max_len, eos_id, dtype, device, mode, compile_options) -> BeamSession:
+    """A cached session for this shape, rebuilt when the weights change."""
+    version = weights_version(model)
+    store = model.__dict__.get("_beam_sessions")
+    if store is None or store["version"] != version:
+        model.__dict__["_beam_sessions"] = None
+        store = model.__dict__["_beam_sessions"] = {"version": version, "view": inference_view(model), "by_shape": {}}
+    key = (b, beam, src_len, max_len, eos_id, dtype, str(device), mode, repr(compile_options))
+    sessions = store["by_shape"]
+    if key not in sessions:
+        if len(sessions) >= 8:
+            sessions.pop(next(iter(sessions)))
+        sessions[key] = BeamSession(store["view"], b=b, beam=beam, src_len=src_len, max_len=max_len, eos_id=eos_id,
+                                    dtype=dtype, device=device, mode=mode, compile_options=compile_options)
+    return sessions[key]
