@@ -20,6 +20,7 @@ import torch
 
 from mhe.accounting import count_attention_params
 from mhe.errors import MheError
+from mhe.output_paths import free_name
 from mhe.training import checkpoint as ckpt
 from mhe.training import distributed
 from mhe.training.atomic import remove_temporaries, write_json_atomic
@@ -112,10 +113,10 @@ class Trainer:
             if old.hash() != self.cfg_hash:
                 diff = _diff(old.identity(), self.original.identity())
                 raise MheError(f"{self.out} holds a run with a different configuration ({diff}); "
-                               "choose another --out")
+                               f"choose another --out ({free_name(self.out)} is free)")
             if not self.resume and ckpt.list_checkpoints(self.out / "checkpoints"):
                 raise MheError(f"{self.out} already holds checkpoints; pass --resume to continue it "
-                               "or choose another --out")
+                               f"or choose another --out ({free_name(self.out)} is free)")
         for path in remove_temporaries(self.out, self.out / "checkpoints"):
             self.log(f"removed {path} (left by an interrupted write)")
 
