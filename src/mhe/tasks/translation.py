@@ -68,17 +68,30 @@ class TranslationTask(Task):
         train_src, train_tgt = read_parallel(name, "train", o["src"], o["tgt"], limit=limit, **d)
         self.valid = read_parallel(name, "valid", o["src"], o["tgt"], **d)
         self.tok = self._tokenizer(train_src + train_tgt, name, dist)
-        self.bos, self.eos, self.pad = (special_id(self.tok, t) for t in ("[BOS]", "[EOS]", "[PAD]"))
-        model = build_model(cfg.model, vocab_size=self.tok.get_vocab_size(), pad_id=self.pad)
-        if model.cfg.arch != "encoder-decoder":
-            raise MheError(f"translation needs an encoder-decoder preset, got {cfg.preset!r}")
-        self.max_len = model.cfg.max_len
+        model = self._build_model(cfg)
         self.src_ids = [self._encode(s) for s in train_src]
         self.tgt_ids = [self._encode(t) for t in train_tgt]
         self.batches = token_batches([len(x) for x in self.src_ids], [len(y) + 1 for y in self.tgt_ids],
                                      int(o["max_tokens"]))
         if o["checkpoint_every"] == "epoch":  # one checkpoint per pass over the data (the paper's epochs)
             cfg.train.save_every = len(self.batches) // max(1, cfg.train.batch_size) or 1
+        return model
+
+    def setup_inference(self, cfg, out: Path, dist):
+        """The model and the run's saved tokenizer, for translating with a finished run: no
+        corpus is read (``mhe translate`` needs only the run folder)."""
+        self.cfg, self.out = cfg, out
+        self.o = dataclasses.asdict(cfg.data.task_options)
+        self.dataset = cfg.data.dataset or "multi30k"
+        self.tok = load_tokenizer(out)
+        return self._build_model(cfg)
+
+    def _build_model(self, cfg):
+        self.bos, self.eos, self.pad = (special_id(self.tok, t) for t in ("[BOS]", "[EOS]", "[PAD]"))
+        model = build_model(cfg.model, vocab_size=self.tok.get_vocab_size(), pad_id=self.pad)
+        if model.cfg.arch != "encoder-decoder":
+            raise MheError(f"translation needs an encoder-decoder preset, got {cfg.preset!r}")
+        self.max_len = model.cfg.max_len
         return model
 
     def _tokenizer(self, texts, name, dist):

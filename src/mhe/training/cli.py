@@ -200,7 +200,7 @@ def cmd_translate(args) -> int:
     if args.input != "-" and not Path(args.input).is_file():
         raise MheError(f"input file not found: {args.input}")
     lines = read_source_lines(args.input)  # before the model loads: bad input fails at once
-    model, cfg, task = load_run(args.checkpoint)
+    model, cfg, task = load_run(args.checkpoint, inference=True)  # the run folder alone: no corpus
     if cfg.task != "mt":
         raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not a translation run")
     for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha):
