@@ -142,7 +142,7 @@ def cmd_eval(args) -> int:
         from mhe.tasks.text import corpus_lines, token_stream
 
         lines = corpus_lines(cfg, args.split)
-        res = task._ppl(model, token_stream(task.tok, lines), lines, task.stride())
+        res = task._ppl(model, token_stream(task.tok, lines), lines, task.stride(), progress=cfg.train.progress)
         res = {"split": args.split, "stride": task.stride(), **res}
     else:
         res = task.final(model)
@@ -203,7 +203,7 @@ def cmd_translate(args) -> int:
     model, cfg, task = load_run(args.checkpoint, inference=True)  # the run folder alone: no corpus
     if cfg.task != "mt":
         raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not a translation run")
-    for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha):
+    for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha, progress=cfg.train.progress):
         print(hyp)
     return 0
 

@@ -21,6 +21,7 @@ import torch
 from mhe.accounting import count_attention_params
 from mhe.errors import MheError
 from mhe.output_paths import free_name
+from mhe.progress import note
 from mhe.training import checkpoint as ckpt
 from mhe.training import distributed
 from mhe.training.atomic import remove_temporaries, write_json_atomic
@@ -245,6 +246,9 @@ class Trainer:
         if status in DONE:
             if state.best is not None and has_best(self.out):
                 load_best(self.out, model)
+            if dist.main:
+                which = f"the best weights (step {state.best_step})" if state.best is not None else f"step {state.step}"
+                note(f"final evaluation ({self.task.name}) of {which}", enabled=self.cfg.train.progress)
             result = {"step": state.step, **self._summary(model, state.step, status), **self.task.final(model)}
             if dist.main:
                 write_json_atomic(self.out / RESULTS, result)
