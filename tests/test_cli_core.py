@@ -55,6 +55,15 @@ def test_memory_table_names_its_unit(capsys):
     assert main(["memory", "--preset", "bert-base", "--batch", "256", "--seq-len", "4096"]) == 0
     out = capsys.readouterr().out
     assert "total (GiB)" in out and "(MiB)" not in out
+    assert main(["memory", "--preset", "tiny-decoder", "--batch", "1", "--seq-len", "8"]) == 0
+    assert "total (KiB)" in capsys.readouterr().out
+
+
+def test_byte_unit_thresholds():
+    from mhe.accounting.memory import byte_unit
+
+    assert byte_unit(2 ** 20 - 1) == ("KiB", 1024) and byte_unit(2 ** 20) == ("MiB", 2 ** 20)
+    assert byte_unit(2 ** 30 - 1) == ("MiB", 2 ** 20) and byte_unit(2 ** 30) == ("GiB", 2 ** 30)
 
 
 def test_scaling_plot(tmp_path, capsys):

@@ -38,14 +38,17 @@ class MemoryRow:
 BYTE_FIELDS = ("weights", "gradients", "adam_states", "activations", "total")
 
 
-def byte_unit(largest: int) -> tuple[str, int]:
-    """``("MiB", 2**20)``, or ``("GiB", 2**30)`` when ``largest`` bytes reach one GiB."""
-    return ("GiB", 2 ** 30) if largest >= 2 ** 30 else ("MiB", 2 ** 20)
+def byte_unit(largest: float) -> tuple[str, int]:
+    """The binary unit a column whose largest entry is ``largest`` bytes is printed in:
+    ``("KiB", 2**10)`` below one MiB, ``("MiB", 2**20)`` below one GiB, else ``("GiB", 2**30)``."""
+    if largest >= 2 ** 30:
+        return "GiB", 2 ** 30
+    return ("MiB", 2 ** 20) if largest >= 2 ** 20 else ("KiB", 2 ** 10)
 
 
 def memory_table(rows: list[MemoryRow]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells of ``mhe memory``'s table: byte counts in MiB (GiB from one GiB on),
-    the unit in each column's header, two decimals."""
+    """Header and cells of ``mhe memory``'s table: byte counts in KiB, MiB or GiB (chosen by the
+    largest total), the unit in each column's header, two decimals."""
     unit, scale = byte_unit(max((r.total for r in rows), default=0))
     head = ["kind"] + [f"{name} ({unit})" for name in ("weights", "gradients", "Adam states", "activations",
                                                       "total")] + ["saving vs MHA (%)"]
