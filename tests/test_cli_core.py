@@ -55,8 +55,9 @@ def test_memory_table_names_its_unit(capsys):
     assert main(["memory", "--preset", "bert-base", "--batch", "256", "--seq-len", "4096"]) == 0
     out = capsys.readouterr().out
     assert "total (GiB)" in out and "(MiB)" not in out
-    assert main(["memory", "--preset", "tiny-decoder", "--batch", "1", "--seq-len", "8"]) == 0
-    assert "total (KiB)" in capsys.readouterr().out
+    assert main(["memory", "--heads", "2", "--head-dim", "16", "--batch", "1", "--seq-len", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "total (KiB)" in out and f"{80.5:,.2f}" in out  # MHA: 82,432 bytes
 
 
 def test_byte_unit_thresholds():
