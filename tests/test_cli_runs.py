@@ -159,8 +159,9 @@ def test_translate_needs_only_the_run_folder(tmp_path, monkeypatch, capsys):
 
     root = require_data("multi30k/train.en.gz", "multi30k/val.en.gz", "multi30k/test_2016_flickr.de.gz")
     monkeypatch.setenv("MHE_DATA", str(root))  # no --data-dir: the run records no data folder
-    run = tmp_path / "mt"
-    assert main(["train-mt", "--preset", "tiny-encoder-decoder", "--out", str(run), *COMMON,
+    monkeypatch.chdir(tmp_path)  # no --out: the default folder names data, languages, preset and kind
+    run = tmp_path / "runs" / "mt-multi30k-en-de-tiny-encoder-decoder-mha"
+    assert main(["train-mt", "--preset", "tiny-encoder-decoder", *COMMON,
                  "--set", "data.limit_lines=100", "--set", "data.vocab_size=200", "--set", "model.max_len=16",
                  "--set", 'data.task_options={"test_sentences": 4, "eval_sentences": 4}']) == 0
     (tmp_path / "src.en").write_text("A dog runs.\nTwo men are playing football in a park.\n")

@@ -106,6 +106,15 @@ def test_squad_v11_trains_on_a_labelled_part_of_dev(encoder_run, tmp_path):
     assert res["metric"] == "f1" and res["total"] == 30 and 0 <= res["exact_match"] <= res["f1"] <= 100
 
 
+def test_finetune_default_folder_names_task_and_pretraining_run(encoder_run, tmp_path, monkeypatch):
+    root = require_data("glue/RTE/train.tsv.gz")
+    monkeypatch.chdir(tmp_path)
+    opts = {"train_limit": 8, "dev_limit": 8}
+    assert main(["finetune", "--task", "rte", "--checkpoint", str(encoder_run) + "/", "--data-dir", str(root),
+                 *sum((["--set", s] for s in TINY), []), "--set", f"data.task_options={json.dumps(opts)}"]) == 0
+    assert (tmp_path / "runs" / f"finetune-rte-{encoder_run.name}" / "results.json").is_file()
+
+
 @pytest.mark.parametrize("progress", [True, False])
 def test_squad_final_evaluation_reports_progress(progress, encoder_run, tmp_path, capsys):
     """The dev forward passes and SQuAD's answer extraction each show a bar on stderr with
