@@ -71,3 +71,19 @@ def test_final_evaluation_of_a_run_reports_progress(progress, tmp_path, capsys):
         assert all(p in err for p in phases), err
     else:
         assert err == ""
+
+
+def test_only_the_main_process_draws(monkeypatch, capsys):
+    from mhe.progress import bar, note
+
+    monkeypatch.setenv("RANK", "1")
+    with bar(3, desc="phase", unit="it", enabled=True) as shown:
+        shown.update(3)
+    note("a line", enabled=True)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    with bar(3, desc="phase", unit="it", enabled=True) as shown:
+        shown.update(3)
+    note("a line", enabled=True)
+    err = capsys.readouterr().err
+    assert "phase" in err and "a line" in err

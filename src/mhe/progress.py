@@ -2,11 +2,13 @@
 evaluation, perplexity windows, decoding for BLEU, SQuAD post-processing, tokenizer training,
 data preparation): a tqdm bar with its ETA, or a one-line message where the work cannot be
 counted. Each caller passes ``enabled`` (a run's ``train.progress``); when it is false nothing
-is written, so standard output and logs stay clean for scripts and sweeps.
+is written, so standard output and logs stay clean for scripts and sweeps. Under ``torchrun``
+only the main process (``RANK`` 0) draws.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable
 
@@ -27,10 +29,14 @@ class _Silent:
         pass
 
 
+def _shown(enabled: bool) -> bool:
+    return enabled and os.environ.get("RANK", "0") == "0"
+
+
 def bar(total: int, *, desc: str, unit: str, enabled: bool):
     """A tqdm bar of ``total`` ``unit`` on standard error (``update(n)`` as work is done; use it
     as a context manager), or a silent stand-in when ``enabled`` is false."""
-    if not enabled:
+    if not _shown(enabled):
         return _Silent()
     from tqdm import tqdm
 
@@ -40,7 +46,7 @@ def bar(total: int, *, desc: str, unit: str, enabled: bool):
 
 def each(items: Iterable, *, total: int, desc: str, unit: str, enabled: bool) -> Iterable:
     """``items`` themselves, counted on a bar while ``enabled``."""
-    if not enabled:
+    if not _shown(enabled):
         return items
     from tqdm import tqdm
 
@@ -50,5 +56,5 @@ def each(items: Iterable, *, total: int, desc: str, unit: str, enabled: bool) ->
 
 def note(message: str, *, enabled: bool) -> None:
     """One line on standard error before a phase that cannot be counted (tokenizer training)."""
-    if enabled:
+    if _shown(enabled):
         print(message, file=sys.stderr, flush=True)
