@@ -192,7 +192,8 @@ class TranslationTask(Task):
         from mhe.training.averaging import last_checkpoints
 
         points = last_checkpoints(self.out / "checkpoints", int(self.o["last_n"]))
-        bleu = lambda m: corpus_bleu(self.translate(m, src, progress=self.cfg.train.progress), ref)["bleu"]  # noqa: E731
+        shown = self.cfg.train.progress
+        bleu = lambda m: corpus_bleu(self.translate(m, src, progress=shown), ref)["bleu"]  # noqa: E731
         per = last_checkpoint_scores(model, points, bleu)
         res = {"bleu_last5": per["scores"], "bleu_last5_steps": per["steps"], "bleu_last5_mean": per["mean"]}
         if self.o["average_weights"]:
