@@ -39,7 +39,32 @@ def test_params_table_text(capsys):
 def test_memory_json_matches_appendix_c(capsys):
     assert main(["memory", "--preset", "bert-base", "--batch", "32", "--seq-len", "512", "--json"]) == 0
     rows = {r["kind"]: r for r in json.loads(capsys.readouterr().out)}
-    assert rows["mha"]["total"] == 72_351_744 and round(rows["mhe-mul"]["saving_ratio"], 2) == 44.77
+    assert rows["mha"]["total_bytes"] == 72_351_744 and round(rows["mhe-mul"]["saving_percent"], 2) == 44.77
+    assert rows["sha"]["weights_bytes"] == 4_423_680 and rows["sha"]["adam_states_bytes"] == 5_898_240  # Table 8
+    assert not any(k in r for r in rows.values() for k in ("total", "weights", "saving_ratio"))
+
+
+def test_memory_table_names_its_unit(capsys):
+    """MiB (2**20 bytes) with the unit in every byte column's header; GiB once a total reaches 2**30."""
+    assert main(["memory", "--preset", "bert-base", "--batch", "32", "--seq-len", "512"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(line for line in lines if "kind" in line)
+    assert "weights (MiB)" in head and "total (MiB)" in head and "Adam states (MiB)" in head
+    mha = next(line for line in lines if line.split()[:1] == ["mha"] or line.strip("| ").startswith("mha "))
+    assert f"{72_351_744 / 2 ** 20:,.2f}" in mha and "72351744" not in mha  # 69.00 MiB, as printed
+    assert main(["memory", "--preset", "bert-base", "--batch", "256", "--seq-len", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "total (GiB)" in out and "(MiB)" not in out
+    assert main(["memory", "--heads", "2", "--head-dim", "16", "--batch", "1", "--seq-len", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "total (KiB)" in out and f"{80.5:,.2f}" in out  # MHA: 82,432 bytes
+
+
+def test_byte_unit_thresholds():
+    from mhe.accounting.memory import byte_unit
+
+    assert byte_unit(2 ** 20 - 1) == ("KiB", 1024) and byte_unit(2 ** 20) == ("MiB", 2 ** 20)
+    assert byte_unit(2 ** 30 - 1) == ("MiB", 2 ** 20) and byte_unit(2 ** 30) == ("GiB", 2 ** 30)
 
 
 def test_scaling_plot(tmp_path, capsys):

@@ -147,3 +147,33 @@ def test_translate_refuses_a_run_of_another_task(lm_run, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A dog.\n")))
     assert main(["translate", "--checkpoint", str(lm_run), "--input", "-"]) == 2
     assert "not a translation run" in capsys.readouterr().err
+
+
+def test_translate_needs_only_the_run_folder(tmp_path, monkeypatch, capsys):
+    """A translation run copied elsewhere translates with the data folder empty: the run holds its
+    tokenizer and no corpus is read; the translations equal those made where the data is."""
+    import shutil
+
+    from conftest import require_data
+    from tiny_runs import COMMON
+
+    root = require_data("multi30k/train.en.gz", "multi30k/val.en.gz", "multi30k/test_2016_flickr.de.gz")
+    monkeypatch.setenv("MHE_DATA", str(root))  # no --data-dir: the run records no data folder
+    monkeypatch.chdir(tmp_path)  # no --out: the default folder names data, languages, preset and kind
+    run = tmp_path / "runs" / "mt-multi30k-en-de-tiny-encoder-decoder-mha"
+    assert main(["train-mt", "--preset", "tiny-encoder-decoder", *COMMON,
+                 "--set", "data.limit_lines=100", "--set", "data.vocab_size=200", "--set", "model.max_len=16",
+                 "--set", 'data.task_options={"test_sentences": 4, "eval_sentences": 4}']) == 0
+    (tmp_path / "src.en").write_text("A dog runs.\nTwo men are playing football in a park.\n")
+    capsys.readouterr()
+    assert main(["translate", "--checkpoint", str(run), "--input", str(tmp_path / "src.en")]) == 0
+    with_data = capsys.readouterr().out
+    moved = tmp_path / "elsewhere" / "mt"
+    shutil.copytree(run, moved)
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    monkeypatch.setenv("MHE_DATA", str(empty))
+    assert main(["translate", "--checkpoint", str(moved), "--input", str(tmp_path / "src.en")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == with_data and len(with_data.splitlines()) == 2
+    assert "not found" not in captured.err

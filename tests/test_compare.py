@@ -168,14 +168,14 @@ def test_overview_averages_tasks_and_recomputes_prr(tmp_path, capsys):
     from mhe.experiments.summary import overview, write_summary
 
     dirs = []
-    for task, scores in (("rte", {"sha": 0.50, "mha": 0.60, "mhe-mul": 0.58}),
-                         ("cola", {"sha": 0.10, "mha": 0.20, "mhe-mul": 0.16})):
+    for task, metric, scores in (("rte", "accuracy", {"sha": 0.50, "mha": 0.60, "mhe-mul": 0.58}),
+                                 ("cola", "matthews_corrcoef", {"sha": 0.10, "mha": 0.20, "mhe-mul": 0.16})):
         d = tmp_path / task
         for kind, score in scores.items():
             run = d / "runs" / f"{kind}-seed0"
             run.mkdir(parents=True)
             params = {"sha": 100, "mha": 400, "mhe-mul": 103}[kind]
-            (run / "results.json").write_text(_json.dumps({**result(kind, 0, score, params), "task": task}))
+            (run / "results.json").write_text(_json.dumps({**result(kind, 0, score, params, metric), "task": task}))
         write_summary(d, paper_table=f"table1-{task}")
         dirs.append(d)
     md = overview(dirs, plot=tmp_path / "prr.png")
@@ -195,3 +195,55 @@ def test_running_mean_for_training_curves():
 
     assert smooth([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], parts=4) == [1.0, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5]
     assert smooth([3.0, 1.0], parts=40) == [3.0, 1.0]  # shorter than one window: unchanged
+
+
+def _comparison(root, task, metric, hib, scores, paper):
+    from mhe.experiments.summary import write_summary
+
+    params = {"sha": 100, "mha": 400, "mhe-mul": 103}
+    for kind, score in scores.items():
+        run = root / "runs" / f"{kind}-seed0"
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps({**result(kind, 0, score, params[kind], metric, hib),
+                                                      "task": task}))
+    write_summary(root, paper_table=paper)
+    return root
+
+
+def test_overview_prr_of_a_perplexity_comparison_is_inverse(tmp_path):
+    """Perplexity: PRR = 1 - (score - MHA) / MHA for ours and the paper's (section 4.6); the
+    paper's SHA on PTB (68.1 against MHA's 44.3) keeps 46.3%, not 153.7%."""
+    from mhe.experiments.summary import overview
+
+    d = _comparison(tmp_path / "ptb", "lm", "perplexity", False, {"sha": 300.0, "mha": 200.0, "mhe-mul": 250.0},
+                    "table2-ptb")
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in overview([d]).splitlines() if line.startswith("| ") and "Attention" not in line}
+    assert rows["SHA"][4] == f"{100 * (1 - (300 - 200) / 200):.1f}" == "50.0"
+    assert rows["mhe-mul"][4] == f"{100 * (1 - (250 - 200) / 200):.1f}"
+    assert rows["SHA"][7] == f"{100 * (1 - (68.1 - 44.3) / 44.3):.1f}" == "46.3"
+    assert rows["mhe-mul"][7] == f"{100 * (1 - (50.7 - 44.3) / 44.3):.1f}" == "85.6"  # Table 2's printed PRR
+    wt2 = _comparison(tmp_path / "wt2", "lm", "perplexity", False, {"sha": 100.0, "mha": 80.0, "mhe-mul": 90.0},
+                      "table2-wikitext-103")
+    md = overview([d, wt2])  # two language-model comparisons: one column each, named by folder
+    assert "| ptb (perplexity) | wt2 (perplexity) |" in md
+    assert next(line for line in md.splitlines() if line.startswith("| SHA")).split("|")[5].strip() == "200.0000"
+
+
+def test_overview_refuses_a_paper_table_of_another_metric(tmp_path, capsys):
+    """A recall comparison summarised beside Table 2's PTB perplexities (``mhe compare`` accepts
+    the table for its task only) is refused, as are comparisons whose metrics point different ways."""
+    from mhe.experiments.summary import overview
+
+    acc = _comparison(tmp_path / "recall", "recall", "accuracy", True, {"sha": 0.3, "mha": 0.6, "mhe-mul": 0.5},
+                      "table2-ptb")
+    with pytest.raises(MheError, match="reports perplexity, this comparison \\(recall\\) reports accuracy"):
+        overview([acc])
+    assert main(["overview", str(acc)]) == 2
+    assert "153.7" not in capsys.readouterr().out
+    ppl = _comparison(tmp_path / "ptb", "lm", "perplexity", False, {"sha": 300.0, "mha": 200.0, "mhe-mul": 250.0},
+                      "")
+    plain = _comparison(tmp_path / "plain", "recall", "accuracy", True, {"sha": 0.3, "mha": 0.6, "mhe-mul": 0.5},
+                        "")
+    with pytest.raises(MheError, match="point different ways"):
+        overview([ppl, plain])

@@ -106,6 +106,33 @@ def test_squad_v11_trains_on_a_labelled_part_of_dev(encoder_run, tmp_path):
     assert res["metric"] == "f1" and res["total"] == 30 and 0 <= res["exact_match"] <= res["f1"] <= 100
 
 
+def test_finetune_default_folder_names_task_and_pretraining_run(encoder_run, tmp_path, monkeypatch):
+    root = require_data("glue/RTE/train.tsv.gz")
+    monkeypatch.chdir(tmp_path)
+    opts = {"train_limit": 8, "dev_limit": 8}
+    assert main(["finetune", "--task", "rte", "--checkpoint", str(encoder_run) + "/", "--data-dir", str(root),
+                 *sum((["--set", s] for s in TINY), []), "--set", f"data.task_options={json.dumps(opts)}"]) == 0
+    assert (tmp_path / "runs" / f"finetune-rte-{encoder_run.name}" / "results.json").is_file()
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_squad_final_evaluation_reports_progress(progress, encoder_run, tmp_path, capsys):
+    """The dev forward passes and SQuAD's answer extraction each show a bar on stderr with
+    train.progress on, and nothing with it off; the scores are the same."""
+    root = require_data("squad/v1.1/dev-v1.1.json.xz")
+    opts = {"train_split": "dev", "dev_split": "dev", "dev_offset": 40, "dev_limit": 12}
+    capsys.readouterr()
+    assert main(["finetune", "--task", "squad", "--checkpoint", str(encoder_run), "--data-dir", str(root),
+                 "--out", str(tmp_path / "sq"), *sum((["--set", s] for s in TINY), []),
+                 "--set", f"data.task_options={json.dumps(opts)}",
+                 "--set", f"train.progress={str(progress).lower()}"]) == 0
+    err = capsys.readouterr().err
+    if progress:
+        assert "evaluating squad" in err and "SQuAD answers" in err and "final evaluation (squad)" in err
+    else:
+        assert err == ""
+
+
 def test_decoder_fine_tunes_on_glue_and_seeds_aggregate(decoder_run, tmp_path, capsys):
     root = require_data("glue/MRPC/train.tsv.gz")
     opts = {"train_limit": 16, "dev_limit": 24}

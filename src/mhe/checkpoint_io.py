@@ -13,9 +13,11 @@ from mhe.training.run_files import read_run_config
 from mhe.training.weights import has_best, load_best, load_weights
 
 
-def load_run(path: str | Path, *, data_dir: str = ""):
+def load_run(path: str | Path, *, data_dir: str = "", inference: bool = False):
     """(model in eval mode, RunConfig, task set up on the run's data) for a run directory
-    (its best evaluated weights, else its newest checkpoint) or one of its checkpoint folders."""
+    (its best evaluated weights, else its newest checkpoint) or one of its checkpoint folders.
+    ``inference``: set the task up from the run folder alone where it can (translation reads
+    its saved tokenizer and no corpus), for commands that only run the model."""
     path = Path(path)
     is_checkpoint = (path / MANIFEST).exists() and path.parent.name == "checkpoints"
     run_dir = path.parent.parent if is_checkpoint else path
@@ -23,7 +25,7 @@ def load_run(path: str | Path, *, data_dir: str = ""):
     if data_dir:
         cfg.data.data_dir = data_dir
     task = build_task(cfg.task)
-    model = task.setup(cfg, run_dir, Dist())
+    model = (task.setup_inference if inference else task.setup)(cfg, run_dir, Dist())
     if not is_checkpoint and has_best(run_dir):  # as results.json used
         load_best(run_dir, model)
     else:

@@ -145,6 +145,7 @@ def _memory_args(p):
 @command("memory", "Appendix C's memory table per attention block", _memory_args)
 def cmd_memory(args) -> int:
     from mhe.accounting import attention_memory
+    from mhe.accounting.memory import memory_table
 
     if args.preset is None and args.layers is None:
         args.layers = 12  # not used by the per-block table
@@ -155,13 +156,11 @@ def cmd_memory(args) -> int:
     rows = attention_memory(_kinds(args.kinds), d_model=geo["d_model"], n_heads=geo["n_heads"],
                             head_dim=geo["head_dim"], batch=args.batch, seq_len=args.seq_len, bias=args.bias)
     if args.json:
-        print(json.dumps([r.as_dict() for r in rows]))
+        print(json.dumps([r.as_json() for r in rows]))  # exact byte counts under *_bytes keys
         return 0
-    print(f"bytes per attention block: m={geo['d_model']}, n={geo['n_heads']}, d={geo['head_dim']}, "
-          f"batch {args.batch}, sequence {args.seq_len}, fp16 mixed precision with Adam")
-    print_table(["kind", "weights", "gradients", "Adam states", "activations", "total", "saving vs MHA (%)"],
-                [[r.kind, r.weights, r.gradients, r.adam_states, r.activations, r.total, f"{r.saving_ratio:.2f}"]
-                 for r in rows])
+    print(f"memory per attention block: m={geo['d_model']}, n={geo['n_heads']}, d={geo['head_dim']}, "
+          f"batch {args.batch}, sequence {args.seq_len}, fp16 mixed precision with Adam (exact bytes: --json)")
+    print_table(*memory_table(rows))
     return 0
 
 

@@ -23,6 +23,29 @@ def _writable_parent(path: Path, option: str) -> None:
         raise MheError(f"{option} {path}: folder {parent} is not writable")
 
 
+RUNS = "runs"
+
+
+def default_run_dir(command: str, *parts: str) -> Path:
+    """The folder a command writes to when no ``--out`` is given: ``runs/COMMAND-PART-...``
+    with the empty parts left out, e.g. ``runs/lm-ptb-tiny-decoder-mha``. Every part that tells
+    two runs apart (task, data, preset, attention kind) belongs in it, so that commands run one
+    after the other (PTB, then WikiText-2) write to different folders."""
+    return Path(RUNS) / "-".join(p for p in (command, *parts) if p)
+
+
+def free_name(path: str | os.PathLike) -> Path:
+    """``path`` itself when nothing is there, else the first of ``path-2``, ``path-3``, ...
+    that does not exist (what an error suggests when a folder holds another run)."""
+    path = Path(path)
+    if not path.exists():
+        return path
+    n = 2
+    while path.with_name(f"{path.name}-{n}").exists():
+        n += 1
+    return path.with_name(f"{path.name}-{n}")
+
+
 def check_output_dir(path: str | os.PathLike, option: str = "--out") -> Path:
     """A folder a run may write into: an existing folder, or a path whose nearest existing
     ancestor is a writable folder (it is created later, by the run)."""

@@ -27,6 +27,35 @@ class MemoryRow:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def as_json(self) -> dict:
+        """The row with every byte count under a ``_bytes`` key (exact integers, the paper's
+        Table 8 figures) and the saving in percent under ``saving_percent``."""
+        d = self.as_dict()
+        out = {"kind": d.pop("kind"), "params": d.pop("params"), "saving_percent": d.pop("saving_ratio")}
+        return {**out, **{f"{k}_bytes": v for k, v in d.items()}}
+
+
+BYTE_FIELDS = ("weights", "gradients", "adam_states", "activations", "total")
+
+
+def byte_unit(largest: float) -> tuple[str, int]:
+    """The binary unit a column whose largest entry is ``largest`` bytes is printed in:
+    ``("KiB", 2**10)`` below one MiB, ``("MiB", 2**20)`` below one GiB, else ``("GiB", 2**30)``."""
+    if largest >= 2 ** 30:
+        return "GiB", 2 ** 30
+    return ("MiB", 2 ** 20) if largest >= 2 ** 20 else ("KiB", 2 ** 10)
+
+
+def memory_table(rows: list[MemoryRow]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of ``mhe memory``'s table: byte counts in KiB, MiB or GiB (chosen by the
+    largest total), the unit in each column's header, two decimals."""
+    unit, scale = byte_unit(max((r.total for r in rows), default=0))
+    head = ["kind"] + [f"{name} ({unit})" for name in ("weights", "gradients", "Adam states", "activations",
+                                                      "total")] + ["saving vs MHA (%)"]
+    cells = [[r.kind] + [f"{getattr(r, f) / scale:,.2f}" for f in BYTE_FIELDS] + [f"{r.saving_ratio:.2f}"]
+             for r in rows]
+    return head, cells
+
 
 def attention_memory(kinds, *, d_model: int, n_heads: int, head_dim: int | None = None,
                      batch: int = 32, seq_len: int = 512, include_output: bool = True,

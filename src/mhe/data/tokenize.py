@@ -20,29 +20,35 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]"]
 KINDS = ("bpe", "wordpiece", "word")
 
 
-def train_tokenizer(kind: str, texts, vocab_size: int, *, lowercase: bool = False) -> Tokenizer:
-    """Train a tokenizer of ``kind`` on an iterable of strings."""
+def train_tokenizer(kind: str, texts, vocab_size: int, *, lowercase: bool = False,
+                    progress: bool = False) -> Tokenizer:
+    """Train a tokenizer of ``kind`` on an iterable of strings; ``progress``: say so on standard
+    error first (and show the ``tokenizers`` trainer's own bar where standard error is a terminal)."""
+    from mhe.progress import note
+
     if kind not in KINDS:
         raise one_of("tokenizer", kind, KINDS)
     if vocab_size < len(SPECIALS) + 1:
         raise MheError(f"vocab_size must be at least {len(SPECIALS) + 1}, got {vocab_size}")
+    note(f"training a {kind} tokenizer of at most {vocab_size:,} entries"
+         + (f" on {len(texts):,} lines" if hasattr(texts, "__len__") else ""), enabled=progress)
     if kind == "bpe":
         tok = Tokenizer(models.BPE(unk_token=None))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=progress)
     elif kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False)
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=progress)
     else:
         tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False)
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=progress)
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 

@@ -22,7 +22,7 @@ def _compare_args(p):
                    help="runs at a time (default: one per GPU, else 2 on CPU)")
     p.add_argument("--paper", default=None, help="paper table to set beside ours (e.g. table2-ptb)")
     p.add_argument("--pretrained", default="", help="fine-tuning tasks: a comparison folder of pre-training runs")
-    p.add_argument("--out", default=None, help="output folder (default runs/compare-PRESET[-TASK])")
+    p.add_argument("--out", default=None, help="output folder (default runs/compare-PRESET[-TASK][-DATA])")
 
 
 # section 4.4: "For each task, we use five different seeds and report the average"
@@ -33,12 +33,6 @@ def _is_finetuning(task: str) -> bool:
     from mhe.data.benchmarks import TASKS as BENCH
 
     return task in BENCH
-
-
-def experiment_task(name: str) -> str:
-    from mhe.experiments.presets import EXPERIMENTS
-
-    return EXPERIMENTS[name].task if name in EXPERIMENTS else ""
 
 
 def build_sweep(args):
@@ -100,11 +94,11 @@ def cmd_compare(args) -> int:
     from mhe.experiments.sweep import run_sweep
 
     name, sweep = build_sweep(args)
-    default = f"runs/compare-{name}" + (f"-{args.task}" if args.task and args.task != experiment_task(name) else "")
     from mhe.errors import MheError
+    from mhe.experiments.sweep import default_compare_dir
     from mhe.output_paths import check_output_dir
 
-    out = check_output_dir(args.out or default)
+    out = check_output_dir(args.out or default_compare_dir(name, sweep))
     if args.workers is not None and args.workers <= 0:
         raise MheError(f"--workers must be a positive integer, got {args.workers}")
     workers = args.workers or (torch.cuda.device_count() or 2)

@@ -207,12 +207,15 @@ def overview(dirs: list[Path], plot: Path | None = None) -> str:
         if not f.exists():
             raise MheError(f"{d} has no summary.json; run `mhe report {d}` first")
         summaries.append(json.loads(f.read_text()))
+    paper_hib = _check_overview_directions(dirs, summaries)
     kinds = [r["kind"] for r in summaries[0]["rows"]]
     kinds = [k for k in kinds if all(any(r["kind"] == k for r in s["rows"]) for s in summaries)]
     if not kinds:
         raise MheError("the comparisons share no attention kind")
-    cell = {(s["task"], r["kind"]): r for s in summaries for r in s["rows"]}
-    tasks = [s["task"] for s in summaries]
+    # a column per comparison: its task, or its folder where two share a task (PTB and WikiText-2 are both lm)
+    names = [s["task"] for s in summaries]
+    tasks = [t if names.count(t) == 1 else Path(d).name for t, d in zip(names, dirs)]
+    cell = {(t, r["kind"]): r for t, s in zip(tasks, summaries) for r in s["rows"]}
     params = {r["kind"]: r["attention_params"] for r in summaries[0]["rows"]}
     hib = summaries[0]["higher_is_better"]
     avg = {k: statistics.fmean(cell[(t, k)]["mean"] for t in tasks) for k in kinds}
@@ -237,7 +240,7 @@ def overview(dirs: list[Path], plot: Path | None = None) -> str:
              if "sha" in avg and k != "sha" else None)
         cells += [f"{avg[k]:.4f}", "-" if r is None else f"{100 * r:.1f}", "-" if e is None else f"{e:.2f}"]
         if paper_avg:
-            pr = (prr(paper_avg[k], paper_avg["mha"], higher_is_better=hib)
+            pr = (prr(paper_avg[k], paper_avg["mha"], higher_is_better=paper_hib)
                   if k in paper_avg and "mha" in paper_avg else None)
             cells += [f"{paper_avg[k]:.4f}" if k in paper_avg else "-", "-" if pr is None else f"{100 * pr:.1f}"]
             prr_rows.append((k, r, pr))
@@ -253,6 +256,28 @@ def overview(dirs: list[Path], plot: Path | None = None) -> str:
                  "means. PRR against MHA and PEoP against SHA are computed from the averages (section 4.6)."
                  + (" Paper: the same tasks' Table 1 scores, averaged." if paper_avg else ""))
     return "\n".join(lines) + "\n"
+
+
+def _check_overview_directions(dirs: list[Path], summaries: list[dict]) -> bool | None:
+    """Refuse comparisons whose metrics point different ways (an average of perplexities and
+    accuracies means nothing) and paper columns of another task or metric than their
+    comparison's; returns the paper tables' direction (``None`` without paper columns), which
+    PRR of the paper's averages follows (section 4.6: the inverse formula for perplexity)."""
+    from mhe.experiments.paper import paper_table
+
+    directions = {bool(s["higher_is_better"]) for s in summaries}
+    if len(directions) > 1:
+        ways = ", ".join(f"{d} ({s['metric']}, {'higher' if s['higher_is_better'] else 'lower'} is better)"
+                         for d, s in zip(dirs, summaries))
+        raise MheError(f"the comparisons' metrics point different ways: {ways}; give comparisons of one direction")
+    for d, s in zip(dirs, summaries):
+        if "paper" in s:
+            try:
+                check_paper_matches(s, s["paper"]["table"])
+            except MheError as e:
+                raise MheError(f"{d}: {e} (then `mhe report {d} --paper TABLE`)") from None
+    paper = {bool(paper_table(s["paper"]["table"])["higher_is_better"]) for s in summaries if "paper" in s}
+    return paper.pop() if len(paper) == 1 else None
 
 
 def metric_means(results: list[dict]) -> dict:

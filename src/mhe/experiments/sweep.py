@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mhe.errors import MheError
+from mhe.output_paths import free_name
 from mhe.training.checkpoint import list_checkpoints, write_json_atomic
 from mhe.training.loop import RunInterrupted
 
@@ -105,6 +106,19 @@ def run_config(sweep: Sweep, kind: str, seed: int):
     return cfg
 
 
+def default_compare_dir(name: str, sweep: Sweep) -> Path:
+    """``mhe compare``'s folder without ``--out``: ``runs/compare-NAME``, then the task and the
+    data where they differ from the comparison preset's (a model preset: always named), e.g.
+    ``runs/compare-cpu-ptb`` or ``runs/compare-tiny-decoder-lm-wikitext-2``."""
+    from mhe.experiments.presets import EXPERIMENTS
+    from mhe.output_paths import default_run_dir
+
+    exp = EXPERIMENTS.get(name)
+    task = "" if exp is not None and sweep.task == exp.task else sweep.task
+    data = "" if exp is not None and sweep.data == exp.data else sweep.data
+    return default_run_dir("compare", name, task, data)
+
+
 def check_sweep_dir(out: Path, sweep: Sweep) -> None:
     """Refuse an output folder that holds a different comparison, naming the difference."""
     f = out / "sweep.json"
@@ -114,7 +128,8 @@ def check_sweep_dir(out: Path, sweep: Sweep) -> None:
         diffs = [f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in sorted(set(old) | set(new))
                  if old.get(k) != new.get(k)]
         if diffs:
-            raise MheError(f"{out} holds a different comparison ({'; '.join(diffs)}); choose another --out")
+            raise MheError(f"{out} holds a different comparison ({'; '.join(diffs)}); "
+                           f"choose another --out ({free_name(out)} is free)")
 
 
 def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, log=print) -> dict:

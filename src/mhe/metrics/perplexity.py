@@ -37,28 +37,33 @@ def window_plan(n_tokens: int, max_len: int, stride: int) -> list[tuple[int, int
 
 @torch.no_grad()
 def sliding_window_nll(model, ids: torch.Tensor, *, max_len: int, stride: int, batch_size: int = 16,
-                       device=None) -> tuple[float, int]:
-    """Total negative log-likelihood (nats) and number of scored tokens of a 1-D id stream."""
+                       device=None, progress: bool = False) -> tuple[float, int]:
+    """Total negative log-likelihood (nats) and number of scored tokens of a 1-D id stream;
+    ``progress``: count the windows on a bar (standard error)."""
+    from mhe.progress import bar
+
     device = device or next(model.parameters()).device
     plan = window_plan(ids.numel(), max_len, stride)
     total, count = 0.0, 0
     groups: dict[int, list] = {}
     for w in plan:
         groups.setdefault(w[1] - w[0], []).append(w)
-    for length, windows in groups.items():
-        for i in range(0, len(windows), batch_size):
-            chunk = windows[i:i + batch_size]
-            x = torch.stack([ids[b:e] for b, e, _ in chunk]).to(device)  # [W, L]
-            first = length - 1 - max(n for _, _, n in chunk)  # earliest position any row scores
-            if hasattr(model, "target_log_probs"):  # only the scored positions reach the output layer
-                logp = model.target_log_probs(x, first)  # [W, L-1-first]
-            else:
-                logits = model(x).logits[:, first:-1]  # position t predicts t+1
-                logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-                logp = F.log_softmax(logits, -1).gather(-1, x[:, first + 1:, None]).squeeze(-1)
-            for row, (_, _, n) in enumerate(chunk):
-                total -= logp[row, logp.shape[1] - n:].sum().item()
-                count += n
+    with bar(len(plan), desc=f"perplexity (stride {stride})", unit="window", enabled=progress) as shown:
+        for length, windows in groups.items():
+            for i in range(0, len(windows), batch_size):
+                chunk = windows[i:i + batch_size]
+                x = torch.stack([ids[b:e] for b, e, _ in chunk]).to(device)  # [W, L]
+                first = length - 1 - max(n for _, _, n in chunk)  # earliest position any row scores
+                if hasattr(model, "target_log_probs"):  # only the scored positions reach the output layer
+                    logp = model.target_log_probs(x, first)  # [W, L-1-first]
+                else:
+                    logits = model(x).logits[:, first:-1]  # position t predicts t+1
+                    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+                    logp = F.log_softmax(logits, -1).gather(-1, x[:, first + 1:, None]).squeeze(-1)
+                for row, (_, _, n) in enumerate(chunk):
+                    total -= logp[row, logp.shape[1] - n:].sum().item()
+                    count += n
+                shown.update(len(chunk))
     return total, count
 
 

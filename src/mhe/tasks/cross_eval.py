@@ -26,5 +26,5 @@ def corpus_perplexity(task, model, cfg, dataset: str, split: str = "test") -> di
     other.data.dataset = dataset
     lines = corpus_lines(other, split)
     stride = task.stride()
-    res = task._ppl(model, token_stream(task.tok, lines), lines, stride)
+    res = task._ppl(model, token_stream(task.tok, lines), lines, stride, progress=cfg.train.progress)
     return {"dataset": dataset, "split": split, "stride": stride, "trained_on": cfg.data.dataset, **res}

@@ -216,16 +216,22 @@ class FinetuneTask(Task):
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def evaluate(self, model):
+    def evaluate(self, model, *, progress: bool = False):
+        """Dev-set metrics; ``progress``: count the batches (and SQuAD's post-processing) on bars."""
+        from mhe.progress import bar
+
         model.eval()
         dev = next(model.parameters()).device
         bs = self.cfg.data.eval_batch_size * 2
         logits = []
-        for k in range(0, len(self.dev_items), bs):
-            b = self.to(self._batch(self.dev_items[k:k + bs]), dev)
-            logits.append(self._forward(model, {kk: v for kk, v in b.items() if kk not in ("start", "end")}).logits.float().cpu())
+        with bar(len(self.dev_items), desc=f"evaluating {self.name}", unit="example", enabled=progress) as shown:
+            for k in range(0, len(self.dev_items), bs):
+                b = self.to(self._batch(self.dev_items[k:k + bs]), dev)
+                inputs = {kk: v for kk, v in b.items() if kk not in ("start", "end")}
+                logits.append(self._forward(model, inputs).logits.float().cpu())
+                shown.update(len(self.dev_items[k:k + bs]))
         if self.spec.kind == "span":
-            return self._squad_eval(logits)
+            return self._squad_eval(logits, progress=progress)
         out = torch.cat(logits)
         gold = [f["label"] for f in self.dev_items]
         pred = out.squeeze(-1).tolist() if self.spec.kind == "regression" else out.argmax(-1).tolist()
@@ -247,13 +253,16 @@ class FinetuneTask(Task):
                   for k in range(0, len(feats), bs)]
         return torch.cat(logits).argmax(-1).tolist()
 
-    def _squad_eval(self, logits) -> dict:
+    def _squad_eval(self, logits, *, progress: bool = False) -> dict:
+        from mhe.progress import each
+
         max_ans = int(self.o["max_answer_len"])
         best: dict[int, tuple[float, str]] = {}
         null: dict[int, float] = {}
         feats = self.dev_items
         flat = [row for chunk in logits for row in chunk]
-        for f, lg in zip(feats, flat):
+        for f, lg in each(zip(feats, flat), total=len(feats), desc="SQuAD answers", unit="feature",
+                          enabled=progress):
             start, end = lg[:, 0], lg[:, 1]
             i = f["ex"]
             ctx = f["context"]
@@ -278,7 +287,7 @@ class FinetuneTask(Task):
         return squad_scores(preds, golds, version="v2.0" if v2 else "v1.1")
 
     def final(self, model):
-        res = self.evaluate(model)
+        res = self.evaluate(model, progress=self.cfg.train.progress)
         official = ["exact_match", "f1"] if self.spec.kind == "span" else official_metrics(self.name)
         return {"split": self.o["dev_split"], "task_name": self.name, "score": res[self.metric], **res,
                 "metric": self.metric, "official_metrics": official}  # metric: the paper's headline

@@ -47,7 +47,7 @@ class CausalLMTask(Task):
             init_weights(model, source)
         self.max_len = model.cfg.max_len
         self.seq_len = min(cfg.data.seq_len or self.max_len, self.max_len)
-        stream = token_stream(self.tok, train)
+        stream = token_stream(self.tok, train, progress=cfg.train.progress, desc="tokenizing the training text")
         n = (stream.numel() // self.seq_len) * self.seq_len
         self.blocks = stream[:n].view(-1, self.seq_len)  # [N, L] contiguous blocks
         self.valid = token_stream(self.tok, self.valid_lines)
@@ -64,9 +64,10 @@ class CausalLMTask(Task):
         x = batch["input_ids"]
         return model(x, labels=x, return_logits=False).loss, x.numel()
 
-    def _ppl(self, model, ids, lines, stride):
+    def _ppl(self, model, ids, lines, stride, *, progress: bool = False):
         nll, n = sliding_window_nll(model, ids, max_len=self.max_len, stride=stride,
-                                    batch_size=self.cfg.data.eval_batch_size, device=self.device)
+                                    batch_size=self.cfg.data.eval_batch_size, device=self.device,
+                                    progress=progress)
         out = {"perplexity": perplexity(nll, n), "tokens": n, "nll": nll}
         words = word_count(lines)
         if not is_word_level(self.tok):  # sub-word tokenizer: also report per word
@@ -84,11 +85,12 @@ class CausalLMTask(Task):
         test_lines = self.test_lines
         stride = self.stride()
         ids = token_stream(self.tok, test_lines)
-        res = self._ppl(model, ids, test_lines, stride)
+        shown = self.cfg.train.progress  # the sliding window runs for minutes on a CPU: show it
+        res = self._ppl(model, ids, test_lines, stride, progress=shown)
         out = {"split": "test", "stride": stride, "score": res["perplexity"], **res}
         asked = min(self.cfg.data.eval_stride, self.max_len)
         if asked > stride:  # the stride asked for was capped: report it as well (the paper fixes 256)
-            extra = self._ppl(model, ids, test_lines, asked)
+            extra = self._ppl(model, ids, test_lines, asked, progress=shown)
             out[f"perplexity_stride{asked}"] = extra["perplexity"]
             if "word_perplexity" in extra:
                 out[f"word_perplexity_stride{asked}"] = extra["word_perplexity"]

@@ -53,7 +53,8 @@ class MaskedLMTask(Task):
         self.mask_id = special_id(self.tok, "[MASK]")
         self.special = torch.tensor([special_id(self.tok, s) for s in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")])
         seq = min(cfg.data.seq_len or model.cfg.max_len, model.cfg.max_len)
-        self.blocks = self._pack(token_stream(self.tok, train), seq)
+        self.blocks = self._pack(token_stream(self.tok, train, progress=cfg.train.progress,
+                                              desc="tokenizing the training text"), seq)
         self.valid = self._pack(token_stream(self.tok, corpus_lines(cfg, "valid")), seq)[:256]
         return model
 

@@ -28,19 +28,29 @@ def tokenizer_for(cfg, out: Path, train_lines: list[str], *, task: str, dist=Non
     if (out / "tokenizer.json").is_file():
         return load_tokenizer(out)
     choice = resolve_tokenizer(cfg, task, word_level_corpus=corpus(cfg.data.dataset).word_level)
-    tok = train_tokenizer(choice.kind, train_lines, choice.vocab_size)
+    tok = train_tokenizer(choice.kind, train_lines, choice.vocab_size, progress=cfg.train.progress)
     out.mkdir(parents=True, exist_ok=True)
     save_tokenizer(tok, out)
     return tok
 
 
-def token_stream(tok, lines: list[str]) -> torch.Tensor:
-    """Every line's tokens followed by [EOS], as one 1-D stream."""
+TOKENIZE_CHUNK = 10_000  # lines encoded per call (and per step of the progress bar)
+
+
+def token_stream(tok, lines: list[str], *, progress: bool = False, desc: str = "tokenizing") -> torch.Tensor:
+    """Every line's tokens followed by [EOS], as one 1-D stream; ``progress``: count the lines
+    on a bar (standard error)."""
+    from mhe.progress import bar
+
     eos = special_id(tok, "[EOS]")
     ids: list[int] = []
-    for enc in tok.encode_batch(lines, add_special_tokens=False):
-        ids.extend(enc.ids)
-        ids.append(eos)
+    with bar(len(lines), desc=desc, unit="line", enabled=progress) as shown:
+        for k in range(0, len(lines), TOKENIZE_CHUNK):
+            chunk = lines[k:k + TOKENIZE_CHUNK]
+            for enc in tok.encode_batch(chunk, add_special_tokens=False):
+                ids.extend(enc.ids)
+                ids.append(eos)
+            shown.update(len(chunk))
     return torch.tensor(ids, dtype=torch.long)
 
 

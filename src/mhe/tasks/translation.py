@@ -68,17 +68,30 @@ class TranslationTask(Task):
         train_src, train_tgt = read_parallel(name, "train", o["src"], o["tgt"], limit=limit, **d)
         self.valid = read_parallel(name, "valid", o["src"], o["tgt"], **d)
         self.tok = self._tokenizer(train_src + train_tgt, name, dist)
-        self.bos, self.eos, self.pad = (special_id(self.tok, t) for t in ("[BOS]", "[EOS]", "[PAD]"))
-        model = build_model(cfg.model, vocab_size=self.tok.get_vocab_size(), pad_id=self.pad)
-        if model.cfg.arch != "encoder-decoder":
-            raise MheError(f"translation needs an encoder-decoder preset, got {cfg.preset!r}")
-        self.max_len = model.cfg.max_len
+        model = self._build_model(cfg)
         self.src_ids = [self._encode(s) for s in train_src]
         self.tgt_ids = [self._encode(t) for t in train_tgt]
         self.batches = token_batches([len(x) for x in self.src_ids], [len(y) + 1 for y in self.tgt_ids],
                                      int(o["max_tokens"]))
         if o["checkpoint_every"] == "epoch":  # one checkpoint per pass over the data (the paper's epochs)
             cfg.train.save_every = len(self.batches) // max(1, cfg.train.batch_size) or 1
+        return model
+
+    def setup_inference(self, cfg, out: Path, dist):
+        """The model and the run's saved tokenizer, for translating with a finished run: no
+        corpus is read (``mhe translate`` needs only the run folder)."""
+        self.cfg, self.out = cfg, out
+        self.o = dataclasses.asdict(cfg.data.task_options)
+        self.dataset = cfg.data.dataset or "multi30k"
+        self.tok = load_tokenizer(out)
+        return self._build_model(cfg)
+
+    def _build_model(self, cfg):
+        self.bos, self.eos, self.pad = (special_id(self.tok, t) for t in ("[BOS]", "[EOS]", "[PAD]"))
+        model = build_model(cfg.model, vocab_size=self.tok.get_vocab_size(), pad_id=self.pad)
+        if model.cfg.arch != "encoder-decoder":
+            raise MheError(f"translation needs an encoder-decoder preset, got {cfg.preset!r}")
+        self.max_len = model.cfg.max_len
         return model
 
     def _tokenizer(self, texts, name, dist):
@@ -90,7 +103,7 @@ class TranslationTask(Task):
             tok = load_tokenizer(self.out)
         else:
             choice = resolve_tokenizer(self.cfg, "mt")  # the preset's convention (section 4.4)
-            tok = train_tokenizer(choice.kind, texts, choice.vocab_size)
+            tok = train_tokenizer(choice.kind, texts, choice.vocab_size, progress=self.cfg.train.progress)
             self.out.mkdir(parents=True, exist_ok=True)
             save_tokenizer(tok, self.out)
         if dist is not None and dist.world > 1:
@@ -123,8 +136,11 @@ class TranslationTask(Task):
 
     # ------------------------------------------------------------------ decoding
     def translate(self, model, sources: list[str], *, beam: int | None = None, alpha: float | None = None,
-                  use_cache: bool = True) -> list[str]:
-        """Detokenised translations, in input order."""
+                  use_cache: bool = True, progress: bool = False) -> list[str]:
+        """Detokenised translations, in input order; ``progress``: count the sentences decoded on
+        a bar (standard error)."""
+        from mhe.progress import bar
+
         model.eval()
         dev = next(model.parameters()).device
         beam = int(beam or self.o["beam"])
@@ -134,15 +150,17 @@ class TranslationTask(Task):
         order = sorted((i for i in range(len(ids)) if sources[i].strip()), key=lambda i: len(ids[i]))
         out: list[str] = [""] * len(ids)
         bs = int(self.o["eval_batch"])
-        for k in range(0, len(order), bs):
-            chunk = order[k:k + bs]
-            src = self._pad([ids[i] or [self.tok.token_to_id("[UNK]")] for i in chunk], self.pad).to(dev)
-            hyp = beam_search(model, src, src != self.pad, bos_id=self.bos, eos_id=self.eos, beam=beam,
-                              max_len=self.max_len, alpha=alpha, use_cache=use_cache)
-            for row, i in enumerate(chunk):
-                toks = hyp[row, 1:].tolist()
-                toks = toks[: toks.index(self.eos)] if self.eos in toks else toks
-                out[i] = self.tok.decode(toks, skip_special_tokens=True).strip()
+        with bar(len(order), desc=f"decoding (beam {beam})", unit="sentence", enabled=progress) as shown:
+            for k in range(0, len(order), bs):
+                chunk = order[k:k + bs]
+                src = self._pad([ids[i] or [self.tok.token_to_id("[UNK]")] for i in chunk], self.pad).to(dev)
+                hyp = beam_search(model, src, src != self.pad, bos_id=self.bos, eos_id=self.eos, beam=beam,
+                                  max_len=self.max_len, alpha=alpha, use_cache=use_cache)
+                for row, i in enumerate(chunk):
+                    toks = hyp[row, 1:].tolist()
+                    toks = toks[: toks.index(self.eos)] if self.eos in toks else toks
+                    out[i] = self.tok.decode(toks, skip_special_tokens=True).strip()
+                shown.update(len(chunk))
         return out
 
     def evaluate(self, model):
@@ -157,7 +175,7 @@ class TranslationTask(Task):
 
     def final(self, model):
         src, ref = self._test()
-        hyps = self.translate(model, src)
+        hyps = self.translate(model, src, progress=self.cfg.train.progress)
         bleu = corpus_bleu(hyps, ref)
         (self.out / "test_translations.txt").write_text("\n".join(hyps) + "\n")
         res = {"split": "test", "score": bleu["bleu"], "bleu": bleu["bleu"], "signature": bleu["signature"],
@@ -174,7 +192,8 @@ class TranslationTask(Task):
         from mhe.training.averaging import last_checkpoints
 
         points = last_checkpoints(self.out / "checkpoints", int(self.o["last_n"]))
-        bleu = lambda m: corpus_bleu(self.translate(m, src), ref)["bleu"]  # noqa: E731
+        shown = self.cfg.train.progress
+        bleu = lambda m: corpus_bleu(self.translate(m, src, progress=shown), ref)["bleu"]  # noqa: E731
         per = last_checkpoint_scores(model, points, bleu)
         res = {"bleu_last5": per["scores"], "bleu_last5_steps": per["steps"], "bleu_last5_mean": per["mean"]}
         if self.o["average_weights"]:

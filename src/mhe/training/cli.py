@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mhe.cli import command
 from mhe.errors import MheError
-from mhe.output_paths import check_output_dir
+from mhe.output_paths import check_output_dir, default_run_dir
 
 
 def add_run_args(p, *, task_choice: bool) -> None:
@@ -20,7 +20,7 @@ def add_run_args(p, *, task_choice: bool) -> None:
     p.add_argument("--attention", default="mha", help="attention kind (mha, mhe-mul, ...): sets model.attention")
     p.add_argument("--data", default="", help="dataset: ptb, wikitext-2, wikitext-103")
     p.add_argument("--data-dir", default="", help="data folder (default: $MHE_DATA or ../shared/data)")
-    p.add_argument("--out", default="", help="run directory (default runs/TASK-PRESET-KIND)")
+    p.add_argument("--out", default="", help="run directory (default runs/TASK-DATA-PRESET-KIND)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting, e.g. train.lr=3e-4, train.steps=200, model.dropout=0")
@@ -48,7 +48,7 @@ def run_training(cfg, out: str, resume: bool) -> dict:
     from mhe.tasks import build_task
     from mhe.training.loop import Trainer
 
-    out = out or f"runs/{cfg.task}-{cfg.preset}-{cfg.model.attention}"
+    out = out or str(default_run_dir(cfg.task, cfg.data.dataset, cfg.preset, cfg.model.attention))
     check_output_dir(out)  # before any data is read: a bad --out fails at once
     result = Trainer(cfg, build_task(cfg.task), out, resume=resume, log=lambda m: print(m, file=sys.stderr)).fit()
     return {**result, "out": out}
@@ -142,7 +142,7 @@ def cmd_eval(args) -> int:
         from mhe.tasks.text import corpus_lines, token_stream
 
         lines = corpus_lines(cfg, args.split)
-        res = task._ppl(model, token_stream(task.tok, lines), lines, task.stride())
+        res = task._ppl(model, token_stream(task.tok, lines), lines, task.stride(), progress=cfg.train.progress)
         res = {"split": args.split, "stride": task.stride(), **res}
     else:
         res = task.final(model)
@@ -172,7 +172,9 @@ def _mt_args(p):
 def cmd_train_mt(args) -> int:
     # the languages go in first, so a user's --set data.task_options.src=... wins
     cfg = build_run("mt", args, task_options={"src": args.src, "tgt": args.tgt})
-    res = run_training(cfg, args.out or f"runs/mt-{args.data}-{cfg.model.attention}", args.resume)
+    o = cfg.data.task_options
+    out = args.out or str(default_run_dir("mt", cfg.data.dataset, f"{o.src}-{o.tgt}", cfg.preset, cfg.model.attention))
+    res = run_training(cfg, out, args.resume)
     keys = ("status", "step", "attention", "bleu", "bleu_last5_mean", "signature", "attention_params", "out")
     print(json.dumps({k: res[k] for k in keys if k in res}, indent=2))
     return exit_status(res)
@@ -198,10 +200,10 @@ def cmd_translate(args) -> int:
     if args.input != "-" and not Path(args.input).is_file():
         raise MheError(f"input file not found: {args.input}")
     lines = read_source_lines(args.input)  # before the model loads: bad input fails at once
-    model, cfg, task = load_run(args.checkpoint)
+    model, cfg, task = load_run(args.checkpoint, inference=True)  # the run folder alone: no corpus
     if cfg.task != "mt":
         raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not a translation run")
-    for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha):
+    for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha, progress=cfg.train.progress):
         print(hyp)
     return 0
 
@@ -261,7 +263,7 @@ def cmd_finetune(args) -> int:
 
     if args.seeds <= 0:
         raise MheError(f"--seeds must be positive, got {args.seeds}")
-    out = Path(args.out or f"runs/finetune-{args.task}-{Path(args.checkpoint).name}")
+    out = Path(args.out or default_run_dir("finetune", args.task, Path(args.checkpoint).resolve().name))
     if args.resume and not out.is_dir():
         raise MheError(f"--resume: there is no run in {out}; drop --resume to start one")
     results = []

@@ -20,6 +20,8 @@ import torch
 
 from mhe.accounting import count_attention_params
 from mhe.errors import MheError
+from mhe.output_paths import free_name
+from mhe.progress import note
 from mhe.training import checkpoint as ckpt
 from mhe.training import distributed
 from mhe.training.atomic import remove_temporaries, write_json_atomic
@@ -112,10 +114,10 @@ class Trainer:
             if old.hash() != self.cfg_hash:
                 diff = _diff(old.identity(), self.original.identity())
                 raise MheError(f"{self.out} holds a run with a different configuration ({diff}); "
-                               "choose another --out")
+                               f"choose another --out ({free_name(self.out)} is free)")
             if not self.resume and ckpt.list_checkpoints(self.out / "checkpoints"):
                 raise MheError(f"{self.out} already holds checkpoints; pass --resume to continue it "
-                               "or choose another --out")
+                               f"or choose another --out ({free_name(self.out)} is free)")
         for path in remove_temporaries(self.out, self.out / "checkpoints"):
             self.log(f"removed {path} (left by an interrupted write)")
 
@@ -244,6 +246,9 @@ class Trainer:
         if status in DONE:
             if state.best is not None and has_best(self.out):
                 load_best(self.out, model)
+            if dist.main:
+                which = f"the best weights (step {state.best_step})" if state.best is not None else f"step {state.step}"
+                note(f"final evaluation ({self.task.name}) of {which}", enabled=self.cfg.train.progress)
             result = {"step": state.step, **self._summary(model, state.step, status), **self.task.final(model)}
             if dist.main:
                 write_json_atomic(self.out / RESULTS, result)

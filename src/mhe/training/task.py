@@ -26,6 +26,12 @@ class Task:
     def setup(self, cfg: RunConfig, out: Path, dist: Dist) -> torch.nn.Module:
         raise NotImplementedError
 
+    def setup_inference(self, cfg: RunConfig, run_dir: Path, dist: Dist) -> torch.nn.Module:
+        """The model (untrained) and what inference needs, for a saved run: tasks whose
+        inference needs no corpus (translation) read only the run folder; the others set up
+        as for training."""
+        return self.setup(cfg, run_dir, dist)
+
     def n_train_items(self) -> int:
         raise NotImplementedError
 
