@@ -1,5 +1,7 @@
 """``mhe generate`` on a trained language-model run, and its input handling."""
 
+import json
+
 import torch
 
 from mhe.cli import main
@@ -34,3 +36,26 @@ def test_generate_command_continues_prompts(tmp_path, capsys):
     assert capsys.readouterr().out == first  # reproducible under a seed
     assert main(["generate", "--checkpoint", str(out), "--data-dir", str(root)]) == 2  # no prompt: one-line error
     torch.manual_seed(0)
+
+
+def test_generate_needs_only_the_run_folder(lm_run, tmp_path, monkeypatch, capsys):
+    """A language-model run copied elsewhere generates with the data folder empty (the run holds
+    its tokenizer; no corpus is read), and the continuation equals the one made beside the data."""
+    import shutil
+
+    args = ["--prompt", "the company said", "--max-new-tokens", "6"]
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(lm_run), *args]) == 0
+    beside = capsys.readouterr().out
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(lm_run, moved)
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    monkeypatch.setenv("MHE_DATA", str(empty))
+    record = json.loads((moved / "config.json").read_text())
+    record["run"]["data"]["data_dir"] = str(empty)  # the data the run was trained on is gone
+    (moved / "config.json").write_text(json.dumps(record))
+    assert main(["generate", "--checkpoint", str(moved), *args]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == beside and captured.out.startswith("the company said ")
+    assert "not found" not in captured.err

@@ -63,7 +63,7 @@ def cmd_generate(args) -> int:
     prompts = read_prompts(args.prompt, args.input)
     if args.stream and len(prompts) != 1:
         raise MheError(f"--stream prints one continuation as it comes; got {len(prompts)} prompts")
-    model, cfg, task = load_run(args.checkpoint, data_dir=args.data_dir)
+    model, cfg, task = load_run(args.checkpoint, data_dir=args.data_dir, inference=True)  # the run folder only
     if getattr(model, "cfg", None) is None or model.cfg.arch != "decoder" or model.cfg.head != "lm":
         raise MheError(f"{args.checkpoint} is a {cfg.task!r} run; mhe generate needs a language-model (lm) run")
     tok = task.tok

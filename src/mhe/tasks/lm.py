@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mhe.data.corpora import word_count
+from mhe.data.tokenize import load_tokenizer
 from mhe.errors import MheError
 from mhe.metrics.perplexity import perplexity, sliding_window_nll
 from mhe.models import build_model
@@ -35,14 +36,7 @@ class CausalLMTask(Task):
         if source and (dist is None or dist.main):
             adopt_tokenizer(source, out)
         self.tok = tokenizer_for(cfg, out, train, task="lm", dist=dist)
-        self.device = dist.device
-        vocab = self.tok.get_vocab_size()
-        extra = {}
-        if cfg.preset.startswith("tiny-") and vocab >= ADAPTIVE_FROM and not cfg.model.adaptive_cutoffs:
-            extra["adaptive_cutoffs"] = [c for c in ADAPTIVE_CUTOFFS if c < vocab]
-        model = build_model(cfg.model, vocab_size=vocab, **extra)
-        if model.cfg.arch != "decoder":
-            raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({model.cfg.arch})")
+        model = self._build_model(cfg, dist)
         if source:
             init_weights(model, source)
         self.max_len = model.cfg.max_len
@@ -51,6 +45,25 @@ class CausalLMTask(Task):
         n = (stream.numel() // self.seq_len) * self.seq_len
         self.blocks = stream[:n].view(-1, self.seq_len)  # [N, L] contiguous blocks
         self.valid = token_stream(self.tok, self.valid_lines)
+        return model
+
+    def setup_inference(self, cfg, out: Path, dist):
+        """The model and the run's saved tokenizer, for generating with a finished run: no
+        corpus is read (``mhe generate`` needs only the run folder)."""
+        self.cfg = cfg
+        self.tok = load_tokenizer(out)
+        return self._build_model(cfg, dist)
+
+    def _build_model(self, cfg, dist):
+        self.device = dist.device
+        vocab = self.tok.get_vocab_size()
+        extra = {}
+        if cfg.preset.startswith("tiny-") and vocab >= ADAPTIVE_FROM and not cfg.model.adaptive_cutoffs:
+            extra["adaptive_cutoffs"] = [c for c in ADAPTIVE_CUTOFFS if c < vocab]
+        model = build_model(cfg.model, vocab_size=vocab, **extra)
+        if model.cfg.arch != "decoder":
+            raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({model.cfg.arch})")
+        self.max_len = model.cfg.max_len
         return model
 
     def n_train_items(self):
