@@ -11,6 +11,7 @@ import gzip
 import io
 import lzma
 import os
+import sys
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
@@ -135,3 +136,15 @@ def record_shape(path, where: str):
 def read_text(path: str | os.PathLike) -> str:
     """The whole UTF-8 text of a plain, gzip or xz file, with the errors of :func:`iter_lines`."""
     return "".join(iter_lines(path))
+
+
+def read_source_lines(source: str) -> list[str]:
+    """Lines (without their endings) of a UTF-8 file (plain, gzip or xz) or, for ``-``, of
+    standard input; a byte that is not UTF-8 is an error naming the line and byte offset."""
+    if source != "-":
+        return [line.rstrip("\n") for line in iter_lines(source)]
+    lines, offset = [], 0
+    for n, raw in enumerate(sys.stdin.buffer, 1):
+        lines.append(_decode(raw, "standard input", n, offset).rstrip("\r\n"))
+        offset += len(raw)
+    return lines

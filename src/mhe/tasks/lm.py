@@ -94,6 +94,13 @@ class CausalLMTask(Task):
                 out[f"word_perplexity_stride{asked}"] = extra["word_perplexity"]
         return out
 
+    def split_perplexity(self, model, split: str) -> dict:
+        """Sliding-window perplexity of ``split`` (``valid`` or ``test``) at :meth:`stride`."""
+        model.eval()
+        lines = corpus_lines(self.cfg, split)
+        res = self._ppl(model, token_stream(self.tok, lines), lines, self.stride())
+        return {"split": split, "stride": self.stride(), **res}
+
     def stride(self) -> int:
         """The paper's stride (256) but never more than half the window, so every scored
         token keeps at least half a window of context. When that caps ``data.eval_stride``,

@@ -7,8 +7,13 @@ dropout 0.1). ``tiny-*`` presets get short schedules sized for a CPU.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+
+from mhe.data.benchmarks import bench_task
 from mhe.models.config import preset as get_preset
-from mhe.training.config import DataConfig, RunConfig, TrainConfig
+from mhe.training.config import DataConfig, RunConfig, TrainConfig, apply_overrides
+from mhe.training.run_files import read_run_config
 
 TINY_TRAIN = dict(steps=600, batch_size=32, lr=1e-3, warmup_steps=60, schedule="cosine", log_every=10,
                   save_every=200, eval_every=0)
@@ -29,8 +34,6 @@ def finetune_train(bench: str) -> TrainConfig:
     """Appendix B fine-tuning: batch 32, lr 3e-5 (GLUE, SQuAD) or 5e-5 (SuperGLUE), cosine with
     hard restarts, 6% warm-up (SQuAD: 3327 / 4950 steps), Adam eps 1e-6, betas 0.9/0.999, no
     weight decay, up to 20 epochs with early stopping (patience: 5 evaluations, our choice)."""
-    from mhe.data.benchmarks import bench_task
-
     spec = bench_task(bench)
     every = EVAL_STEPS.get(bench, 0)
     return TrainConfig(epochs=20, batch_size=32, lr=5e-5 if spec.benchmark == "superglue" else 3e-5,
@@ -67,3 +70,36 @@ def default_run(task: str, preset: str, attention: str, dataset: str = "") -> Ru
             model = dict(RECALL_MODEL)
     return RunConfig(task=task, preset=preset, model=get_preset(preset).replace(attention=attention, **model),
                      train=train, data=data)
+
+
+def build_run(task: str, preset: str, *, attention: str = "mha", data: str = "", data_dir: str = "",
+              seed: int | None = None, overrides: Sequence[str] = (), task_options: dict | None = None) -> RunConfig:
+    """A run's typed configuration as the training commands build it: the task's defaults, then
+    the attention kind, the data folder, the seed, the task options and every ``--set`` item
+    (in that order, so a ``--set`` item wins), all checked before anything is read or written."""
+    cfg = default_run(task, preset, "mha", data)
+    items = [f"model.attention={attention}"]
+    if data_dir:
+        cfg.data.data_dir = data_dir
+    if seed is not None:
+        items.append(f"train.seed={seed}")
+    if task_options:
+        items.append(f"data.task_options={json.dumps(task_options)}")
+    return apply_overrides(cfg, items + list(overrides))
+
+
+def finetune_config(task: str, checkpoint: str, *, data_dir: str = "", overrides: Sequence[str] = (),
+                    seed: int = 0) -> RunConfig:
+    """Fine-tuning ``checkpoint`` (a pre-training run) on benchmark task ``task``: the
+    pre-training run's preset and attention kind, Appendix B's fine-tuning schedule, then
+    ``overrides`` (``model.*`` items change the model from the preset) and the seed."""
+    bench_task(task)
+    pre = read_run_config(checkpoint)
+    # the model itself comes from the checkpoint; model.* settings here change it from the preset
+    cfg = RunConfig(task="finetune", preset=pre.preset, model=get_preset(pre.preset).replace(attention=pre.kind),
+                    train=finetune_train(task),
+                    data=DataConfig(dataset=task, data_dir=data_dir,
+                                    task_options={"task": task, "checkpoint": str(checkpoint)}))
+    cfg = apply_overrides(cfg, list(overrides))
+    cfg.train.seed = seed
+    return cfg
