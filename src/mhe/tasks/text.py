@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -45,8 +46,6 @@ def token_stream(tok, lines: list[str]) -> torch.Tensor:
 
 
 def is_word_level(tok) -> bool:
-    import json
-
     return json.loads(tok.to_str())["model"]["type"] == "WordLevel"
 
 

@@ -27,8 +27,10 @@ from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
 from mhe.models.generation import beam_search
+from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
 from mhe.tasks.text import pad_rows
 from mhe.tasks.vocab import resolve_tokenizer
+from mhe.training.averaging import last_checkpoints
 from mhe.training.task import Task
 
 PROTOCOLS = ("best", "last5")
@@ -170,9 +172,6 @@ class TranslationTask(Task):
     def last_checkpoints_bleu(self, model, src: list[str], ref: list[str]) -> dict:
         """Test BLEU of each of the last ``last_n`` checkpoints with the final beam settings, their
         mean and, with ``average_weights``, the BLEU of their averaged weights (section 4.4)."""
-        from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
-        from mhe.training.averaging import last_checkpoints
-
         points = last_checkpoints(self.out / "checkpoints", int(self.o["last_n"]))
         bleu = lambda m: corpus_bleu(self.translate(m, src), ref)["bleu"]  # noqa: E731
         per = last_checkpoint_scores(model, points, bleu)
