@@ -147,8 +147,8 @@ def _label(t: BenchTask, value, path: Path, where: str):
     if t.kind == "regression":
         try:
             return float(value)
-        except (TypeError, ValueError):
-            raise MheError(f"{path}: {where}: score {value!r} is not a number") from None
+        except (TypeError, ValueError) as e:
+            raise MheError(f"{path}: {where}: score {value!r} is not a number") from e
     key = str(value)
     if key not in t.labels:
         raise MheError(f"{path}: {where}: label {value!r} is not one of {', '.join(t.labels)}")
@@ -221,8 +221,8 @@ def _read_jsonl(t, path):
                 continue
             try:
                 rec = json.loads(line)
-            except ValueError:
-                raise MheError(f"{path}: record {n}: not valid JSON") from None
+            except ValueError as e:
+                raise MheError(f"{path}: record {n}: not valid JSON") from e
             out.extend(_parse_record(t, rec, path, n))
     return out
 
@@ -234,8 +234,8 @@ def _read_records(t, path):
             if line.strip():
                 try:
                     rec = json.loads(line)
-                except ValueError:
-                    raise MheError(f"{path}: record {n}: not valid JSON") from None
+                except ValueError as e:
+                    raise MheError(f"{path}: record {n}: not valid JSON") from e
                 out.extend(_parse_record(t, rec, path, n))
     return out
 
@@ -304,7 +304,7 @@ def _read_squad(path):
     try:
         data = json.loads(read_text(path))
     except json.JSONDecodeError as e:
-        raise MheError(f"{path}: line {e.lineno} column {e.colno}: not valid JSON ({e.msg})") from None
+        raise MheError(f"{path}: line {e.lineno} column {e.colno}: not valid JSON ({e.msg})") from e
     out: list[Example] = []
     arts = _get(data, "data", path, 0)
     if not isinstance(arts, list):
@@ -349,17 +349,17 @@ HUB_TEXT = {"cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("se
 def _from_hub(t: BenchTask, split: str) -> list[Example]:
     try:
         import datasets
-    except ImportError:
+    except ImportError as e:
         files = ", ".join(str(p) for p in t.files[split]) if not isinstance(t.files[split][0], list) else t.name
         raise MheError(f"loading {t.name} from the hub needs the optional 'datasets' package "
-                       f"(pip install mhe[datasets]); offline, put {files} under --data-dir") from None
+                       f"(pip install mhe[datasets]); offline, put {files} under --data-dir") from e
     name, config, valid = HUB[t.name]
     hub_split = "train" if split == "train" else valid
     try:
         rows = datasets.load_dataset(name, config, split=hub_split)
     except Exception as e:
         raise MheError(f"could not load {name} ({config}) from the hub ({type(e).__name__}); "
-                       "offline, point --data-dir at local files") from None
+                       "offline, point --data-dir at local files") from e
     where = Path(f"{name}:{hub_split}")
     out: list[Example] = []
     for n, r in enumerate(rows):

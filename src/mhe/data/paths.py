@@ -96,7 +96,7 @@ def _decode(raw: bytes, path: str, line: int, offset: int) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise MheError(f"{path}: line {line}: byte {offset + e.start} (0x{raw[e.start]:02x}) is not UTF-8; "
-                       "the file must be UTF-8 text") from None
+                       "the file must be UTF-8 text") from e
 
 
 def iter_lines(path: str | os.PathLike):
@@ -113,7 +113,7 @@ def iter_lines(path: str | os.PathLike):
                 offset += len(raw)
                 yield line[:-2] + "\n" if line.endswith("\r\n") else line
     except _READ_ERRORS as e:
-        raise _read_error(path, e, offset) from None
+        raise _read_error(path, e, offset) from e
 
 
 # What a record of the wrong structure raises inside a parser (a field of the wrong type).
@@ -130,7 +130,7 @@ def record_shape(path, where: str):
         raise
     except SHAPE_ERRORS as e:
         detail = f"missing field {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0]
-        raise MheError(f"{path}: {where}: malformed record ({detail})") from None
+        raise MheError(f"{path}: {where}: malformed record ({detail})") from e
 
 
 def read_text(path: str | os.PathLike) -> str:

@@ -82,5 +82,5 @@ def checkpoint_step(checkpoint: str | Path) -> int:
     name = Path(checkpoint).name
     try:
         return int(name.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        raise MheError(f"{name!r} is not a checkpoint folder name (step-NNNNNNNN)") from None
+    except (IndexError, ValueError) as e:
+        raise MheError(f"{name!r} is not a checkpoint folder name (step-NNNNNNNN)") from e
