@@ -27,6 +27,7 @@ from mhe.errors import MheError
 from mhe.metrics.classification import headline_metric, official_metrics, task_metrics
 from mhe.metrics.squad import squad_scores
 from mhe.models import ModelConfig, ModelOutput, build_model
+from mhe.models.losses import classification_loss
 from mhe.tasks.text import pad_rows
 from mhe.training import checkpoint as ckpt
 from mhe.training.run_files import is_run_dir, read_run_record
@@ -201,7 +202,7 @@ class FinetuneTask(Task):
         kw = {"token_type_ids": batch["token_type_ids"]} if self.encoder else {}
         if self.spec.kind == "choice":
             logits = model(batch["input_ids"], batch["attention_mask"], **kw).logits.view(-1, 2)
-            loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"])
+            loss = classification_loss(logits, batch["labels"], 2)  # which of the two choices
             return ModelOutput(logits, loss)
         return model(batch["input_ids"], batch["attention_mask"], labels=batch["labels"], **kw)
 
