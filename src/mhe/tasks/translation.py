@@ -22,14 +22,13 @@ from pathlib import Path
 import torch
 
 from mhe.data.parallel import read_parallel
-from mhe.data.tokenize import load_tokenizer, save_tokenizer, special_id, train_tokenizer
+from mhe.data.tokenize import special_id
 from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
 from mhe.models.generation import beam_search
 from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
-from mhe.tasks.text import pad_rows
-from mhe.tasks.vocab import resolve_tokenizer
+from mhe.tasks.text import pad_rows, tokenizer_for
 from mhe.training.averaging import last_checkpoints
 from mhe.training.task import Task
 
@@ -69,7 +68,8 @@ class TranslationTask(Task):
         limit = cfg.data.limit_lines or None
         train_src, train_tgt = read_parallel(name, "train", o["src"], o["tgt"], limit=limit, **d)
         self.valid = read_parallel(name, "valid", o["src"], o["tgt"], **d)
-        self.tok = self._tokenizer(train_src + train_tgt, name, dist)
+        # the preset's convention (section 4.4): one joint vocabulary of both languages
+        self.tok = tokenizer_for(cfg, out, train_src + train_tgt, task="mt", dist=dist, word_level_corpus=False)
         self.bos, self.eos, self.pad = (special_id(self.tok, t) for t in ("[BOS]", "[EOS]", "[PAD]"))
         model = build_model(cfg.model, vocab_size=self.tok.get_vocab_size(), pad_id=self.pad)
         if model.cfg.arch != "encoder-decoder":
@@ -82,22 +82,6 @@ class TranslationTask(Task):
         if o["checkpoint_every"] == "epoch":  # one checkpoint per pass over the data (the paper's epochs)
             cfg.train.save_every = len(self.batches) // max(1, cfg.train.batch_size) or 1
         return model
-
-    def _tokenizer(self, texts, name, dist):
-        path = self.out / "tokenizer.json"
-        if dist is not None and dist.world > 1 and not dist.main:
-            dist.barrier()
-            return load_tokenizer(self.out)
-        if path.is_file():
-            tok = load_tokenizer(self.out)
-        else:
-            choice = resolve_tokenizer(self.cfg, "mt")  # the preset's convention (section 4.4)
-            tok = train_tokenizer(choice.kind, texts, choice.vocab_size)
-            self.out.mkdir(parents=True, exist_ok=True)
-            save_tokenizer(tok, self.out)
-        if dist is not None and dist.world > 1:
-            dist.barrier()
-        return tok
 
     def _encode(self, text: str) -> list[int]:
         """Sub-word ids, truncated so that BOS/EOS fit the model's max_len (the documented rule)."""
