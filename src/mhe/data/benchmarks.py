@@ -119,17 +119,3 @@ def _resolve(spec, root: Path) -> list[Path]:
                 errors.append(str(e))
         raise MheError(errors[0])
     return [find_file(p, root) for p in spec]
-
-
-def _label(t: BenchTask, value, path: Path, where: str):
-    if t.kind == "regression":
-        try:
-            return float(value)
-        except (TypeError, ValueError) as e:
-            raise MheError(f"{path}: {where}: score {value!r} is not a number") from e
-    key = str(value)
-    if key not in t.labels:
-        raise MheError(f"{path}: {where}: label {value!r} is not one of {', '.join(t.labels)}")
-    return t.labels.index(key)
-
-

@@ -15,6 +15,7 @@ from pathlib import Path
 from torch import nn
 
 from mhe.errors import MheError
+from mhe.tasks.text import tokenizer_for
 from mhe.training.averaging import model_weights
 from mhe.training.checkpoint import latest_checkpoint
 from mhe.training.weights import load_state_strict
@@ -54,6 +55,16 @@ def adopt_tokenizer(run_dir: str | Path, out: Path) -> None:
     tmp = out / ".tokenizer.json.tmp"
     shutil.copyfile(src, tmp)
     tmp.replace(dst)
+
+
+def pretraining_tokenizer(cfg, out: Path, train_lines: list[str], *, task: str, dist):
+    """(source run or "", tokenizer) of a pre-training run: continued pre-training
+    (``train.init_from``) takes the source's tokenizer, so the embeddings mean the same ids;
+    otherwise one is trained on ``train_lines`` (or reused on resume, :func:`tokenizer_for`)."""
+    source = starts_from(cfg, out)
+    if source and (dist is None or dist.main):
+        adopt_tokenizer(source, out)
+    return source, tokenizer_for(cfg, out, train_lines, task=task, dist=dist)
 
 
 def init_weights(model: nn.Module, run_dir: str | Path) -> Path:

@@ -8,8 +8,8 @@ from mhe.data.corpora import word_count
 from mhe.errors import MheError
 from mhe.metrics.perplexity import perplexity, sliding_window_nll
 from mhe.models import build_model
-from mhe.tasks.init_from import adopt_tokenizer, init_weights, starts_from
-from mhe.tasks.text import corpus_lines, is_word_level, token_stream, tokenizer_for
+from mhe.tasks.init_from import init_weights, pretraining_tokenizer
+from mhe.tasks.text import corpus_lines, is_word_level, token_stream
 from mhe.training.task import Task
 
 
@@ -31,10 +31,8 @@ class CausalLMTask(Task):
         train = corpus_lines(cfg, "train")
         self.valid_lines = corpus_lines(cfg, "valid")
         self.test_lines = corpus_lines(cfg, "test")  # read now: a bad test split fails before training
-        source = starts_from(cfg, out)  # continued pre-training: the source's tokenizer and weights
-        if source and (dist is None or dist.main):
-            adopt_tokenizer(source, out)
-        self.tok = tokenizer_for(cfg, out, train, task="lm", dist=dist)
+        # continued pre-training: the source's tokenizer and weights
+        source, self.tok = pretraining_tokenizer(cfg, out, train, task="lm", dist=dist)
         self.device = dist.device
         vocab = self.tok.get_vocab_size()
         extra = {}
