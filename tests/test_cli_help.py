@@ -56,3 +56,15 @@ def test_help_exits_0_and_unknown_command_exits_2(capsys):
     with pytest.raises(SystemExit) as e:
         main(["no-such-command"])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_example_parses(name):
+    """The examples stay valid command lines (parsed, not run)."""
+    import shlex
+
+    for line in COMMANDS[name].example.splitlines():
+        argv = shlex.split(line.split("| ")[-1].strip())
+        assert argv[:2] == ["mhe", name], line
+        args = build_parser().parse_args(argv[1:])
+        assert args.command == name
