@@ -7,7 +7,7 @@ from mhe.experiments.presets import experiment
 from mhe.cli import main
 from mhe.cli.compare import PAPER_FINETUNE_SEEDS, build_sweep, compare_args
 from mhe.training.config import RunConfig, apply_overrides
-from mhe.training.defaults import finetune_train
+from mhe.tasks.finetune_config import finetune_train
 
 
 def _ft_cfg(items):

@@ -421,7 +421,7 @@ def pretrained(tmp_path_factory):
 
 def _finetune_model(pretrained, tmp_path, *overrides):
     from mhe.tasks.finetune import FinetuneTask
-    from mhe.training.defaults import finetune_config
+    from mhe.tasks.finetune_config import finetune_config
     from mhe.training.distributed import Dist
 
     root, run = pretrained

@@ -12,10 +12,11 @@ from mhe.errors import MheError
 from mhe.experiments.summary import metric_means
 from mhe.models import preset
 from mhe.output_paths import check_output_dir
+from mhe.tasks.finetune_config import finetune_config
 from mhe.tasks.runs import exit_status, run_training
 from mhe.training.checkpoint import write_json_atomic
 from mhe.training.config import check_device
-from mhe.training.defaults import build_run, finetune_config
+from mhe.training.defaults import build_run
 from mhe.training.loop import DONE
 from mhe.training.run_files import RESULTS, is_run_dir, read_results, read_run_config_file
 

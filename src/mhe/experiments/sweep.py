@@ -20,9 +20,10 @@ from mhe.experiments.presets import experiment
 from mhe.experiments.summary import write_summary
 from mhe.runtime import worker_threads
 from mhe.tasks import build_task
+from mhe.tasks.finetune_config import finetune_config
 from mhe.training.checkpoint import list_checkpoints, write_json_atomic
 from mhe.training.config import apply_overrides
-from mhe.training.defaults import default_run, finetune_config
+from mhe.training.defaults import default_run
 from mhe.training.loop import RunInterrupted, Trainer
 
 
