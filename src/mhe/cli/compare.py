@@ -30,7 +30,8 @@ def compare_args(p):
     p.add_argument("--seeds", type=int, default=None, help="seeds per kind (default: the preset's)")
     p.add_argument("--data", default=None, help="dataset for lm/mlm (ptb, wikitext-2, wikitext-103)")
     p.add_argument("--data-dir", default="", help="data folder (default: $MHE_DATA or ../shared/data)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting of every run (repeatable), e.g. train.steps=200")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting of every run (repeatable), e.g. train.steps=200")
     p.add_argument("--workers", type=int, default=None,
                    help="runs at a time (default: one per GPU, else 2 on CPU)")
     p.add_argument("--paper", default=None, help="paper table to set beside ours (e.g. table2-ptb)")

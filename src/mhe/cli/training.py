@@ -33,7 +33,8 @@ def add_set_args(p) -> None:
 
 
 def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, data_default: str = "",
-                 data_help: str = "dataset: ptb, wikitext-2, wikitext-103", out_help: str = "runs/TASK-PRESET-KIND") -> None:
+                 data_help: str = "dataset: ptb, wikitext-2, wikitext-103",
+                 out_help: str = "runs/TASK-PRESET-KIND") -> None:
     """The options every single-run training command shares."""
     if task_choice:
         p.add_argument("--task", required=True, help="lm, mlm or recall")

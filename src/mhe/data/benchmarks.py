@@ -37,6 +37,11 @@ def _t(name, bench, kind, labels, files, reader, columns=()):
     return BenchTask(name, bench, kind, tuple(labels), files, reader, tuple(columns))
 
 
+def _glue(name, labels, files, columns, kind="classification"):
+    """A GLUE task in TSV: ``columns`` names the first text, second text ("" for none) and label."""
+    return _t(name, "glue", kind, labels, files, "tsv", columns)
+
+
 GLUE_FILES = lambda d: {"train": [f"glue/{d}/train.tsv"], "dev": [f"glue/{d}/dev.tsv"]}  # noqa: E731
 SG_FILES = lambda d: {"train": [f"superglue/{d}/train.jsonl"], "dev": [f"superglue/{d}/val.jsonl"]}  # noqa: E731
 
@@ -45,20 +50,19 @@ TASKS = {
                {"train": [["glue/CoLA/train.tsv"], ["glue/CoLA/in_domain_train.tsv"]],
                 "dev": [["glue/CoLA/dev.tsv"], ["glue/CoLA/in_domain_dev.tsv", "glue/CoLA/out_of_domain_dev.tsv"]]},
                "cola"),
-    "sst2": _t("sst2", "glue", "classification", ["0", "1"], GLUE_FILES("SST-2"), "tsv", ("sentence", "", "label")),
-    "mrpc": _t("mrpc", "glue", "classification", ["0", "1"], GLUE_FILES("MRPC"), "tsv", ("#1 String", "#2 String", "Quality")),
-    "stsb": _t("stsb", "glue", "regression", [], GLUE_FILES("STS-B"), "tsv", ("sentence1", "sentence2", "score")),
-    "qqp": _t("qqp", "glue", "classification", ["0", "1"], GLUE_FILES("QQP"), "tsv", ("question1", "question2", "is_duplicate")),
-    "mnli": _t("mnli", "glue", "classification", ["entailment", "neutral", "contradiction"],
-               {"train": ["glue/MNLI/train.tsv"], "dev": ["glue/MNLI/dev_matched.tsv"]}, "tsv", ("sentence1", "sentence2", "gold_label")),
-    "mnli-mm": _t("mnli-mm", "glue", "classification", ["entailment", "neutral", "contradiction"],
-                  {"train": ["glue/MNLI/train.tsv"], "dev": ["glue/MNLI/dev_mismatched.tsv"]},
-                  "tsv", ("sentence1", "sentence2", "gold_label")),
-    "qnli": _t("qnli", "glue", "classification", ["entailment", "not_entailment"], GLUE_FILES("QNLI"),
-               "tsv", ("question", "sentence", "label")),
-    "rte": _t("rte", "glue", "classification", ["entailment", "not_entailment"], GLUE_FILES("RTE"),
-              "tsv", ("sentence1", "sentence2", "label")),
-    "wnli": _t("wnli", "glue", "classification", ["0", "1"], GLUE_FILES("WNLI"), "tsv", ("sentence1", "sentence2", "label")),
+    "sst2": _glue("sst2", ["0", "1"], GLUE_FILES("SST-2"), ("sentence", "", "label")),
+    "mrpc": _glue("mrpc", ["0", "1"], GLUE_FILES("MRPC"), ("#1 String", "#2 String", "Quality")),
+    "stsb": _glue("stsb", [], GLUE_FILES("STS-B"), ("sentence1", "sentence2", "score"), kind="regression"),
+    "qqp": _glue("qqp", ["0", "1"], GLUE_FILES("QQP"), ("question1", "question2", "is_duplicate")),
+    "mnli": _glue("mnli", ["entailment", "neutral", "contradiction"],
+                  {"train": ["glue/MNLI/train.tsv"], "dev": ["glue/MNLI/dev_matched.tsv"]},
+                  ("sentence1", "sentence2", "gold_label")),
+    "mnli-mm": _glue("mnli-mm", ["entailment", "neutral", "contradiction"],
+                     {"train": ["glue/MNLI/train.tsv"], "dev": ["glue/MNLI/dev_mismatched.tsv"]},
+                     ("sentence1", "sentence2", "gold_label")),
+    "qnli": _glue("qnli", ["entailment", "not_entailment"], GLUE_FILES("QNLI"), ("question", "sentence", "label")),
+    "rte": _glue("rte", ["entailment", "not_entailment"], GLUE_FILES("RTE"), ("sentence1", "sentence2", "label")),
+    "wnli": _glue("wnli", ["0", "1"], GLUE_FILES("WNLI"), ("sentence1", "sentence2", "label")),
     # SuperGLUE diagnostics: evaluation only, with a model fine-tuned on RTE (same label order)
     "ax-b": _t("ax-b", "superglue", "diagnostic", ["entailment", "not_entailment"],
                {"test": ["superglue/AX-b/AX-b.jsonl"]}, "axb"),
