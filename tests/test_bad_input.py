@@ -628,7 +628,7 @@ def test_subprocess_one_line(argv, named, tmp_path):
 def test_stdin_not_utf8_names_line_and_byte(monkeypatch):
     import io
 
-    from mhe.training.cli import read_source_lines
+    from mhe.data.paths import read_source_lines
 
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ok\r\nthis \x96 dash\n")))
     with pytest.raises(MheError, match=r"standard input: line 2: byte 9 \(0x96\) is not UTF-8"):

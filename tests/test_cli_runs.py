@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from mhe.checkpoint_io import load_run
+from mhe.tasks.runs import load_run
 from mhe.cli import main
 from mhe.data.tokenize import load_tokenizer
 from mhe.errors import MheError

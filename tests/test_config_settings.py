@@ -280,13 +280,9 @@ def test_cli_bad_setting_exits_2_before_any_work(item, tmp_path, capsys):
 
 
 def test_cli_set_model_attention_works():
-    import argparse
+    from mhe.training.defaults import build_run
 
-    from mhe.training.cli import build_run
-
-    args = argparse.Namespace(preset="tiny-decoder", attention="mha", data="ptb", data_dir="", seed=3,
-                              set=["model.attention=mqa"])
-    cfg = build_run("lm", args)
+    cfg = build_run("lm", "tiny-decoder", attention="mha", data="ptb", seed=3, overrides=["model.attention=mqa"])
     assert cfg.model.attention == "mqa" and cfg.train.seed == 3
 
 
@@ -336,7 +332,7 @@ OLD_GPU_PTB = {"task": "lm", "preset": "gpt2-base", "kinds": ["sha", "mha"], "se
 def test_typed_experiment_matches_its_earlier_set_items(tmp_path):
     import argparse
 
-    from mhe.experiments.cli import build_sweep
+    from mhe.cli.compare import build_sweep
     from mhe.experiments.sweep import check_sweep_dir
 
     (tmp_path / "sweep.json").write_text(json.dumps({"sweep": OLD_GPU_PTB}))

@@ -77,7 +77,7 @@ def test_init_from_refuses_another_shape(corpora, tmp_path):
 
 
 def test_eval_on_another_corpus_uses_the_run_tokenizer(corpora, tmp_path, capsys):
-    from mhe.checkpoint_io import load_run
+    from mhe.tasks.runs import load_run
     from mhe.data.tokenize import load_tokenizer
     from mhe.metrics.perplexity import perplexity, sliding_window_nll
 

@@ -88,7 +88,7 @@ def test_last5_protocol_decodes_the_last_five_checkpoints(tmp_path):
     assert res["bleu_last5_mean"] == pytest.approx(sum(res["bleu_last5"]) / 5, abs=1e-12)
     assert res["score"] == res["bleu_last5_mean"] and "bleu_averaged_weights" in res
     # one of them again, by hand: checkpoint step 6 decoded with the final beam settings
-    from mhe.checkpoint_io import load_run
+    from mhe.tasks.runs import load_run
     from mhe.data.parallel import read_parallel
     from mhe.metrics.bleu import corpus_bleu
 

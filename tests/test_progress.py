@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import require_data
-from mhe.checkpoint_io import load_run
+from mhe.tasks.runs import load_run
 from mhe.cli import main
 from mhe.data.tokenize import train_tokenizer
 from mhe.metrics.perplexity import sliding_window_nll

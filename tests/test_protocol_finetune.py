@@ -5,9 +5,9 @@ import json
 
 from mhe.experiments.presets import experiment
 from mhe.cli import main
-from mhe.experiments.cli import PAPER_FINETUNE_SEEDS, _compare_args, build_sweep
+from mhe.cli.compare import PAPER_FINETUNE_SEEDS, build_sweep, compare_args
 from mhe.training.config import RunConfig, apply_overrides
-from mhe.training.defaults import finetune_train
+from mhe.tasks.finetune_config import finetune_train
 
 
 def _ft_cfg(items):
@@ -39,7 +39,7 @@ def test_the_trainer_runs_the_explicit_steps(tmp_path):
 
 def _args(argv):
     p = argparse.ArgumentParser()
-    _compare_args(p)
+    compare_args(p)
     return p.parse_args(argv)
 
 

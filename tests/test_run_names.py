@@ -7,7 +7,7 @@ import pytest
 
 from conftest import require_data
 from mhe.cli import main
-from mhe.experiments.cli import build_sweep
+from mhe.cli.compare import build_sweep
 from mhe.experiments.sweep import default_compare_dir
 from mhe.output_paths import default_run_dir, free_name
 

@@ -332,7 +332,7 @@ def test_replaced_best_weights_are_detected(tmp_path):
     model = RecallTask().setup(tiny_run(), tmp_path, None)
     with pytest.raises(MheError, match=r"best cannot be loaded: model.safetensors does not match its checksum"):
         load_best(tmp_path, model)
-    from mhe.checkpoint_io import load_run
+    from mhe.tasks.runs import load_run
 
     with pytest.raises(MheError, match="does not match its checksum"):
         load_run(tmp_path)
@@ -421,7 +421,7 @@ def pretrained(tmp_path_factory):
 
 def _finetune_model(pretrained, tmp_path, *overrides):
     from mhe.tasks.finetune import FinetuneTask
-    from mhe.training.cli import finetune_config
+    from mhe.tasks.finetune_config import finetune_config
     from mhe.training.distributed import Dist
 
     root, run = pretrained
@@ -462,8 +462,7 @@ def test_a_sweep_stopped_by_sigterm_exits_143(monkeypatch, capsys):
     def stopped(args):
         raise RunInterrupted(signal.SIGTERM)
 
-    help_text, add_args, _ = cli.COMMANDS["train"]
-    monkeypatch.setitem(cli.COMMANDS, "train", (help_text, add_args, stopped))
+    monkeypatch.setitem(cli.COMMANDS, "train", cli.COMMANDS["train"]._replace(run=stopped))
     assert main(TRAIN + ["--out", "unused"]) == 143
     assert capsys.readouterr().err == "mhe train: interrupted\n"
 

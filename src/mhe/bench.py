@@ -21,19 +21,21 @@ On a CPU it runs a tiny smoke configuration so CI can check that it runs.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from mhe.cli import command, print_table
-from mhe.errors import MheError
 
 BENCH_KINDS = ("mha", "mqa", "gqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul")
 # Dense bf16 tensor-core peak, from the vendors' datasheets (SXM parts).
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def model_shape(cfg) -> str:
+    """What was measured, e.g. ``12L x 768 (12 heads), vocab 50304``: smoke sizes shrink every
+    preset, so a row's preset name alone would not say."""
+    return f"{cfg.n_layers}L x {cfg.d_model} ({cfg.n_heads} heads), vocab {cfg.vocab_size}"
 
 
 def device_peak(name: str) -> float | None:
@@ -134,7 +136,7 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
     rows = []
     for batch, ctx in settings:
         for kind in kinds:
-            opts = {"n_kv_heads": 4} if kind == "gqa" else {}
+            opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
             mod = build_attention(kind, d_model=m, n_heads=n, causal=True, kernel=kernel, **opts).to(dev, dtype).eval()
             if kind.startswith("mhe-"):
                 mod = fold_mhe(mod)
@@ -149,8 +151,9 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
                     mod(x, cache=cache)
 
             ms = graph_timed(step, warmup=warmup, reps=reps) if graphs else timed(step, warmup=warmup, reps=reps, cuda=cuda)
+            kv = cache.nbytes() * ctx // (ctx + 1)  # the filled part (the buffer holds one more slot)
             rows.append({"batch": batch, "context": ctx, "kind": kind, "step_ms": ms,
-                         "kv_cache_mib": cache.nbytes() / 2**20 * ctx / (ctx + 1)})
+                         "kv_cache_bytes": kv, "kv_cache_mib": kv / 2**20})
     return rows
 
 
@@ -162,7 +165,7 @@ def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, s
     rows = []
     for preset in presets:
         for kind in kinds:
-            opts = {"n_kv_heads": 4} if kind == "gqa" else {}
+            opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
             overrides = dict(max_len=max(T, 512), attn_options=opts)
             if pad_vocab:  # a multiple of 128 keeps the output GEMM on full tiles (50257 -> 50304)
                 from mhe.models import preset as _preset
@@ -192,7 +195,7 @@ def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, s
             # (Chowdhery et al. 2022, Appendix B), counted with causal masking ignored
             flops_tok = 6 * n_params + 12 * cfg.n_layers * T * cfg.n_heads * cfg.resolved_head_dim
             tok_s = B * T / (ms / 1000)
-            rows.append({"preset": preset, "kind": kind, "step_ms": ms, "tokens_per_s": tok_s,
+            rows.append({"preset": preset, "kind": kind, "shape": model_shape(cfg), "step_ms": ms, "tokens_per_s": tok_s,
                          "mfu": (flops_tok * tok_s / peak) if peak else None,
                          "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else None})
             del model, opt, step_fn
@@ -209,7 +212,7 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
     rows = []
     for batch, ctx in settings:
         for kind in kinds:
-            opts = {"n_kv_heads": 4} if kind == "gqa" else {}
+            opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
             overrides = dict(max_len=ctx + 1, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=kernel)
             if small:
                 overrides.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
@@ -229,121 +232,13 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
                     model(tok, caches=caches)
 
             ms = graph_timed(step, warmup=warmup, reps=reps) if graphs else timed(step, warmup=warmup, reps=reps, cuda=cuda)
-            rows.append({"batch": batch, "context": ctx, "kind": kind, "step_ms": ms,
-                         "tokens_per_s": batch / (ms / 1000),
-                         "kv_cache_mib_per_layer": caches[0].nbytes() / 2**20 * ctx / (ctx + 1),
-                         "kv_cache_mib_total": sum(c.nbytes() for c in caches) / 2**20 * ctx / (ctx + 1)})
+            layer = caches[0].nbytes() * ctx // (ctx + 1)  # the filled part of each layer's cache
+            total = sum(c.nbytes() for c in caches) * ctx // (ctx + 1)
+            rows.append({"batch": batch, "context": ctx, "kind": kind, "shape": model_shape(model.cfg),
+                         "step_ms": ms, "tokens_per_s": batch / (ms / 1000),
+                         "kv_cache_bytes_per_layer": layer, "kv_cache_bytes_total": total,
+                         "kv_cache_mib_per_layer": layer / 2**20, "kv_cache_mib_total": total / 2**20})
             del model, caches
             if cuda:
                 torch.cuda.empty_cache()
     return rows
-
-
-def _bench_args(p):
-    p.add_argument("--kinds", default=",".join(BENCH_KINDS))
-    p.add_argument("--sections", default="attn,train,decode")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes (automatic on a CPU)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the training step")
-    p.add_argument("--train-batch", type=int, default=16)
-    p.add_argument("--presets", default="gpt2-base,bert-base", help="presets of the training section")
-    p.add_argument("--reps", type=int, default=None)
-    p.add_argument("--json", default="", help="also write every figure to this JSON file")
-    p.add_argument("--no-graphs", action="store_true", help="time decode eagerly, not as CUDA graph replays")
-    p.add_argument("--kernel", default="sdpa", help="attention kernel: sdpa, sdpa-expand, eager, matmul-decode")
-    p.add_argument("--gen-batches", default="1,64", help="generate section: batches at prompt 256 + 256 new")
-    p.add_argument("--gen-long", default="64x4096", help="generate section: BATCHxCONTEXT runs (256 new tokens)")
-    p.add_argument("--no-peer", action="store_true", help="generate section: skip Hugging Face GPT-2")
-    p.add_argument("--no-pad-vocab", action="store_true", help="keep the preset's vocabulary size in training")
-
-
-@command("bench", "time every attention kind side by side on this device", _bench_args)
-def cmd_bench(args) -> int:
-    from mhe.attention import parse_kinds
-
-    kinds = list(parse_kinds(args.kinds))
-    for k in kinds:
-        if k in ("fnet", "linear"):
-            raise MheError(f"unknown bench kind {k!r}; valid: {', '.join(BENCH_KINDS)}")
-    sections = set(args.sections.split(","))
-    bad = sections - {"attn", "train", "decode", "generate"}
-    if bad:
-        raise MheError(f"unknown bench section {sorted(bad)[0]!r}; valid: attn, train, decode, generate")
-    for option, value in (("--reps", args.reps), ("--train-batch", args.train_batch)):
-        if value is not None and value <= 0:
-            raise MheError(f"{option} must be a positive integer, got {value}")
-    if args.json:
-        from mhe.output_paths import check_output_file
-
-        check_output_file(args.json, "--json")
-    from mhe.attention import kernels
-
-    kernels.check_kernel(args.kernel)
-    cuda = torch.cuda.is_available()
-    dev = torch.device("cuda" if cuda else "cpu")
-    small = args.smoke or not cuda
-    card = torch.cuda.get_device_name(dev) if cuda else "CPU"
-    print(f"device: {card}; torch {torch.__version__}; {'smoke sizes' if small else 'full sizes'}; "
-          f"attention kernel {args.kernel}")
-    reps = args.reps or (3 if small else 50)
-    warm = 1 if small else 10
-    dtype = torch.bfloat16 if cuda else torch.float32
-    result = {"device": card, "torch": torch.__version__, "smoke": small}
-    if "attn" in sections:
-        B, T, m, n = (2, 64, 64, 4) if small else (16, 1024, 768, 12)
-        rows = bench_attention(kinds, dev=dev, dtype=dtype, B=B, T=T, m=m, n=n, warmup=warm, reps=reps,
-                               compile_model=args.compile, kernel=args.kernel)
-        result["attention"] = rows
-        ref = {r["kind"]: r for r in rows}
-        print(f"\nattention sublayer, B={B} T={T} m={m} n={n}, causal, {str(dtype).split('.')[-1]}"
-              f"{', torch.compile' if args.compile else ''}")
-        print_table(["kind", "fwd ms", "fwd+bwd ms", "vs MQA", "vs MHA", "graphs"],
-                    [[r["kind"], f"{r['fwd_ms']:.3f}", f"{r['fwd_bwd_ms']:.3f}",
-                      f"{r['fwd_bwd_ms'] / ref['mqa']['fwd_bwd_ms']:.2f}" if "mqa" in ref else "-",
-                      f"{r['fwd_bwd_ms'] / ref['mha']['fwd_bwd_ms']:.2f}" if "mha" in ref else "-",
-                      r.get("graphs", "-")] for r in rows])
-    if "train" in sections:
-        T = 64 if small else 512
-        rows = bench_training(kinds, [p.strip() for p in args.presets.split(",")], dev=dev, B=2 if small else args.train_batch, T=T,
-                              steps=reps if small else 20, warmup=warm if small else 5,
-                              compile_model=args.compile, small=small, pad_vocab=not args.no_pad_vocab)
-        result["training"] = rows
-        print(f"\ntraining step, sequence {T}, batch {2 if small else args.train_batch}, "
-              f"{'' if args.no_pad_vocab else 'vocabulary padded to a multiple of 128, '}"
-              f"{'bf16 autocast' if cuda else 'fp32'}{', torch.compile' if args.compile else ''}")
-        print_table(["preset", "kind", "step ms", "tokens/s", "MFU", "peak GiB"],
-                    [[r["preset"], r["kind"], f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
-                      "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
-                      "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.2f}"] for r in rows])
-    if "decode" in sections:
-        settings = [(2, 32), (1, 16)] if small else [(64, 4096), (1, 1024)]
-        m, n = (64, 4) if small else (768, 12)
-        graphs = cuda and not args.no_graphs
-        rows = bench_decode_attention(kinds, settings, dev=dev, dtype=dtype, m=m, n=n, warmup=warm, reps=reps,
-                                      graphs=graphs, kernel=args.kernel)
-        result["decode_attention"] = rows
-        ref = {(r["batch"], r["kind"]): r for r in rows}
-        print(f"\ndecode one token, one attention sublayer (m={m}, {n} heads; MHE folded to MQA)"
-              f"{'; CUDA graph replays' if graphs else ''}")
-        print_table(["batch", "context", "kind", "step ms", "MHA / this", "KV cache MiB"],
-                    [[r["batch"], r["context"], r["kind"], f"{r['step_ms']:.4f}",
-                      f"{ref[(r['batch'], 'mha')]['step_ms'] / r['step_ms']:.2f}x" if (r["batch"], "mha") in ref else "-",
-                      f"{r['kv_cache_mib']:.1f}"] for r in rows])
-        settings = [(2, 32), (1, 16)] if small else [(64, 4096), (1, 1024)]
-        rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small, graphs=graphs,
-                            kernel=args.kernel)
-        result["decode"] = rows
-        print("\ndecode one token against a filled KV cache (gpt2-base; MHE folded to MQA)"
-              f"{'; CUDA graph replays' if graphs else ''}")
-        print_table(["batch", "context", "kind", "step ms", "tokens/s", "KV MiB/layer", "KV MiB total"],
-                    [[r["batch"], r["context"], r["kind"], f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
-                      f"{r['kv_cache_mib_per_layer']:.1f}", f"{r['kv_cache_mib_total']:.1f}"] for r in rows])
-    if "generate" in sections:
-        from mhe.bench_generate import run_generate_section
-
-        result["generate"] = run_generate_section(kinds, args, dev=dev, dtype=dtype, small=small)
-    if args.json:
-        from mhe.training.checkpoint import write_json_atomic
-
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(args.json, result)
-    return 0

@@ -13,7 +13,6 @@ import time
 
 import torch
 
-from mhe.cli import print_table
 
 
 def _settings(args, small: bool) -> list[tuple[int, int, int]]:
@@ -91,29 +90,15 @@ def run_generate_section(kinds, args, *, dev, dtype, small) -> list[dict]:
             sec = _peer(batch, prompt, new, dev=dev, dtype=dtype, small=small, reps=reps)
             if sec is not None:
                 rows.append(dict(batch=batch, prompt=prompt, new=new, path="HF GPT2LMHeadModel.generate",
-                                 kind="mha", seconds=sec, kv_mib=None, prefill_ms=None))
+                                 kind="mha", seconds=sec, kv_bytes=None, kv_mib=None, prefill_ms=None))
         for kind in kinds:
             sec, kv, prefill = _ours(kind, batch, prompt, new, dev=dev, dtype=dtype, small=small, kernel=args.kernel,
                             mode=mode, reps=reps)
             rows.append(dict(batch=batch, prompt=prompt, new=new, path=f"model.generate ({mode})", kind=kind,
-                             seconds=sec, kv_mib=kv / 2**20, prefill_ms=1000 * prefill))
+                             seconds=sec, kv_bytes=kv, kv_mib=kv / 2**20, prefill_ms=1000 * prefill))
             if cuda:
                 torch.cuda.empty_cache()
     for r in rows:
         r["ms_per_token"] = 1000 * r["seconds"] / r["new"]
         r["tokens_per_s"] = r["batch"] * r["new"] / r["seconds"]
-    base = {(r["batch"], r["prompt"]): r for r in rows if r["path"].startswith("HF")}
-    mha = {(r["batch"], r["prompt"]): r for r in rows if r["kind"] == "mha" and not r["path"].startswith("HF")}
-    print(f"\ngenerate end to end (gpt2-base, random weights, greedy, {str(dtype).split('.')[-1]}; "
-          "prefill included; MHE folded to MQA)")
-    print_table(["batch", "prompt+new", "path", "kind", "ms/token", "tokens/s", "vs HF", "tok/s vs MHA", "KV MiB",
-                 "prefill ms"],
-                [[r["batch"], f"{r['prompt']}+{r['new']}", r["path"], r["kind"], f"{r['ms_per_token']:.3f}",
-                  f"{r['tokens_per_s']:,.0f}",
-                  f"{base[(r['batch'], r['prompt'])]['seconds'] / r['seconds']:.1f}x"
-                  if (r["batch"], r["prompt"]) in base else "-",
-                  f"{r['tokens_per_s'] / mha[(r['batch'], r['prompt'])]['tokens_per_s']:.2f}x"
-                  if (r["batch"], r["prompt"]) in mha and not r["path"].startswith("HF") else "-",
-                  "-" if r["kv_mib"] is None else f"{r['kv_mib']:.1f}",
-                  "-" if r["prefill_ms"] is None else f"{r['prefill_ms']:.1f}"] for r in rows])
     return rows

@@ -91,8 +91,8 @@ def parse_text(key: str, text: str, tp: Any) -> Any:
     if tp in (int, float):
         try:
             value = float(text) if tp is float else json.loads(text)
-        except ValueError:
-            raise _bad(key, text, tp) from None
+        except ValueError as e:
+            raise _bad(key, text, tp) from e
         return coerce(key, value, tp)
     inner = _optional(tp)
     if inner is not None and text.strip().lower() in ("null", "none", ""):
@@ -101,8 +101,8 @@ def parse_text(key: str, text: str, tp: Any) -> Any:
         return parse_text(key, text, inner)
     try:
         value = json.loads(text)
-    except ValueError:
-        raise _bad(key, text, tp) from None
+    except ValueError as e:
+        raise _bad(key, text, tp) from e
     return coerce(key, value, tp)
 
 
@@ -227,8 +227,8 @@ def set_path(obj: Any, path: list[str], value: Any, key: str, *, text: bool = Tr
             if text:
                 try:
                     value = json.loads(value)
-                except ValueError:
-                    raise _bad(key, value, type(current)) from None
+                except ValueError as e:
+                    raise _bad(key, value, type(current)) from e
             if not isinstance(value, dict):
                 raise _bad(key, value, type(current))
             new = current

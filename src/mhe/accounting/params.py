@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from mhe.attention.base import Attention
 from mhe.attention.registry import make_config
 from mhe.errors import one_of
 from mhe.models.config import ARCHS
@@ -94,8 +95,6 @@ def count_attention_params(model: nn.Module, *, include_output: bool = True, inc
     By default in the paper's convention (section 5.3, Table 4): projection weights (and MHE
     head embeddings), no biases, even where the model has them (the BERT and GPT-2 presets);
     ``include_bias=True`` counts everything the modules hold."""
-    from mhe.attention.base import Attention
-
     return sum(count_params(mod, include_output=include_output, include_bias=include_bias)
                for mod in model.modules() if isinstance(mod, Attention))
 

@@ -69,15 +69,15 @@ def read_lines(name: str, split: str, *, data_dir: str | Path | None = None, sou
 def _from_hub(c: Corpus, split: str, limit: int | None) -> list[str]:
     try:
         import datasets  # optional
-    except ImportError:
+    except ImportError as e:
         raise MheError(f"loading {c.name!r} from the hub needs the optional 'datasets' package "
-                       f"(pip install mhe[datasets]); offline, put {c.files[split]} under --data-dir") from None
+                       f"(pip install mhe[datasets]); offline, put {c.files[split]} under --data-dir") from e
     hub_split = {"valid": "validation"}.get(split, split)
     try:
         ds = datasets.load_dataset(c.hub[0], c.hub[1], split=hub_split)
     except Exception as e:  # network or hub failure: say what is missing and where to put it
         raise MheError(f"could not load {c.hub[0]} ({c.hub[1]}) from the hub ({type(e).__name__}); "
-                       f"offline, put {c.files[split]} under --data-dir") from None
+                       f"offline, put {c.files[split]} under --data-dir") from e
     key = "sentence" if "sentence" in ds.column_names else "text"
     lines = [t.strip() for t in ds[key] if t.strip()]
     if not lines:

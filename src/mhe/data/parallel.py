@@ -98,13 +98,13 @@ def _from_hub(c: ParallelCorpus, split: str, src: str, tgt: str):
         raise MheError(f"{c.name} has no hub source here; put its files under --data-dir")
     try:
         import datasets
-    except ImportError:
+    except ImportError as e:
         raise MheError(f"loading {c.name} from the hub needs the optional 'datasets' package; offline, put "
-                       f"{c.files[split].format(lang=src, role='src')} and its {tgt} side under --data-dir") from None
+                       f"{c.files[split].format(lang=src, role='src')} and its {tgt} side under --data-dir") from e
     try:
         ds = datasets.load_dataset(c.hub[0], c.hub[1], split={"valid": "validation"}.get(split, split))
     except Exception as e:
         raise MheError(f"could not load {c.hub[0]} from the hub ({type(e).__name__}); offline, put the files "
-                       "under --data-dir") from None
+                       "under --data-dir") from e
     rows = ds["translation"]
     return [r[src].strip() for r in rows], [r[tgt].strip() for r in rows]

@@ -11,6 +11,7 @@ import gzip
 import io
 import lzma
 import os
+import sys
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,7 +96,7 @@ def _decode(raw: bytes, path: str, line: int, offset: int) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise MheError(f"{path}: line {line}: byte {offset + e.start} (0x{raw[e.start]:02x}) is not UTF-8; "
-                       "the file must be UTF-8 text") from None
+                       "the file must be UTF-8 text") from e
 
 
 def iter_lines(path: str | os.PathLike):
@@ -112,7 +113,7 @@ def iter_lines(path: str | os.PathLike):
                 offset += len(raw)
                 yield line[:-2] + "\n" if line.endswith("\r\n") else line
     except _READ_ERRORS as e:
-        raise _read_error(path, e, offset) from None
+        raise _read_error(path, e, offset) from e
 
 
 # What a record of the wrong structure raises inside a parser (a field of the wrong type).
@@ -129,9 +130,21 @@ def record_shape(path, where: str):
         raise
     except SHAPE_ERRORS as e:
         detail = f"missing field {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0]
-        raise MheError(f"{path}: {where}: malformed record ({detail})") from None
+        raise MheError(f"{path}: {where}: malformed record ({detail})") from e
 
 
 def read_text(path: str | os.PathLike) -> str:
     """The whole UTF-8 text of a plain, gzip or xz file, with the errors of :func:`iter_lines`."""
     return "".join(iter_lines(path))
+
+
+def read_source_lines(source: str) -> list[str]:
+    """Lines (without their endings) of a UTF-8 file (plain, gzip or xz) or, for ``-``, of
+    standard input; a byte that is not UTF-8 is an error naming the line and byte offset."""
+    if source != "-":
+        return [line.rstrip("\n") for line in iter_lines(source)]
+    lines, offset = [], 0
+    for n, raw in enumerate(sys.stdin.buffer, 1):
+        lines.append(_decode(raw, "standard input", n, offset).rstrip("\r\n"))
+        offset += len(raw)
+    return lines

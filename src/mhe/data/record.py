@@ -48,9 +48,9 @@ def record_path(split: str, data_dir=None) -> Path:
         raise one_of("ReCoRD split", split, FILES)
     try:
         return find_file(FILES[split], data_root(data_dir))
-    except MheError:
+    except MheError as e:
         raise MheError(f"ReCoRD {split} data is not offline here (not in the shared data; 15-136 MB files): "
-                       f"put the official {FILES[split]} under --data-dir") from None
+                       f"put the official {FILES[split]} under --data-dir") from e
 
 
 def read_record(split: str = "dev", *, data_dir=None, path=None, limit: int | None = None) -> list[RecordQuery]:
@@ -75,7 +75,7 @@ def parse_record(line: str, path="<record>", n: int = 1) -> list[RecordQuery]:
         spans = [(e["start"], e["end"]) for e in passage["entities"]]
         qas = rec["qas"]
     except (ValueError, KeyError, TypeError) as e:
-        raise MheError(f"{path}: record {n}: not an official ReCoRD record ({type(e).__name__}: {e})") from None
+        raise MheError(f"{path}: record {n}: not an official ReCoRD record ({type(e).__name__}: {e})") from e
     candidates: list[str] = []
     for start, end in spans:
         if not 0 <= start <= end < len(text):

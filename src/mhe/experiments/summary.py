@@ -9,9 +9,14 @@ import json
 import statistics
 from pathlib import Path
 
+from mhe.accounting import model_attention_params
 from mhe.attention import KINDS, PAPER_KINDS
+from mhe.data.benchmarks import TASKS as BENCH
 from mhe.errors import MheError
+from mhe.experiments.paper import paper_table, source
+from mhe.experiments.plots import plot_curves, plot_prr_vs_paper, plot_score_vs_params
 from mhe.metrics import peop, prr
+from mhe.models import preset
 from mhe.training.checkpoint import write_json_atomic, write_text_atomic
 from mhe.training.run_files import read_results
 
@@ -79,11 +84,6 @@ def _safe_peop(score, params, sha_score, sha_params, hib):
 
 def paper_columns(summary: dict, table: str) -> dict:
     """The paper's score, PRR and PEoP per kind, recomputed from the printed numbers."""
-    from mhe.experiments.paper import paper_table
-
-    from mhe.accounting import model_attention_params
-    from mhe.models import preset
-
     t = paper_table(table)
     hib = t["higher_is_better"]
     scale = 0.01 if t.get("percent") else 1.0  # printed as percentages; our scores are fractions
@@ -133,8 +133,6 @@ def markdown(summary: dict, paper: dict | None = None) -> str:
     lines.append(f"Task `{summary['task']}`, metric `{m}` ({direction} is better). PRR against MHA, PEoP against SHA "
                  "(section 4.6); PEoP is inverted for lower-is-better metrics.")
     if paper:
-        from mhe.experiments.paper import source
-
         lines.append(f"Paper columns: `{paper['table']}` from {source()} PRR/PEoP recomputed from the printed numbers."
                      + (" The paper prints percentages; they are shown here as fractions." if paper.get("percent")
                         else ""))
@@ -144,9 +142,6 @@ def markdown(summary: dict, paper: dict | None = None) -> str:
 def check_paper_matches(summary: dict, table: str, *, metric: bool = True) -> None:
     """Refuse a paper table of another task (and, with ``metric``, of another metric) than
     the comparison's, before anything is written."""
-    from mhe.data.benchmarks import TASKS as BENCH
-    from mhe.experiments.paper import paper_table
-
     t = paper_table(table)
     subject = table.split("-", 1)[-1]  # table1-rte -> rte, table2-ptb -> ptb
     if subject in BENCH and subject != summary["task"]:
@@ -158,6 +153,11 @@ def check_paper_matches(summary: dict, table: str, *, metric: bool = True) -> No
                        f"{summary['metric']}; give a table of the same task and metric or --paper ''")
 
 
+def _paper_metric(table: str) -> str:
+    """The metric a paper table reports (``write_summary``'s ``paper_table`` argument hides the function)."""
+    return paper_table(table)["metric"]
+
+
 def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None,
                   strict_paper: bool = False) -> dict:
     """Write summary.json, summary.md, summary.csv and the plots; returns the summary.
@@ -165,9 +165,7 @@ def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None
     one of another metric."""
     runs = collect(out)
     if metric is None and paper_table and runs:
-        from mhe.experiments.paper import paper_table as table
-
-        wanted = table(paper_table)["metric"]  # the paper's metric where every run recorded it (MRPC:
+        wanted = _paper_metric(paper_table)  # the paper's metric where every run recorded it (MRPC:
         if wanted != runs[0]["metric"] and all(isinstance(r.get(wanted), float) for r in runs):  # accuracy)
             metric = wanted
     summary = aggregate(runs, metric)
@@ -184,13 +182,9 @@ def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None
         for r in summary["rows"]:
             w.writerow([r["kind"], r["attention_params"], r["mean"], r["std"], r["n_seeds"], r["prr"], r["peop"]])
     tmp.replace(out / "summary.csv")
-    from mhe.experiments.plots import plot_curves, plot_score_vs_params
-
     plot_score_vs_params(summary, out / "score_vs_params.png")
     plot_curves(runs, out / "training_curves.png")
     if paper:
-        from mhe.experiments.plots import plot_prr_vs_paper
-
         rows = [(r["kind"], r["prr"], (paper["rows"].get(r["kind"]) or {}).get("prr")) for r in summary["rows"]]
         plot_prr_vs_paper(rows, f"{summary['task']}: PRR, ours against {paper['table']}", out / "prr_vs_paper.png")
     return {**summary, "markdown": md}
@@ -248,8 +242,6 @@ def overview(dirs: list[Path], plot: Path | None = None) -> str:
     if plot is not None:
         if not prr_rows:
             raise MheError("--plot needs a paper column for every task (mhe report DIR --paper TABLE)")
-        from mhe.experiments.plots import plot_prr_vs_paper
-
         plot_prr_vs_paper(prr_rows, f"{', '.join(tasks)}: PRR of the average, ours against the paper", plot)
     lines.append("")
     lines.append(f"Mean ± std over seeds per task; the average is the unweighted mean of the {len(tasks)} task "
@@ -283,8 +275,6 @@ def _check_overview_directions(dirs: list[Path], summaries: list[dict]) -> bool 
 def metric_means(results: list[dict]) -> dict:
     """Mean and sample std over seeds of every official metric the runs report
     (``official_metrics``, fine-tuning), e.g. MRPC's accuracy (the headline) and F1."""
-    import statistics
-
     names = results[0].get("official_metrics") or []
     out = {}
     for m in names:

@@ -12,10 +12,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
+from mhe.data.benchmarks import TASKS as BENCH
 from mhe.errors import MheError
+from mhe.experiments.presets import experiment
+from mhe.experiments.summary import write_summary
+from mhe.runtime import worker_threads
+from mhe.tasks import build_task
+from mhe.tasks.finetune_config import finetune_config
 from mhe.output_paths import free_name
 from mhe.training.checkpoint import list_checkpoints, write_json_atomic
-from mhe.training.loop import RunInterrupted
+from mhe.training.config import apply_overrides
+from mhe.training.defaults import default_run
+from mhe.training.loop import RunInterrupted, Trainer
 
 
 @dataclass
@@ -78,14 +88,7 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 def run_config(sweep: Sweep, kind: str, seed: int):
     """The RunConfig of one (kind, seed): the task's defaults (or the experiment's settings),
     the sweep's --set items, the seed."""
-    from mhe.data.benchmarks import TASKS as BENCH
-    from mhe.experiments.presets import experiment
-    from mhe.training.config import apply_overrides
-    from mhe.training.defaults import default_run
-
     if sweep.task in BENCH:
-        from mhe.training.cli import finetune_config
-
         if not sweep.pretrained:
             raise MheError(f"fine-tuning {sweep.task!r} needs --pretrained DIR, a comparison of pre-training runs")
         ckpt = Path(sweep.pretrained) / "runs" / f"{kind}-seed0"
@@ -134,8 +137,6 @@ def check_sweep_dir(out: Path, sweep: Sweep) -> None:
 
 def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, log=print) -> dict:
     """Run what is missing, then write the summary. Returns the summary."""
-    from mhe.experiments.summary import write_summary
-
     out = Path(out)
     check_sweep_dir(out, sweep)
     for kind in sweep.kinds:  # validate every run's configuration before starting any
@@ -165,9 +166,6 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, log=print) -> 
 
 
 def _run_inprocess(sweep, kind, seed, run_dir: Path, log) -> dict:
-    from mhe.tasks import build_task
-    from mhe.training.loop import Trainer
-
     cfg = run_config(sweep, kind, seed)
     resume = bool(list_checkpoints(run_dir / "checkpoints"))
     t0 = time.perf_counter()
@@ -180,11 +178,7 @@ def _run_inprocess(sweep, kind, seed, run_dir: Path, log) -> dict:
 
 def _run_parallel(sweep, jobs, workers, log) -> None:
     """One subprocess per run; GPUs are handed out one per worker, CPU threads are shared."""
-    import torch
-
     gpus = torch.cuda.device_count()
-    from mhe.runtime import worker_threads
-
     threads = worker_threads(workers)
 
     def launch(slot_job):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from mhe import models as core
 from mhe.errors import MheError
 
 
 def _hf_class(arch: str, head: str):
     """The Hugging Face wrapper of the core class that (arch, head) builds
     (:data:`mhe.models.MODEL_CLASSES`, the one (arch, head) map)."""
-    from mhe import models as core
     from mhe.hf import modeling as m
 
     wrappers = {core.EncoderForMaskedLM: m.MheEncoderForMaskedLM,

@@ -7,6 +7,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from mhe.errors import MheError
+
 
 def accuracy(pred, gold) -> float:
     pred, gold = np.asarray(pred), np.asarray(gold)
@@ -61,8 +63,6 @@ def gender_parity(pred, groups) -> float:
         per_pair[g].append(p)
     sizes = {len(v) for v in per_pair.values()}
     if sizes != {2}:
-        from mhe.errors import MheError
-
         raise MheError(f"gender parity needs minimal pairs (two examples per pair), got group sizes {sorted(sizes)}")
     return float(np.mean([a == b for a, b in per_pair.values()]))
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mhe.models.blocks import Block, Embeddings, activation, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_labels, check_mask
+from mhe.models.losses import classification_loss, span_loss, token_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
 
@@ -59,7 +58,7 @@ class EncoderForMaskedLM(_EncoderModel):
         logits = self.decoder(self.transform(h))  # [B, T, V]
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+            loss = token_loss(logits, labels)
         return ModelOutput(logits, loss, h)
 
     def masked_lm_loss(self, input_ids, labels, attention_mask=None, token_type_ids=None) -> ModelOutput:
@@ -74,15 +73,8 @@ class EncoderForMaskedLM(_EncoderModel):
         if logits.shape[0] == 0:
             loss = logits.float().sum()  # nothing masked in this batch: a zero that keeps the graph
         else:
-            loss = F.cross_entropy(logits.float(), labels[chosen])
+            loss = token_loss(logits, labels[chosen])
         return ModelOutput(logits, loss, h)
-
-
-def classification_loss(logits: torch.Tensor, labels: torch.Tensor, num_labels: int) -> torch.Tensor:
-    """Cross-entropy for classes, mean squared error when ``num_labels == 1`` (STS-B)."""
-    if num_labels == 1:
-        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
-    return F.cross_entropy(logits.float(), labels)
 
 
 class EncoderForSequenceClassification(_EncoderModel):
@@ -116,6 +108,5 @@ class EncoderForQuestionAnswering(_EncoderModel):
         logits = self.span(h)  # [B, T, 2]
         loss = None
         if start_positions is not None and end_positions is not None:
-            start, end = logits.float().unbind(-1)
-            loss = (F.cross_entropy(start, start_positions) + F.cross_entropy(end, end_positions)) / 2
+            loss = span_loss(logits, start_positions, end_positions)
         return ModelOutput(logits, loss, h)

@@ -140,3 +140,14 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
             logits = model(seq, attention_mask=seq_mask, position_ids=seq_pos).logits[:, -1]
     tokens = torch.cat(out, 1)
     return (tokens, torch.stack(seen, 1)) if return_logits else tokens
+
+
+def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, P]`` ids and mask, padded on the left (generation continues at the right edge)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids, mask

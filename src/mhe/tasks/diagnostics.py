@@ -14,8 +14,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mhe.cli import command
+from mhe.data.benchmarks import read_examples
 from mhe.errors import MheError, one_of
+from mhe.metrics.classification import task_metrics
+from mhe.tasks.runs import load_run
+from mhe.training.checkpoint import write_text_atomic
 
 DIAGNOSTICS = ("ax-b", "ax-g")
 RTE_TASKS = ("rte", "sg-rte")
@@ -28,10 +31,6 @@ def evaluate_diagnostics(checkpoint, *, tasks=DIAGNOSTICS, data_dir: str = "", o
     Returns:
         ``{task: {"metric": ..., "score": ..., <every metric>, "total": n}}``.
     """
-    from mhe.checkpoint_io import load_run
-    from mhe.data.benchmarks import read_examples
-    from mhe.metrics.classification import task_metrics
-
     for t in tasks:
         if t not in DIAGNOSTICS:
             raise one_of("diagnostic", t, DIAGNOSTICS)
@@ -51,25 +50,7 @@ def evaluate_diagnostics(checkpoint, *, tasks=DIAGNOSTICS, data_dir: str = "", o
 
 
 def _write_submission(path: Path, examples, pred, labels) -> None:
-    from mhe.training.checkpoint import write_text_atomic
-
     lines = [json.dumps({"idx": int(e.uid) if e.uid.isdigit() else e.uid, "label": labels[p]})
              for e, p in zip(examples, pred)]
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, "\n".join(lines) + "\n")
-
-
-def _args(p):
-    p.add_argument("--checkpoint", required=True, help="a run fine-tuned on RTE (mhe finetune --task rte)")
-    p.add_argument("--tasks", default="ax-b,ax-g", help="comma-separated: ax-b, ax-g")
-    p.add_argument("--data-dir", default="")
-    p.add_argument("--out", default="", help="write SuperGLUE submission files (AX-b.jsonl, AX-g.jsonl) here")
-
-
-@command("diagnostics", "SuperGLUE diagnostics AX-b (Matthews corr.) and AX-g (accuracy, gender parity) "
-                        "with an RTE run", _args)
-def cmd_diagnostics(args) -> int:
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    res = evaluate_diagnostics(args.checkpoint, tasks=tasks, data_dir=args.data_dir, out=args.out)
-    print(json.dumps(res, indent=2))
-    return 0

@@ -19,13 +19,15 @@ import math
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
 from mhe.data.benchmarks import bench_task, read_examples
 from mhe.data.tokenize import load_tokenizer, save_tokenizer, special_id, with_pair_template
 from mhe.errors import MheError
 from mhe.metrics.classification import headline_metric, official_metrics, task_metrics
 from mhe.metrics.squad import squad_scores
-from mhe.models import ModelConfig, build_model
+from mhe.models import ModelConfig, ModelOutput, build_model
+from mhe.models.losses import classification_loss
 from mhe.tasks.text import pad_rows
 from mhe.training import checkpoint as ckpt
 from mhe.training.run_files import is_run_dir, read_run_record
@@ -83,8 +85,6 @@ class FinetuneTask(Task):
         self.encoder = mc.arch == "encoder"
         self.tok = tok
         if self.encoder:  # [CLS] a [SEP] b [SEP], truncated longest-first to the model's length
-            from tokenizers import Tokenizer
-
             self.pair_tok = with_pair_template(Tokenizer.from_str(tok.to_str()))
             self.pair_tok.enable_truncation(mc.max_len, strategy="longest_first")
         self.pad = special_id(tok, "[PAD]")
@@ -142,8 +142,6 @@ class FinetuneTask(Task):
     def _span_features(self, examples, *, training: bool) -> list[dict]:
         """Windows over the context with a document stride; the answer's token span, or
         [CLS] (index 0) when the window does not hold it or the question has none."""
-        from tokenizers import Tokenizer
-
         tok = with_pair_template(Tokenizer.from_str(self.tok.to_str()))
         stride = int(self.o["doc_stride"])
         feats = []
@@ -204,9 +202,7 @@ class FinetuneTask(Task):
         kw = {"token_type_ids": batch["token_type_ids"]} if self.encoder else {}
         if self.spec.kind == "choice":
             logits = model(batch["input_ids"], batch["attention_mask"], **kw).logits.view(-1, 2)
-            loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"])
-            from mhe.models import ModelOutput
-
+            loss = classification_loss(logits, batch["labels"], 2)  # which of the two choices
             return ModelOutput(logits, loss)
         return model(batch["input_ids"], batch["attention_mask"], labels=batch["labels"], **kw)
 

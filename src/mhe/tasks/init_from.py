@@ -15,13 +15,15 @@ from pathlib import Path
 from torch import nn
 
 from mhe.errors import MheError
+from mhe.tasks.text import tokenizer_for
+from mhe.training.averaging import model_weights
+from mhe.training.checkpoint import latest_checkpoint
+from mhe.training.weights import load_state_strict
 
 
 def starts_from(cfg, out: Path) -> str:
     """The run to start from: ``train.init_from`` while ``out`` holds no complete checkpoint of
     its own (a resumed or evaluated run loads its own weights, and needs no source any more)."""
-    from mhe.training.checkpoint import latest_checkpoint
-
     if not cfg.train.init_from or latest_checkpoint(out / "checkpoints", report=lambda _: None) is not None:
         return ""
     return cfg.train.init_from
@@ -29,8 +31,6 @@ def starts_from(cfg, out: Path) -> str:
 
 def source_checkpoint(run_dir: str | Path) -> Path:
     """The newest complete checkpoint of a run directory."""
-    from mhe.training.checkpoint import latest_checkpoint
-
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise MheError(f"train.init_from={run_dir} is not a run directory (no config.json)")
@@ -57,13 +57,20 @@ def adopt_tokenizer(run_dir: str | Path, out: Path) -> None:
     tmp.replace(dst)
 
 
+def pretraining_tokenizer(cfg, out: Path, train_lines: list[str], *, task: str, dist):
+    """(source run or "", tokenizer) of a pre-training run: continued pre-training
+    (``train.init_from``) takes the source's tokenizer, so the embeddings mean the same ids;
+    otherwise one is trained on ``train_lines`` (or reused on resume, :func:`tokenizer_for`)."""
+    source = starts_from(cfg, out)
+    if source and (dist is None or dist.main):
+        adopt_tokenizer(source, out)
+    return source, tokenizer_for(cfg, out, train_lines, task=task, dist=dist)
+
+
 def init_weights(model: nn.Module, run_dir: str | Path) -> Path:
     """Load the source run's newest weights into ``model``; returns the checkpoint used.
 
     Shapes and names must match exactly (tied output weights aside)."""
-    from mhe.training.weights import load_state_strict
-    from mhe.training.averaging import model_weights
-
     point = source_checkpoint(run_dir)
     state = model_weights(point)
     own = model.state_dict()

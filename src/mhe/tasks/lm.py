@@ -9,8 +9,8 @@ from mhe.data.tokenize import load_tokenizer
 from mhe.errors import MheError
 from mhe.metrics.perplexity import perplexity, sliding_window_nll
 from mhe.models import build_model
-from mhe.tasks.init_from import adopt_tokenizer, init_weights, starts_from
-from mhe.tasks.text import corpus_lines, is_word_level, token_stream, tokenizer_for
+from mhe.tasks.init_from import init_weights, pretraining_tokenizer
+from mhe.tasks.text import corpus_lines, is_word_level, token_stream
 from mhe.training.task import Task
 
 
@@ -32,10 +32,8 @@ class CausalLMTask(Task):
         train = corpus_lines(cfg, "train")
         self.valid_lines = corpus_lines(cfg, "valid")
         self.test_lines = corpus_lines(cfg, "test")  # read now: a bad test split fails before training
-        source = starts_from(cfg, out)  # continued pre-training: the source's tokenizer and weights
-        if source and (dist is None or dist.main):
-            adopt_tokenizer(source, out)
-        self.tok = tokenizer_for(cfg, out, train, task="lm", dist=dist)
+        # continued pre-training: the source's tokenizer and weights
+        source, self.tok = pretraining_tokenizer(cfg, out, train, task="lm", dist=dist)
         model = self._build_model(cfg, dist)
         if source:
             init_weights(model, source)
@@ -108,6 +106,13 @@ class CausalLMTask(Task):
             if "word_perplexity" in extra:
                 out[f"word_perplexity_stride{asked}"] = extra["word_perplexity"]
         return out
+
+    def split_perplexity(self, model, split: str, *, progress: bool = False) -> dict:
+        """Sliding-window perplexity of ``split`` (``valid`` or ``test``) at :meth:`stride`."""
+        model.eval()
+        lines = corpus_lines(self.cfg, split)
+        res = self._ppl(model, token_stream(self.tok, lines), lines, self.stride(), progress=progress)
+        return {"split": split, "stride": self.stride(), **res}
 
     def stride(self) -> int:
         """The paper's stride (256) but never more than half the window, so every scored

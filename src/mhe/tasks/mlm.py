@@ -9,8 +9,8 @@ import torch
 from mhe.data.tokenize import special_id
 from mhe.errors import MheError
 from mhe.models import build_model
-from mhe.tasks.init_from import adopt_tokenizer, init_weights, starts_from
-from mhe.tasks.text import corpus_lines, token_stream, tokenizer_for
+from mhe.tasks.init_from import init_weights, pretraining_tokenizer
+from mhe.tasks.text import corpus_lines, token_stream
 from mhe.training.task import Task
 
 
@@ -39,10 +39,8 @@ class MaskedLMTask(Task):
             raise MheError("masked language modelling needs --data (ptb, wikitext-2 or wikitext-103)")
         self.cfg = cfg
         train = corpus_lines(cfg, "train")
-        source = starts_from(cfg, out)  # continued pre-training: the source's tokenizer and weights
-        if source and (dist is None or dist.main):
-            adopt_tokenizer(source, out)
-        self.tok = tokenizer_for(cfg, out, train, task="mlm", dist=dist)
+        # continued pre-training: the source's tokenizer and weights
+        source, self.tok = pretraining_tokenizer(cfg, out, train, task="mlm", dist=dist)
         model = build_model(cfg.model, vocab_size=self.tok.get_vocab_size())
         if model.cfg.arch != "encoder":
             raise MheError(f"masked language modelling needs an encoder preset, got {cfg.preset!r}")

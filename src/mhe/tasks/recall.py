@@ -18,6 +18,7 @@ import torch
 
 from mhe.errors import MheError
 from mhe.models import build_model
+from mhe.models.losses import IGNORE, causal_lm_loss
 from mhe.training.task import Task
 
 
@@ -36,7 +37,7 @@ def make_recall(n: int, *, n_keys: int, n_values: int, pairs: int, queries: int,
     context = torch.stack([keys, values], 2).reshape(n, 2 * pairs)
     probe = torch.stack([qk, qv], 2).reshape(n, 2 * queries)
     x = torch.cat([context, probe], 1)  # [B, 2p + 2q]
-    labels = torch.full_like(x, -100)
+    labels = torch.full_like(x, IGNORE)
     labels[:, 2 * pairs + 1::2] = qv  # the value after each queried key
     return x, labels
 
@@ -68,10 +69,8 @@ class RecallTask(Task):
 
     def loss(self, model, batch):
         x, y = batch["input_ids"], batch["labels"]
-        logits = model(x).logits[:, :-1]  # position t predicts t+1
-        target = y[:, 1:]
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=-100)
-        return loss, int((target != -100).sum())
+        loss = causal_lm_loss(model(x).logits, y)  # position t predicts t+1
+        return loss, int((y[:, 1:] != IGNORE).sum())
 
     def evaluate(self, model):
         dev = next(model.parameters()).device
@@ -79,7 +78,7 @@ class RecallTask(Task):
         for i in range(0, self.tx.shape[0], 250):
             x, y = self.tx[i:i + 250].to(dev), self.ty[i:i + 250].to(dev)
             pred = model(x).logits[:, :-1].argmax(-1)
-            sel = y[:, 1:] != -100
+            sel = y[:, 1:] != IGNORE
             correct += int((pred[sel] == y[:, 1:][sel]).sum())
             total += int(sel.sum())
         return {"accuracy": correct / total}

@@ -7,8 +7,10 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from tokenizers import Tokenizer
 
 from mhe.data.record import RecordQuery
+from mhe.data.tokenize import special_id, with_pair_template
 from mhe.errors import MheError
 from mhe.tasks.text import pad_rows
 
@@ -41,10 +43,6 @@ def classifier_scorer(model, tokenizer, *, batch_size: int = 32, max_len: int | 
     """A scorer from an encoder classification model (``[CLS] passage [SEP] query [SEP]``,
     truncated longest-first): the log-probability of label 1 ("the entity fits"), or the
     logit itself for a one-label (regression) head."""
-    from tokenizers import Tokenizer
-
-    from mhe.data.tokenize import special_id, with_pair_template
-
     if getattr(model.cfg, "arch", "") != "encoder" or model.cfg.head != "classification":
         raise MheError("ReCoRD candidate scoring needs an encoder with a classification head")
     tok = with_pair_template(Tokenizer.from_str(tokenizer.to_str()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -17,17 +18,23 @@ def corpus_lines(cfg, split: str) -> list[str]:
                       limit=d.limit_lines or None)
 
 
-def tokenizer_for(cfg, out: Path, train_lines: list[str], *, task: str, dist=None):
+def tokenizer_for(cfg, out: Path, train_lines: list[str], *, task: str, dist=None,
+                  word_level_corpus: bool | None = None):
     """Reuse ``out/tokenizer.json`` when it exists (resume), else train and save one of the
     kind and size the preset's convention and ``data.*`` choose (:mod:`mhe.tasks.vocab`).
-    Under DDP the main process trains it and the others load it."""
+    Under DDP the main process trains it and the others load it.
+
+    ``word_level_corpus``: whether the corpus is already word-level (keeps its words);
+    ``None`` looks it up in the corpus table (``cfg.data.dataset``)."""
     if dist is not None and dist.world > 1:
         if dist.main and not (out / "tokenizer.json").is_file():
-            tokenizer_for(cfg, out, train_lines, task=task)
+            tokenizer_for(cfg, out, train_lines, task=task, word_level_corpus=word_level_corpus)
         dist.barrier()
     if (out / "tokenizer.json").is_file():
         return load_tokenizer(out)
-    choice = resolve_tokenizer(cfg, task, word_level_corpus=corpus(cfg.data.dataset).word_level)
+    if word_level_corpus is None:
+        word_level_corpus = corpus(cfg.data.dataset).word_level
+    choice = resolve_tokenizer(cfg, task, word_level_corpus=word_level_corpus)
     tok = train_tokenizer(choice.kind, train_lines, choice.vocab_size, progress=cfg.train.progress)
     out.mkdir(parents=True, exist_ok=True)
     save_tokenizer(tok, out)
@@ -55,8 +62,6 @@ def token_stream(tok, lines: list[str], *, progress: bool = False, desc: str = "
 
 
 def is_word_level(tok) -> bool:
-    import json
-
     return json.loads(tok.to_str())["model"]["type"] == "WordLevel"
 
 

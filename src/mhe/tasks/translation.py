@@ -16,19 +16,18 @@ average of those checkpoints' weights), ``checkpoint_every``: ``"epoch"`` sets
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
-import torch
 
 from mhe.data.parallel import read_parallel
-from mhe.data.tokenize import load_tokenizer, save_tokenizer, special_id, train_tokenizer
+from mhe.data.tokenize import load_tokenizer, special_id
 from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
 from mhe.models.generation import beam_search
-from mhe.tasks.text import pad_rows
-from mhe.tasks.vocab import resolve_tokenizer
+from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
+from mhe.tasks.text import pad_rows, tokenizer_for
+from mhe.training.averaging import last_checkpoints
 from mhe.training.task import Task
 
 PROTOCOLS = ("best", "last5")
@@ -67,7 +66,8 @@ class TranslationTask(Task):
         limit = cfg.data.limit_lines or None
         train_src, train_tgt = read_parallel(name, "train", o["src"], o["tgt"], limit=limit, **d)
         self.valid = read_parallel(name, "valid", o["src"], o["tgt"], **d)
-        self.tok = self._tokenizer(train_src + train_tgt, name, dist)
+        # the preset's convention (section 4.4): one joint vocabulary of both languages
+        self.tok = tokenizer_for(cfg, out, train_src + train_tgt, task="mt", dist=dist, word_level_corpus=False)
         model = self._build_model(cfg)
         self.src_ids = [self._encode(s) for s in train_src]
         self.tgt_ids = [self._encode(t) for t in train_tgt]
@@ -93,22 +93,6 @@ class TranslationTask(Task):
             raise MheError(f"translation needs an encoder-decoder preset, got {cfg.preset!r}")
         self.max_len = model.cfg.max_len
         return model
-
-    def _tokenizer(self, texts, name, dist):
-        path = self.out / "tokenizer.json"
-        if dist is not None and dist.world > 1 and not dist.main:
-            dist.barrier()
-            return load_tokenizer(self.out)
-        if path.is_file():
-            tok = load_tokenizer(self.out)
-        else:
-            choice = resolve_tokenizer(self.cfg, "mt")  # the preset's convention (section 4.4)
-            tok = train_tokenizer(choice.kind, texts, choice.vocab_size, progress=self.cfg.train.progress)
-            self.out.mkdir(parents=True, exist_ok=True)
-            save_tokenizer(tok, self.out)
-        if dist is not None and dist.world > 1:
-            dist.barrier()
-        return tok
 
     def _encode(self, text: str) -> list[int]:
         """Sub-word ids, truncated so that BOS/EOS fit the model's max_len (the documented rule)."""
@@ -188,9 +172,6 @@ class TranslationTask(Task):
     def last_checkpoints_bleu(self, model, src: list[str], ref: list[str]) -> dict:
         """Test BLEU of each of the last ``last_n`` checkpoints with the final beam settings, their
         mean and, with ``average_weights``, the BLEU of their averaged weights (section 4.4)."""
-        from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
-        from mhe.training.averaging import last_checkpoints
-
         points = last_checkpoints(self.out / "checkpoints", int(self.o["last_n"]))
         shown = self.cfg.train.progress
         bleu = lambda m: corpus_bleu(self.translate(m, src, progress=shown), ref)["bleu"]  # noqa: E731

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mhe.errors import MheError
+from mhe.models.config import preset
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,6 @@ TINY_MT_VOCAB = {"wmt14": 37_000, "multi30k": 8000}  # tiny translation keeps it
 
 def preset_tokenizer(preset_name: str, task: str, dataset: str = "") -> TokenizerChoice:
     """The tokenizer ``preset_name`` trains for ``task`` before any ``data.*`` override."""
-    from mhe.models.config import preset
-
     small = TASK_TOKENIZERS[task]
     if task == "mt":
         small = TokenizerChoice("bpe", TINY_MT_VOCAB.get(dataset, small.vocab_size))

@@ -13,8 +13,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from mhe.errors import MheError
+from mhe.training.checkpoint import list_checkpoints, verify
 
 
 def average_state_dicts(states: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -56,8 +58,6 @@ def average_state_dicts(states: Sequence[Mapping[str, torch.Tensor]]) -> dict[st
 
 def complete_checkpoints(root: str | Path) -> list[Path]:
     """Complete, intact checkpoint folders under ``root``, oldest first."""
-    from mhe.training.checkpoint import list_checkpoints, verify
-
     return [p for p in list_checkpoints(root) if verify(p) is None]
 
 
@@ -70,10 +70,6 @@ def last_checkpoints(root: str | Path, n: int) -> list[Path]:
 
 def model_weights(checkpoint: str | Path) -> dict[str, torch.Tensor]:
     """The model tensors of one checkpoint folder (after checking its manifest)."""
-    from safetensors.torch import load_file
-
-    from mhe.training.checkpoint import verify
-
     path = Path(checkpoint)
     problem = verify(path)
     if problem is not None:
@@ -86,5 +82,5 @@ def checkpoint_step(checkpoint: str | Path) -> int:
     name = Path(checkpoint).name
     try:
         return int(name.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        raise MheError(f"{name!r} is not a checkpoint folder name (step-NNNNNNNN)") from None
+    except (IndexError, ValueError) as e:
+        raise MheError(f"{name!r} is not a checkpoint folder name (step-NNNNNNNN)") from e

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+import torch
+
 from mhe.errors import MheError, one_of
 from mhe.models.config import ModelConfig, earlier_preset, preset
 from mhe.settings import build, check_fields, field_types, nondefault, parse_text, set_path, setting
@@ -196,8 +198,6 @@ def validate(cfg: RunConfig) -> None:
 
 def check_device(device: str) -> None:
     """Refuse a device this machine lacks (``train.device=cuda`` without a GPU)."""
-    import torch
-
     if device.startswith("cuda"):
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = int(device.split(":")[1]) if ":" in device else 0

@@ -1,4 +1,4 @@
-"""Default run settings per task and preset.
+"""Default run settings per task and preset (fine-tuning's: ``mhe.tasks.finetune_config``).
 
 Full-size presets keep the paper's Appendix B values (pre-training: lr 1e-4,
 linear schedule, 10k warmup, betas 0.9/0.9999, eps 1e-8, weight decay 0.01,
@@ -7,8 +7,11 @@ dropout 0.1). ``tiny-*`` presets get short schedules sized for a CPU.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+
 from mhe.models.config import preset as get_preset
-from mhe.training.config import DataConfig, RunConfig, TrainConfig
+from mhe.training.config import DataConfig, RunConfig, TrainConfig, apply_overrides
 
 TINY_TRAIN = dict(steps=600, batch_size=32, lr=1e-3, warmup_steps=60, schedule="cosine", log_every=10,
                   save_every=200, eval_every=0)
@@ -16,27 +19,6 @@ TINY_TRAIN = dict(steps=600, batch_size=32, lr=1e-3, warmup_steps=60, schedule="
 RECALL_TRAIN = dict(steps=1000, batch_size=64, lr=3e-3, warmup_steps=50, schedule="cosine", log_every=20,
                     save_every=250, weight_decay=0.0, betas=(0.9, 0.98))
 RECALL_MODEL = dict(d_model=64, d_ff=256, n_layers=2, n_heads=4, dropout=0.0, attn_dropout=0.0)
-
-
-# Appendix B, Table 12: evaluation steps per task (also our checkpoint cadence)
-EVAL_STEPS = {"mnli": 2455, "mnli-mm": 2455, "qnli": 655, "qqp": 2275, "rte": 48, "sst2": 421, "mrpc": 69,
-              "cola": 162, "stsb": 108, "boolq": 177, "cb": 5, "sg-rte": 47, "wic": 102, "multirc": 512,
-              "copa": 8, "wsc": 11, "squad": 548, "squad-v2": 815}
-SQUAD_WARMUP = {"squad": 3327, "squad-v2": 4950}
-
-
-def finetune_train(bench: str) -> TrainConfig:
-    """Appendix B fine-tuning: batch 32, lr 3e-5 (GLUE, SQuAD) or 5e-5 (SuperGLUE), cosine with
-    hard restarts, 6% warm-up (SQuAD: 3327 / 4950 steps), Adam eps 1e-6, betas 0.9/0.999, no
-    weight decay, up to 20 epochs with early stopping (patience: 5 evaluations, our choice)."""
-    from mhe.data.benchmarks import bench_task
-
-    spec = bench_task(bench)
-    every = EVAL_STEPS.get(bench, 0)
-    return TrainConfig(epochs=20, batch_size=32, lr=5e-5 if spec.benchmark == "superglue" else 3e-5,
-                       schedule="cosine_restarts", warmup_ratio=0.0 if bench in SQUAD_WARMUP else 0.06,
-                       warmup_steps=SQUAD_WARMUP.get(bench, 0), eps=1e-6, betas=(0.9, 0.999), weight_decay=0.0,
-                       patience=5, eval_every=every, save_every=every, log_every=10)
 
 
 def default_run(task: str, preset: str, attention: str, dataset: str = "") -> RunConfig:
@@ -67,3 +49,19 @@ def default_run(task: str, preset: str, attention: str, dataset: str = "") -> Ru
             model = dict(RECALL_MODEL)
     return RunConfig(task=task, preset=preset, model=get_preset(preset).replace(attention=attention, **model),
                      train=train, data=data)
+
+
+def build_run(task: str, preset: str, *, attention: str = "mha", data: str = "", data_dir: str = "",
+              seed: int | None = None, overrides: Sequence[str] = (), task_options: dict | None = None) -> RunConfig:
+    """A run's typed configuration as the training commands build it: the task's defaults, then
+    the attention kind, the data folder, the seed, the task options and every ``--set`` item
+    (in that order, so a ``--set`` item wins), all checked before anything is read or written."""
+    cfg = default_run(task, preset, "mha", data)
+    items = [f"model.attention={attention}"]
+    if data_dir:
+        cfg.data.data_dir = data_dir
+    if seed is not None:
+        items.append(f"train.seed={seed}")
+    if task_options:
+        items.append(f"data.task_options={json.dumps(task_options)}")
+    return apply_overrides(cfg, items + list(overrides))

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import dataclasses
 import math
+import platform
 import shutil
 from pathlib import Path
 
@@ -271,8 +272,6 @@ def _device_name(device: torch.device) -> str:
     """The card a run trained on, for the record (results must name it)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    import platform
-
     return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 

@@ -9,7 +9,6 @@ A run folder holds ``config.json`` (``run``: the configuration asked for,
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 

@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from mhe.errors import MheError
 from mhe.training.run_files import METRICS, append_metrics
 
@@ -79,16 +81,12 @@ class SignalWatch:
 
 
 def _progress(start, total):
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        return None
     return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, mininterval=1.0, leave=False)
 
 
 def _tensorboard(out: Path):
     try:
         from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise MheError("train.tensorboard=true needs the optional 'tensorboard' package") from None
+    except ImportError as e:
+        raise MheError("train.tensorboard=true needs the optional 'tensorboard' package") from e
     return SummaryWriter(str(out / "tensorboard"))

@@ -1,4 +1,5 @@
-"""``mhe compare``, ``mhe report`` and ``mhe run``."""
+"""Comparison commands: ``mhe compare`` (the main job: every attention kind trained the same
+way), ``mhe report`` and ``mhe overview`` (tables and plots from finished comparisons)."""
 
 from __future__ import annotations
 
@@ -6,18 +7,31 @@ import json
 import sys
 from pathlib import Path
 
-from mhe.cli import command
+import torch
+
+from mhe.attention import parse_kinds
+from mhe.data.benchmarks import TASKS as BENCH
+from mhe.errors import MheError, one_of
+from mhe.experiments.paper import paper_table, paper_tables
+from mhe.experiments.presets import DEFAULT, EXPERIMENTS, experiment
+from mhe.experiments.summary import overview, write_summary
+from mhe.experiments.sweep import Sweep, default_compare_dir, run_sweep
+from mhe.models import PRESETS
+from mhe.output_paths import check_output_dir, check_output_file, image_suffixes
+from mhe.tasks import TASKS
+from mhe.training.checkpoint import write_text_atomic
 
 
-def _compare_args(p):
+def compare_args(p):
     p.add_argument("--task", default=None, help="recall, lm or mlm (default: the preset's)")
     p.add_argument("--preset", default=None,
                    help="a comparison preset (cpu-recall, cpu-ptb, gpu-ptb, paper-table2, ...) or a model preset")
     p.add_argument("--kinds", default=None, help="comma-separated attention kinds (default: the paper's seven)")
-    p.add_argument("--seeds", type=int, default=None)
+    p.add_argument("--seeds", type=int, default=None, help="seeds per kind (default: the preset's)")
     p.add_argument("--data", default=None, help="dataset for lm/mlm (ptb, wikitext-2, wikitext-103)")
-    p.add_argument("--data-dir", default="")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
+    p.add_argument("--data-dir", default="", help="data folder (default: $MHE_DATA or ../shared/data)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting of every run (repeatable), e.g. train.steps=200")
     p.add_argument("--workers", type=int, default=None,
                    help="runs at a time (default: one per GPU, else 2 on CPU)")
     p.add_argument("--paper", default=None, help="paper table to set beside ours (e.g. table2-ptb)")
@@ -30,18 +44,10 @@ PAPER_FINETUNE_SEEDS = 5
 
 
 def _is_finetuning(task: str) -> bool:
-    from mhe.data.benchmarks import TASKS as BENCH
-
     return task in BENCH
 
 
 def build_sweep(args):
-    from mhe.attention import parse_kinds
-    from mhe.errors import MheError, one_of
-    from mhe.experiments.presets import DEFAULT, EXPERIMENTS, experiment
-    from mhe.experiments.sweep import Sweep
-    from mhe.models import PRESETS
-
     name = args.preset or DEFAULT
     if name in EXPERIMENTS:
         exp = experiment(name)
@@ -53,9 +59,6 @@ def build_sweep(args):
     else:
         raise one_of("preset", name, list(EXPERIMENTS) + list(PRESETS))
     if args.task and args.task != sweep.task:
-        from mhe.data.benchmarks import TASKS as BENCH
-        from mhe.tasks import TASKS
-
         valid = [t for t in TASKS if t != "finetune"] + list(BENCH)
         if args.task not in valid:
             raise one_of("task", args.task, valid)
@@ -76,8 +79,6 @@ def build_sweep(args):
     if name in EXPERIMENTS and _is_finetuning(sweep.task) and not _is_finetuning(experiment(name).task):
         sweep.overrides = []  # the preset's overrides configure its pre-training, not the fine-tuning
     sweep.overrides = list(sweep.overrides or []) + list(args.set)
-    from mhe.experiments.paper import paper_table, paper_tables
-
     if args.paper is not None:
         if args.paper:
             paper_table(args.paper)
@@ -87,17 +88,8 @@ def build_sweep(args):
     return name, sweep
 
 
-@command("compare", "train every attention kind the same way and compare them (the main job)", _compare_args)
 def cmd_compare(args) -> int:
-    import torch
-
-    from mhe.experiments.sweep import run_sweep
-
     name, sweep = build_sweep(args)
-    from mhe.errors import MheError
-    from mhe.experiments.sweep import default_compare_dir
-    from mhe.output_paths import check_output_dir
-
     out = check_output_dir(args.out or default_compare_dir(name, sweep))
     if args.workers is not None and args.workers <= 0:
         raise MheError(f"--workers must be a positive integer, got {args.workers}")
@@ -114,17 +106,14 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def _report_args(p):
+def report_args(p):
     p.add_argument("dirs", nargs="+", help="comparison folders (each with runs/*/results.json)")
     p.add_argument("--paper", default=None, help="paper table to set beside ours (default: the sweep's)")
     p.add_argument("--metric", default=None,
                    help="summarise this number of each results.json instead of the score (e.g. accuracy)")
 
 
-@command("report", "rebuild tables and plots from finished comparison runs", _report_args)
 def cmd_report(args) -> int:
-    from mhe.experiments.summary import write_summary
-
     for d in args.dirs:
         d = Path(d)
         paper, metric = args.paper, args.metric
@@ -138,19 +127,13 @@ def cmd_report(args) -> int:
     return 0
 
 
-def _overview_args(p):
+def overview_args(p):
     p.add_argument("dirs", nargs="+", help="comparison folders with summary.json (e.g. results/encoder-*)")
     p.add_argument("--out", default=None, help="also write the table to this Markdown file")
     p.add_argument("--plot", default=None, help="also draw the averages' PRR beside the paper's (PNG)")
 
 
-@command("overview", "one table over several comparisons: per-task means, their average, PRR and PEoP",
-         _overview_args)
 def cmd_overview(args) -> int:
-    from mhe.experiments.summary import overview
-    from mhe.output_paths import check_output_file, image_suffixes
-    from mhe.training.checkpoint import write_text_atomic
-
     if args.out:
         check_output_file(args.out, "--out", parent_must_exist=True)
     if args.plot:
@@ -160,23 +143,3 @@ def cmd_overview(args) -> int:
     if args.out:
         write_text_atomic(Path(args.out), md)
     return 0
-
-
-def _run_args(p):
-    p.add_argument("--config", required=True, help="a run.json written by mhe compare")
-    p.add_argument("--out", required=True)
-    p.add_argument("--resume", action="store_true")
-
-
-@command("run", "train one run from a saved configuration (used by mhe compare's workers)", _run_args)
-def cmd_run(args) -> int:
-    from mhe.training.cli import exit_status, run_training
-    from mhe.training.config import check_device
-    from mhe.training.run_files import read_run_config_file
-
-    cfg = read_run_config_file(args.config)  # checks every setting
-    check_device(cfg.train.device)
-    res = run_training(cfg, args.out, args.resume)
-    if res["status"] in ("finished", "early_stopped"):
-        return 0
-    return exit_status(res) or 3  # interrupted: 130/143; stopped early by train.stop_at: 3

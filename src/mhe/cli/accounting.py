@@ -1,36 +1,23 @@
-"""The ``mhe`` command. Every subcommand lives in its own small function; bad input
-prints one line and exits 2."""
+"""Model accounting commands: ``mhe params``, ``mhe memory`` and ``mhe scaling`` (the paper's
+parameter counts, Appendix C's memory table and the scaling figures; no training)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 
+from mhe.accounting import attention_memory, attention_params, attention_sublayers, gpt3_projection
+from mhe.accounting.memory import memory_table
+from mhe.accounting.scaling import LABELS, params_vs_heads, params_vs_layers, plot_scaling
+from mhe.attention import parse_kinds
 from mhe.errors import MheError
-
-COMMANDS: dict[str, tuple[str, object, object]] = {}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Argument errors as one line (``mhe CMD: error: ...``) and exit code 2, like every
-    other bad input; ``--help`` still prints the full usage."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def command(name: str, help_text: str, add_args):
-    """Register ``add_args(parser)`` and the decorated ``run(args)`` as a subcommand."""
-    def deco(fn):
-        COMMANDS[name] = (help_text, add_args, fn)
-        return fn
-    return deco
+from mhe.experiments.tables import print_table
+from mhe.models import preset
+from mhe.models.config import ARCHS
+from mhe.output_paths import check_output_file, image_suffixes
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    from mhe.models.config import ARCHS
-
     g = p.add_argument_group("model (a preset, or explicit sizes)")
     g.add_argument("--preset", help="a model preset, e.g. bert-base, gpt2-base, transformer-base")
     g.add_argument("--arch", choices=ARCHS, default=None,
@@ -46,8 +33,6 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _resolve_geometry(args) -> dict:
-    from mhe.models import preset
-
     if args.preset:
         cfg = preset(args.preset)
         geo = dict(arch=cfg.arch, n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
@@ -75,8 +60,6 @@ def _positive_sizes(args) -> None:
 
 
 def _kinds(spec: str) -> list[str]:
-    from mhe.attention import parse_kinds
-
     return list(parse_kinds(spec))
 
 
@@ -86,30 +69,15 @@ def _kind_options(kind: str, geo: dict) -> dict:
     return {}
 
 
-def print_table(headers: list[str], rows: list[list], *, file=None) -> None:
-    """A Markdown table with right-aligned numbers."""
-    cells = [[str(c) for c in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    out = file or sys.stdout
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |", file=out)
-    print("|" + "|".join("-" * (w + 1) + ":" if i else "-" * (w + 2) for i, w in enumerate(widths)) + "|", file=out)
-    for r in cells:
-        print("| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-              + " |", file=out)
-
-
 # ---------------------------------------------------------------- mhe params
-def _params_args(p):
+def params_args(p):
     _model_args(p)
     p.add_argument("--exclude-output", action="store_true",
                    help="leave out the output projection (Table 4, Figures 1/3/4)")
     p.add_argument("--json", action="store_true", help="print {kind: total parameters} as JSON")
 
 
-@command("params", "attention parameters per kind (Tables 1-4, Appendix D)", _params_args)
 def cmd_params(args) -> int:
-    from mhe.accounting import attention_params, attention_sublayers
-
     geo = _resolve_geometry(args)
     sub = attention_sublayers(geo["arch"], geo["n_layers"])
     totals, rows = {}, []
@@ -133,20 +101,15 @@ def cmd_params(args) -> int:
     return 0
 
 
-
 # ---------------------------------------------------------------- mhe memory
-def _memory_args(p):
+def memory_args(p):
     _model_args(p)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--batch", type=int, default=32, help="batch size B of the activations (default 32)")
+    p.add_argument("--seq-len", type=int, default=512, help="sequence length T of the activations (default 512)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (byte counts) instead of a table")
 
 
-@command("memory", "Appendix C's memory table per attention block", _memory_args)
 def cmd_memory(args) -> int:
-    from mhe.accounting import attention_memory
-    from mhe.accounting.memory import memory_table
-
     if args.preset is None and args.layers is None:
         args.layers = 12  # not used by the per-block table
     for option, value in (("--batch", args.batch), ("--seq-len", args.seq_len)):
@@ -164,23 +127,16 @@ def cmd_memory(args) -> int:
     return 0
 
 
-
 # ---------------------------------------------------------------- mhe scaling
-def _scaling_args(p):
+def scaling_args(p):
     p.add_argument("--plot", help="write Figures 3 and 4 to this PNG file")
-    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--head-dim", type=int, default=64, help="head size d of every curve (default 64)")
 
 
-@command("scaling", "Figures 1/3/4 and the GPT-3 projection of section 5.4", _scaling_args)
 def cmd_scaling(args) -> int:
-    from mhe.accounting import gpt3_projection
-    from mhe.accounting.scaling import LABELS, params_vs_heads, params_vs_layers, plot_scaling
-
     if args.head_dim <= 0:
         raise MheError(f"--head-dim must be a positive integer, got {args.head_dim}")
     if args.plot:
-        from mhe.output_paths import check_output_file, image_suffixes
-
         check_output_file(args.plot, "--plot", suffixes=image_suffixes(), parent_must_exist=True)
     heads = [1, 2, 4, 8, 16, 32, 64, 128]
     curve = params_vs_heads(heads, args.head_dim)
@@ -199,54 +155,3 @@ def cmd_scaling(args) -> int:
         plot_scaling(args.plot, head_dim=args.head_dim)
         print(f"\nwrote {args.plot}")
     return 0
-
-
-
-def _load_more_commands() -> None:
-    """Commands that live with their subsystem register themselves on import."""
-    import importlib
-
-    for mod in ("mhe.training.cli", "mhe.experiments.cli", "mhe.bench", "mhe.tasks.diagnostics", "mhe.generate_cli"):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
-
-
-def build_parser() -> argparse.ArgumentParser:
-    _load_more_commands()
-    parser = OneLineParser(prog="mhe", description="Multi-head embedding attention toolkit")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (help_text, add_args, _) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        add_args(p)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        argv = ["compare"] if "compare" in COMMANDS else ["--help"]
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
-    try:
-        from mhe.runtime import configure_threads
-
-        configure_threads()  # MHE_THREADS: one setting for every command (mhe.runtime)
-        return int(COMMANDS[args.command][2](args) or 0)
-    except MheError as e:
-        print(f"mhe {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as e:
-        print(f"mhe {args.command}: interrupted", file=sys.stderr)
-        return getattr(e, "exit_code", 130)  # RunInterrupted carries 128 + its signal
-
-
-if __name__ == "__main__":  # run the registered module, not a second copy of it
-    from mhe.cli import main as _main
-
-    sys.exit(_main())

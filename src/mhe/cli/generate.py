@@ -1,9 +1,10 @@
 """``mhe generate``: continue prompts with a trained language-model run.
 
-Loads the run's model and tokenizer (``checkpoint_io.load_run``), left-pads the prompts into
-one batch and calls the fast generation path (``DecoderForCausalLM.generate``: static KV
-cache, CUDA-graph decode step on a GPU, MHE folded to MQA). Each prompt starts a new line of
-the training stream (after ``[EOS]``); a continuation ends at ``[EOS]`` (the end of a line).
+Loads the run's model and tokenizer from the run folder alone (``tasks.runs.load_run`` with
+``inference=True``), left-pads the prompts into one batch and calls the fast generation path
+(``DecoderForCausalLM.generate``: static KV cache, CUDA-graph decode step on a GPU, MHE folded
+to MQA). Each prompt starts a new line of the training stream (after ``[EOS]``); a
+continuation ends at ``[EOS]`` (the end of a line).
 """
 
 from __future__ import annotations
@@ -13,22 +14,25 @@ from pathlib import Path
 
 import torch
 
-from mhe.cli import command
+from mhe.data.tokenize import special_id
 from mhe.errors import MheError
+from mhe.models.lm_generate import left_pad
+from mhe.tasks.runs import load_run
 
 
-def _generate_args(p):
+def generate_args(p):
     p.add_argument("--checkpoint", required=True, help="a language-model run directory (or one of its checkpoints)")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     p.add_argument("--input", default="", help="a file of prompts, one a line ('-' = stdin)")
-    p.add_argument("--max-new-tokens", type=int, default=50)
+    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate after each prompt (default 50)")
     p.add_argument("--sample", action="store_true", help="sample (default: greedy)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (default 0: all)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="sample from the smallest set of tokens whose probability reaches p (default 1.0: all)")
+    p.add_argument("--seed", type=int, default=None, help="random seed for sampling (same seed, same text)")
     p.add_argument("--stream", action="store_true", help="print tokens as they come (one prompt)")
-    p.add_argument("--data-dir", default="")
+    p.add_argument("--data-dir", default="", help="data folder, if the task needs one (generation reads none)")
 
 
 def read_prompts(prompts: list[str], source: str) -> list[str]:
@@ -44,22 +48,7 @@ def read_prompts(prompts: list[str], source: str) -> list[str]:
     return out
 
 
-def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, P]`` ids and mask, padded on the left (generation continues at the right edge)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = 1
-    return ids, mask
-
-
-@command("generate", "continue prompts with a trained language-model run", _generate_args)
 def cmd_generate(args) -> int:
-    from mhe.checkpoint_io import load_run
-    from mhe.data.tokenize import special_id
-
     prompts = read_prompts(args.prompt, args.input)
     if args.stream and len(prompts) != 1:
         raise MheError(f"--stream prints one continuation as it comes; got {len(prompts)} prompts")

@@ -1,0 +1,131 @@
+"""The ``mhe`` command: one table of subcommands, each a parser-building function and a run
+function from one of this package's modules. Nothing outside this package imports it.
+
+``mhe`` with no arguments prints the command list and exits 0 (a request for help, as
+``git`` or ``pip`` with no command is); an unknown command or option exits 2, like every
+other bad input (one line, no traceback). The main job is ``mhe compare``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, NamedTuple
+
+from mhe.cli import accounting, bench, compare, evaluation, generate, training
+from mhe.errors import MheError
+from mhe.runtime import configure_threads
+
+
+class Command(NamedTuple):
+    """One subcommand: its one-line summary, the function that adds its options, the function
+    that runs it (returns the exit status) and an example shown at the end of its ``--help``."""
+
+    summary: str
+    add_args: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    example: str
+
+
+COMMANDS: dict[str, Command] = {
+    # model accounting (no training)
+    "params": Command("attention parameters per kind (Tables 1-4, Appendix D)",
+                      accounting.params_args, accounting.cmd_params,
+                      "mhe params --preset bert-base --exclude-output"),
+    "memory": Command("Appendix C's memory table per attention block",
+                      accounting.memory_args, accounting.cmd_memory,
+                      "mhe memory --preset bert-base --batch 32 --seq-len 512"),
+    "scaling": Command("Figures 1/3/4 and the GPT-3 projection of section 5.4",
+                       accounting.scaling_args, accounting.cmd_scaling,
+                       "mhe scaling --head-dim 64 --plot scaling.png"),
+    # comparisons (the main job)
+    "compare": Command("train every attention kind the same way and compare them (the main job)",
+                       compare.compare_args, compare.cmd_compare,
+                       "mhe compare --preset cpu-recall\n  mhe compare --preset cpu-ptb --kinds mha,mhe-mul --seeds 1"),
+    "report": Command("rebuild tables and plots from finished comparison runs",
+                      compare.report_args, compare.cmd_report,
+                      "mhe report runs/compare-cpu-ptb --paper table2-ptb"),
+    "overview": Command("one table over several comparisons: per-task means, their average, PRR and PEoP",
+                        compare.overview_args, compare.cmd_overview,
+                        "mhe overview results/encoder-* --out overview.md"),
+    # single runs
+    "train": Command("train a model on a task (lm, mlm, recall) with the shared engine",
+                     training.train_args, training.cmd_train,
+                     "mhe train --task recall --preset tiny-decoder --attention mhe-mul --set train.steps=200"),
+    "pretrain": Command("pre-train: causal LM for decoder presets, masked LM for encoder presets",
+                        training.pretrain_args, training.cmd_pretrain,
+                        "mhe pretrain --preset tiny-decoder --data ptb --attention mhe-mul"),
+    "finetune": Command("fine-tune a pre-trained run on GLUE, SuperGLUE or SQuAD",
+                        training.finetune_args, training.cmd_finetune,
+                        "mhe finetune --task rte --checkpoint runs/mlm-tiny-encoder-mha --seeds 5"),
+    "train-mt": Command("train the encoder-decoder on parallel text; BLEU with sacrebleu",
+                        training.train_mt_args, training.cmd_train_mt,
+                        "mhe train-mt --preset tiny-encoder-decoder --data multi30k --attention mhe-add"),
+    "run": Command("train one run from a saved configuration (used by mhe compare's workers)",
+                   training.run_args, training.cmd_run,
+                   "mhe run --config runs/compare-cpu-recall/runs/mha-seed0/run.json "
+                   "--out runs/compare-cpu-recall/runs/mha-seed0 --resume"),
+    # using a trained run
+    "eval": Command("evaluate a trained run (language models: sliding-window perplexity)",
+                    evaluation.eval_args, evaluation.cmd_eval,
+                    "mhe eval --checkpoint runs/lm-tiny-decoder-mha --split test"),
+    "translate": Command("translate lines with a trained model (stdin or --input)",
+                         evaluation.translate_args, evaluation.cmd_translate,
+                         "echo 'a man rides a bike .' | mhe translate --checkpoint runs/mt-multi30k-mha --beam 4"),
+    "generate": Command("continue prompts with a trained language-model run (greedy or sampled)",
+                        generate.generate_args, generate.cmd_generate,
+                        "mhe generate --checkpoint runs/lm-ptb-tiny-decoder-mha --prompt 'the company said' "
+                        "--max-new-tokens 20"),
+    "diagnostics": Command("SuperGLUE diagnostics AX-b (Matthews corr.) and AX-g (accuracy, gender parity) "
+                           "with an RTE run", evaluation.diagnostics_args, evaluation.cmd_diagnostics,
+                           "mhe diagnostics --checkpoint runs/finetune-rte-mlm-tiny-encoder-mha --out submission"),
+    # speed
+    "bench": Command("time every attention kind side by side on this device",
+                     bench.bench_args, bench.cmd_bench,
+                     "mhe bench --sections attn,decode --kinds mha,mqa,mhe-mul"),
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors as one line (``mhe CMD: error: ...``) and exit code 2, like every
+    other bad input; ``--help`` still prints the full usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mhe`` parser with one subparser per entry of :data:`COMMANDS`."""
+    parser = OneLineParser(prog="mhe", description="Multi-head embedding attention toolkit",
+                           epilog="Run 'mhe COMMAND --help' for a command's options and an example.\n"
+                                  "Example:\n  mhe compare --preset cpu-recall",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.summary, description=cmd.summary, epilog=f"Example:\n  {cmd.example}",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        cmd.add_args(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``mhe`` with ``argv`` (default: the process's arguments); returns the exit status:
+    0 done, 2 bad input, 130/143 interrupted by SIGINT/SIGTERM after saving."""
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        parser.print_help()
+        return 0
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        configure_threads()  # MHE_THREADS: one setting for every command (mhe.runtime)
+        return int(COMMANDS[args.command].run(args) or 0)
+    except MheError as e:
+        print(f"mhe {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        print(f"mhe {args.command}: interrupted", file=sys.stderr)
+        return getattr(e, "exit_code", 130)  # RunInterrupted carries 128 + its signal

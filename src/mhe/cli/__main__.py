@@ -1,0 +1,7 @@
+"""``python -m mhe.cli`` is the ``mhe`` command."""
+
+import sys
+
+from mhe.cli import main
+
+sys.exit(main())

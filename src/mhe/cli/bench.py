@@ -1,0 +1,146 @@
+"""``mhe bench``: every attention kind side by side on this device, one table a section.
+The measuring lives in :mod:`mhe.bench`; this module reads the options and prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mhe.accounting.memory import byte_unit
+from mhe.attention import kernels, parse_kinds
+from mhe.bench import BENCH_KINDS, bench_attention, bench_decode, bench_decode_attention, bench_training
+from mhe.bench_generate import run_generate_section
+from mhe.errors import MheError
+from mhe.experiments.tables import print_table
+from mhe.output_paths import check_output_file
+from mhe.training.checkpoint import write_json_atomic
+
+
+def bench_args(p):
+    p.add_argument("--kinds", default=",".join(BENCH_KINDS),
+                   help=f"comma-separated attention kinds (default {','.join(BENCH_KINDS)})")
+    p.add_argument("--sections", default="attn,train,decode",
+                   help="comma-separated sections: attn, train, decode, generate (default attn,train,decode)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (automatic on a CPU)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the attention and training sections")
+    p.add_argument("--train-batch", type=int, default=16, help="batch of the training section (default 16)")
+    p.add_argument("--presets", default="gpt2-base,bert-base", help="presets of the training section")
+    p.add_argument("--reps", type=int, default=None, help="timed repeats (default 50; 3 in smoke sizes)")
+    p.add_argument("--json", default="", help="also write every figure to this JSON file")
+    p.add_argument("--no-graphs", action="store_true", help="time decode eagerly, not as CUDA graph replays")
+    p.add_argument("--kernel", default="sdpa",
+                   help="attention kernel (model.attn_kernel): sdpa, sdpa-expand, eager, matmul-decode")
+    p.add_argument("--gen-batches", default="1,64", help="generate section: batches at prompt 256 + 256 new tokens")
+    p.add_argument("--gen-long", default="64x4096", help="generate section: BATCHxCONTEXT runs (256 new tokens)")
+    p.add_argument("--no-peer", action="store_true", help="generate section: skip Hugging Face GPT-2's generate")
+    p.add_argument("--no-pad-vocab", action="store_true", help="keep the preset's vocabulary size in training")
+
+
+SMOKE = "smoke sizes: every model shrunk to 2 layers, width 64, 4 heads, vocabulary 512"
+
+
+def cmd_bench(args) -> int:
+    kinds = list(parse_kinds(args.kinds))
+    for k in kinds:
+        if k in ("fnet", "linear"):
+            raise MheError(f"unknown bench kind {k!r}; valid: {', '.join(BENCH_KINDS)}")
+    sections = set(args.sections.split(","))
+    bad = sections - {"attn", "train", "decode", "generate"}
+    if bad:
+        raise MheError(f"unknown bench section {sorted(bad)[0]!r}; valid: attn, train, decode, generate")
+    for option, value in (("--reps", args.reps), ("--train-batch", args.train_batch)):
+        if value is not None and value <= 0:
+            raise MheError(f"{option} must be a positive integer, got {value}")
+    if args.json:
+        check_output_file(args.json, "--json")
+    kernels.check_kernel(args.kernel)
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    small = args.smoke or not cuda
+    card = torch.cuda.get_device_name(dev) if cuda else "CPU"
+    print(f"device: {card}; torch {torch.__version__}; {SMOKE if small else 'full sizes'}; "
+          f"attention kernel {args.kernel}")
+    reps = args.reps or (3 if small else 50)
+    warm = 1 if small else 10
+    dtype = torch.bfloat16 if cuda else torch.float32
+    result = {"device": card, "torch": torch.__version__, "smoke": small}
+    if "attn" in sections:
+        B, T, m, n = (2, 64, 64, 4) if small else (16, 1024, 768, 12)
+        rows = bench_attention(kinds, dev=dev, dtype=dtype, B=B, T=T, m=m, n=n, warmup=warm, reps=reps,
+                               compile_model=args.compile, kernel=args.kernel)
+        result["attention"] = rows
+        ref = {r["kind"]: r for r in rows}
+        print(f"\nattention sublayer, B={B} T={T} m={m} n={n}, causal, {str(dtype).split('.')[-1]}"
+              f"{', torch.compile' if args.compile else ''}")
+        print_table(["kind", "fwd ms", "fwd+bwd ms", "vs MQA", "vs MHA", "graphs"],
+                    [[r["kind"], f"{r['fwd_ms']:.3f}", f"{r['fwd_bwd_ms']:.3f}",
+                      f"{r['fwd_bwd_ms'] / ref['mqa']['fwd_bwd_ms']:.2f}" if "mqa" in ref else "-",
+                      f"{r['fwd_bwd_ms'] / ref['mha']['fwd_bwd_ms']:.2f}" if "mha" in ref else "-",
+                      r.get("graphs", "-")] for r in rows])
+    if "train" in sections:
+        T = 64 if small else 512
+        rows = bench_training(kinds, [p.strip() for p in args.presets.split(",")], dev=dev,
+                              B=2 if small else args.train_batch, T=T, steps=reps if small else 20,
+                              warmup=warm if small else 5, compile_model=args.compile, small=small,
+                              pad_vocab=not args.no_pad_vocab)
+        result["training"] = rows
+        print(f"\ntraining step, sequence {T}, batch {2 if small else args.train_batch}, "
+              f"{'' if args.no_pad_vocab or small else 'vocabulary padded to a multiple of 128, '}"
+              f"{'bf16 autocast' if cuda else 'fp32'}{', torch.compile' if args.compile else ''}"
+              f"{' (' + SMOKE + ')' if small else ''}")
+        print_table(["preset", "shape measured", "kind", "step ms", "tokens/s", "MFU", "peak GiB"],
+                    [[r["preset"], r["shape"], r["kind"], f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
+                      "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
+                      "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.2f}"] for r in rows])
+    if "decode" in sections:
+        settings = [(2, 32), (1, 16)] if small else [(64, 4096), (1, 1024)]
+        m, n = (64, 4) if small else (768, 12)
+        graphs = cuda and not args.no_graphs
+        rows = bench_decode_attention(kinds, settings, dev=dev, dtype=dtype, m=m, n=n, warmup=warm, reps=reps,
+                                      graphs=graphs, kernel=args.kernel)
+        result["decode_attention"] = rows
+        ref = {(r["batch"], r["kind"]): r for r in rows}
+        unit, scale = byte_unit(max(r["kv_cache_bytes"] for r in rows))
+        print(f"\ndecode one token, one attention sublayer (m={m}, {n} heads; MHE folded to MQA)"
+              f"{'; CUDA graph replays' if graphs else ''}")
+        print_table(["batch", "context", "kind", "step ms", "MHA / this", f"KV cache {unit}"],
+                    [[r["batch"], r["context"], r["kind"], f"{r['step_ms']:.4f}",
+                      f"{ref[(r['batch'], 'mha')]['step_ms'] / r['step_ms']:.2f}x" if (r["batch"], "mha") in ref else "-",
+                      f"{r['kv_cache_bytes'] / scale:.1f}"] for r in rows])
+        rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small, graphs=graphs,
+                            kernel=args.kernel)
+        result["decode"] = rows
+        unit, scale = byte_unit(max(r["kv_cache_bytes_total"] for r in rows))
+        print(f"\ndecode one token against a filled KV cache ({rows[0]['shape'] if small else 'gpt2-base'}; "
+              f"MHE folded to MQA){'; CUDA graph replays' if graphs else ''}")
+        print_table(["batch", "context", "kind", "step ms", "tokens/s", f"KV {unit}/layer", f"KV {unit} total"],
+                    [[r["batch"], r["context"], r["kind"], f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
+                      f"{r['kv_cache_bytes_per_layer'] / scale:.1f}", f"{r['kv_cache_bytes_total'] / scale:.1f}"]
+                     for r in rows])
+    if "generate" in sections:
+        result["generate"] = run_generate_section(kinds, args, dev=dev, dtype=dtype, small=small)
+        print_generate_table(result["generate"], dtype, SMOKE if small else "gpt2-base")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(args.json, result)
+    return 0
+
+
+def print_generate_table(rows: list[dict], dtype, shape: str) -> None:
+    """The generate section's table: each path beside Hugging Face's and beside MHA."""
+    base = {(r["batch"], r["prompt"]): r for r in rows if r["path"].startswith("HF")}
+    mha = {(r["batch"], r["prompt"]): r for r in rows if r["kind"] == "mha" and not r["path"].startswith("HF")}
+    print(f"\ngenerate end to end ({shape}, random weights, greedy, {str(dtype).split('.')[-1]}; "
+          "prefill included; MHE folded to MQA)")
+    unit, scale = byte_unit(max([r["kv_bytes"] for r in rows if r["kv_bytes"] is not None], default=0))
+    print_table(["batch", "prompt+new", "path", "kind", "ms/token", "tokens/s", "vs HF", "tok/s vs MHA", f"KV {unit}",
+                 "prefill ms"],
+                [[r["batch"], f"{r['prompt']}+{r['new']}", r["path"], r["kind"], f"{r['ms_per_token']:.3f}",
+                  f"{r['tokens_per_s']:,.0f}",
+                  f"{base[(r['batch'], r['prompt'])]['seconds'] / r['seconds']:.1f}x"
+                  if (r["batch"], r["prompt"]) in base else "-",
+                  f"{r['tokens_per_s'] / mha[(r['batch'], r['prompt'])]['tokens_per_s']:.2f}x"
+                  if (r["batch"], r["prompt"]) in mha and not r["path"].startswith("HF") else "-",
+                  "-" if r["kv_bytes"] is None else f"{r['kv_bytes'] / scale:.1f}",
+                  "-" if r["prefill_ms"] is None else f"{r['prefill_ms']:.1f}"] for r in rows])

@@ -1,0 +1,95 @@
+"""Commands that use a trained run: ``mhe eval``, ``mhe translate`` and ``mhe diagnostics``.
+Each loads the run with ``mhe.tasks.runs.load_run``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+from mhe.data.paths import read_source_lines
+from mhe.errors import MheError
+from mhe.output_paths import check_output_file
+from mhe.settings import check_bounds
+from mhe.tasks.cross_eval import corpus_perplexity
+from mhe.tasks.diagnostics import evaluate_diagnostics
+from mhe.tasks.runs import load_run
+from mhe.training.checkpoint import write_json_atomic
+from mhe.training.config import DataConfig
+
+DATA_DIR_HELP = "data folder (default: $MHE_DATA or ../shared/data)"
+
+
+def eval_args(p):
+    p.add_argument("--task", default="lm", help="the run's task: lm (perplexity; default), mlm or recall")
+    p.add_argument("--checkpoint", required=True, help="a run directory (its newest checkpoint) or a checkpoint folder")
+    p.add_argument("--split", default="test", choices=("valid", "test"), help="the split to score (default test)")
+    p.add_argument("--stride", type=int, default=None,
+                   help="sliding-window stride (default: the run's data.eval_stride, 256, capped at half the "
+                        "model's window: 32 for the tiny presets' 64 tokens)")
+    p.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
+    p.add_argument("--data", default="", help="score an lm run on this corpus instead (ptb, wikitext-2, "
+                                              "wikitext-103) with the run's own tokenizer")
+    p.add_argument("--out", default="", help="also write the figures as JSON here (default: stdout only)")
+
+
+def cmd_eval(args) -> int:
+    if args.stride is not None:  # checked as data.eval_stride is, before the run is loaded
+        stride_field = next(f for f in dataclasses.fields(DataConfig) if f.name == "eval_stride")
+        check_bounds("--stride", args.stride, stride_field.metadata["bounds"])
+    if args.out:
+        check_output_file(args.out, "--out", parent_must_exist=True)
+    model, cfg, task = load_run(args.checkpoint, data_dir=args.data_dir)
+    if args.task != cfg.task:
+        raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not {args.task!r}")
+    if args.stride is not None:
+        cfg.data.eval_stride = args.stride
+    if args.data:
+        res = corpus_perplexity(task, model, cfg, args.data, args.split)
+    elif cfg.task == "lm":
+        res = task.split_perplexity(model, args.split, progress=cfg.train.progress)
+    else:
+        res = task.final(model)
+    if args.out:
+        write_json_atomic(args.out, res)
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+def translate_args(p):
+    p.add_argument("--checkpoint", required=True, help="a translation run directory (mhe train-mt)")
+    p.add_argument("--input", default="-", help="a file of source lines, plain, gzip or xz (default: stdin)")
+    p.add_argument("--beam", type=int, default=None, help="beam size, 1 = greedy (default: the run's)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="length penalty alpha >= 0 of beam search (default: the run's)")
+
+
+def cmd_translate(args) -> int:
+    if args.beam is not None and args.beam <= 0:
+        raise MheError(f"--beam must be a positive integer (1 is greedy), got {args.beam}")
+    if args.alpha is not None and not (math.isfinite(args.alpha) and args.alpha >= 0):
+        raise MheError(f"--alpha must be a finite length penalty >= 0, got {args.alpha}")
+    if args.input != "-" and not Path(args.input).is_file():
+        raise MheError(f"input file not found: {args.input}")
+    lines = read_source_lines(args.input)  # before the model loads: bad input fails at once
+    model, cfg, task = load_run(args.checkpoint, inference=True)  # the run folder alone: no corpus
+    if cfg.task != "mt":
+        raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not a translation run")
+    for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha, progress=cfg.train.progress):
+        print(hyp)
+    return 0
+
+
+def diagnostics_args(p):
+    p.add_argument("--checkpoint", required=True, help="a run fine-tuned on RTE (mhe finetune --task rte)")
+    p.add_argument("--tasks", default="ax-b,ax-g", help="comma-separated diagnostics: ax-b, ax-g (default both)")
+    p.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
+    p.add_argument("--out", default="", help="write SuperGLUE submission files (AX-b.jsonl, AX-g.jsonl) here")
+
+
+def cmd_diagnostics(args) -> int:
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    res = evaluate_diagnostics(args.checkpoint, tasks=tasks, data_dir=args.data_dir, out=args.out)
+    print(json.dumps(res, indent=2))
+    return 0

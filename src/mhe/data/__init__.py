@@ -1,0 +1,1 @@
+"""Data: corpora, benchmark readers, parallel text and tokenizers (no model code)."""
