@@ -20,6 +20,7 @@ from transformers.modeling_outputs import (
 )
 
 from mhe.attention.base import AttentionConfig, cache_mask
+from mhe.attention.mhe import _MHEBase
 from mhe.hf.configuration import MheDecoderConfig, MheEncoderConfig, MheSeq2SeqConfig
 from mhe.models import (
     DecoderForCausalLM,
@@ -29,6 +30,8 @@ from mhe.models import (
     EncoderForQuestionAnswering,
     EncoderForSequenceClassification,
 )
+from mhe.models.blocks import init_weights
+from mhe.models.losses import causal_lm_loss, token_loss
 
 # transformers renamed the cache argument and output field from past_key_values to cache
 CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
@@ -145,9 +148,6 @@ class MhePreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         """The core modules initialise themselves when built (BERT/GPT-2 N(0, 0.02), MHE head
         embeddings N(0, init_std)); weights missing from a checkpoint get the same."""
-        from mhe.attention.mhe import _MHEBase
-        from mhe.models.blocks import init_weights
-
         if isinstance(module, _MHEBase):
             module.reset_head_embeddings()
         elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm)):
@@ -218,16 +218,6 @@ class MheDecoderForSequenceClassification(MhePreTrainedModel):
         return SequenceClassifierOutput(loss=out.loss, logits=out.logits)
 
 
-def _lm_loss(logits, labels, num_items_in_batch=None):
-    """Shifted causal-LM loss; summed and divided by ``num_items_in_batch`` when the Trainer
-    passes it, so gradient accumulation averages over tokens, not over micro-batches."""
-    flat = logits[:, :-1].flatten(0, 1).float()
-    target = labels[:, 1:].flatten()
-    if num_items_in_batch is None:
-        return F.cross_entropy(flat, target, ignore_index=-100)
-    return F.cross_entropy(flat, target, ignore_index=-100, reduction="sum") / num_items_in_batch
-
-
 class MheDecoderForCausalLM(MhePreTrainedModel, GenerationMixin):
     config_class = MheDecoderConfig
     core_class = DecoderForCausalLM
@@ -247,7 +237,8 @@ class MheDecoderForCausalLM(MhePreTrainedModel, GenerationMixin):
         n = self.config.num_hidden_layers
         caches = [LayerCache(pkv, i) for i in range(n)] if (use_cache and pkv is not None) else None
         out = self.mhe(input_ids, key_padding_mask(attention_mask), caches=caches, position_ids=position_ids)
-        loss = None if labels is None else _lm_loss(out.logits, labels, kwargs.get("num_items_in_batch"))
+        items = kwargs.get("num_items_in_batch")  # HF Trainer: average over tokens across accumulation
+        loss = None if labels is None else causal_lm_loss(out.logits, labels, num_items=items)
         return CausalLMOutputWithPast(loss=loss, logits=out.logits, **{CACHE_FIELD: pkv if use_cache else None})
 
 
@@ -293,8 +284,6 @@ class MheSeq2SeqLM(MhePreTrainedModel, GenerationMixin):
             caches = [(LayerCache(pkv.self_attention_cache, i), LayerCache(pkv.cross_attention_cache, i))
                       for i in range(self.config.num_hidden_layers)]
         logits = core.decode(decoder_input_ids, memory, attention_mask, decoder_attention_mask, caches=caches)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        loss = None if labels is None else token_loss(logits, labels)
         return Seq2SeqLMOutput(loss=loss, logits=logits, encoder_last_hidden_state=memory,
                                **{CACHE_FIELD: pkv if use_cache else None})

@@ -9,8 +9,8 @@ from torch import nn
 from mhe.attention.base import KVCache
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
-from mhe.models.encoder import classification_loss
 from mhe.models.inputs import check_labels, check_mask
+from mhe.models.losses import IGNORE, causal_lm_loss, classification_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
 
@@ -94,15 +94,12 @@ class DecoderForCausalLM(_DecoderModel):
             h = h[:, -1:]
         if self.adaptive is None:
             logits = self.lm_head(h)  # [B, T, V]
-            loss = None
-            if labels is not None:
-                loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
-                                       ignore_index=-100)
+            loss = None if labels is None else causal_lm_loss(logits, labels)
             return ModelOutput(logits, loss, h)
         loss = None
         if labels is not None:
             target = labels[:, 1:]
-            keep = target != -100
+            keep = target != IGNORE
             loss = self.adaptive(_at_least_fp32(h[:, :-1][keep]), target[keep]).loss
         logits = None
         if return_logits or labels is None:

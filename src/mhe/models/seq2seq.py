@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mhe.attention.base import KVCache
@@ -12,6 +11,7 @@ from mhe.errors import MheError
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_labels, check_mask
+from mhe.models.losses import token_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
 
@@ -73,10 +73,7 @@ class EncoderDecoder(nn.Module):
         memory = self.encode(src_ids, src_mask)
         logits = self.decode(tgt_ids, memory, src_mask, tgt_mask)
         check_labels("labels", labels, tgt_ids.shape)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
-                                   label_smoothing=label_smoothing)
+        loss = None if labels is None else token_loss(logits, labels, label_smoothing=label_smoothing)
         return ModelOutput(logits, loss, memory)
 
     def new_caches(self, batch: int, max_len: int | None = None, src_len: int | None = None,
