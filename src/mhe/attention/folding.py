@@ -1,10 +1,9 @@
 """Inference-time weight folding: a trained MHE sublayer becomes a plain multi-query one.
 
-Uses the identities in docs/paper-notes.md. MHE-Mul: the query weight of head i
-is W^Q scaled by (1+eQ_i)(1+eK_i); the output projection's columns are scaled
-by (1+eV). MHE-Add: head i's query bias is eQ_i; the key offsets vanish; the
-value offsets become the output bias W^O eV (exact without attention dropout,
-i.e. at inference). The folded module is an ``mqa`` sublayer, so generation
+The folded weights are the MHE module's own (``folded_query``, ``folded_output`` in
+:mod:`mhe.attention.mhe`, from the identities in docs/paper-notes.md), the ones its fast
+path computes with; the value offsets of MHE-Add become an output bias, exact without
+attention dropout, i.e. at inference. The folded module is an ``mqa`` sublayer, so generation
 uses its one-head KV cache and nothing else changes.
 """
 
@@ -13,41 +12,27 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mhe.attention.mhe import MHEAdd, MHEMul, _MHEBase
+from mhe.attention.mhe import _MHEBase
 from mhe.attention.registry import build_attention
 
 
 @torch.no_grad()
 def fold_mhe(mod: _MHEBase) -> nn.Module:
-    """The multi-query sublayer that computes what ``mod`` computes in eval mode."""
+    """The multi-query sublayer that computes what ``mod`` computes in eval mode: the query and
+    output weights are the module's own folded ones (``folded_query``, ``folded_output``), the
+    key and value projections are copied."""
     c = mod.cfg
-    n, d, m = c.n_heads, c.head_dim, c.d_model
-    needs_bias = c.bias or isinstance(mod, MHEAdd)
-    mqa = build_attention("mqa", d_model=m, n_heads=n, head_dim=d, dropout=c.dropout, causal=c.causal,
-                          bias=needs_bias, kernel=c.kernel).to(mod.q_proj.weight.device, mod.q_proj.weight.dtype)
-    e = mod.head_embed
-    w_q = mod.q_proj.weight  # [d, m]
-    b_q = mod.q_proj.bias if mod.q_proj.bias is not None else torch.zeros(d, device=w_q.device, dtype=w_q.dtype)
-    w_o, b_o = mod.out_proj.weight, mod.out_proj.bias
-    b_o = b_o if b_o is not None else torch.zeros(m, device=w_q.device, dtype=w_q.dtype)
-    if isinstance(mod, MHEMul):
-        scale = (e[0] + 1) * (e[1] + 1)  # [n, d]
-        mqa.q_proj.weight.copy_((scale[:, :, None] * w_q[None]).reshape(n * d, m))
+    w_q, b_q = mod.folded_query()  # [n*d, m], [n*d] or None
+    w_o, b_o = mod.folded_output()  # [m, n*d], [m] or None
+    needs_bias = c.bias or b_q is not None or b_o is not None
+    mqa = build_attention("mqa", d_model=c.d_model, n_heads=c.n_heads, head_dim=c.head_dim, dropout=c.dropout,
+                          causal=c.causal, bias=needs_bias, kernel=c.kernel).to(w_q.device, w_q.dtype)
+    pairs = [(mqa.q_proj, w_q, b_q), (mqa.out_proj, w_o, b_o),
+             (mqa.k_proj, mod.k_proj.weight, mod.k_proj.bias), (mqa.v_proj, mod.v_proj.weight, mod.v_proj.bias)]
+    for dst, weight, bias in pairs:
+        dst.weight.copy_(weight)
         if needs_bias:
-            mqa.q_proj.bias.copy_((scale * b_q).reshape(-1))
-        mqa.out_proj.weight.copy_(w_o * (e[2] + 1).reshape(1, -1))
-        if needs_bias:
-            mqa.out_proj.bias.copy_(b_o)
-    else:
-        mqa.q_proj.weight.copy_(w_q.repeat(n, 1))
-        mqa.q_proj.bias.copy_((e[0] + b_q).reshape(-1))
-        mqa.out_proj.weight.copy_(w_o)
-        mqa.out_proj.bias.copy_(b_o + w_o @ e[2].reshape(-1))
-    for name in ("k_proj", "v_proj"):
-        src, dst = getattr(mod, name), getattr(mqa, name)
-        dst.weight.copy_(src.weight)
-        if needs_bias:
-            dst.bias.copy_(src.bias if src.bias is not None else torch.zeros_like(dst.bias))
+            dst.bias.copy_(bias if bias is not None else torch.zeros_like(dst.bias))
     return mqa.train(mod.training)
 
 

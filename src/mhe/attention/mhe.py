@@ -130,25 +130,41 @@ class _MHEBase(Attention):
             return self.out_proj(self._merge_heads(h))
         return self._fast_output(h)
 
-    # --- fast path -------------------------------------------------------------
+    # --- fast path: the folded weights (docs/paper-notes.md, "MHE computed without n copies") ---
     def _query_factors(self) -> torch.Tensor:
         """Per-head factor (Mul, [n, d]) or offset (Add, [n, d]) applied to the shared query."""
+        raise NotImplementedError
+
+    def folded_query(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The query weight ``[n*d, m]`` and bias ``[n*d]`` (None when there is none) of the
+        multi-query sublayer this module equals, built from the shared ``[d, m]`` one.
+
+        MHE-Mul: (Q*(1+eQ_i))(K*(1+eK_i))^T = (Q*(1+eQ_i)*(1+eK_i)) K^T, so head i's rows are
+        W^Q scaled by f_i = (1+eQ_i)(1+eK_i) (bias b^Q * f_i). MHE-Add: (Q+eQ_i)(K+eK_i)^T
+        differs from (Q+eQ_i) K^T by a term constant along the keys, which softmax cancels, so
+        head i's rows are W^Q itself and its bias is b^Q + eQ_i (paper-notes' identities).
+        """
+        n, d = self.cfg.n_heads, self.cfg.head_dim
+        f = self._query_factors()  # [n, d]
+        w, bias = self.q_proj.weight, self.q_proj.bias  # [d, m], [d]
+        if self.multiplicative:
+            w_all = (f[:, :, None] * w[None]).reshape(n * d, self.cfg.d_model)  # [n*d, m]
+            return w_all, None if bias is None else (f * bias).reshape(n * d)
+        w_all = w.repeat(n, 1)  # [n*d, m]
+        return w_all, f.reshape(n * d) if bias is None else (f + bias).reshape(n * d)
+
+    def folded_output(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The output weight ``[m, n*d]`` and bias ``[m]`` (None when there is none) that take
+        the heads' outputs over the shared V to this module's output (see the subclasses)."""
         raise NotImplementedError
 
     def _fast_queries(self, x: torch.Tensor) -> torch.Tensor:
         c = self.cfg
         n, d = c.n_heads, c.head_dim
-        f = self._query_factors()  # [n, d]
         b, t, _ = x.shape
         if c.query_fold == "activation":
-            return self._psi_factor(self.q_proj(x), f)  # [B, n, T, d]
-        w, bias = self.q_proj.weight, self.q_proj.bias  # [d, m], [d]
-        if self.multiplicative:
-            w_all = (f[:, :, None] * w[None]).reshape(n * d, c.d_model)  # [n*d, m]
-            b_all = None if bias is None else (f * bias).reshape(n * d)
-        else:
-            w_all = w.repeat(n, 1)  # [n*d, m]
-            b_all = f.reshape(n * d) if bias is None else (f + bias).reshape(n * d)
+            return self._psi_factor(self.q_proj(x), self._query_factors())  # [B, n, T, d]
+        w_all, b_all = self.folded_query()  # [n*d, m], [n*d]
         return F.linear(x, w_all, b_all).view(b, t, n, d).transpose(1, 2)  # [B, n, T, d]
 
     def _psi_factor(self, a: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
@@ -157,7 +173,8 @@ class _MHEBase(Attention):
         return a * f if self.multiplicative else a + f
 
     def _fast_output(self, h: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        w, bias = self.folded_output()
+        return F.linear(self._merge_heads(h), w, bias)
 
 
 @register("mhe-mul")
@@ -170,9 +187,9 @@ class MHEMul(_MHEBase):
         e = self.head_embed
         return (e[0] + 1) * (e[1] + 1)  # [n, d]: query scale times key scale
 
-    def _fast_output(self, h):
-        w = self.out_proj.weight * (self.head_embed[2] + 1).reshape(1, -1)  # [m, n*d]
-        return F.linear(self._merge_heads(h), w, self.out_proj.bias)
+    def folded_output(self):
+        """A_i (V*(1+eV_i)) = (A_i V)*(1+eV_i): the value scales move into the columns of W^O."""
+        return self.out_proj.weight * (self.head_embed[2] + 1).reshape(1, -1), self.out_proj.bias  # [m, n*d]
 
 
 @register("mhe-add")
@@ -192,9 +209,14 @@ class MHEAdd(_MHEBase):
             k = k.expand(-1, n, -1, -1)
         return super()._attend(q, k, v, **kw)
 
-    def _fast_output(self, h):
+    def folded_output(self):
+        """A_i (V + 1 eV_i^T) = A_i V + eV_i^T when attention rows sum to one (no attention
+        dropout): the value offsets become the output bias b^O + W^O eV."""
         bias = self.out_proj.bias
-        if not self._expands_values():
-            offset = self.out_proj.weight @ self.head_embed[2].reshape(-1)  # [m] = W^O eV
-            bias = offset if bias is None else bias + offset
-        return F.linear(self._merge_heads(h), self.out_proj.weight, bias)
+        offset = self.out_proj.weight @ self.head_embed[2].reshape(-1)  # [m] = W^O eV
+        return self.out_proj.weight, offset if bias is None else bias + offset
+
+    def _fast_output(self, h):
+        if self._expands_values():  # the values already carry their offsets (see _attend)
+            return F.linear(self._merge_heads(h), self.out_proj.weight, self.out_proj.bias)
+        return super()._fast_output(h)

@@ -1,4 +1,8 @@
-"""Name -> attention class. Names are exactly the paper's labels (section 4.1, Appendix A)."""
+"""Name -> attention class. Names are exactly the paper's labels (section 4.1, Appendix A).
+
+This module holds only the table and its decorator; the variant modules register themselves
+with :func:`register`, and the package (``mhe/attention/__init__.py``) imports every variant
+module, so importing anything from ``mhe.attention`` fills the table."""
 
 from __future__ import annotations
 
@@ -43,7 +47,6 @@ def parse_kinds(spec: str, *, what: str = "--kinds") -> tuple[str, ...]:
 
 
 def attention_class(kind: str):
-    _ensure_loaded()
     if kind not in _REGISTRY:
         raise one_of("attention kind", kind, KINDS)
     return _REGISTRY[kind]
@@ -82,7 +85,3 @@ def accepts_option(kind: str, name: str) -> bool:
 def config_fields(kind: str) -> list[dataclasses.Field]:
     return list(dataclasses.fields(attention_class(kind).config_class))
 
-
-def _ensure_loaded() -> None:
-    # Importing the variant modules runs their @register decorators.
-    from mhe.attention import el_attention, mhe, mixing, multi_head, single_head  # noqa: F401

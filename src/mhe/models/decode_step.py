@@ -20,6 +20,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from mhe.attention.folding import fold_model
+from mhe.attention.mhe import _MHEBase
 from mhe.errors import one_of
 
 STEP_MODES = ("auto", "eager", "graph", "compile")
@@ -42,9 +44,6 @@ def weights_version(model: nn.Module) -> tuple:
 
 def inference_view(model: nn.Module) -> nn.Module:
     """``model`` with fast MHE sublayers folded to MQA; shares all other parameters and buffers."""
-    from mhe.attention.folding import fold_model
-    from mhe.attention.mhe import _MHEBase
-
     if not any(isinstance(m, _MHEBase) and not m.reference for m in model.modules()):
         return model
     memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
