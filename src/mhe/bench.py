@@ -26,6 +26,11 @@ import time
 
 import torch
 
+from mhe.attention import build_attention
+from mhe.attention.folding import fold_mhe, fold_model
+from mhe.models import build_model
+from mhe.models import preset as model_preset
+
 
 BENCH_KINDS = ("mha", "mqa", "gqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul")
 # Dense bf16 tensor-core peak, from the vendors' datasheets (SXM parts).
@@ -97,8 +102,6 @@ def bench_attention(kinds, *, dev, dtype, B, T, m, n, warmup, reps, compile_mode
     """Each variant compiled on its own (dynamo reset between them, so eight variants never
     reach dynamo's recompile limit); ``graphs`` counts the graphs dynamo built for it
     (1 = no recompilation; fwd and fwd+bwd share one graph)."""
-    from mhe.attention import build_attention
-
     cuda = dev.type == "cuda"
     rows = []
     for label, kind, opts in _variants(kinds):
@@ -129,9 +132,6 @@ def bench_attention(kinds, *, dev, dtype, B, T, m, n, warmup, reps, compile_mode
 def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, graphs=False,
                            kernel="sdpa") -> list[dict]:
     """One attention sublayer decoding one token against a filled cache (MHE folded to MQA)."""
-    from mhe.attention import build_attention
-    from mhe.attention.folding import fold_mhe
-
     cuda = dev.type == "cuda"
     rows = []
     for batch, ctx in settings:
@@ -158,8 +158,6 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
 
 
 def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, small, pad_vocab=True) -> list[dict]:
-    from mhe.models import build_model
-
     cuda = dev.type == "cuda"
     peak = device_peak(torch.cuda.get_device_name(dev)) if cuda else None
     rows = []
@@ -168,9 +166,7 @@ def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, s
             opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
             overrides = dict(max_len=max(T, 512), attn_options=opts)
             if pad_vocab:  # a multiple of 128 keeps the output GEMM on full tiles (50257 -> 50304)
-                from mhe.models import preset as _preset
-
-                overrides["vocab_size"] = -(-_preset(preset).vocab_size // 128) * 128
+                overrides["vocab_size"] = -(-model_preset(preset).vocab_size // 128) * 128
             if small:
                 overrides.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
             model = build_model(preset, attention=kind, **overrides).to(dev)
@@ -205,9 +201,6 @@ def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, s
 
 
 def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False, kernel="sdpa") -> list[dict]:
-    from mhe.attention.folding import fold_model
-    from mhe.models import build_model
-
     cuda = dev.type == "cuda"
     rows = []
     for batch, ctx in settings:

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from mhe.models import build_model
 
 
 def _settings(args, small: bool) -> list[tuple[int, int, int]]:
@@ -41,8 +42,6 @@ def _time(fn, *, cuda: bool, reps: int) -> float:
 
 
 def _ours(kind, batch, prompt, new, *, dev, dtype, small, kernel, mode, reps):
-    from mhe.models import build_model
-
     opts = {"n_kv_heads": 4} if kind == "gqa" else {}
     over = dict(max_len=prompt + new, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=kernel)
     if small:

@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Iterable
 
+from tqdm import tqdm
+
 
 class _Silent:
     """What :func:`bar` returns when progress is off: the same calls, no output."""
@@ -38,8 +40,6 @@ def bar(total: int, *, desc: str, unit: str, enabled: bool):
     as a context manager), or a silent stand-in when ``enabled`` is false."""
     if not _shown(enabled):
         return _Silent()
-    from tqdm import tqdm
-
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, mininterval=1.0,
                 leave=False)
 
@@ -48,8 +48,6 @@ def each(items: Iterable, *, total: int, desc: str, unit: str, enabled: bool) ->
     """``items`` themselves, counted on a bar while ``enabled``."""
     if not _shown(enabled):
         return items
-    from tqdm import tqdm
-
     return tqdm(items, total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, mininterval=1.0,
                 leave=False)
 

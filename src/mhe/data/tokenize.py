@@ -15,6 +15,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from mhe.errors import MheError, one_of
+from mhe.progress import note
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]"]
 KINDS = ("bpe", "wordpiece", "word")
@@ -24,8 +25,6 @@ def train_tokenizer(kind: str, texts, vocab_size: int, *, lowercase: bool = Fals
                     progress: bool = False) -> Tokenizer:
     """Train a tokenizer of ``kind`` on an iterable of strings; ``progress``: say so on standard
     error first (and show the ``tokenizers`` trainer's own bar where standard error is a terminal)."""
-    from mhe.progress import note
-
     if kind not in KINDS:
         raise one_of("tokenizer", kind, KINDS)
     if vocab_size < len(SPECIALS) + 1:

@@ -255,8 +255,6 @@ def _check_overview_directions(dirs: list[Path], summaries: list[dict]) -> bool 
     accuracies means nothing) and paper columns of another task or metric than their
     comparison's; returns the paper tables' direction (``None`` without paper columns), which
     PRR of the paper's averages follows (section 4.6: the inverse formula for perplexity)."""
-    from mhe.experiments.paper import paper_table
-
     directions = {bool(s["higher_is_better"]) for s in summaries}
     if len(directions) > 1:
         ways = ", ".join(f"{d} ({s['metric']}, {'higher' if s['higher_is_better'] else 'lower'} is better)"

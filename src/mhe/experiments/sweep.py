@@ -16,12 +16,12 @@ import torch
 
 from mhe.data.benchmarks import TASKS as BENCH
 from mhe.errors import MheError
-from mhe.experiments.presets import experiment
+from mhe.experiments.presets import EXPERIMENTS, experiment
 from mhe.experiments.summary import write_summary
+from mhe.output_paths import default_run_dir, free_name
 from mhe.runtime import worker_threads
 from mhe.tasks import build_task
 from mhe.tasks.finetune_config import finetune_config
-from mhe.output_paths import free_name
 from mhe.training.checkpoint import list_checkpoints, write_json_atomic
 from mhe.training.config import apply_overrides
 from mhe.training.defaults import default_run
@@ -113,9 +113,6 @@ def default_compare_dir(name: str, sweep: Sweep) -> Path:
     """``mhe compare``'s folder without ``--out``: ``runs/compare-NAME``, then the task and the
     data where they differ from the comparison preset's (a model preset: always named), e.g.
     ``runs/compare-cpu-ptb`` or ``runs/compare-tiny-decoder-lm-wikitext-2``."""
-    from mhe.experiments.presets import EXPERIMENTS
-    from mhe.output_paths import default_run_dir
-
     exp = EXPERIMENTS.get(name)
     task = "" if exp is not None and sweep.task == exp.task else sweep.task
     data = "" if exp is not None and sweep.data == exp.data else sweep.data

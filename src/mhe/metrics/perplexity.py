@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from mhe.errors import MheError
+from mhe.progress import bar
 
 
 def window_plan(n_tokens: int, max_len: int, stride: int) -> list[tuple[int, int, int]]:
@@ -40,8 +41,6 @@ def sliding_window_nll(model, ids: torch.Tensor, *, max_len: int, stride: int, b
                        device=None, progress: bool = False) -> tuple[float, int]:
     """Total negative log-likelihood (nats) and number of scored tokens of a 1-D id stream;
     ``progress``: count the windows on a bar (standard error)."""
-    from mhe.progress import bar
-
     device = device or next(model.parameters()).device
     plan = window_plan(ids.numel(), max_len, stride)
     total, count = 0.0, 0

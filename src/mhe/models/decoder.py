@@ -10,6 +10,7 @@ from mhe.attention.base import KVCache
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_labels, check_mask
+from mhe.models.lm_generate import generate
 from mhe.models.losses import IGNORE, causal_lm_loss, classification_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
@@ -119,8 +120,6 @@ class DecoderForCausalLM(_DecoderModel):
                  eos_id: int | None = None, **options) -> torch.Tensor:
         """Continue ``input_ids`` (see :func:`mhe.models.lm_generate.generate` for the options:
         sampling, stop tokens, left-padded batches, streaming, compiled decode steps)."""
-        from mhe.models.lm_generate import generate
-
         stop = options.pop("stop_ids", ())
         stop = tuple(stop) + ((eos_id,) if eos_id is not None else ())
         return generate(self, input_ids, max_new_tokens, use_cache=use_cache, stop_ids=stop, **options)

@@ -28,12 +28,12 @@ from mhe.metrics.classification import headline_metric, official_metrics, task_m
 from mhe.metrics.squad import squad_scores
 from mhe.models import ModelConfig, ModelOutput, build_model
 from mhe.models.losses import classification_loss
+from mhe.progress import bar, each
 from mhe.tasks.text import pad_rows
 from mhe.training import checkpoint as ckpt
 from mhe.training.run_files import is_run_dir, read_run_record
 from mhe.training.task import Task
 from mhe.training.weights import load_state_strict, read_sealed_weights
-
 
 
 def load_pretrained(run_dir: Path):
@@ -214,8 +214,6 @@ class FinetuneTask(Task):
     @torch.no_grad()
     def evaluate(self, model, *, progress: bool = False):
         """Dev-set metrics; ``progress``: count the batches (and SQuAD's post-processing) on bars."""
-        from mhe.progress import bar
-
         model.eval()
         dev = next(model.parameters()).device
         bs = self.cfg.data.eval_batch_size * 2
@@ -250,8 +248,6 @@ class FinetuneTask(Task):
         return torch.cat(logits).argmax(-1).tolist()
 
     def _squad_eval(self, logits, *, progress: bool = False) -> dict:
-        from mhe.progress import each
-
         max_ans = int(self.o["max_answer_len"])
         best: dict[int, tuple[float, str]] = {}
         null: dict[int, float] = {}

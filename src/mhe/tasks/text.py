@@ -9,6 +9,7 @@ import torch
 
 from mhe.data.corpora import corpus, read_lines
 from mhe.data.tokenize import load_tokenizer, save_tokenizer, special_id, train_tokenizer
+from mhe.progress import bar
 from mhe.tasks.vocab import resolve_tokenizer
 
 
@@ -47,8 +48,6 @@ TOKENIZE_CHUNK = 10_000  # lines encoded per call (and per step of the progress 
 def token_stream(tok, lines: list[str], *, progress: bool = False, desc: str = "tokenizing") -> torch.Tensor:
     """Every line's tokens followed by [EOS], as one 1-D stream; ``progress``: count the lines
     on a bar (standard error)."""
-    from mhe.progress import bar
-
     eos = special_id(tok, "[EOS]")
     ids: list[int] = []
     with bar(len(lines), desc=desc, unit="line", enabled=progress) as shown:

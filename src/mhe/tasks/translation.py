@@ -25,6 +25,7 @@ from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
 from mhe.models.generation import beam_search
+from mhe.progress import bar
 from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
 from mhe.tasks.text import pad_rows, tokenizer_for
 from mhe.training.averaging import last_checkpoints
@@ -123,8 +124,6 @@ class TranslationTask(Task):
                   use_cache: bool = True, progress: bool = False) -> list[str]:
         """Detokenised translations, in input order; ``progress``: count the sentences decoded on
         a bar (standard error)."""
-        from mhe.progress import bar
-
         model.eval()
         dev = next(model.parameters()).device
         beam = int(beam or self.o["beam"])
