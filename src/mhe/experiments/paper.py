@@ -25,12 +25,16 @@ def paper_tables() -> list[str]:
     return list(_data()["tables"])
 
 
+def _table(section: str, name: str, what: str) -> dict:
+    tables = _data()[section]
+    if name not in tables:
+        raise one_of(what, name, tables)
+    return tables[name]
+
+
 def paper_table(name: str) -> dict:
     """``{"metric", "higher_is_better", "rows": {kind: [params_M or None, score]}}``."""
-    tables = _data()["tables"]
-    if name not in tables:
-        raise one_of("paper table", name, tables)
-    return tables[name]
+    return _table("tables", name, "paper table")
 
 
 def appendix_tables() -> list[str]:
@@ -39,10 +43,7 @@ def appendix_tables() -> list[str]:
 
 def appendix_table(name: str) -> dict:
     """One appendix table as printed: ``{"table": its label, "note", ...}`` (see the module doc)."""
-    tables = _data()["appendix"]
-    if name not in tables:
-        raise one_of("appendix table", name, tables)
-    return tables[name]
+    return _table("appendix", name, "appendix table")
 
 
 def source() -> str:

@@ -145,6 +145,14 @@ class MhePreTrainedModel(PreTrainedModel):
             apply_attn_implementation(self.mhe, impl)
             self._kernel_for = impl
 
+    def _cache_to_fill(self, use_cache, kwargs: dict, new_cache):
+        """The transformers cache this call reads and fills (the caller's, else ``new_cache()``),
+        or None when ``use_cache`` (default: the config's) is off."""
+        pkv = _cache_arg(kwargs)
+        if not (self.config.use_cache if use_cache is None else use_cache):
+            return None
+        return new_cache() if pkv is None else pkv
+
     def _init_weights(self, module):
         """The core modules initialise themselves when built (BERT/GPT-2 N(0, 0.02), MHE head
         embeddings N(0, init_std)); weights missing from a checkpoint get the same."""
@@ -230,16 +238,13 @@ class MheDecoderForCausalLM(MhePreTrainedModel, GenerationMixin):
     def forward(self, input_ids=None, attention_mask=None, labels=None, use_cache=None, position_ids=None,
                 **kwargs):
         self._sync_kernel()
-        pkv = _cache_arg(kwargs)
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and pkv is None:
-            pkv = DynamicCache()
+        pkv = self._cache_to_fill(use_cache, kwargs, DynamicCache)
         n = self.config.num_hidden_layers
-        caches = [LayerCache(pkv, i) for i in range(n)] if (use_cache and pkv is not None) else None
+        caches = None if pkv is None else [LayerCache(pkv, i) for i in range(n)]
         out = self.mhe(input_ids, key_padding_mask(attention_mask), caches=caches, position_ids=position_ids)
         items = kwargs.get("num_items_in_batch")  # HF Trainer: average over tokens across accumulation
         loss = None if labels is None else causal_lm_loss(out.logits, labels, num_items=items)
-        return CausalLMOutputWithPast(loss=loss, logits=out.logits, **{CACHE_FIELD: pkv if use_cache else None})
+        return CausalLMOutputWithPast(loss=loss, logits=out.logits, **{CACHE_FIELD: pkv})
 
 
 class _EncoderShim(torch.nn.Module):
@@ -267,7 +272,7 @@ class MheSeq2SeqLM(MhePreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, labels=None, use_cache=None, **kwargs):
-        pkv = _cache_arg(kwargs)
+        pkv = self._cache_to_fill(use_cache, kwargs, lambda: EncoderDecoderCache(DynamicCache(), DynamicCache()))
         core = self.mhe
         if encoder_outputs is None:
             memory = core.encode(input_ids, attention_mask)
@@ -276,14 +281,11 @@ class MheSeq2SeqLM(MhePreTrainedModel, GenerationMixin):
         if decoder_input_ids is None and labels is not None:  # teacher forcing from the labels
             start = torch.full_like(labels[:, :1], self.config.decoder_start_token_id or 0)
             decoder_input_ids = torch.cat([start, labels[:, :-1].clamp_min(0)], 1)
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and pkv is None:
-            pkv = EncoderDecoderCache(DynamicCache(), DynamicCache())
         caches = None
-        if use_cache and pkv is not None:
+        if pkv is not None:
             caches = [(LayerCache(pkv.self_attention_cache, i), LayerCache(pkv.cross_attention_cache, i))
                       for i in range(self.config.num_hidden_layers)]
         logits = core.decode(decoder_input_ids, memory, attention_mask, decoder_attention_mask, caches=caches)
         loss = None if labels is None else token_loss(logits, labels)
         return Seq2SeqLMOutput(loss=loss, logits=logits, encoder_last_hidden_state=memory,
-                               **{CACHE_FIELD: pkv if use_cache else None})
+                               **{CACHE_FIELD: pkv})

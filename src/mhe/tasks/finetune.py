@@ -171,19 +171,15 @@ class FinetuneTask(Task):
     def n_train_items(self):
         return len(self.train_items)
 
-    @staticmethod
-    def _pad(rows, value):
-        return pad_rows(rows, value)
-
     def _batch(self, feats):
         if self.spec.kind == "choice":
             ids = [x for f in feats for x in f["ids"]]
             types = [x for f in feats for x in f["types"]]
         else:
             ids, types = [f["ids"] for f in feats], [f["types"] for f in feats]
-        input_ids = self._pad(ids, self.pad)
+        input_ids = pad_rows(ids, self.pad)
         batch = {"input_ids": input_ids, "attention_mask": input_ids != self.pad,
-                 "token_type_ids": self._pad(types, 0)}
+                 "token_type_ids": pad_rows(types, 0)}
         if self.spec.kind == "span":
             batch["start"] = torch.tensor([f["start"] for f in feats])
             batch["end"] = torch.tensor([f["end"] for f in feats])

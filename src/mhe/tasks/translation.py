@@ -25,6 +25,7 @@ from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
 from mhe.models.generation import beam_search
+from mhe.models.losses import IGNORE
 from mhe.progress import bar
 from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
 from mhe.tasks.text import pad_rows, tokenizer_for
@@ -102,15 +103,11 @@ class TranslationTask(Task):
     def n_train_items(self):
         return len(self.batches)
 
-    @staticmethod
-    def _pad(rows, value):
-        return pad_rows(rows, value)
-
     def collate(self, indices):
         rows = [i for b in indices for i in self.batches[b]]
-        src = self._pad([self.src_ids[i] for i in rows], self.pad)
-        tgt_in = self._pad([[self.bos] + self.tgt_ids[i] for i in rows], self.pad)
-        labels = self._pad([self.tgt_ids[i] + [self.eos] for i in rows], -100)
+        src = pad_rows([self.src_ids[i] for i in rows], self.pad)
+        tgt_in = pad_rows([[self.bos] + self.tgt_ids[i] for i in rows], self.pad)
+        labels = pad_rows([self.tgt_ids[i] + [self.eos] for i in rows], IGNORE)
         return {"src": src, "src_mask": src != self.pad, "tgt": tgt_in, "tgt_mask": labels != -100,
                 "labels": labels}
 
@@ -136,7 +133,7 @@ class TranslationTask(Task):
         with bar(len(order), desc=f"decoding (beam {beam})", unit="sentence", enabled=progress) as shown:
             for k in range(0, len(order), bs):
                 chunk = order[k:k + bs]
-                src = self._pad([ids[i] or [self.tok.token_to_id("[UNK]")] for i in chunk], self.pad).to(dev)
+                src = pad_rows([ids[i] or [self.tok.token_to_id("[UNK]")] for i in chunk], self.pad).to(dev)
                 hyp = beam_search(model, src, src != self.pad, bos_id=self.bos, eos_id=self.eos, beam=beam,
                                   max_len=self.max_len, alpha=alpha, use_cache=use_cache)
                 for row, i in enumerate(chunk):
