@@ -3,8 +3,9 @@
 Importing the package imports every variant module, whose ``@register`` decorators fill the
 registry (:mod:`mhe.attention.registry` holds only the table)."""
 
-from mhe.attention.base import Attention, AttentionConfig, KVCache
+from mhe.attention.base import Attention, AttentionConfig
 from mhe.attention.kernels import KERNELS, register_kernel
+from mhe.attention.kv_cache import KVCache
 from mhe.attention.registry import (
     KINDS,
     PAPER_KINDS,

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mhe.attention.base import Attention, AttentionConfig, KVCache
+from mhe.attention.base import Attention, AttentionConfig
+from mhe.attention.kv_cache import KVCache
 from mhe.attention.registry import register
 from mhe.errors import MheError, require_positive
 

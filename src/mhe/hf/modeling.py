@@ -19,7 +19,8 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 
-from mhe.attention.base import AttentionConfig, cache_mask
+from mhe.attention.base import AttentionConfig
+from mhe.attention.kv_cache import cache_mask
 from mhe.attention.mhe import _MHEBase
 from mhe.hf.configuration import MheDecoderConfig, MheEncoderConfig, MheSeq2SeqConfig
 from mhe.models import (

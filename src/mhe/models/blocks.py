@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from mhe.attention import build_attention
-from mhe.attention.base import KVCache
+from mhe.attention.kv_cache import KVCache
 from mhe.errors import MheError
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_ids

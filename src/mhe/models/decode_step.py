@@ -1,6 +1,6 @@
 """One decode step, run eagerly, replayed as a CUDA graph, or compiled once.
 
-A step reads and writes only tensors (a static :class:`~mhe.attention.base.KVCache`, a token
+A step reads and writes only tensors (a static :class:`~mhe.attention.kv_cache.KVCache`, a token
 tensor), so the same graph serves every token. :class:`StepRunner` owns the step's input and
 output tensors: ``graph`` captures the step once with ``torch.cuda.graph`` and replays it (the
 same kernels as eager, so the output is bit-identical); ``compile`` wraps it in

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mhe.attention.base import KVCache
+from mhe.attention.kv_cache import KVCache
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_labels, check_mask

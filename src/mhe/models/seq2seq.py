@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mhe.attention.base import KVCache
+from mhe.attention.kv_cache import KVCache
 from mhe.attention.registry import attention_class
 from mhe.errors import MheError
 from mhe.models.blocks import Block, Embeddings, init_model
