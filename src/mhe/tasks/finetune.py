@@ -14,7 +14,6 @@ non-padding token. Inputs longer than the model are truncated longest-first
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
