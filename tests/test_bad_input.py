@@ -610,12 +610,13 @@ def test_valid_inputs_still_pass():
 
 # ------------------------------------------------------------------ real subprocesses
 SUBPROCESS_CASES = [
-    (["params", "--preset", "bert-base", "--kinds", ""], "--kinds '' names no attention kind"),
+    pytest.param(["params", "--preset", "bert-base", "--kinds", ""], "--kinds '' names no attention kind",
+                 marks=pytest.mark.slow),  # a second real process; the in-process table has this case
     (["translate", "--checkpoint", "x", "--beam", "two"], "invalid int value: 'two'"),
 ]
 
 
-@pytest.mark.parametrize("argv, named", SUBPROCESS_CASES, ids=[" ".join(a) for a, _ in SUBPROCESS_CASES])
+@pytest.mark.parametrize("argv, named", SUBPROCESS_CASES)
 def test_subprocess_one_line(argv, named, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "mhe", *argv], capture_output=True, text=True, cwd=tmp_path,

@@ -286,6 +286,7 @@ def test_cli_set_model_attention_works():
     assert cfg.model.attention == "mqa" and cfg.train.seed == 3
 
 
+@pytest.mark.slow  # a real process each (about 2 s): the in-process table covers the messages
 @pytest.mark.parametrize("item", ["train.log_every=0", "model.attention=mqq"])
 def test_python_m_mhe_bad_setting(item, tmp_path):
     out = tmp_path / "run"
