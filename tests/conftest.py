@@ -35,8 +35,9 @@ def data_dir() -> Path:
 
 
 def require_data(*relpaths: str) -> Path:
-    """Skip when benchmark files are missing locally; fail under CI (env CI set)."""
-    root = data_dir()
+    """Skip when benchmark files are missing locally; fail under CI (env CI set). The folder is
+    returned absolute: tests that change directory still find it (the default is relative)."""
+    root = Path(data_dir()).resolve()
     missing = [p for p in relpaths if not (root / p).exists()]
     if missing:
         msg = f"benchmark data missing under {root}: {', '.join(missing)} (set MHE_DATA)"
