@@ -180,7 +180,7 @@ def test_overview_averages_tasks_and_recomputes_prr(tmp_path, capsys):
         dirs.append(d)
     md = overview(dirs, plot=tmp_path / "prr.png")
     assert (tmp_path / "prr.png").stat().st_size > 1000 and (dirs[0] / "prr_vs_paper.png").exists()
-    row = next(line for line in md.splitlines() if line.startswith("| mhe-mul"))
+    row = next(line for line in md.splitlines() if line.startswith("| MHE-Mul"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[4] == "0.3700"                                       # (0.58 + 0.16) / 2
     assert cells[5] == f"{100 * 0.37 / 0.40:.1f}"                     # PRR of the averages
@@ -220,9 +220,9 @@ def test_overview_prr_of_a_perplexity_comparison_is_inverse(tmp_path):
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
             for line in overview([d]).splitlines() if line.startswith("| ") and "Attention" not in line}
     assert rows["SHA"][4] == f"{100 * (1 - (300 - 200) / 200):.1f}" == "50.0"
-    assert rows["mhe-mul"][4] == f"{100 * (1 - (250 - 200) / 200):.1f}"
+    assert rows["MHE-Mul"][4] == f"{100 * (1 - (250 - 200) / 200):.1f}"
     assert rows["SHA"][7] == f"{100 * (1 - (68.1 - 44.3) / 44.3):.1f}" == "46.3"
-    assert rows["mhe-mul"][7] == f"{100 * (1 - (50.7 - 44.3) / 44.3):.1f}" == "85.6"  # Table 2's printed PRR
+    assert rows["MHE-Mul"][7] == f"{100 * (1 - (50.7 - 44.3) / 44.3):.1f}" == "85.6"  # Table 2's printed PRR
     wt2 = _comparison(tmp_path / "wt2", "lm", "perplexity", False, {"sha": 100.0, "mha": 80.0, "mhe-mul": 90.0},
                       "table2-wikitext-103")
     md = overview([d, wt2])  # two language-model comparisons: one column each, named by folder

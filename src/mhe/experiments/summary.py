@@ -14,7 +14,7 @@ from mhe.attention import KINDS, PAPER_KINDS
 from mhe.data.benchmarks import TASKS as BENCH
 from mhe.errors import MheError
 from mhe.experiments.paper import paper_table, source
-from mhe.experiments.plots import plot_curves, plot_prr_vs_paper, plot_score_vs_params
+from mhe.experiments.plots import LABELS, plot_curves, plot_prr_vs_paper, plot_score_vs_params
 from mhe.metrics import peop, prr
 from mhe.models import preset
 from mhe.training.checkpoint import write_json_atomic, write_text_atomic
@@ -103,7 +103,8 @@ def paper_columns(summary: dict, table: str) -> dict:
 
 
 def _label(kind: str) -> str:
-    return kind.upper() if kind in ("sha", "mha", "mqa", "skv", "gqa") else kind
+    """The paper's name for a kind (EL-att, MHE-Add, MHE-Mul, ...), as its tables print it."""
+    return LABELS.get(kind, kind)
 
 
 def _fmt(x, digits=4):
