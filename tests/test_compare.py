@@ -129,6 +129,15 @@ def test_more_seeds_and_operational_settings_extend_a_comparison(tmp_path):
         check_sweep_dir(out, Sweep("lm", "gpt2-base", ["mha"], 3, overrides=["train.steps=700"]))
 
 
+def test_added_kinds_extend_a_comparison(tmp_path):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "sweep.json").write_text(json.dumps({"sweep": Sweep("lm", "gpt2-base", ["mha", "mhe-mul"], 3).identity()}))
+    check_sweep_dir(out, Sweep("lm", "gpt2-base", ["mha", "mhe-mul", "mhe-add"], 3))
+    with pytest.raises(MheError, match=r"kinds: \['mha', 'mhe-mul'\] there, \['mha', 'mhe-add'\] now"):
+        check_sweep_dir(out, Sweep("lm", "gpt2-base", ["mha", "mhe-add"], 3))
+
+
 @pytest.mark.parametrize("argv, match", [
     (["compare", "--kinds", "mha,nope"], "unknown attention kind 'nope'"),
     (["compare", "--preset", "huge"], "unknown preset 'huge'; valid: cpu-recall"),

@@ -154,6 +154,43 @@ EXPERIMENTS.update({
            ("transformer-4l", "4l", 100_000), ("transformer-8l", "8l", 100_000),
            ("transformer-12h", "12h", 100_000), ("transformer-big", "big", 300_000))},
 })
+
+# --- Appendix D on one GPU: decoders of three sizes (depth and width together, heads of 64) ---
+# at fixed data, trained until the validation perplexity stops improving. Our sizes are not the
+# paper's: set its GPT-2 base row beside them with --paper tableD-{ptb,wikitext-103}-decoder-base.
+SCALING_SIZES = {"small": dict(d_model=256, n_heads=4, n_layers=4, d_ff=1024),
+                 "medium": dict(d_model=512, n_heads=8, n_layers=6, d_ff=2048),
+                 "large": dict(d_model=768, n_heads=12, n_layers=8, d_ff=3072)}
+_SCALING_GPU = ("mha", "mhe-mul", "mhe-add")
+
+
+def gpu_lm_converge(cfg: RunConfig, size: str) -> RunConfig:
+    """:func:`gpu_lm` at one of :data:`SCALING_SIZES`, trained until the validation perplexity
+    stops improving: a 2000-step cosine horizon (about 19 epochs of PTB, 8 of WikiText-2),
+    validation every 100 steps, stop after 3 without improvement; the test score is the best
+    validation step's. No checkpoints but the best weights."""
+    cfg = gpu_lm(cfg)
+    cfg.model = cfg.model.replace(**SCALING_SIZES[size])
+    t = cfg.train
+    t.steps, t.warmup_steps, t.eval_every, t.patience = 2000, 100, 100, 3
+    t.save_every, t.keep_checkpoints, t.log_every = 0, False, 50
+    return cfg
+
+
+def _converge_words(cfg: RunConfig, size: str) -> RunConfig:
+    cfg = gpu_lm_converge(cfg, size)
+    cfg.data.tokenizer = "word"
+    return cfg
+
+
+EXPERIMENTS.update({
+    **{f"gpu-scale-{data}-{size}": Experiment(
+        "lm", "gpt2-base", data, kinds=_SCALING_GPU, seeds=3,
+        configure=functools.partial(_converge_words if data == "ptb" else gpu_lm_converge, size=size),
+        note=f"Appendix D on one GPU: {size} decoder ({SCALING_SIZES[size]['d_model']} wide, "
+             f"{SCALING_SIZES[size]['n_layers']} layers), trained to convergence")
+       for data in ("ptb", "wikitext-2") for size in SCALING_SIZES},
+})
 DEFAULT = "cpu-recall"
 
 

@@ -61,8 +61,8 @@ class Sweep:
 
     def comparable(self) -> dict:
         """What may not change between invocations of one comparison: the kinds, the
-        pre-training runs and every run setting (the seed count and operational settings
-        such as the checkpoint cadence may)."""
+        pre-training runs and every run setting (the seed count, added kinds and operational
+        settings such as the checkpoint cadence may)."""
         return _comparable(self.identity())
 
 
@@ -125,6 +125,8 @@ def check_sweep_dir(out: Path, sweep: Sweep) -> None:
     if f.exists():
         old = _comparable(json.loads(f.read_text())["sweep"])
         new = sweep.comparable()
+        if set(old["kinds"]) <= set(new["kinds"]):  # added kinds extend a comparison, as more seeds do
+            old["kinds"] = new["kinds"]
         diffs = [f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in sorted(set(old) | set(new))
                  if old.get(k) != new.get(k)]
         if diffs:
