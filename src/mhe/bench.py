@@ -13,7 +13,10 @@ Sections (each can be chosen with ``--sections``):
   Hugging Face GPT-2's ``generate`` as the peer (``mhe.bench_generate``).
 
 ``--kernel`` picks the attention kernel (``mhe.attention.kernels.KERNELS``) through the
-model configuration; nothing global is switched.
+model configuration; nothing global is switched. ``auto`` (the default) is ``sdpa``, except
+that the decode and generate sections decode as a user's ``generate`` call does: on a GPU,
+sublayers with a one-K/V-head cache use ``flash-decode`` (``decode_step.decode_kernel``);
+every decode row names the kernel that ran.
 
 Timing: warm-up first, CUDA events around each call, median of the repeats.
 On a CPU it runs a tiny smoke configuration so CI can check that it runs.
@@ -30,11 +33,18 @@ from mhe.attention import build_attention
 from mhe.attention.folding import fold_mhe, fold_model
 from mhe.models import build_model
 from mhe.models import preset as model_preset
+from mhe.models.decode_step import decode_kernel, inference_view, view_kernels
 
 
 BENCH_KINDS = ("mha", "mqa", "gqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul")
 # Dense bf16 tensor-core peak, from the vendors' datasheets (SXM parts).
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def split_kernel(kernel: str) -> tuple[str, str | None]:
+    """``--kernel`` -> (the model's configured kernel, the decode kernel asked for; None = the
+    automatic choice of ``decode_step.decode_kernel``)."""
+    return ("sdpa", None) if kernel == "auto" else (kernel, kernel)
 
 
 def model_shape(cfg) -> str:
@@ -130,16 +140,18 @@ def bench_attention(kinds, *, dev, dtype, B, T, m, n, warmup, reps, compile_mode
 
 
 def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, graphs=False,
-                           kernel="sdpa") -> list[dict]:
+                           kernel="auto") -> list[dict]:
     """One attention sublayer decoding one token against a filled cache (MHE folded to MQA)."""
     cuda = dev.type == "cuda"
+    configured, requested = split_kernel(kernel)
     rows = []
     for batch, ctx in settings:
         for kind in kinds:
             opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
-            mod = build_attention(kind, d_model=m, n_heads=n, causal=True, kernel=kernel, **opts).to(dev, dtype).eval()
+            mod = build_attention(kind, d_model=m, n_heads=n, causal=True, kernel=configured, **opts).to(dev, dtype).eval()
             if kind.startswith("mhe-"):
                 mod = fold_mhe(mod)
+            mod = inference_view(mod, lambda a: decode_kernel(a, dev, requested))
             cache = mod.new_cache(batch, ctx + 1)
             cache.k.normal_()
             cache.v.normal_()
@@ -152,8 +164,8 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
 
             ms = graph_timed(step, warmup=warmup, reps=reps) if graphs else timed(step, warmup=warmup, reps=reps, cuda=cuda)
             kv = cache.nbytes() * ctx // (ctx + 1)  # the filled part (the buffer holds one more slot)
-            rows.append({"batch": batch, "context": ctx, "kind": kind, "step_ms": ms,
-                         "kv_cache_bytes": kv, "kv_cache_mib": kv / 2**20})
+            rows.append({"batch": batch, "context": ctx, "kind": kind, "kernel": mod.cfg.kernel, "step_ms": ms,
+                         "kv_cache_bytes": kv, "kv_cache_mib": kv / 2**20, "cache_gb_per_s": kv / ms / 1e6})
     return rows
 
 
@@ -200,18 +212,20 @@ def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, s
     return rows
 
 
-def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False, kernel="sdpa") -> list[dict]:
+def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False, kernel="auto") -> list[dict]:
     cuda = dev.type == "cuda"
+    configured, requested = split_kernel(kernel)
     rows = []
     for batch, ctx in settings:
         for kind in kinds:
             opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
-            overrides = dict(max_len=ctx + 1, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=kernel)
+            overrides = dict(max_len=ctx + 1, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=configured)
             if small:
                 overrides.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
             model = build_model("gpt2-base", attention=kind, **overrides).to(dev, dtype).eval()
             if kind.startswith("mhe-"):
                 fold_model(model)  # decode exactly as a multi-query model
+            model = inference_view(model, lambda a: decode_kernel(a, dev, requested))
             caches = model.new_caches(batch, ctx + 1)
             for c in caches:  # a filled cache of ctx positions
                 c.k.normal_()
@@ -227,8 +241,8 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
             ms = graph_timed(step, warmup=warmup, reps=reps) if graphs else timed(step, warmup=warmup, reps=reps, cuda=cuda)
             layer = caches[0].nbytes() * ctx // (ctx + 1)  # the filled part of each layer's cache
             total = sum(c.nbytes() for c in caches) * ctx // (ctx + 1)
-            rows.append({"batch": batch, "context": ctx, "kind": kind, "shape": model_shape(model.cfg),
-                         "step_ms": ms, "tokens_per_s": batch / (ms / 1000),
+            rows.append({"batch": batch, "context": ctx, "kind": kind, "kernel": view_kernels(model),
+                         "shape": model_shape(model.cfg), "step_ms": ms, "tokens_per_s": batch / (ms / 1000),
                          "kv_cache_bytes_per_layer": layer, "kv_cache_bytes_total": total,
                          "kv_cache_mib_per_layer": layer / 2**20, "kv_cache_mib_total": total / 2**20})
             del model, caches

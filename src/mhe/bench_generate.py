@@ -4,7 +4,9 @@ gpt2-base with random weights in the bench dtype, greedy, a random prompt and a 
 of new tokens (no stop token), timed from the call to its return (prefill included, CUDA
 synchronised), after one warm-up call that captures the decode step; median of 3 calls. Hugging Face's
 ``GPT2LMHeadModel.generate`` (SDPA attention, its default dynamic cache) on the same sizes
-is the peer, in the same run (one call after a short warm-up: it is slow).
+is the peer, in the same run (one call after a short warm-up: it is slow). ``--kernel auto``
+(the default) leaves the kernel to ``generate``'s automatic choice, as a user's call does;
+each row names the kernel its decode steps ran.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import time
 
 import torch
 
+from mhe.bench import split_kernel
 from mhe.models import build_model
+from mhe.models.decode_step import view_kernels
 
 
 def _settings(args, small: bool) -> list[tuple[int, int, int]]:
@@ -43,21 +47,25 @@ def _time(fn, *, cuda: bool, reps: int) -> float:
 
 def _ours(kind, batch, prompt, new, *, dev, dtype, small, kernel, mode, reps):
     opts = {"n_kv_heads": 4} if kind == "gqa" else {}
-    over = dict(max_len=prompt + new, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=kernel)
+    configured, requested = split_kernel(kernel)
+    over = dict(max_len=prompt + new, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=configured)
     if small:
         over.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
     model = build_model("gpt2-base", attention=kind, **over).to(dev, dtype).eval()
     ids = torch.randint(0, model.cfg.vocab_size, (batch, prompt), device=dev)
-    model.generate(ids, new, step_mode=mode)  # warm-up: builds the caches, captures the step
-    sec = _time(lambda: model.generate(ids, new, step_mode=mode), cuda=dev.type == "cuda", reps=reps)
+    run = dict(step_mode=mode, decode_kernel=requested)
+    model.generate(ids, new, **run)  # warm-up: builds the caches, captures the step
+    sec = _time(lambda: model.generate(ids, new, **run), cuda=dev.type == "cuda", reps=reps)
     session = model.__dict__.get("_generation_session")
     kv = sum(c.nbytes() for c in session.caches) if session is not None else 0
+    ran = view_kernels(session.view) if session is not None else "-"
     model.__dict__["_generation_session"] = None
     # the prompt's share: a call for one new token is the prefill alone (a new session is built first)
-    model.generate(ids, 1, step_mode="eager")
-    prefill = _time(lambda: model.generate(ids, 1, step_mode="eager"), cuda=dev.type == "cuda", reps=reps)
+    model.generate(ids, 1, step_mode="eager", decode_kernel=requested)
+    prefill = _time(lambda: model.generate(ids, 1, step_mode="eager", decode_kernel=requested),
+                    cuda=dev.type == "cuda", reps=reps)
     del model, session
-    return sec, kv, prefill
+    return sec, kv, prefill, ran
 
 
 def _peer(batch, prompt, new, *, dev, dtype, small, reps):
@@ -89,12 +97,12 @@ def run_generate_section(kinds, args, *, dev, dtype, small) -> list[dict]:
             sec = _peer(batch, prompt, new, dev=dev, dtype=dtype, small=small, reps=reps)
             if sec is not None:
                 rows.append(dict(batch=batch, prompt=prompt, new=new, path="HF GPT2LMHeadModel.generate",
-                                 kind="mha", seconds=sec, kv_bytes=None, kv_mib=None, prefill_ms=None))
+                                 kind="mha", kernel="sdpa (HF)", seconds=sec, kv_bytes=None, kv_mib=None, prefill_ms=None))
         for kind in kinds:
-            sec, kv, prefill = _ours(kind, batch, prompt, new, dev=dev, dtype=dtype, small=small, kernel=args.kernel,
-                            mode=mode, reps=reps)
+            sec, kv, prefill, ran = _ours(kind, batch, prompt, new, dev=dev, dtype=dtype, small=small,
+                                          kernel=args.kernel, mode=mode, reps=reps)
             rows.append(dict(batch=batch, prompt=prompt, new=new, path=f"model.generate ({mode})", kind=kind,
-                             seconds=sec, kv_bytes=kv, kv_mib=kv / 2**20, prefill_ms=1000 * prefill))
+                             kernel=ran, seconds=sec, kv_bytes=kv, kv_mib=kv / 2**20, prefill_ms=1000 * prefill))
             if cuda:
                 torch.cuda.empty_cache()
     for r in rows:

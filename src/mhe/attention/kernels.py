@@ -168,3 +168,6 @@ def _probabilities(q, k, mask, scale):
 def _repeat_kv(t: torch.Tensor, n_q: int) -> torch.Tensor:
     h = t.shape[1]
     return t if h == n_q else t.repeat_interleave(n_q // h, dim=1)
+
+
+from mhe.attention import flash_decode  # noqa: E402,F401  registers "flash-decode" (it builds on sdpa)

@@ -9,7 +9,7 @@ import torch
 
 from mhe.accounting.memory import byte_unit
 from mhe.attention import kernels, parse_kinds
-from mhe.bench import BENCH_KINDS, bench_attention, bench_decode, bench_decode_attention, bench_training
+from mhe.bench import BENCH_KINDS, bench_attention, bench_decode, bench_decode_attention, bench_training, split_kernel
 from mhe.bench_generate import run_generate_section
 from mhe.errors import MheError
 from mhe.experiments.tables import print_table
@@ -29,8 +29,10 @@ def bench_args(p):
     p.add_argument("--reps", type=int, default=None, help="timed repeats (default 50; 3 in smoke sizes)")
     p.add_argument("--json", default="", help="also write every figure to this JSON file")
     p.add_argument("--no-graphs", action="store_true", help="time decode eagerly, not as CUDA graph replays")
-    p.add_argument("--kernel", default="sdpa",
-                   help="attention kernel (model.attn_kernel): sdpa, sdpa-expand, eager, matmul-decode")
+    p.add_argument("--kernel", default="auto",
+                   help="attention kernel (model.attn_kernel): auto (default: sdpa, and in the decode and generate "
+                        "sections flash-decode for one-K/V-head caches on a GPU), sdpa, sdpa-expand, eager, "
+                        "matmul-decode, flash-decode")
     p.add_argument("--gen-batches", default="1,64", help="generate section: batches at prompt 256 + 256 new tokens")
     p.add_argument("--gen-long", default="64x4096", help="generate section: BATCHxCONTEXT runs (256 new tokens)")
     p.add_argument("--no-peer", action="store_true", help="generate section: skip Hugging Face GPT-2's generate")
@@ -54,7 +56,9 @@ def cmd_bench(args) -> int:
             raise MheError(f"{option} must be a positive integer, got {value}")
     if args.json:
         check_output_file(args.json, "--json")
-    kernels.check_kernel(args.kernel)
+    if args.kernel != "auto":
+        kernels.check_kernel(args.kernel)
+    configured = split_kernel(args.kernel)[0]  # the attn and train sections
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     small = args.smoke or not cuda
@@ -68,7 +72,7 @@ def cmd_bench(args) -> int:
     if "attn" in sections:
         B, T, m, n = (2, 64, 64, 4) if small else (16, 1024, 768, 12)
         rows = bench_attention(kinds, dev=dev, dtype=dtype, B=B, T=T, m=m, n=n, warmup=warm, reps=reps,
-                               compile_model=args.compile, kernel=args.kernel)
+                               compile_model=args.compile, kernel=configured)
         result["attention"] = rows
         ref = {r["kind"]: r for r in rows}
         print(f"\nattention sublayer, B={B} T={T} m={m} n={n}, causal, {str(dtype).split('.')[-1]}"
@@ -104,18 +108,18 @@ def cmd_bench(args) -> int:
         unit, scale = byte_unit(max(r["kv_cache_bytes"] for r in rows))
         print(f"\ndecode one token, one attention sublayer (m={m}, {n} heads; MHE folded to MQA)"
               f"{'; CUDA graph replays' if graphs else ''}")
-        print_table(["batch", "context", "kind", "step ms", "MHA / this", f"KV cache {unit}"],
-                    [[r["batch"], r["context"], r["kind"], f"{r['step_ms']:.4f}",
+        print_table(["batch", "context", "kind", "kernel", "step ms", "MHA / this", f"KV cache {unit}", "cache GB/s"],
+                    [[r["batch"], r["context"], r["kind"], r["kernel"], f"{r['step_ms']:.4f}",
                       f"{ref[(r['batch'], 'mha')]['step_ms'] / r['step_ms']:.2f}x" if (r["batch"], "mha") in ref else "-",
-                      f"{r['kv_cache_bytes'] / scale:.1f}"] for r in rows])
+                      f"{r['kv_cache_bytes'] / scale:.1f}", f"{r['cache_gb_per_s']:,.0f}"] for r in rows])
         rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small, graphs=graphs,
                             kernel=args.kernel)
         result["decode"] = rows
         unit, scale = byte_unit(max(r["kv_cache_bytes_total"] for r in rows))
         print(f"\ndecode one token against a filled KV cache ({rows[0]['shape'] if small else 'gpt2-base'}; "
               f"MHE folded to MQA){'; CUDA graph replays' if graphs else ''}")
-        print_table(["batch", "context", "kind", "step ms", "tokens/s", f"KV {unit}/layer", f"KV {unit} total"],
-                    [[r["batch"], r["context"], r["kind"], f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
+        print_table(["batch", "context", "kind", "kernel", "step ms", "tokens/s", f"KV {unit}/layer", f"KV {unit} total"],
+                    [[r["batch"], r["context"], r["kind"], r["kernel"], f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
                       f"{r['kv_cache_bytes_per_layer'] / scale:.1f}", f"{r['kv_cache_bytes_total'] / scale:.1f}"]
                      for r in rows])
     if "generate" in sections:
@@ -134,9 +138,10 @@ def print_generate_table(rows: list[dict], dtype, shape: str) -> None:
     print(f"\ngenerate end to end ({shape}, random weights, greedy, {str(dtype).split('.')[-1]}; "
           "prefill included; MHE folded to MQA)")
     unit, scale = byte_unit(max([r["kv_bytes"] for r in rows if r["kv_bytes"] is not None], default=0))
-    print_table(["batch", "prompt+new", "path", "kind", "ms/token", "tokens/s", "vs HF", "tok/s vs MHA", f"KV {unit}",
+    print_table(["batch", "prompt+new", "path", "kind", "kernel", "ms/token", "tokens/s", "vs HF", "tok/s vs MHA", f"KV {unit}",
                  "prefill ms"],
-                [[r["batch"], f"{r['prompt']}+{r['new']}", r["path"], r["kind"], f"{r['ms_per_token']:.3f}",
+                [[r["batch"], f"{r['prompt']}+{r['new']}", r["path"], r["kind"], r.get("kernel", "-"),
+                  f"{r['ms_per_token']:.3f}",
                   f"{r['tokens_per_s']:,.0f}",
                   f"{base[(r['batch'], r['prompt'])]['seconds'] / r['seconds']:.1f}x"
                   if (r["batch"], r["prompt"]) in base else "-",

@@ -10,16 +10,23 @@ is ``graph`` on CUDA and ``eager`` elsewhere.
 :func:`inference_view` is what generation runs: the model with every fast MHE sublayer folded
 into the multi-query sublayer it equals at inference (paper-notes; ``attention/folding.py``),
 sharing every other weight, so MHE decodes exactly like MQA with no per-step folding work.
+It also picks each sublayer's decode kernel (:func:`decode_kernel`): on a GPU a sublayer whose
+cache holds one K/V head (MQA, SHA, folded MHE) and runs the default ``sdpa`` kernel decodes
+with ``flash-decode`` (split-K FlashAttention, ``attention/flash_decode.py``) unless the
+caller names a kernel.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
+from mhe.attention import kernels
+from mhe.attention.base import Attention
 from mhe.attention.folding import fold_model
 from mhe.attention.mhe import _MHEBase
 from mhe.errors import one_of
@@ -42,13 +49,45 @@ def weights_version(model: nn.Module) -> tuple:
     return tuple(p._version for p in model.parameters())
 
 
-def inference_view(model: nn.Module) -> nn.Module:
-    """``model`` with fast MHE sublayers folded to MQA; shares all other parameters and buffers."""
-    if not any(isinstance(m, _MHEBase) and not m.reference for m in model.modules()):
+def decode_kernel(attn: Attention, device: torch.device, requested: str | None = None) -> str:
+    """The kernel one attention sublayer decodes with.
+
+    ``requested`` when given (the caller chose); else ``flash-decode`` on CUDA for a sublayer
+    whose cache holds one K/V head and whose configured kernel is the default ``sdpa``; else
+    the sublayer's own kernel (a kernel the model was configured with is kept).
+    """
+    if requested is not None:
+        return requested
+    if device.type == "cuda" and attn.cfg.kernel == "sdpa" and attn.supports_cache and attn.cache_heads == 1:
+        return "flash-decode"
+    return attn.cfg.kernel
+
+
+def inference_view(model: nn.Module, kernel_of: Callable[[Attention], str] | None = None) -> nn.Module:
+    """``model`` with fast MHE sublayers folded to MQA and, with ``kernel_of``, each attention
+    sublayer set to the kernel ``kernel_of(sublayer)`` names (e.g. ``lambda a: decode_kernel(a,
+    device)``); shares all parameters and buffers with ``model``, which is left unchanged."""
+    fold = any(isinstance(m, _MHEBase) and not m.reference for m in model.modules())
+    if not fold and (kernel_of is None or all(kernel_of(a) == a.cfg.kernel for a in _attention(model))):
         return model
     memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
     view = copy.deepcopy(model, memo)
-    return fold_model(view).eval()
+    if fold:
+        view = fold_model(view).eval()
+    for attn in _attention(view) if kernel_of is not None else ():
+        kernel = kernel_of(attn)
+        if kernel != attn.cfg.kernel:
+            attn.cfg = dataclasses.replace(attn.cfg, kernel=kernels.check_kernel(kernel))
+    return view
+
+
+def view_kernels(view: nn.Module) -> str:
+    """The kernels a view's attention sublayers run, e.g. ``flash-decode`` (for reports)."""
+    return ",".join(sorted({a.cfg.kernel for a in _attention(view)})) or "-"
+
+
+def _attention(model: nn.Module) -> list[Attention]:
+    return [m for m in model.modules() if isinstance(m, Attention)]
 
 
 class StepRunner:

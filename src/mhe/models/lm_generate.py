@@ -2,7 +2,9 @@
 
 The prompt runs once through SDPA and fills a static KV cache; every new token is then one
 call of the same decode step (``decode_step.StepRunner``: eager, a replayed CUDA graph, or
-compiled once). Fast MHE sublayers are folded to MQA first (``decode_step.inference_view``).
+compiled once). Fast MHE sublayers are folded to MQA first (``decode_step.inference_view``),
+and on a GPU one-K/V-head sublayers decode with the split-K ``flash-decode`` kernel
+(``decode_step.decode_kernel``) unless the caller names a kernel.
 
 Batches of prompts of different lengths are LEFT padded (``attention_mask`` 0 on the
 left): positions count from each row's first real token and padding is never attended to,
@@ -15,8 +17,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from mhe.attention import kernels
 from mhe.errors import MheError, require_positive
-from mhe.models.decode_step import StepRunner, inference_view, resolve_mode, restorer, weights_version
+from mhe.models.decode_step import (StepRunner, decode_kernel, inference_view, resolve_mode, restorer,
+                                   weights_version)
 from mhe.models.outputs import as_bool_mask
 from mhe.models.sampling import SamplingConfig, next_token
 
@@ -25,9 +29,10 @@ class _Session:
     """Caches, the key mask and the captured step for one (batch, length) shape; reused across
     calls while the weights are unchanged."""
 
-    def __init__(self, model, batch: int, length: int, dtype, device, mode: str) -> None:
-        self.key = (batch, length, dtype, device, mode, weights_version(model))
-        self.view = inference_view(model)
+    def __init__(self, model, batch: int, length: int, dtype, device, mode: str, kernel: str | None) -> None:
+        self.key = (batch, length, dtype, device, mode, kernel, weights_version(model))
+        pick = None if kernel == "model" else (lambda attn: decode_kernel(attn, device, kernel))
+        self.view = inference_view(model, pick)
         self.caches = self.view.new_caches(batch, length, dtype=dtype, device=device)
         self.key_mask = torch.ones(batch, length, dtype=torch.bool, device=device)  # [B, L]
         self.mode = mode
@@ -44,12 +49,14 @@ class _Session:
         self.key_mask[:, :prompt_mask.shape[1]] = prompt_mask
 
 
-def _session(model, batch, length, dtype, device, mode) -> _Session:
+def _session(model, batch, length, dtype, device, mode, kernel) -> _Session:
+    """``kernel``: a kernel name for every sublayer, None for the automatic choice, or
+    ``"model"`` for each sublayer's configured kernel."""
     s = model.__dict__.get("_generation_session")
-    key = (batch, length, dtype, device, mode, weights_version(model))
+    key = (batch, length, dtype, device, mode, kernel, weights_version(model))
     if s is None or s.key != key:
         model.__dict__["_generation_session"] = None  # free the old caches first
-        s = model.__dict__["_generation_session"] = _Session(model, batch, length, dtype, device, mode)
+        s = model.__dict__["_generation_session"] = _Session(model, batch, length, dtype, device, mode, kernel)
     return s
 
 
@@ -58,7 +65,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
              use_cache: bool = True, stop_ids: Sequence[int] = (), pad_id: int | None = None,
              do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              seed: int | None = None, streamer: Callable[[list[int]], None] | None = None,
-             step_mode: str = "auto", compile_options: dict | None = None, return_logits: bool = False):
+             step_mode: str = "auto", compile_options: dict | None = None, decode_kernel: str | None = None,
+             return_logits: bool = False):
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
     Args:
@@ -74,6 +82,11 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         step_mode: ``auto`` (CUDA graph on a GPU, eager on a CPU), ``eager``, ``graph``,
             ``compile`` (see :mod:`mhe.models.decode_step`); ``compile_options`` go to
             ``torch.compile`` (e.g. ``{"backend": "aot_eager"}``).
+        decode_kernel: the attention kernel of every sublayer while decoding
+            (:data:`mhe.attention.kernels.KERNELS`). None (default): on CUDA, sublayers whose
+            cache holds one K/V head and whose kernel is the default ``sdpa`` use
+            ``flash-decode``, the others keep theirs; on a CPU nothing changes. Prompts whose
+            mask is not left padding (a gap inside a row) keep the configured kernels.
 
     Returns:
         ``[B, P + n]`` token ids, the prompts followed by ``n <= max_new_tokens`` new tokens;
@@ -100,7 +113,11 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
 
     if use_cache:
         dtype = next(model.parameters()).dtype
-        s = _session(model, b, total, dtype, dev, resolve_mode(step_mode, dev))
+        # flash-decode reads one contiguous run of keys per row: true of left padding only
+        kernel = decode_kernel if decode_kernel is not None or not padded or _left_padded(prompt_mask) else "model"
+        if kernel is not None and kernel != "model":
+            kernels.check_kernel(kernel)
+        s = _session(model, b, total, dtype, dev, resolve_mode(step_mode, dev), kernel)
         s.reset(prompt_mask)
         logits = s.view(input_ids, attention_mask=s.key_mask if padded else None, caches=s.caches,
                         position_ids=positions, last_only=True).logits[:, -1]
@@ -140,6 +157,11 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
             logits = model(seq, attention_mask=seq_mask, position_ids=seq_pos).logits[:, -1]
     tokens = torch.cat(out, 1)
     return (tokens, torch.stack(seen, 1)) if return_logits else tokens
+
+
+def _left_padded(prompt_mask: torch.Tensor) -> bool:
+    """Every row is padding, then real tokens (reads the device)."""
+    return bool((prompt_mask[:, 1:] >= prompt_mask[:, :-1]).all())
 
 
 def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
