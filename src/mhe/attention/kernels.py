@@ -14,6 +14,10 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
 * ``eager``: the softmax written out (tests, attention maps).
 * ``matmul-decode``: as ``sdpa``, except one-token grouped decoding is an explicit
   matmul -> softmax -> matmul (measured 4x slower on an H200, docs/benchmarks.md section 3).
+* ``flash-decode`` (``attention/flash_decode.py``): as ``sdpa``, except one new token over a
+  one-K/V-head cache ``[B, 1, S, d]`` on CUDA in fp16/bf16 runs FlashAttention-2's split-KV
+  ("flash-decoding") forward; the mask must allow one contiguous run of keys per batch row.
+  Generation chooses it on a GPU for MQA, SHA and folded MHE (``decode_step.decode_kernel``).
 """
 
 from __future__ import annotations
