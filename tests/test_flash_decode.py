@@ -1,0 +1,177 @@
+"""The ``flash-decode`` kernel: the key ranges it reads from a static cache's masks, its
+fallback to ``sdpa``, its registration, where generation chooses it, and (``-m gpu``) its
+output against the literal reference and under CUDA graphs and torch.compile."""
+
+import pytest
+import torch
+
+from mhe.attention import KERNELS, build_attention
+from mhe.attention.flash_decode import fast_path, key_offsets, key_range
+from mhe.attention.kernels import attend
+from mhe.attention.kv_cache import cache_mask
+from mhe.models import build_model
+from mhe.models.config import preset
+from mhe.models.decode_step import decode_kernel, inference_view, view_kernels
+from reference import softmax_attention
+
+CUDA = torch.device("cuda")  # only its type is read on a CPU-only machine
+SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
+
+
+def run_of(start: torch.Tensor, used: torch.Tensor, length: int) -> torch.Tensor:
+    """``[B, S]``: True exactly on ``start_b .. start_b + used_b - 1`` (the run the kernel reads)."""
+    pos = torch.arange(length)[None, :]
+    return (pos >= start[:, None].long()) & (pos < (start + used)[:, None].long())
+
+
+def check_contiguous_range(mask: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's precondition, asserted: every row's allowed keys are the run read from it."""
+    s = mask.shape[-1]
+    start, used = key_range(mask, batch, s, device=mask.device)
+    assert start.dtype == used.dtype == torch.int32 and start.shape == used.shape == (batch,)
+    assert torch.equal(run_of(start, used, s), mask.reshape(-1, s).expand(batch, s))
+    return start, used
+
+
+def test_range_of_a_left_padded_causal_decode_mask():
+    length, pos = 12, 7  # the new token sits at position 7 of a 12-slot cache
+    key_mask = torch.ones(3, length, dtype=torch.bool)
+    key_mask[0, :3] = False  # rows of different lengths: padding 3, 0 and 6
+    key_mask[2, :6] = False
+    mask = cache_mask(key_mask, 1, torch.tensor(pos), length, causal=True, device=torch.device("cpu"))
+    start, used = check_contiguous_range(mask, 3)
+    assert start.tolist() == [3, 0, 6] and used.tolist() == [5, 8, 2]
+
+
+def test_range_of_a_partially_filled_cache_without_padding():
+    mask = cache_mask(None, 1, torch.tensor(4), 10, causal=True, device=torch.device("cpu"))  # [1, 1, 1, 10]
+    start, used = check_contiguous_range(mask, 2)  # one mask row broadcast over the batch
+    assert start.tolist() == [0, 0] and used.tolist() == [5, 5]
+    mask = cache_mask(None, 1, torch.tensor(4), 10, causal=False, device=torch.device("cpu"))  # written so far
+    assert key_range(mask, 2, 10, device=torch.device("cpu"))[1].tolist() == [5, 5]
+
+
+def test_range_without_mask_and_key_offsets():
+    start, used = key_range(None, 3, 9, device=torch.device("cpu"))
+    assert start.tolist() == [0, 0, 0] and used.tolist() == [9, 9, 9]
+    offs = key_offsets(torch.tensor([2, 0, 5], dtype=torch.int32), 9)
+    assert offs.dtype == torch.int32 and offs.tolist() == [2, 9, 23, 27]  # b * S + start_b, then B * S
+
+
+def test_a_mask_with_a_hole_is_not_a_run():
+    """Why the precondition matters: a hole makes the run differ from the mask."""
+    mask = torch.tensor([[True, False, True, True]])[:, None, None, :]
+    start, used = key_range(mask, 1, 4, device=torch.device("cpu"))
+    assert not torch.equal(run_of(start, used, 4), mask.reshape(1, 4))
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_fallback_is_sdpa_exactly_on_cpu(t):
+    q = torch.randn(2, 4, t, 8)
+    k, v = torch.randn(2, 1, 10, 8), torch.randn(2, 1, 10, 8)
+    key_mask = torch.ones(2, 10, dtype=torch.bool)
+    key_mask[1, :4] = False
+    mask = cache_mask(key_mask, t, torch.tensor(5), 10, causal=True, device=torch.device("cpu"))
+    assert not fast_path(q, k, v, mask, False, 0.0)  # a CPU tensor never takes the fast path
+    want = attend(q, k, v, mask=mask, kernel="sdpa")
+    assert torch.equal(attend(q, k, v, mask=mask, kernel="flash-decode"), want)
+    gold = softmax_attention(q[:, 0].double(), k[:, 0].double(), v[:, 0].double(), key_mask=mask[:, 0, -1])
+    torch.testing.assert_close(want[:, 0, -1].double(), gold[:, -1], rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_is_registered_and_configurable():
+    assert "flash-decode" in KERNELS
+    assert build_attention("mqa", d_model=32, n_heads=4, kernel="flash-decode").cfg.kernel == "flash-decode"
+    cfg = preset("tiny-decoder").replace(attn_kernel="flash-decode", **SMALL)
+    model = build_model(cfg)
+    assert view_kernels(model) == "flash-decode"
+
+
+@pytest.mark.parametrize("kind,heads", [("mqa", 1), ("sha", 1), ("mhe-mul", 1), ("mha", 4), ("gqa", 2)])
+def test_decode_kernel_is_flash_decode_only_on_cuda_for_one_kv_head(kind, heads):
+    opts = {"n_kv_heads": 2} if kind == "gqa" else {}
+    attn = build_attention(kind, d_model=32, n_heads=4, **opts)
+    assert attn.cache_heads == heads  # fast MHE caches one K/V head
+    assert decode_kernel(attn, CUDA) == ("flash-decode" if heads == 1 else "sdpa")
+    assert decode_kernel(attn, torch.device("cpu")) == "sdpa"
+    assert decode_kernel(attn, CUDA, "matmul-decode") == "matmul-decode"  # the caller's choice wins
+
+
+def test_a_configured_kernel_is_kept_and_the_model_left_unchanged():
+    mqa = build_attention("mqa", d_model=32, n_heads=4, kernel="sdpa-expand")
+    assert decode_kernel(mqa, CUDA) == "sdpa-expand"
+    model = build_model("tiny-decoder", attention="mqa", **SMALL)
+    view = inference_view(model, lambda a: decode_kernel(a, CUDA))
+    assert view_kernels(view) == "flash-decode" and view_kernels(model) == "sdpa"
+    assert all(p is q for p, q in zip(view.parameters(), model.parameters()))  # weights shared, not copied
+
+
+def test_generate_with_flash_decode_on_cpu_equals_sdpa():
+    model = build_model("tiny-decoder", attention="mhe-mul", **SMALL).double().eval()
+    ids = torch.randint(3, 99, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :3] = 0
+    a, la = model.generate(ids, 6, attention_mask=mask, decode_kernel="sdpa", return_logits=True)
+    b, lb = model.generate(ids, 6, attention_mask=mask, decode_kernel="flash-decode", return_logits=True)
+    assert view_kernels(model.__dict__["_generation_session"].view) == "flash-decode"
+    assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+# --- on a GPU ------------------------------------------------------------------------------------
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@cuda
+def test_flash_decode_matches_the_reference_in_bf16():
+    """Against the literal softmax in float64. Bound: FlashAttention rounds the probabilities to
+    bf16 before the product with V and the output to bf16 (relative 2^-8 each), so
+    |out - gold| <= 2 * 2^-8 * max|v|; SDPA's own error is the yardstick in norm."""
+    torch.manual_seed(0)
+    b, h, s, d = 4, 12, 1000, 64
+    q = torch.randn(b, h, 1, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, 1, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    key_mask = torch.ones(b, s, dtype=torch.bool, device="cuda")
+    for row, pad in enumerate((0, 17, 300, 999)):
+        key_mask[row, :pad] = False
+    mask = cache_mask(key_mask, 1, torch.tensor(700, device="cuda"), s, causal=True, device=q.device)
+    assert fast_path(q, k, v, mask, False, 0.0)
+    got = attend(q, k, v, mask=mask, kernel="flash-decode")
+    plain = attend(q, k, v, mask=mask, kernel="sdpa")
+    km = mask[:, 0, 0].cpu()  # [B, S]
+    gold = torch.stack([softmax_attention(q[:, i].cpu().double(), k[:, 0].cpu().double(), v[:, 0].cpu().double(),
+                                          key_mask=km) for i in range(h)], 1)  # [B, h, 1, d]
+    bound = 2 * 2 ** -8 * v.abs().max().item()
+    assert (got.cpu().double() - gold).abs().max().item() <= bound
+    err = (got.cpu().double() - gold).norm() / gold.norm()
+    err_sdpa = (plain.cpu().double() - gold).norm() / gold.norm()
+    assert err <= 2 * err_sdpa + 1e-4, (err.item(), err_sdpa.item())
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("kind", ["mqa", "mhe-mul"])
+def test_graph_and_compiled_decode_equal_eager_with_flash_decode(kind):
+    torch.manual_seed(0)
+    model = build_model("tiny-decoder", attention=kind, dropout=0.0, attn_dropout=0.0).cuda().bfloat16().eval()
+    ids = torch.randint(0, 1024, (3, 9), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    for m in (None, mask):
+        a, la = model.generate(ids, 20, attention_mask=m, step_mode="eager", return_logits=True)
+        assert view_kernels(model.__dict__["_generation_session"].view) == "flash-decode"
+        s, ls = model.generate(ids, 20, attention_mask=m, step_mode="eager", decode_kernel="sdpa",
+                               return_logits=True)
+        # the first decode step (logits 1; logits 0 are the prefill's) after the same token:
+        # the same function as sdpa's, in another bf16 rounding
+        assert torch.equal(a[:, 9], s[:, 9])
+        torch.testing.assert_close(la[:, 1].float(), ls[:, 1].float(), rtol=0.02, atol=0.05)
+        g, lg = model.generate(ids, 20, attention_mask=m, step_mode="graph", return_logits=True)
+        assert torch.equal(a, g) and torch.equal(la, lg)  # a replayed graph runs the eager kernels
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        c, lc = model.generate(ids, 20, attention_mask=m, step_mode="compile",
+                               compile_options={"backend": "aot_eager"}, return_logits=True)
+        assert int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) == 1  # one graph, every step
+        assert torch.equal(a, c)
+        torch.testing.assert_close(lc.float(), la.float(), rtol=0.02, atol=0.05)
