@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mhe.attention import KERNELS, build_attention
-from mhe.attention.flash_decode import fast_path, key_offsets, key_range
+from mhe.attention.flash_decode import fast_path, key_offsets, mask_range, range_mask
 from mhe.attention.kernels import attend
 from mhe.attention.kv_cache import cache_mask
 from mhe.models import build_model
@@ -27,7 +27,7 @@ def run_of(start: torch.Tensor, used: torch.Tensor, length: int) -> torch.Tensor
 def check_contiguous_range(mask: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's precondition, asserted: every row's allowed keys are the run read from it."""
     s = mask.shape[-1]
-    start, used = key_range(mask, batch, s, device=mask.device)
+    start, used = mask_range(mask, batch, s, device=mask.device)
     assert start.dtype == used.dtype == torch.int32 and start.shape == used.shape == (batch,)
     assert torch.equal(run_of(start, used, s), mask.reshape(-1, s).expand(batch, s))
     return start, used
@@ -48,20 +48,44 @@ def test_range_of_a_partially_filled_cache_without_padding():
     start, used = check_contiguous_range(mask, 2)  # one mask row broadcast over the batch
     assert start.tolist() == [0, 0] and used.tolist() == [5, 5]
     mask = cache_mask(None, 1, torch.tensor(4), 10, causal=False, device=torch.device("cpu"))  # written so far
-    assert key_range(mask, 2, 10, device=torch.device("cpu"))[1].tolist() == [5, 5]
+    assert mask_range(mask, 2, 10, device=torch.device("cpu"))[1].tolist() == [5, 5]
 
 
 def test_range_without_mask_and_key_offsets():
-    start, used = key_range(None, 3, 9, device=torch.device("cpu"))
+    start, used = mask_range(None, 3, 9, device=torch.device("cpu"))
     assert start.tolist() == [0, 0, 0] and used.tolist() == [9, 9, 9]
     offs = key_offsets(torch.tensor([2, 0, 5], dtype=torch.int32), 9)
     assert offs.dtype == torch.int32 and offs.tolist() == [2, 9, 23, 27]  # b * S + start_b, then B * S
 
 
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("eager_width", [False, True])
+def test_cache_decode_range_is_the_run_of_its_mask(padded, eager_width):
+    """``KVCache.decode_range`` (what a decode step passes) equals the run read from the mask
+    the cache would build, and ``range_mask`` turns it back into that mask."""
+    from mhe.attention.kv_cache import KVCache
+
+    cache = KVCache(3, 1, 12, 8, dtype=torch.float32)
+    cache.update(*(torch.randn(3, 1, 7, 8) for _ in range(2)))  # a prompt of 7
+    start = cache.index.clone()
+    cache.update(*(torch.randn(3, 1, 1, 8) for _ in range(2)))  # the new token, at position 7
+    key_mask = None
+    if padded:
+        key_mask = torch.ones(3, 8 if eager_width else 12, dtype=torch.bool)  # [B, start + 1] or [B, L]
+        key_mask[0, :3] = False
+        key_mask[2, :6] = False
+    mask = cache.self_attention_mask(key_mask, 1, start, causal=True)
+    begin, used = check_contiguous_range(mask, 3)
+    offsets, got_used = cache.decode_range(key_mask)
+    assert offsets.dtype == got_used.dtype == torch.int32
+    assert torch.equal(got_used, used) and torch.equal(offsets, key_offsets(begin, 12))
+    assert torch.equal(range_mask((offsets, got_used), 12), mask.expand(3, 1, 1, 12))
+
+
 def test_a_mask_with_a_hole_is_not_a_run():
     """Why the precondition matters: a hole makes the run differ from the mask."""
     mask = torch.tensor([[True, False, True, True]])[:, None, None, :]
-    start, used = key_range(mask, 1, 4, device=torch.device("cpu"))
+    start, used = mask_range(mask, 1, 4, device=torch.device("cpu"))
     assert not torch.equal(run_of(start, used, 4), mask.reshape(1, 4))
 
 
@@ -106,15 +130,26 @@ def test_a_configured_kernel_is_kept_and_the_model_left_unchanged():
     assert all(p is q for p, q in zip(view.parameters(), model.parameters()))  # weights shared, not copied
 
 
-def test_generate_with_flash_decode_on_cpu_equals_sdpa():
+@pytest.mark.parametrize("padded", [False, True])
+def test_generate_with_flash_decode_on_cpu_equals_sdpa(padded):
+    """On a CPU the kernel's range path rebuilds the mask and runs sdpa: identical output."""
     model = build_model("tiny-decoder", attention="mhe-mul", **SMALL).double().eval()
     ids = torch.randint(3, 99, (2, 6))
     mask = torch.ones(2, 6, dtype=torch.long)
-    mask[1, :3] = 0
+    mask[1, :3] = 0 if padded else 1
     a, la = model.generate(ids, 6, attention_mask=mask, decode_kernel="sdpa", return_logits=True)
     b, lb = model.generate(ids, 6, attention_mask=mask, decode_kernel="flash-decode", return_logits=True)
     assert view_kernels(model.__dict__["_generation_session"].view) == "flash-decode"
     assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_key_range_goes_to_flash_decode_only():
+    from mhe.errors import MheError
+
+    q, k = torch.randn(1, 4, 1, 8), torch.randn(1, 1, 5, 8)
+    with pytest.raises(MheError, match="flash-decode kernel only"):
+        attend(q, k, k, kernel="sdpa", key_range=(torch.tensor([0, 5], dtype=torch.int32),
+                                                  torch.tensor([5], dtype=torch.int32)))
 
 
 # --- on a GPU ------------------------------------------------------------------------------------

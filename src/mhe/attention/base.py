@@ -127,6 +127,9 @@ class Attention(nn.Module):
             k, v, start = cache.update(*self._keys_values(x))  # the whole buffers [B, h_kv, L, d]
             if mask is not None:
                 self._check_mask(mask, x.shape[0], mask.shape[1])
+            if self.cfg.kernel == "flash-decode" and x.shape[1] == 1 and self.cfg.causal \
+                    and hasattr(cache, "decode_range"):  # one new token: the run of keys, no mask
+                return self._output(self._attend(q, k, v, key_range=cache.decode_range(mask)))
             full = cache.self_attention_mask(mask, x.shape[1], start, causal=self.cfg.causal)
             return self._output(self._attend(q, k, v, mask=full))
         if cache is None:

@@ -12,9 +12,13 @@ blocks, merging the partial softmaxes by their log-sum-exp.
 
 The cache is passed as ``(B*S, 1, d)`` views (no copy). Each batch row may see one
 contiguous run of cache positions, ``[start_b, start_b + used_b)``: left padding at the
-front, positions not yet written at the back. That run is read from the boolean mask the
-static cache builds (:func:`key_range`), so every shape is static and the step stays
-capturable as a CUDA graph (no host synchronisation).
+front, positions not yet written at the back, given to FlashAttention as
+``cum_seq_k[b] = b*S + start_b`` and ``seqused_k[b] = used_b``. A decode step of the static
+cache passes that run directly (``key_range``, from :meth:`KVCache.decode_range
+<mhe.attention.kv_cache.KVCache.decode_range>`: a few elementwise kernels, where building the
+mask and reading the run back from it costs more than the attention saves); called with a
+boolean mask instead, the kernel reads the run from the mask (:func:`mask_range`). Every
+shape is static and nothing reads the device, so the step stays capturable as a CUDA graph.
 
 Precondition: the mask allows ONE contiguous run of keys per batch row. Every mask the
 static cache builds from a left-padded key mask is such a run (causal decoding, left
@@ -52,7 +56,7 @@ def _flash_capable(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 8
 
 
-def key_range(mask: torch.Tensor | None, batch: int, length: int, *, device: torch.device
+def mask_range(mask: torch.Tensor | None, batch: int, length: int, *, device: torch.device
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """The run of keys each batch row may see, as ``start, used: [B]`` (int32).
 
@@ -81,6 +85,15 @@ def key_offsets(start: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([base, torch.full((1,), b * length, dtype=torch.int32, device=start.device)])
 
 
+def range_mask(key_range: tuple[torch.Tensor, torch.Tensor], length: int) -> torch.Tensor:
+    """The boolean mask ``[B, 1, 1, S]`` of a run ``(cum_seq_k, used)`` (for the fallback)."""
+    offsets, used = key_range
+    b = used.shape[0]
+    start = offsets[:b] - torch.arange(b, device=used.device, dtype=torch.int32) * length  # [B]
+    pos = torch.arange(length, device=used.device)[None, :]  # [1, S]
+    return ((pos >= start[:, None]) & (pos < (start + used)[:, None]))[:, None, None, :]
+
+
 def fast_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
               dropout_p: float) -> bool:
     """Whether ``flash-decode`` runs FlashAttention (else it runs ``sdpa``)."""
@@ -94,16 +107,21 @@ def fast_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 
 @register_kernel("flash-decode")
-def flash_decode_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
+def flash_decode_kernel(q, k, v, *, mask, is_causal, dropout_p, scale, key_range=None):
+    """``key_range``: ``(cum_seq_k [B + 1], used [B])`` int32, in place of ``mask``."""
+    s = k.shape[2]
     if not fast_path(q, k, v, mask, is_causal, dropout_p):
+        if key_range is not None:
+            mask = range_mask(key_range, s)
         return sdpa_kernel(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale)
     b, hq, _, d = q.shape
-    s = k.shape[2]
-    start, used = key_range(mask, b, s, device=q.device)
+    if key_range is None:
+        start, used = mask_range(mask, b, s, device=q.device)
+        key_range = key_offsets(start, s), used
     rows = q.reshape(b, hq, d)  # [total_q = B, h_q, d]: one query per batch row
     cum_q = torch.arange(b + 1, device=q.device, dtype=torch.int32)  # [B + 1]
     out = torch.ops.aten._flash_attention_forward(
         rows, k.view(b * s, 1, d), v.view(b * s, 1, d),  # [B*S, 1, d]: the cache, no copy
-        cum_q, key_offsets(start, s), 1, s, 0.0, False, False,
-        scale=1.0 / math.sqrt(d) if scale is None else scale, seqused_k=used)[0]
+        cum_q, key_range[0], 1, s, 0.0, False, False,
+        scale=1.0 / math.sqrt(d) if scale is None else scale, seqused_k=key_range[1])[0]
     return out.reshape(b, hq, 1, d)  # [B, h_q, 1, d]

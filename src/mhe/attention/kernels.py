@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from mhe.errors import one_of
+from mhe.errors import MheError, one_of
 
 Kernel = Callable[..., torch.Tensor]
 KERNELS: dict[str, Kernel] = {}
@@ -80,13 +80,20 @@ def build_mask(key_mask: torch.Tensor | None, *, causal: bool, q_len: int, k_len
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch.Tensor | None = None,
            causal: bool = False, offset: int | torch.Tensor = 0, dropout_p: float = 0.0,
-           scale: float | None = None, kernel: str = "sdpa", mask: torch.Tensor | None = None) -> torch.Tensor:
+           scale: float | None = None, kernel: str = "sdpa", mask: torch.Tensor | None = None,
+           key_range: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Attend ``q: [B, h_q, T, d]`` over ``k, v: [B, h_kv, S, d]`` with the named kernel.
 
     Either ``mask`` (a full boolean mask, as a static KV cache builds it) or ``key_mask``
-    ``[B, S]`` with ``causal``/``offset`` describes what each query may see.
+    ``[B, S]`` with ``causal``/``offset`` describes what each query may see; for the
+    ``flash-decode`` kernel, ``key_range`` (one contiguous run of keys per row,
+    ``KVCache.decode_range``) may stand in for the mask.
     """
     fn = get_kernel(kernel)
+    if key_range is not None:
+        if kernel != "flash-decode":
+            raise MheError(f"key_range is read by the flash-decode kernel only, not by {kernel!r}")
+        return fn(q, k, v, mask=None, is_causal=False, dropout_p=dropout_p, scale=scale, key_range=key_range)
     t, s = q.shape[2], k.shape[2]
     is_causal = False
     if mask is None:

@@ -31,6 +31,10 @@ class KVCache(nn.Module):
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)  # [B, h_kv, L, d]
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)  # [B, h_kv, L, d]
         self.register_buffer("index", torch.zeros((), dtype=torch.long, device=device), persistent=False)
+        # where each batch row begins in the buffers viewed as [B*L, h_kv, d] (flash-decode's key offsets)
+        self.register_buffer("row_offsets", torch.arange(batch + 1, dtype=torch.int32, device=device) * max_len,
+                             persistent=False)
+        self.register_buffer("no_padding", torch.zeros(batch, dtype=torch.int32, device=device), persistent=False)
         self.filled = 0  # cross-attention: how many encoder positions are stored
         self.fresh = True  # nothing written since the last reset: a prompt may attend to itself only
 
@@ -109,6 +113,21 @@ class KVCache(nn.Module):
         written so far (eager use).
         """
         return cache_mask(key_mask, t, start, self.max_len, causal=causal, device=self.k.device)
+
+    def decode_range(self, key_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys the one causal query just written by :meth:`update` sees, as flash-decode
+        reads them: the run ``[first_b, index)`` of each row, returned as ``(cum_seq_k [B + 1],
+        used [B])`` (int32; see :mod:`mhe.attention.flash_decode`).
+
+        Equals :meth:`self_attention_mask` for that query when ``key_mask`` (``[B, W]``) is left
+        padding (False then True in every row), which is what generation passes. One kernel
+        without a key mask, five with one: building the mask instead costs more kernels than
+        the split-K attention saves.
+        """
+        if key_mask is None:
+            return self.row_offsets, self.index + self.no_padding  # [B] int32: every written position
+        first = key_mask.shape[1] - key_mask.sum(-1, dtype=torch.int32)  # [B]: each row's left padding
+        return self.row_offsets + torch.nn.functional.pad(first, (0, 1)), self.index - first
 
     def _check(self, k: torch.Tensor) -> None:
         b, h, _, d = self.k.shape

@@ -11,7 +11,7 @@ from mhe.accounting.memory import byte_unit
 from mhe.attention import kernels, parse_kinds
 from mhe.bench import BENCH_KINDS, bench_attention, bench_decode, bench_decode_attention, bench_training, split_kernel
 from mhe.bench_generate import run_generate_section
-from mhe.errors import MheError
+from mhe.errors import MheError, one_of
 from mhe.experiments.tables import print_table
 from mhe.output_paths import check_output_file
 from mhe.training.checkpoint import write_json_atomic
@@ -56,8 +56,8 @@ def cmd_bench(args) -> int:
             raise MheError(f"{option} must be a positive integer, got {value}")
     if args.json:
         check_output_file(args.json, "--json")
-    if args.kernel != "auto":
-        kernels.check_kernel(args.kernel)
+    if args.kernel != "auto" and args.kernel not in kernels.KERNELS:
+        raise one_of("attention kernel", args.kernel, ("auto", *kernels.KERNELS))
     configured = split_kernel(args.kernel)[0]  # the attn and train sections
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
