@@ -33,18 +33,12 @@ from mhe.attention import build_attention
 from mhe.attention.folding import fold_mhe, fold_model
 from mhe.models import build_model
 from mhe.models import preset as model_preset
-from mhe.models.decode_step import decode_kernel, inference_view, view_kernels
+from mhe.models.decode_step import decode_kernel, inference_view, split_kernel, view_kernels
 
 
 BENCH_KINDS = ("mha", "mqa", "gqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul")
 # Dense bf16 tensor-core peak, from the vendors' datasheets (SXM parts).
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-
-
-def split_kernel(kernel: str) -> tuple[str, str | None]:
-    """``--kernel`` -> (the model's configured kernel, the decode kernel asked for; None = the
-    automatic choice of ``decode_step.decode_kernel``)."""
-    return ("sdpa", None) if kernel == "auto" else (kernel, kernel)
 
 
 def model_shape(cfg) -> str:

@@ -15,9 +15,8 @@ import time
 
 import torch
 
-from mhe.bench import split_kernel
 from mhe.models import build_model
-from mhe.models.decode_step import view_kernels
+from mhe.models.decode_step import split_kernel, view_kernels
 
 
 def _settings(args, small: bool) -> list[tuple[int, int, int]]:

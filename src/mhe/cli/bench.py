@@ -9,8 +9,9 @@ import torch
 
 from mhe.accounting.memory import byte_unit
 from mhe.attention import kernels, parse_kinds
-from mhe.bench import BENCH_KINDS, bench_attention, bench_decode, bench_decode_attention, bench_training, split_kernel
+from mhe.bench import BENCH_KINDS, bench_attention, bench_decode, bench_decode_attention, bench_training
 from mhe.bench_generate import run_generate_section
+from mhe.models.decode_step import split_kernel
 from mhe.errors import MheError, one_of
 from mhe.experiments.tables import print_table
 from mhe.output_paths import check_output_file

@@ -63,6 +63,12 @@ def decode_kernel(attn: Attention, device: torch.device, requested: str | None =
     return attn.cfg.kernel
 
 
+def split_kernel(kernel: str) -> tuple[str, str | None]:
+    """A kernel option that may be ``auto`` (``mhe bench --kernel``) -> (the model's configured
+    kernel, the decode kernel asked for; None = the automatic choice of :func:`decode_kernel`)."""
+    return ("sdpa", None) if kernel == "auto" else (kernel, kernel)
+
+
 def inference_view(model: nn.Module, kernel_of: Callable[[Attention], str] | None = None) -> nn.Module:
     """``model`` with fast MHE sublayers folded to MQA and, with ``kernel_of``, each attention
     sublayer set to the kernel ``kernel_of(sublayer)`` names (e.g. ``lambda a: decode_kernel(a,
