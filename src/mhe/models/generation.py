@@ -38,10 +38,7 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, 
                                dtype=store_dtype, device=dev, mode=mode, compile_options=compile_options)
         memory = session.view.encode(src, src_mask).repeat_interleave(beam, 0)  # [B*k, S, m]
         session.start(memory, src_mask.repeat_interleave(beam, 0), bos_id)
-        for t in range(max_len - 1):
-            session.runner()
-            if t % 8 == 7 and bool(session.finished.all()):
-                break
+        run_until_finished(session, max_len - 1)
         tokens = session.history[:, :int(session.last) + 1]
         scores = session.scores
     else:
@@ -59,6 +56,32 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, 
     width = int(first.view(b, beam)[torch.arange(b, device=dev), best].max()) + 1
     out = out[:, :width]
     return (out, best_score) if return_scores else out
+
+
+def run_until_finished(session, steps: int) -> int:
+    """Run up to ``steps`` beam steps, stopping once every hypothesis has finished; returns the
+    steps run. On CUDA the check reads the flag of the step before the newest (copied to pinned
+    memory without blocking), so the GPU always has the next step queued: at most one step
+    runs after the last hypothesis ends, and a finished hypothesis only repeats EOS at no
+    cost, so the answer is the one the first possible stop gives."""
+    if session.finished.device.type != "cuda":
+        for t in range(steps):
+            session.advance(t)
+            if bool(session.finished.all()):
+                return t + 1
+        return steps
+    flags = torch.zeros(2, dtype=torch.bool).pin_memory()
+    events = [torch.cuda.Event(), torch.cuda.Event()]
+    for t in range(steps):
+        session.advance(t)
+        slot = t % 2
+        flags[slot].copy_(session.finished.all(), non_blocking=True)
+        events[slot].record()
+        if t > 0:
+            events[1 - slot].synchronize()  # the step before this one; this one is already queued
+            if bool(flags[1 - slot]):
+                return t + 1
+    return steps
 
 
 def _uncached_search(model, src, src_mask, *, bos_id, eos_id, beam, max_len):
