@@ -70,10 +70,11 @@ class BeamSession:
         self.finished = torch.zeros(bk, dtype=torch.bool, device=device)
         self.parents = torch.arange(bk, device=device)
         self.last = torch.zeros((), dtype=torch.long, device=device)  # position of the newest token
+        self.n_active = torch.zeros((), dtype=torch.long, device=device)  # sources with an unfinished hypothesis
         self.base = (torch.arange(b, device=device) * beam)[:, None]  # [B, 1]
         self.eos_only = torch.full((vocab,), float("-inf"), device=device)
         self.eos_only[eos_id] = 0.0  # a finished hypothesis only repeats EOS, at no cost
-        self._state = (self.history, self.scores, self.finished, self.parents, self.last)
+        self._state = (self.history, self.scores, self.finished, self.parents, self.last, self.n_active)
         self._saved: list[torch.Tensor] = []
         self.mode, self.max_len, self.device, self.compile_options = mode, max_len, torch.device(device), compile_options
         self.runners: dict[int, StepRunner] = {}  # window -> its step
@@ -100,6 +101,32 @@ class BeamSession:
         self.finished.zero_()
         self.parents.copy_(torch.arange(self.parents.shape[0], device=self.parents.device))
         self.last.zero_()
+        self.n_active.fill_(self.b)
+
+    def take(self, other: "BeamSession", keep: torch.Tensor) -> None:
+        """Continue the sources ``keep`` (``[self.b]`` indices, repeats allowed) of ``other`` at
+        the same step: their encoder output, caches (with ``other``'s pending reorder applied),
+        hypotheses and scores, so that the search goes on exactly as it would have there."""
+        k = self.beam
+        rows = (keep[:, None] * k + torch.arange(k, device=keep.device)).view(-1)  # [b*k] rows of other
+        self.memory.copy_(other.memory.index_select(0, rows))
+        self.src_mask.copy_(other.src_mask.index_select(0, rows))
+        parents = other.parents.index_select(0, rows)
+        for (mine, mine_x), (theirs, theirs_x) in zip(self.caches, other.caches):
+            mine.k.copy_(theirs.k.index_select(0, parents))
+            mine.v.copy_(theirs.v.index_select(0, parents))
+            mine.index.copy_(theirs.index)
+            mine.fresh, mine.window = False, 0
+            mine_x.k.copy_(theirs_x.k.index_select(0, rows))
+            mine_x.v.copy_(theirs_x.v.index_select(0, rows))
+            mine_x.index.copy_(theirs_x.index)
+            mine_x.filled, mine_x.fresh = theirs_x.filled, theirs_x.fresh
+        self.history.copy_(other.history.index_select(0, rows))
+        self.scores.copy_(other.scores.index_select(0, keep))
+        self.finished.copy_(other.finished.index_select(0, rows))
+        self.parents.copy_(torch.arange(self.parents.shape[0], device=self.parents.device))
+        self.last.copy_(other.last)
+        self.n_active.copy_((~self.finished.view(self.b, k).all(1)).sum())
 
     def window(self, t: int) -> int:
         """Self-attention positions step ``t`` (0-based; it writes position ``t``) runs over:
@@ -154,6 +181,7 @@ class BeamSession:
         self.scores.copy_(scores)
         self.parents.copy_(parents)
         self.last.add_(1)
+        self.n_active.copy_((~self.finished.view(self.b, self.beam).all(1)).sum())
         return self.scores
 
 
@@ -169,7 +197,7 @@ def beam_session(model, *, b, beam, src_len, max_len, eos_id, dtype, device, mod
     key = (b, beam, src_len, max_len, eos_id, dtype, str(device), mode, repr(compile_options))
     sessions = store["by_shape"]
     if key not in sessions:
-        if len(sessions) >= 8:
+        if len(sessions) >= 16:
             sessions.pop(next(iter(sessions)))
         sessions[key] = BeamSession(store["view"], b=b, beam=beam, src_len=src_len, max_len=max_len, eos_id=eos_id,
                                     dtype=dtype, device=device, mode=mode, compile_options=compile_options)
