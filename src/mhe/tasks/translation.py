@@ -180,7 +180,12 @@ class TranslationTask(Task):
         key = (id(model), weights_version(model), dtype)
         kept = self.__dict__.get("_cast")
         if kept is None or kept[0] != key:
-            kept = self.__dict__["_cast"] = (key, copy.deepcopy(model).to(want).eval())
+            sessions = model.__dict__.pop("_beam_sessions", None)  # captured steps are not copied
+            try:
+                kept = self.__dict__["_cast"] = (key, copy.deepcopy(model).to(want).eval())
+            finally:
+                if sessions is not None:
+                    model.__dict__["_beam_sessions"] = sessions
         return kept[1]
 
     def evaluate(self, model):
