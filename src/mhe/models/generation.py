@@ -24,7 +24,10 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, 
     score; the final choice divides by the length penalty. ``beam=1`` is greedy search.
     With ``use_cache`` each step is one call of a static beam step (``beam_step.BeamSession``:
     reorder the self-attention caches in place, decode one token, choose the beams; see
-    :mod:`mhe.models.decode_step` for ``step_mode``); fast MHE decodes folded to MQA.
+    :mod:`mhe.models.decode_step` for ``step_mode``); fast MHE decodes folded to MQA. The
+    search stops once every hypothesis has finished, and when at most a quarter of the sources
+    still search they go on in a smaller session (``_cached_search``); steps attend over a
+    window of the target positions (``beam_step.WINDOW``).
     ``return_scores`` also returns each best hypothesis's length-normalised score ``[B]``.
     """
     b, s = src.shape
