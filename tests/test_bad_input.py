@@ -61,6 +61,7 @@ CLI_CASES = [
     ("translate-beam-float", ["translate", "--checkpoint", "{tmp}/dir", "--beam", "1.5"], "'1.5'"),
     ("translate-alpha-nan", ["translate", "--checkpoint", "{tmp}/dir", "--alpha", "nan"], "--alpha must be a finite"),
     ("translate-alpha-inf", ["translate", "--checkpoint", "{tmp}/dir", "--alpha", "inf"], "got inf"),
+    ("translate-dtype", ["translate", "--checkpoint", "{tmp}/dir", "--dtype", "float16"], "--dtype must be one of float32, bfloat16"),
     ("translate-alpha-neg", ["translate", "--checkpoint", "{tmp}/dir", "--alpha", "-0.5"], "got -0.5"),
     ("translate-input-missing", ["translate", "--checkpoint", "{tmp}/dir", "--input", "{tmp}/none.txt"],
      "input file not found: {tmp}/none.txt"),

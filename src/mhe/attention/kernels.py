@@ -18,6 +18,9 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
   one-K/V-head cache ``[B, 1, S, d]`` on CUDA in fp16/bf16 runs FlashAttention-2's split-KV
   ("flash-decoding") forward; the mask must allow one contiguous run of keys per batch row.
   Generation chooses it on a GPU for MQA, SHA and folded MHE (``decode_step.decode_kernel``).
+* ``eager-one-token``: ``eager`` for one-token queries (a decode step), ``sdpa`` otherwise;
+  beam search picks it for fp32 decoding on CUDA, where SDPA has no fast fp32 one-query
+  kernel (docs/benchmarks.md section 6).
 """
 
 from __future__ import annotations
@@ -151,12 +154,20 @@ def matmul_decode_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
 
 @register_kernel("eager")
 def eager_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
+    """The softmax written out."""
     if is_causal:
         mask = build_mask(None, causal=True, q_len=q.shape[2], k_len=k.shape[2], device=q.device)
     probs = _probabilities(q, k, mask, scale)
     if dropout_p > 0:
         probs = F.dropout(probs, p=dropout_p)
     return probs @ _repeat_kv(v, q.shape[1])  # [B, h_q, T, d]
+
+
+@register_kernel("eager-one-token")
+def eager_one_token_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
+    """``eager`` for a one-token query (a decode step), ``sdpa`` for longer ones."""
+    fn = eager_kernel if q.shape[2] == 1 else sdpa_kernel
+    return fn(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale)
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, *, key_mask: torch.Tensor | None = None,

@@ -21,6 +21,9 @@ class KVCache(nn.Module):
     so one decode step is the same graph for every token (CUDA graphs, ``torch.compile``).
 
     Cross-attention fills the first S positions once from the encoder output and reuses them.
+    ``window`` (a Python int, 0 = the whole buffer) limits self-attention and :meth:`reorder` to
+    the first ``window`` positions: beam search captures one step per window, so early tokens
+    do not pay for the whole ``max_len`` (the positions past the window are never visible).
     """
 
     def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
@@ -37,10 +40,16 @@ class KVCache(nn.Module):
         self.register_buffer("no_padding", torch.zeros(batch, dtype=torch.int32, device=device), persistent=False)
         self.filled = 0  # cross-attention: how many encoder positions are stored
         self.fresh = True  # nothing written since the last reset: a prompt may attend to itself only
+        self.window = 0  # positions a decode step attends over and reorders (0: all)
 
     @property
     def max_len(self) -> int:
         return self.k.shape[2]
+
+    @property
+    def span(self) -> int:
+        """Positions a decode step sees: ``window`` if set, else the whole buffer."""
+        return self.window or self.max_len
 
     @property
     def pos(self) -> int:
@@ -59,7 +68,8 @@ class KVCache(nn.Module):
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Write ``k, v: [B, h_kv, T, d]`` at ``index`` and advance it in place.
 
-        Returns the whole buffers and the position of the first new token (a 0-d tensor).
+        Returns the buffers (their first :attr:`span` positions) and the position of the first
+        new token (a 0-d tensor).
         """
         t = k.shape[2]
         self._check(k)
@@ -67,13 +77,16 @@ class KVCache(nn.Module):
         if not _tracing():
             if int(start) + t > self.max_len:
                 raise MheError(f"KV cache overflow: position {int(start)} + {t} new tokens > max_len {self.max_len}")
+            if int(start) + t > self.span:
+                raise MheError(f"KV cache window {self.window} too small for position {int(start)} + {t} new tokens")
         at = start + torch.arange(t, device=k.device)  # [T]
         self.k.index_copy_(2, at, k.to(self.k.dtype))
         self.v.index_copy_(2, at, v.to(self.v.dtype))
         self.index.add_(t)
         if self.fresh:
             self.fresh = False
-        return self.k, self.v, start
+        n = self.span
+        return self.k[:, :, :n], self.v[:, :, :n], start
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k, v`` and return every cached position (eager use; reads the device)."""
@@ -101,18 +114,22 @@ class KVCache(nn.Module):
         self.fresh = True
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows in place (beam search keeps the surviving hypotheses)."""
-        self.k.copy_(self.k.index_select(0, index))
-        self.v.copy_(self.v.index_select(0, index))
+        """Select batch rows in place (beam search keeps the surviving hypotheses), over the
+        first :attr:`span` positions."""
+        n = self.span
+        for buf in (self.k, self.v):
+            part = buf[:, :, :n]  # [B, h_kv, span, d]
+            part.copy_(part.index_select(0, index))
 
     def self_attention_mask(self, key_mask: torch.Tensor | None, t: int, start: torch.Tensor,
                             *, causal: bool) -> torch.Tensor:
-        """What ``t`` new queries at ``start ..`` may see of the whole buffer, ``[B|1, 1, t, L]``.
+        """What ``t`` new queries at ``start ..`` may see of the buffer's first :attr:`span`
+        positions, ``[B|1, 1, t, span]``.
 
         ``key_mask`` is ``[B, L]`` over the buffer, or ``[B, start + t]`` over the positions
         written so far (eager use).
         """
-        return cache_mask(key_mask, t, start, self.max_len, causal=causal, device=self.k.device)
+        return cache_mask(key_mask, t, start, self.span, causal=causal, device=self.k.device)
 
     def decode_range(self, key_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys the one causal query just written by :meth:`update` sees, as flash-decode

@@ -15,15 +15,19 @@ average of those checkpoints' weights), ``checkpoint_every``: ``"epoch"`` sets
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 
+import torch
 
 from mhe.data.parallel import read_parallel
 from mhe.data.tokenize import load_tokenizer, special_id
 from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
+from mhe.models.beam_step import source_bucket
+from mhe.models.decode_step import weights_version
 from mhe.models.generation import beam_search
 from mhe.models.losses import IGNORE
 from mhe.progress import bar
@@ -33,6 +37,25 @@ from mhe.training.averaging import last_checkpoints
 from mhe.training.task import Task
 
 PROTOCOLS = ("best", "last5")
+DECODE_DTYPES = ("float32", "bfloat16")
+
+
+def decode_batches(lengths: list[int], order: list[int], *, sentences: int, beam: int, max_len: int,
+                   max_tokens: int) -> list[list[int]]:
+    """Consecutive runs of ``order`` (sources sorted by length) decoded together: at most
+    ``sentences`` each, and fewer where sentences x beam x (source length rounded up to a
+    multiple of 32 + ``max_len``), the cache rows a batch holds, would pass ``max_tokens``."""
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        width = source_bucket(max(1, max(lengths[j] for j in cur + [i]))) + max_len
+        if cur and (len(cur) >= sentences or (len(cur) + 1) * beam * width > max_tokens):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
 
 
 def token_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int) -> list[list[int]]:
@@ -118,30 +141,52 @@ class TranslationTask(Task):
 
     # ------------------------------------------------------------------ decoding
     def translate(self, model, sources: list[str], *, beam: int | None = None, alpha: float | None = None,
-                  use_cache: bool = True, progress: bool = False) -> list[str]:
+                  use_cache: bool = True, progress: bool = False, dtype: str | None = None) -> list[str]:
         """Detokenised translations, in input order; ``progress``: count the sentences decoded on
-        a bar (standard error)."""
+        a bar (standard error); ``dtype``: ``float32`` or ``bfloat16`` (default: the run's
+        ``decode_dtype``). Sources are sorted by length and decoded in large batches
+        (:func:`decode_batches`); padding is masked, so a sentence's translation does not
+        depend on the batch it is in."""
         model.eval()
         dev = next(model.parameters()).device
         beam = int(beam or self.o["beam"])
         alpha = float(self.o["alpha"] if alpha is None else alpha)
+        run = self._decoding_model(model, dtype or self.o.get("decode_dtype", "float32"))
         ids = [self._encode(s) for s in sources]
         # an empty (or blank) source line becomes an empty translation: nothing is invented
         order = sorted((i for i in range(len(ids)) if sources[i].strip()), key=lambda i: len(ids[i]))
+        batches = decode_batches([len(x) for x in ids], order, sentences=int(self.o["eval_batch"]), beam=beam,
+                                 max_len=self.max_len, max_tokens=int(self.o.get("decode_tokens", 262144)))
         out: list[str] = [""] * len(ids)
-        bs = int(self.o["eval_batch"])
         with bar(len(order), desc=f"decoding (beam {beam})", unit="sentence", enabled=progress) as shown:
-            for k in range(0, len(order), bs):
-                chunk = order[k:k + bs]
+            for chunk in batches:
                 src = pad_rows([ids[i] or [self.tok.token_to_id("[UNK]")] for i in chunk], self.pad).to(dev)
-                hyp = beam_search(model, src, src != self.pad, bos_id=self.bos, eos_id=self.eos, beam=beam,
-                                  max_len=self.max_len, alpha=alpha, use_cache=use_cache)
+                hyp = beam_search(run, src, src != self.pad, bos_id=self.bos, eos_id=self.eos, beam=beam,
+                                  max_len=self.max_len, alpha=alpha, use_cache=use_cache).tolist()
                 for row, i in enumerate(chunk):
-                    toks = hyp[row, 1:].tolist()
+                    toks = hyp[row][1:]
                     toks = toks[: toks.index(self.eos)] if self.eos in toks else toks
                     out[i] = self.tok.decode(toks, skip_special_tokens=True).strip()
                 shown.update(len(chunk))
         return out
+
+    def _decoding_model(self, model, dtype: str):
+        """``model`` itself for float32; a bfloat16 copy (kept while the weights do not change) otherwise."""
+        if dtype not in DECODE_DTYPES:
+            raise MheError(f"decoding dtype must be one of {', '.join(DECODE_DTYPES)}, got {dtype!r}")
+        want = getattr(torch, dtype)
+        if next(model.parameters()).dtype == want:
+            return model
+        key = (id(model), weights_version(model), dtype)
+        kept = self.__dict__.get("_cast")
+        if kept is None or kept[0] != key:
+            sessions = model.__dict__.pop("_beam_sessions", None)  # captured steps are not copied
+            try:
+                kept = self.__dict__["_cast"] = (key, copy.deepcopy(model).to(want).eval())
+            finally:
+                if sessions is not None:
+                    model.__dict__["_beam_sessions"] = sessions
+        return kept[1]
 
     def evaluate(self, model):
         n = int(self.o["eval_sentences"])

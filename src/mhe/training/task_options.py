@@ -47,7 +47,11 @@ class TranslationOptions:
     decoded per evaluation, and the test protocol: ``best`` (test BLEU of the best
     validation checkpoint) or ``last5`` (the paper's: each of the last ``last_n`` checkpoints
     decoded with the final beam settings and their BLEU averaged; ``average_weights`` also
-    decodes their averaged weights; ``checkpoint_every="epoch"`` saves once per epoch)."""
+    decodes their averaged weights; ``checkpoint_every="epoch"`` saves once per epoch).
+    Decoding sorts sources by length and decodes up to ``eval_batch`` sentences together,
+    fewer where sentences x beam x (source length rounded up to 32 + the model's max_len)
+    would pass ``decode_tokens``; ``decode_dtype="bfloat16"`` decodes a bf16 copy of the
+    model (faster on GPU, but the output may differ from fp32's)."""
 
     src: str = "en"
     tgt: str = "de"
@@ -56,7 +60,9 @@ class TranslationOptions:
     alpha: float = setting(0.6, ge=0)
     eval_sentences: int = setting(500, gt=0)
     protocol: Literal["best", "last5"] = "best"
-    eval_batch: int = setting(64, gt=0)
+    eval_batch: int = setting(256, gt=0)
+    decode_tokens: int = setting(262144, gt=0)
+    decode_dtype: Literal["float32", "bfloat16"] = "float32"
     test_sentences: int = setting(0, ge=0)  # 0: the whole test set
     last_n: int = setting(5, gt=0)
     average_weights: bool = False
