@@ -175,9 +175,20 @@ def _run_inprocess(sweep, kind, seed, run_dir: Path, log) -> dict:
     return res
 
 
+def gpu_for_slot(slot: int, gpus: int, visible: str | None = None) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` of worker ``slot``'s runs: GPUs round-robin over the slots.
+    When the parent already restricts the GPUs (``visible``, e.g. ``"1,2,3"``), the child gets
+    the parent's entry (``"2"`` for slot 1), not an index the child would renumber."""
+    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    if len(entries) >= gpus > 0:  # the parent's list (ids or UUIDs), as torch counted it
+        return entries[slot % gpus]
+    return str(slot % gpus)
+
+
 def _run_parallel(sweep, jobs, workers, log) -> None:
     """One subprocess per run; GPUs are handed out one per worker, CPU threads are shared."""
     gpus = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     threads = worker_threads(workers)
 
     def launch(slot_job):
@@ -189,9 +200,10 @@ def _run_parallel(sweep, jobs, workers, log) -> None:
         if list_checkpoints(run_dir / "checkpoints"):
             cmd.append("--resume")
         env = dict(os.environ, MHE_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = str(slot % gpus)
-        log(f"[start] {kind} seed {seed}" + (f" on GPU {slot % gpus}" if gpus else ""))
+        gpu = gpu_for_slot(slot, gpus, visible) if gpus else ""
+        if gpu:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        log(f"[start] {kind} seed {seed}" + (f" on GPU {gpu}" if gpu else ""))
         with open(run_dir / "stderr.log", "a") as err:
             rc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err).returncode
         if rc == 0 and (run_dir / "results.json").exists():
