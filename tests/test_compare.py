@@ -256,3 +256,21 @@ def test_overview_refuses_a_paper_table_of_another_metric(tmp_path, capsys):
                         "")
     with pytest.raises(MheError, match="point different ways"):
         overview([ppl, plain])
+
+
+@pytest.mark.parametrize("arch,task,want", [("encoder", "rte", "table1-rte"), ("decoder", "rte", "table2-rte"),
+                                            ("decoder", "stsb", "table2-stsb"), ("decoder", "cb", ""),
+                                            ("encoder", "cb", "table1-cb")])
+def test_finetuning_is_set_beside_the_paper_table_of_its_architecture(tmp_path, arch, task, want):
+    import argparse
+
+    from mhe.cli.compare import build_sweep, compare_args
+
+    run = tmp_path / "pre" / "runs" / "mha-seed0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"run": {}, "model": {"arch": arch}}))
+    p = argparse.ArgumentParser()
+    compare_args(p)
+    argv = ["--task", task, "--pretrained", str(tmp_path / "pre"), "--kinds", "mha"]
+    assert build_sweep(p.parse_args(argv))[1].paper == want
+    assert build_sweep(p.parse_args(argv + ["--paper", ""]))[1].paper == ""  # an explicit choice wins

@@ -16,6 +16,7 @@ import torch
 
 from mhe.data.benchmarks import TASKS as BENCH
 from mhe.errors import MheError
+from mhe.experiments.paper import paper_tables
 from mhe.experiments.presets import EXPERIMENTS, experiment
 from mhe.experiments.summary import write_summary
 from mhe.output_paths import default_run_dir, free_name
@@ -26,6 +27,7 @@ from mhe.training.checkpoint import list_checkpoints, write_json_atomic
 from mhe.training.config import apply_overrides
 from mhe.training.defaults import default_run
 from mhe.training.loop import RunInterrupted, Trainer
+from mhe.training.run_files import read_run_record
 
 
 @dataclass
@@ -107,6 +109,25 @@ def run_config(sweep: Sweep, kind: str, seed: int):
     cfg.train.seed = seed
     cfg.train.progress = False
     return cfg
+
+
+# the paper's per-task fine-tuning tables by architecture (Appendix A): encoder table1-TASK, decoder table2-TASK
+FINETUNE_TABLES = {"encoder": "table1", "decoder": "table2"}
+
+
+def finetune_paper_table(sweep: Sweep) -> str:
+    """The paper table a fine-tuning comparison is set beside: the per-task table of the
+    pre-trained runs' architecture (``table1-rte`` for an encoder, ``table2-rte`` for a
+    decoder), "" where the paper has none (a decoder on CB) or the runs are not there yet
+    (:func:`run_config` then says what is missing)."""
+    if not sweep.pretrained or not sweep.kinds:
+        return ""
+    ckpt = Path(sweep.pretrained) / "runs" / f"{sweep.kinds[0]}-seed0"
+    if not (ckpt / "config.json").is_file():
+        return ""
+    arch = read_run_record(ckpt)["model"].get("arch", "")
+    name = f"{FINETUNE_TABLES.get(arch, '')}-{sweep.task}"
+    return name if name in paper_tables() else ""
 
 
 def default_compare_dir(name: str, sweep: Sweep) -> Path:
