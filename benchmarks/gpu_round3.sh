@@ -20,6 +20,8 @@
 # folders, without checkpoints and tokenizers, are packed into OUT_DIR/round3.tar.gz (it must stay
 # under 16 MiB); SECTION.done marks a section's end. The log is results/logs/round3-SECTION.log.
 #
+# Data: offline-english reads the whole data folder (17 MiB: ptb, wikitext-2, multi30k, wmt14, squad,
+# glue, superglue), not only the parts round one needed; the script checks it before starting.
 # Environment: MHE_DATA (default data-cache), KINDS (default the paper's seven), SEEDS,
 # PRE_WORKERS (pre-training runs at a time, default 8: all seven at once), FT_WORKERS (fine-tuning
 # runs at a time per stream, default 8; two streams side by side), DEADLINE (seconds after the
@@ -96,6 +98,23 @@ pack() {
   (( $(stat -c %s "$out/round3.tar.gz") < 16 * 1024 * 1024 )) || echo "WARNING: $out/round3.tar.gz is over 16 MiB"
 }
 
+corpus_check() {  # every offline-english file readable (a missing one would fail each run), counts logged
+  python - "$data" <<'PY' || { echo "offline-english cannot be read from $data (it needs the whole data folder)"; exit 2; }
+import json, sys
+from mhe.data.offline_english import source_counts
+from mhe.errors import MheError
+try:
+    print("offline-english:", json.dumps(source_counts(sys.argv[1])))
+except MheError as e:
+    sys.exit(f"error: {e}")
+PY
+}
+
+case $section in
+  decoder-glue|encoder-long|all) corpus_check ;;
+  pack) ;;
+  *) echo "unknown section '$section'; valid: decoder-glue, encoder-long, all, pack" >&2; exit 2 ;;
+esac
 case $section in
   decoder-glue) decoder_glue ;;
   encoder-long) encoder_long ;;
@@ -106,7 +125,6 @@ case $section in
     ( [ -n "$gpus" ] && export CUDA_VISIBLE_DEVICES=$gpus; encoder_long ) &
     wait "$first" $! ;;
   pack) pack; exit 0 ;;
-  *) echo "unknown section '$section'; valid: decoder-glue, encoder-long, all, pack" >&2; exit 2 ;;
 esac
 
 pack
