@@ -256,3 +256,48 @@ def test_overview_refuses_a_paper_table_of_another_metric(tmp_path, capsys):
                         "")
     with pytest.raises(MheError, match="point different ways"):
         overview([ppl, plain])
+
+
+@pytest.mark.parametrize("arch,task,want", [("encoder", "rte", "table1-rte"), ("decoder", "rte", "table2-rte"),
+                                            ("decoder", "stsb", "table2-stsb"), ("decoder", "cb", ""),
+                                            ("encoder", "cb", "table1-cb")])
+def test_finetuning_is_set_beside_the_paper_table_of_its_architecture(tmp_path, arch, task, want):
+    import argparse
+
+    from mhe.cli.compare import build_sweep, compare_args
+
+    run = tmp_path / "pre" / "runs" / "mha-seed0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"run": {}, "model": {"arch": arch}}))
+    p = argparse.ArgumentParser()
+    compare_args(p)
+    argv = ["--task", task, "--pretrained", str(tmp_path / "pre"), "--kinds", "mha"]
+    assert build_sweep(p.parse_args(argv))[1].paper == want
+    assert build_sweep(p.parse_args(argv + ["--paper", ""]))[1].paper == ""  # an explicit choice wins
+
+
+@pytest.mark.slow
+def test_round_three_decoder_pretraining_then_glue_fine_tuning(tmp_path):
+    """gpu-lm-glue (tiny settings) on offline-english, then a fine-tuning comparison from its
+    decoder runs: beside the paper's decoder table (table2-rte), the checkpoint's model fine-tuned."""
+    from conftest import require_data
+
+    root = require_data("wikitext-2/wiki.train.tokens.xz", "glue/RTE/dev.tsv.gz", "superglue/AX-g/AX-g.jsonl.gz")
+    tiny = sum((["--set", s] for s in ("train.steps=2", "train.batch_size=4", "model.n_layers=1", "model.d_model=32",
+                                        "model.n_heads=4", "model.d_ff=64", "model.max_len=32")), [])
+    pre = tmp_path / "decoder-lm"
+    assert main(["compare", "--preset", "gpu-lm-glue", "--kinds", "mha", "--data-dir", str(root), "--workers", "1",
+                 "--out", str(pre), *tiny, "--set", "data.limit_lines=100", "--set", "data.vocab_size=300"]) == 0
+    run = json.loads((pre / "runs" / "mha-seed0" / "config.json").read_text())
+    assert run["run"]["data"]["dataset"] == "offline-english" and run["model"]["arch"] == "decoder"
+    assert list_checkpoints(pre / "runs" / "mha-seed0" / "checkpoints")  # what fine-tuning loads
+    ft = tmp_path / "decoder-rte"
+    assert main(["compare", "--task", "rte", "--pretrained", str(pre), "--kinds", "mha", "--seeds", "1",
+                 "--data-dir", str(root), "--workers", "1", "--out", str(ft), *tiny, "--set", "train.epochs=0",
+                 "--set", "train.eval_every=0", "--set", "train.keep_checkpoints=false",
+                 "--set", 'data.task_options={"train_limit": 8, "dev_limit": 8}']) == 0
+    s = json.loads((ft / "summary.json").read_text())
+    assert s["paper"]["table"] == "table2-rte" and s["rows"][0]["kind"] == "mha"
+    assert json.loads((ft / "sweep.json").read_text())["paper"] == "table2-rte"
+    cfg = json.loads((ft / "runs" / "mha-seed0" / "config.json").read_text())
+    assert cfg["model"]["arch"] == "decoder" and cfg["model"]["head"] == "classification"

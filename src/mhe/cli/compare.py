@@ -12,10 +12,10 @@ import torch
 from mhe.attention import parse_kinds
 from mhe.data.benchmarks import TASKS as BENCH
 from mhe.errors import MheError, one_of
-from mhe.experiments.paper import paper_table, paper_tables
+from mhe.experiments.paper import paper_table
 from mhe.experiments.presets import DEFAULT, EXPERIMENTS, experiment
 from mhe.experiments.summary import overview, write_summary
-from mhe.experiments.sweep import Sweep, default_compare_dir, run_sweep
+from mhe.experiments.sweep import Sweep, default_compare_dir, finetune_paper_table, run_sweep
 from mhe.models import PRESETS
 from mhe.output_paths import check_output_dir, check_output_file, image_suffixes
 from mhe.tasks import TASKS
@@ -83,8 +83,8 @@ def build_sweep(args):
         if args.paper:
             paper_table(args.paper)
         sweep.paper = args.paper
-    elif not sweep.paper and f"table1-{sweep.task}" in paper_tables():
-        sweep.paper = f"table1-{sweep.task}"  # a GLUE / SuperGLUE task: the paper's Table 1 column
+    elif not sweep.paper and _is_finetuning(sweep.task):
+        sweep.paper = finetune_paper_table(sweep)  # the paper's column for the pre-trained architecture
     return name, sweep
 
 

@@ -1,4 +1,5 @@
-"""Plain-text language-modelling corpora: Penn Treebank and WikiText (paper section 4.2).
+"""Plain-text language-modelling corpora: Penn Treebank and WikiText (paper section 4.2), and
+``offline-english`` (composed from the other stored English text, :mod:`mhe.data.offline_english`).
 
 Local files are read in their original formats (``ptb.{split}.txt``,
 ``wiki.{split}.tokens`` / ``wiki.{split}.raw``, gzip/xz or not). When the
@@ -23,6 +24,7 @@ class Corpus:
     files: dict  # split -> path relative to the data folder (without .gz/.xz)
     hub: tuple  # (dataset, config) on the hub
     word_level: bool  # the convention: word-level vocabulary (PTB) or sub-words
+    composed: bool = False  # the training split is built from other files (offline-english)
 
 
 CORPORA = {
@@ -31,6 +33,8 @@ CORPORA = {
                          ("Salesforce/wikitext", "wikitext-2-v1"), False),
     "wikitext-103": Corpus("wikitext-103", {s: f"wikitext-103/wiki.{s}.tokens" for s in SPLITS},
                            ("Salesforce/wikitext", "wikitext-103-v1"), False),
+    "offline-english": Corpus("offline-english", {s: f"wikitext-2/wiki.{s}.tokens" for s in ("valid", "test")},
+                              (), False, composed=True),
 }
 
 
@@ -51,6 +55,10 @@ def read_lines(name: str, split: str, *, data_dir: str | Path | None = None, sou
         return _from_hub(c, split, limit)
     if source != "local":
         raise one_of("data source", source, ("local", "hub"))
+    if c.composed:
+        from mhe.data.offline_english import read_offline_english  # it reads the corpora above
+
+        return read_offline_english(split, data_dir=data_dir, limit=limit)
     path = find_file(c.files[split], data_root(data_dir))
     lines = []
     for i, line in enumerate(iter_lines(path), 1):
@@ -67,6 +75,8 @@ def read_lines(name: str, split: str, *, data_dir: str | Path | None = None, sou
 
 
 def _from_hub(c: Corpus, split: str, limit: int | None) -> list[str]:
+    if not c.hub:
+        raise MheError(f"{c.name!r} has no hub source; it is composed of local files (--data-dir)")
     try:
         import datasets  # optional
     except ImportError as e:

@@ -191,6 +191,56 @@ EXPERIMENTS.update({
              f"{SCALING_SIZES[size]['n_layers']} layers), trained to convergence")
        for data in ("ptb", "wikitext-2") for size in SCALING_SIZES},
 })
+
+# --- Round three on one 4-GPU machine: pre-training on all offline English text (mhe.data.offline_english),
+# then fine-tuning with `mhe compare --task TASK --pretrained FOLDER` (benchmarks/gpu_round3.sh). The
+# estimates start from round one's measurement: 7 gpu-mlm runs (4000 x 64 x 128 tokens) in 6.5 minutes
+# on one H200 (about 590k tokens/s in all). Seven runs over four GPUs put two on each of three cards;
+# at about 470k tokens/s per H100 the two runs of one card set the time.
+
+
+def gpu_lm_glue(cfg: RunConfig) -> RunConfig:
+    """The decoder of Table 2's GLUE column, pre-trained once per kind for fine-tuning: GPT-2
+    base head geometry (12 heads of 64), 6 layers of 128 tokens (the fine-tuning length),
+    byte-level BPE of 16,384, causal LM on ``offline-english`` for 4000 steps of 64 x 128 tokens
+    (33M tokens, about 6 epochs of its 5.5M BPE tokens), cosine after a 10% warm-up, dropout
+    0.1, the test perplexity on WikiText-2's test split. Checkpoints every 1000 steps (the last
+    two kept): fine-tuning loads the newest.
+
+    Estimate on four H100s: 2 x 33M tokens on the busiest card, the causal LM's full 16k
+    softmax making a token about 1.25 times an MLM token: 2 x 33M x 1.25 / 470k/s = 175 s,
+    about 3 minutes with tokenizer training and evaluation (5000 steps would be 3.6 + 0.5)."""
+    cfg.model = cfg.model.replace(n_layers=6, max_len=128, dropout=0.1, attn_dropout=0.1)
+    cfg.data.vocab_size = 16384
+    t = cfg.train
+    t.steps, t.batch_size, t.lr, t.warmup_steps, t.schedule = 4000, 64, 5e-4, 400, "cosine"
+    t.eval_every, t.save_every, t.patience, t.log_every = 500, 1000, 0, 50
+    return cfg
+
+
+def gpu_mlm_long(cfg: RunConfig) -> RunConfig:
+    """:func:`gpu_mlm` on ``offline-english`` and 2.5 times longer: 10,000 steps of 64 x 128
+    tokens (82M tokens, about 15 epochs of its 5.5M WordPiece tokens), linear after a 10%
+    warm-up. Checkpoints every 2000 steps (the last two kept): fine-tuning loads the newest.
+
+    Estimate on four H100s: 2 x 82M tokens on the busiest card at about 470k tokens/s = 350 s,
+    about 6.5 minutes with tokenizer training and evaluation (12,000 steps would be 7 + 0.5,
+    past the 7 minutes this stage has)."""
+    cfg = gpu_mlm(cfg)
+    t = cfg.train
+    t.steps, t.warmup_steps, t.save_every = 10_000, 1000, 2000
+    return cfg
+
+
+EXPERIMENTS.update({
+    "gpu-lm-glue": Experiment("lm", "gpt2-base", "offline-english", configure=gpu_lm_glue,
+                              paper="table2-wikitext-103",
+                              note="Table 2's GLUE column: pre-train; then mhe compare --task TASK --pretrained "
+                                   "(the paper's table2-TASK beside ours)"),
+    "gpu-mlm-long": Experiment("mlm", "bert-base", "offline-english", configure=gpu_mlm_long,
+                               note="gpu-mlm on all offline English text, 2.5 times longer; then fine-tune "
+                                    "with --pretrained"),
+})
 DEFAULT = "cpu-recall"
 
 

@@ -16,6 +16,7 @@ import torch
 
 from mhe.data.benchmarks import TASKS as BENCH
 from mhe.errors import MheError
+from mhe.experiments.paper import paper_tables
 from mhe.experiments.presets import EXPERIMENTS, experiment
 from mhe.experiments.summary import write_summary
 from mhe.output_paths import default_run_dir, free_name
@@ -26,6 +27,7 @@ from mhe.training.checkpoint import list_checkpoints, write_json_atomic
 from mhe.training.config import apply_overrides
 from mhe.training.defaults import default_run
 from mhe.training.loop import RunInterrupted, Trainer
+from mhe.training.run_files import read_run_record
 
 
 @dataclass
@@ -109,6 +111,25 @@ def run_config(sweep: Sweep, kind: str, seed: int):
     return cfg
 
 
+# the paper's per-task fine-tuning tables by architecture (Appendix A): encoder table1-TASK, decoder table2-TASK
+FINETUNE_TABLES = {"encoder": "table1", "decoder": "table2"}
+
+
+def finetune_paper_table(sweep: Sweep) -> str:
+    """The paper table a fine-tuning comparison is set beside: the per-task table of the
+    pre-trained runs' architecture (``table1-rte`` for an encoder, ``table2-rte`` for a
+    decoder), "" where the paper has none (a decoder on CB) or the runs are not there yet
+    (:func:`run_config` then says what is missing)."""
+    if not sweep.pretrained or not sweep.kinds:
+        return ""
+    ckpt = Path(sweep.pretrained) / "runs" / f"{sweep.kinds[0]}-seed0"
+    if not (ckpt / "config.json").is_file():
+        return ""
+    arch = read_run_record(ckpt)["model"].get("arch", "")
+    name = f"{FINETUNE_TABLES.get(arch, '')}-{sweep.task}"
+    return name if name in paper_tables() else ""
+
+
 def default_compare_dir(name: str, sweep: Sweep) -> Path:
     """``mhe compare``'s folder without ``--out``: ``runs/compare-NAME``, then the task and the
     data where they differ from the comparison preset's (a model preset: always named), e.g.
@@ -175,9 +196,20 @@ def _run_inprocess(sweep, kind, seed, run_dir: Path, log) -> dict:
     return res
 
 
+def gpu_for_slot(slot: int, gpus: int, visible: str | None = None) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` of worker ``slot``'s runs: GPUs round-robin over the slots.
+    When the parent already restricts the GPUs (``visible``, e.g. ``"1,2,3"``), the child gets
+    the parent's entry (``"2"`` for slot 1), not an index the child would renumber."""
+    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    if len(entries) >= gpus > 0:  # the parent's list (ids or UUIDs), as torch counted it
+        return entries[slot % gpus]
+    return str(slot % gpus)
+
+
 def _run_parallel(sweep, jobs, workers, log) -> None:
     """One subprocess per run; GPUs are handed out one per worker, CPU threads are shared."""
     gpus = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     threads = worker_threads(workers)
 
     def launch(slot_job):
@@ -189,9 +221,10 @@ def _run_parallel(sweep, jobs, workers, log) -> None:
         if list_checkpoints(run_dir / "checkpoints"):
             cmd.append("--resume")
         env = dict(os.environ, MHE_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = str(slot % gpus)
-        log(f"[start] {kind} seed {seed}" + (f" on GPU {slot % gpus}" if gpus else ""))
+        gpu = gpu_for_slot(slot, gpus, visible) if gpus else ""
+        if gpu:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        log(f"[start] {kind} seed {seed}" + (f" on GPU {gpu}" if gpu else ""))
         with open(run_dir / "stderr.log", "a") as err:
             rc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err).returncode
         if rc == 0 and (run_dir / "results.json").exists():
