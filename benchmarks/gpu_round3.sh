@@ -27,7 +27,9 @@
 # runs at a time per stream, default 8; two streams side by side), DEADLINE (seconds after the
 # start; later steps are skipped, running ones stopped; 0 = none), SET (extra KEY=VALUE settings
 # for every comparison, for a quick check: SET="train.steps=6 train.batch_size=4
-# data.limit_lines=300"), FT_SET (the same, fine-tuning only).
+# data.limit_lines=300"), FT_SET (the same, fine-tuning only), DEC_STREAMS / ENC_STREAMS (the
+# fine-tuning streams, tasks of a stream in turn: default "rte,mrpc,sst2 cola,stsb" and
+# "rte,mrpc,cb,copa cola,stsb,wic,sst2", so a deadline cuts the tasks that matter least).
 set -u
 export PYTHONUNBUFFERED=1
 section=${1:?SECTION}; out=${2:?OUT_DIR}; data=${MHE_DATA:-data-cache}; deadline=${DEADLINE:-0}
@@ -73,12 +75,12 @@ streams() {  # PRETRAINED PREFIX STREAM...: the streams side by side, the tasks 
 
 decoder_glue() {
   pretrain gpu-lm-glue results/decoder-lm
-  streams results/decoder-lm decoder sst2,rte cola,mrpc,stsb
+  streams results/decoder-lm decoder ${DEC_STREAMS:-rte,mrpc,sst2 cola,stsb}
 }
 
 encoder_long() {
   pretrain gpu-mlm-long results/encoder-long-mlm
-  streams results/encoder-long-mlm encoder-long sst2,mrpc,rte,cb,copa cola,stsb,wic
+  streams results/encoder-long-mlm encoder-long ${ENC_STREAMS:-rte,mrpc,cb,copa cola,stsb,wic,sst2}
 }
 
 reversed_gpus() {  # the visible GPUs, last first ("" without GPUs)
