@@ -195,6 +195,10 @@ def test_overview_averages_tasks_and_recomputes_prr(tmp_path, capsys):
     assert cells[5] == f"{100 * 0.37 / 0.40:.1f}"                     # PRR of the averages
     assert cells[6] == f"{(0.37 / 0.30 - 1) / 0.03:.2f}"              # PEoP against SHA
     assert cells[7] == f"{(0.671 + 0.566) / 2:.4f}"                   # the paper's RTE and CoLA, as fractions
+    assert "Paper: the same tasks' Table 1 scores" in md
+    for d, task in zip(dirs, ("rte", "cola")):  # a decoder's fine-tuning sets the paper's Table 2 beside it
+        write_summary(d, paper_table=f"table2-{task}")
+    assert "Paper: the same tasks' Table 2 scores" in overview(dirs)
     assert main(["overview", str(dirs[0]), str(tmp_path / "missing")]) == 2
     assert "has no summary.json" in capsys.readouterr().err
 

@@ -247,8 +247,14 @@ def overview(dirs: list[Path], plot: Path | None = None) -> str:
     lines.append("")
     lines.append(f"Mean ± std over seeds per task; the average is the unweighted mean of the {len(tasks)} task "
                  "means. PRR against MHA and PEoP against SHA are computed from the averages (section 4.6)."
-                 + (" Paper: the same tasks' Table 1 scores, averaged." if paper_avg else ""))
+                 + (f" Paper: the same tasks' {_paper_tables(summaries)} scores, averaged." if paper_avg else ""))
     return "\n".join(lines) + "\n"
+
+
+def _paper_tables(summaries: list[dict]) -> str:
+    """The paper tables the summaries set beside ours, as printed: 'Table 1', 'Table 2' or both."""
+    names = sorted({s["paper"]["table"].split("-")[0].removeprefix("table") for s in summaries})
+    return " and ".join(f"Table {n}" for n in names)
 
 
 def _check_overview_directions(dirs: list[Path], summaries: list[dict]) -> bool | None:
