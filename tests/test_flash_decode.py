@@ -143,6 +143,23 @@ def test_generate_with_flash_decode_on_cpu_equals_sdpa(padded):
     assert torch.equal(a, b) and torch.equal(la, lb)
 
 
+def test_fast_path_checks_compile_without_a_graph_break(monkeypatch):
+    # A compiled decode step calls these checks each step; dynamo cannot trace the schema walk, and
+    # a graph break there gave one graph per step on a GPU. They must fold to constants instead.
+    from mhe.attention import flash_decode
+
+    monkeypatch.setattr(flash_decode, "_capability_major", lambda index: 9)  # no card here
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def step(x):
+        return x + 1 if flash_decode.varlen_has_seqused_k() and flash_decode._flash_capable(0) else x - 1
+
+    assert torch.equal(step(torch.zeros(2)), torch.ones(2) if flash_decode._schema_has_seqused_k()
+                       else -torch.ones(2))
+    torch._dynamo.reset()
+
+
 def test_key_range_goes_to_flash_decode_only():
     from mhe.errors import MheError
 

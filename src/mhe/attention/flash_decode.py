@@ -42,18 +42,30 @@ FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @functools.cache
-def varlen_has_seqused_k() -> bool:
-    """True when this torch's ``aten._flash_attention_forward`` takes ``seqused_k``."""
+def _schema_has_seqused_k() -> bool:
     op = getattr(torch.ops.aten, "_flash_attention_forward", None)
     if op is None:
         return False
     return any(a.name == "seqused_k" for a in op.default._schema.arguments)
 
 
+# The two checks below run inside a compiled decode step: dynamo cannot trace the schema walk
+# (a graph break per step), so it calls them while tracing and keeps their answers as constants.
+@torch.compiler.assume_constant_result
+def varlen_has_seqused_k() -> bool:
+    """True when this torch's ``aten._flash_attention_forward`` takes ``seqused_k``."""
+    return _schema_has_seqused_k()
+
+
 @functools.cache
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+@torch.compiler.assume_constant_result
 def _flash_capable(index: int) -> bool:
     """FlashAttention-2 needs an Ampere-or-newer card (compute capability 8.0+)."""
-    return torch.cuda.get_device_capability(index)[0] >= 8
+    return _capability_major(index) >= 8
 
 
 def mask_range(mask: torch.Tensor | None, batch: int, length: int, *, device: torch.device
