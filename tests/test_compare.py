@@ -150,7 +150,7 @@ def test_compare_bad_input(argv, match, capsys):
     assert len(err) == 1 and match in err[0]
 
 
-def test_pretrain_then_finetune_comparison(tmp_path):
+def test_pretrain_then_finetune_comparison(tmp_path, capsys):
     from conftest import require_data
 
     root = require_data("ptb/ptb.train.txt.gz", "glue/RTE/dev.tsv.gz")
@@ -163,6 +163,7 @@ def test_pretrain_then_finetune_comparison(tmp_path):
                  "--data-dir", str(root), "--workers", "1", "--out", str(ft), "--set", "train.epochs=0",
                  "--set", "train.steps=2", "--set", "train.eval_every=0", "--set", "train.save_every=0", "--set", "train.batch_size=8",
                  "--set", 'data.task_options={"train_limit": 16, "dev_limit": 16}']) == 0
+    assert f"on rte (the models of {pre})" in capsys.readouterr().err  # not the default preset's name
     s = json.loads((ft / "summary.json").read_text())
     assert s["metric"] == "accuracy" and [r["kind"] for r in s["rows"]] == ["mha", "mhe-mul"]
     assert all(r["n_seeds"] == 2 for r in s["rows"])

@@ -161,7 +161,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, log=print) -> 
     check_sweep_dir(out, sweep)
     for kind in sweep.kinds:  # validate every run's configuration before starting any
         run_config(sweep, kind, 0)
-    log(f"comparing {', '.join(sweep.kinds)} on {sweep.task} ({sweep.preset}"
+    model = f"the models of {sweep.pretrained}" if sweep.pretrained else sweep.preset  # fine-tuning: not the preset
+    log(f"comparing {', '.join(sweep.kinds)} on {sweep.task} ({model}"
         f"{', ' + sweep.data if sweep.data else ''}), {sweep.seeds} seed(s)")
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "sweep.json", {"sweep": sweep.identity(), "paper": sweep.paper,
