@@ -84,7 +84,11 @@ CLI_CASES = [
     ("finetune-task-unknown", ["finetune", "--task", "nope", "--checkpoint", "{tmp}/dir", "--out", "{tmp}/ft"],
      "unknown fine-tuning task 'nope'"),
     ("finetune-not-a-run", ["finetune", "--task", "rte", "--checkpoint", "{tmp}/dir", "--out", "{tmp}/ft"],
-     "{tmp}/dir is not a run directory"),
+     "--checkpoint {tmp}/dir is not a run folder: pass the folder that holds config.json"),
+    ("finetune-missing-run", ["finetune", "--task", "rte", "--run", "{tmp}/none", "--out", "{tmp}/ft"],
+     "--checkpoint {tmp}/none does not exist"),
+    ("finetune-diagnostic", ["finetune", "--task", "ax-b", "--checkpoint", "{tmp}/dir", "--out", "{tmp}/ft"],
+     "ax-b is a diagnostic with a test split only: fine-tune on rte, then score it with mhe diagnostics"),
     # mhe compare / report
     ("compare-workers-zero", ["compare", "--preset", "cpu-recall", "--workers", "0", "--out", "{tmp}/c"],
      "--workers must be a positive integer, got 0"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mhe.data.bench_readers import READERS, RECORD_PARSERS, read_tsv
-from mhe.data.benchmarks import TASKS, read_examples
+from mhe.data.benchmarks import BENCH_TASKS as TASKS, read_examples
 
 
 def test_every_task_names_a_registered_reader():

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from mhe.tasks import run_config_from_dict
 from mhe.tasks.runs import load_run
 from mhe.cli import main
 from mhe.data.tokenize import load_tokenizer
@@ -23,7 +24,7 @@ from mhe.training.config import RunConfig
 
 def saved_model(run, weights):
     """The run's model rebuilt from config.json and the given safetensors file, without load_run."""
-    cfg = RunConfig.from_dict(json.loads((run / "config.json").read_text())["run"])
+    cfg = run_config_from_dict(json.loads((run / "config.json").read_text())["run"], source="test")
     tok = load_tokenizer(run)
     extra = {"pad_id": tok.token_to_id("[PAD]")} if cfg.task == "mt" else {}
     model = build_model(cfg.model, vocab_size=tok.get_vocab_size(), **extra)
@@ -53,8 +54,10 @@ def test_load_run_returns_the_saved_weights(lm_run):
 
 
 def test_load_run_refuses_a_folder_that_is_not_a_run(tmp_path):
-    with pytest.raises(MheError, match="is not a run directory"):
+    with pytest.raises(MheError, match="is not a run folder: pass the folder that holds config.json"):
         load_run(tmp_path)
+    with pytest.raises(MheError, match="none does not exist"):
+        load_run(tmp_path / "none")
 
 
 def direct_sliding_window_nll(model, ids, *, window, stride):
@@ -92,7 +95,7 @@ def test_eval_perplexity_equals_a_direct_sliding_window_computation(lm_run, caps
 
 def test_eval_refuses_a_run_of_another_task(lm_run, capsys):
     assert main(["eval", "--task", "recall", "--checkpoint", str(lm_run)]) == 2
-    assert "is a 'lm' run, not 'recall'" in capsys.readouterr().err
+    assert "is a 'lm' run; --task says 'recall'" in capsys.readouterr().err
 
 
 def sharp_checkpoint(run, dest):
@@ -146,7 +149,7 @@ def test_translate_equals_the_models_own_beam_search(mt_run, capsys, tmp_path):
 def test_translate_refuses_a_run_of_another_task(lm_run, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A dog.\n")))
     assert main(["translate", "--checkpoint", str(lm_run), "--input", "-"]) == 2
-    assert "not a translation run" in capsys.readouterr().err
+    assert "is a 'lm' run; mhe translate needs a translation (mt) run" in capsys.readouterr().err
 
 
 def test_translate_needs_only_the_run_folder(tmp_path, monkeypatch, capsys):

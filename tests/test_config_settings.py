@@ -14,8 +14,10 @@ from mhe.cli import main
 from mhe.errors import MheError
 from mhe.models.attention_options import GroupedQueryOptions, MHEOptions, NoOptions
 from mhe.training.config import DataConfig, RunConfig, apply_overrides
-from mhe.training.defaults import default_run
-from mhe.training.task_options import FinetuneOptions, RecallOptions, TranslationOptions
+from mhe.tasks import default_run, run_config_from_dict
+from mhe.tasks.finetune_config import FinetuneOptions
+from mhe.tasks.recall import RecallOptions
+from mhe.tasks.translation_config import TranslationOptions
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -24,7 +26,7 @@ def base(task: str):
     """A default run of each task (fine-tuning without a checkpoint: none is read here)."""
     if task == "finetune":
         return RunConfig(task="finetune", preset="tiny-encoder",
-                         data=DataConfig(dataset="rte", task_options={"task": "rte", "checkpoint": "x"}))
+                         data=DataConfig(dataset="rte", task_options=FinetuneOptions(task="rte", checkpoint="x")))
     return default_run(task, {"mt": "tiny-encoder-decoder", "mlm": "tiny-encoder"}.get(task, "tiny-decoder"), "mha",
                        {"lm": "ptb", "mlm": "ptb", "mt": "multi30k"}.get(task, ""))
 
@@ -225,19 +227,19 @@ OLD_FINETUNE = {"task": "finetune", "preset": "bert-base", "attention": "el-att"
 
 @pytest.mark.parametrize("old", [OLD_RECALL, OLD_FINETUNE])
 def test_old_layout_loads_the_model_it_built_and_round_trips(old):
-    cfg = RunConfig.from_dict(json.loads(json.dumps(old)))
+    cfg = run_config_from_dict(json.loads(json.dumps(old)), source="test")
     assert (cfg.model.attn_bias, cfg.model.activation) == (False, "gelu")  # the earlier presets
     assert cfg.model_overrides()["attn_bias"] is False
     digest = cfg.hash()
     assert cfg.model.attention == old["attention"]
     saved = cfg.to_dict()
     assert "attention" not in saved and saved["model"]["attention"] == old["attention"]
-    again = RunConfig.from_dict(json.loads(json.dumps(saved)))
+    again = run_config_from_dict(json.loads(json.dumps(saved)), source="test")
     assert again.hash() == digest and again.to_dict() == saved
 
 
 def test_old_layout_values_become_typed():
-    cfg = RunConfig.from_dict(OLD_RECALL)
+    cfg = run_config_from_dict(OLD_RECALL, source="test")
     assert cfg.model.attn_options == GroupedQueryOptions(n_kv_heads=2) and cfg.model.n_layers == 1
     assert cfg.data.task_options == RecallOptions(pairs=4, queries=4, train_size=128)
     assert cfg.train.betas == (0.9, 0.98)
@@ -248,7 +250,7 @@ def test_a_saved_run_of_this_repository_loads():
     if not f.exists():
         pytest.skip("no saved results in this checkout")
     saved = json.loads(f.read_text())
-    cfg = RunConfig.from_dict(saved["run"])
+    cfg = run_config_from_dict(saved["run"], source="test")
     resolved = {k: v for k, v in saved["model"].items() if k not in ("vocab_size", "attn_options")}
     mine = {k: v for k, v in cfg.model.to_dict().items() if k in resolved}
     assert mine == resolved  # the preset plus the recorded overrides is the model the run built
@@ -263,7 +265,7 @@ def test_a_saved_run_of_this_repository_loads():
 ])
 def test_bad_saved_configuration_is_one_line(bad, match):
     with pytest.raises(MheError, match=match):
-        RunConfig.from_dict(bad)
+        run_config_from_dict(bad, source="test")
 
 
 CLI_BAD = ["train.lr=NaN", "model.dropout=abc", "model.attn_options.n_kv_heads=3", "data.seq_len=-1",
@@ -282,7 +284,7 @@ def test_cli_bad_setting_exits_2_before_any_work(item, tmp_path, capsys):
 
 
 def test_cli_set_model_attention_works():
-    from mhe.training.defaults import build_run
+    from mhe.tasks import build_run
 
     cfg = build_run("lm", "tiny-decoder", attention="mha", data="ptb", seed=3, overrides=["model.attention=mqa"])
     assert cfg.model.attention == "mqa" and cfg.train.seed == 3

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from mhe.tasks.recall import RecallTask
 from mhe.training.config import apply_overrides
-from mhe.training.defaults import default_run
+from mhe.tasks import default_run
 from mhe.training.loop import Trainer
 
 STEPS = 6

@@ -12,6 +12,7 @@ from conftest import require_data
 from mhe.cli import main
 from mhe.data.benchmarks import read_examples
 from mhe.errors import MheError
+from mhe.tasks.finetune_config import default_finetune_dir
 
 TINY = ["train.steps=3", "train.epochs=0", "train.progress=false", "train.warmup_steps=1", "train.warmup_ratio=0",
         "train.batch_size=8", "train.eval_every=0", "train.save_every=0"]
@@ -112,7 +113,33 @@ def test_finetune_default_folder_names_task_and_pretraining_run(encoder_run, tmp
     opts = {"train_limit": 8, "dev_limit": 8}
     assert main(["finetune", "--task", "rte", "--checkpoint", str(encoder_run) + "/", "--data-dir", str(root),
                  *sum((["--set", s] for s in TINY), []), "--set", f"data.task_options={json.dumps(opts)}"]) == 0
-    assert (tmp_path / "runs" / f"finetune-rte-{encoder_run.name}" / "results.json").is_file()
+    made = list((tmp_path / "runs").glob(f"finetune-rte-{encoder_run.name}-*"))
+    assert len(made) == 1 and (made[0] / "results.json").is_file() and len(made[0].name.rsplit("-", 1)[1]) == 6
+    # a pre-training run of the same name elsewhere gets a folder of its own
+    twin = tmp_path / "elsewhere" / encoder_run.name
+    shutil.copytree(encoder_run, twin)
+    assert default_finetune_dir("rte", str(twin)) != default_finetune_dir("rte", str(encoder_run))
+    assert default_finetune_dir("rte", str(encoder_run)) == default_finetune_dir("rte", str(encoder_run) + "/")
+
+
+def test_finetune_reruns_follow_the_rerun_rule(encoder_run, tmp_path, capsys):
+    """The same configuration again: reported and its result printed; a changed one (train.steps
+    3 -> 4): refused in one line naming the difference and a free folder, nothing trained."""
+    root = require_data("glue/RTE/train.tsv.gz")
+    out = tmp_path / "ft"
+    args = ["finetune", "--task", "rte", "--run", str(encoder_run), "--data-dir", str(root), "--out", str(out),
+            *sum((["--set", s] for s in TINY), []), "--set", 'data.task_options={"train_limit": 8, "dev_limit": 8}']
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    stamp = (out / "results.json").stat().st_mtime_ns
+    assert main(args) == 0
+    again = capsys.readouterr()
+    assert json.loads(again.out) == first and f"already finished: results in {out}" in again.err
+    assert main(args + ["--set", "train.steps=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(train.steps: 3 there, 4 now)" in err and f"{out}-2 is free" in err
+    assert (out / "results.json").stat().st_mtime_ns == stamp
+    assert json.loads((out / "config.json").read_text())["run"]["train"]["steps"] == 3
 
 
 @pytest.mark.parametrize("progress", [True, False])

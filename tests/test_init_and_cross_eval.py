@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from mhe.tasks import run_config_from_dict
 from mhe.cli import main
 from mhe.errors import MheError
 
@@ -46,7 +47,7 @@ def test_init_from_starts_with_the_source_weights_and_tokenizer(corpora, tmp_pat
     cont = tmp_path / "b"
     _pretrain(corpora, cont, "ptb", "--init-from", str(src), "--set", "data.tokenizer=bpe")
     assert (cont / "tokenizer.json").read_text() == (src / "tokenizer.json").read_text()
-    cfg = RunConfig.from_dict(json.loads((cont / "config.json").read_text())["run"])
+    cfg = run_config_from_dict(json.loads((cont / "config.json").read_text())["run"], source="test")
     assert cfg.train.init_from == str(src) and cfg.data.dataset == "ptb"
     # step 0 of the continued run (what the trainer builds before its first step) = the source's weights
     model = CausalLMTask().setup(cfg, tmp_path / "c", Dist())
@@ -64,7 +65,7 @@ def test_init_from_starts_with_the_source_weights_and_tokenizer(corpora, tmp_pat
 def test_init_from_refuses_another_shape(corpora, tmp_path):
     from mhe.tasks.lm import CausalLMTask
     from mhe.training.config import apply_overrides
-    from mhe.training.defaults import default_run
+    from mhe.tasks import default_run
     from mhe.training.distributed import Dist
 
     src = tmp_path / "a"

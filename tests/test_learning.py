@@ -11,7 +11,7 @@ import math
 
 from mhe.tasks.recall import RecallTask
 from mhe.training.config import apply_overrides
-from mhe.training.defaults import default_run
+from mhe.tasks import default_run
 from mhe.training.loop import Trainer
 
 TOY = ["model.d_model=32", "model.d_ff=64", "model.n_layers=2", "model.dropout=0", "model.attn_dropout=0",

@@ -100,7 +100,7 @@ def test_last5_protocol_decodes_the_last_five_checkpoints(tmp_path):
 def test_last5_needs_five_kept_checkpoints(tmp_path):
     from mhe.tasks.translation import TranslationTask
     from mhe.training.config import apply_overrides
-    from mhe.training.defaults import default_run
+    from mhe.tasks import default_run
     from mhe.training.distributed import Dist
 
     _tiny_parallel(tmp_path)
@@ -114,7 +114,7 @@ def test_last5_needs_five_kept_checkpoints(tmp_path):
 def test_checkpoint_every_epoch_sets_the_save_cadence(tmp_path):
     from mhe.tasks.translation import TranslationTask
     from mhe.training.config import apply_overrides
-    from mhe.training.defaults import default_run
+    from mhe.tasks import default_run
     from mhe.training.distributed import Dist
 
     _tiny_parallel(tmp_path)

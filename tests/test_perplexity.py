@@ -134,7 +134,7 @@ def test_lm_final_also_reports_the_stride_asked_for_when_capped(tmp_path):
     from mhe.tasks.lm import CausalLMTask
     from mhe.tasks.text import token_stream
     from mhe.training.config import apply_overrides
-    from mhe.training.defaults import default_run
+    from mhe.tasks import default_run
     from mhe.training.distributed import Dist
 
     rng = random.Random(0)

@@ -24,7 +24,7 @@ def test_explicit_steps_turn_the_default_epochs_off():
 
 def test_the_trainer_runs_the_explicit_steps(tmp_path):
     from mhe.tasks.recall import RecallTask
-    from mhe.training.defaults import default_run
+    from mhe.tasks import default_run
     from mhe.training.loop import Trainer
 
     small = ["model.d_model=32", "model.d_ff=64", "model.n_layers=1", "train.batch_size=16", "train.progress=false",

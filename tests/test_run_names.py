@@ -59,6 +59,7 @@ def test_readme_pretrain_commands_run_in_sequence(tmp_path, monkeypatch, capsys)
     assert (tmp_path / "runs/lm-wikitext-2-tiny-decoder-mha/results.json").is_file()
     capsys.readouterr()
     assert main(["pretrain", "--preset", "tiny-decoder", "--data", "ptb", "--data-dir", str(root), *TINY,
-                 "--set", "train.lr=1e-3"]) == 2
+                 "--set", "train.lr=2e-3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "runs/lm-ptb-tiny-decoder-mha-2 is free" in err[0]
+    assert len(err) == 1 and "(train.lr: 0.001 there, 0.002 now)" in err[0]
+    assert "runs/lm-ptb-tiny-decoder-mha-2 is free" in err[0]

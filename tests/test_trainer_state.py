@@ -23,10 +23,11 @@ from mhe.training import checkpoint as ckpt
 from mhe.training.atomic import verify
 from mhe.training.batches import BatchOrder
 from mhe.training.config import apply_overrides
-from mhe.training.defaults import default_run
+from mhe.tasks import default_run
 from mhe.training.loop import Trainer
 from mhe.training.optim import build_optimizer
-from mhe.training.run_files import read_metrics, read_run_config, read_run_config_file
+from mhe.tasks import read_run_config, read_run_config_file
+from mhe.training.run_files import read_metrics
 from mhe.training.state import TrainerState
 from mhe.training.weights import load_best, load_state_strict, load_weights
 
@@ -470,7 +471,9 @@ def test_a_sweep_stopped_by_sigterm_exits_143(monkeypatch, capsys):
 def test_a_fresh_start_drops_the_records_of_an_attempt_killed_before_its_first_checkpoint(tmp_path):
     Trainer(tiny_run("train.stop_at=2", "train.save_every=0"), RecallTask(), tmp_path, log=quiet).fit()
     shutil.rmtree(tmp_path / "checkpoints")
-    Trainer(tiny_run(), RecallTask(), tmp_path, log=quiet).fit()  # no --resume: nothing to resume from
+    messages = []
+    Trainer(tiny_run(), RecallTask(), tmp_path, resume=True, log=messages.append).fit()  # nothing to resume from
+    assert any("starting from step 0" in m for m in messages)
     assert steps_logged(tmp_path) == [1, 2, 3, 4, 5, 6]
 
 

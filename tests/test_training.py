@@ -11,7 +11,7 @@ from mhe.errors import MheError
 from mhe.tasks.recall import RecallTask
 from mhe.training import checkpoint as ckpt
 from mhe.training.config import RunConfig, apply_overrides
-from mhe.training.defaults import default_run
+from mhe.tasks import default_run, run_config_from_dict
 from mhe.training.loop import Trainer, TrainingStopped
 from mhe.training.optim import lr_factor
 
@@ -148,11 +148,21 @@ def test_non_finite_loss_stops_with_step_and_last_checkpoint(tmp_path):
 
 
 def test_output_folder_with_other_configuration_is_refused(tmp_path):
-    Trainer(tiny_run(), RecallTask(), tmp_path, log=quiet).fit()
-    with pytest.raises(MheError, match=r"different configuration \(train.lr: 0.003 there, 0.01 now\)"):
+    first = Trainer(tiny_run(), RecallTask(), tmp_path, log=quiet).fit()
+    with pytest.raises(MheError, match=r"different configuration \(train.lr: 0.003 there, 0.01 now\); "
+                                       r"choose another --out \(.*-2 is free\)"):
         Trainer(tiny_run(extra=["train.lr=0.01"]), RecallTask(), tmp_path, log=quiet).fit()
-    with pytest.raises(MheError, match="already holds checkpoints; pass --resume"):
+    messages = []  # the same configuration, finished: reported, not trained again
+    again = Trainer(tiny_run(), RecallTask(), tmp_path, log=messages.append).fit()
+    assert again == first and messages == [f"already finished: results in {tmp_path}"]
+
+
+def test_an_unfinished_run_continues_only_with_resume(tmp_path):
+    Trainer(tiny_run(extra=["train.stop_at=5"]), RecallTask(), tmp_path, log=quiet).fit()
+    with pytest.raises(MheError, match=r"holds an unfinished run of this configuration \(its newest checkpoint is "
+                                       r"step-00000005\); pass --resume to continue it"):
         Trainer(tiny_run(), RecallTask(), tmp_path, log=quiet).fit()
+    assert Trainer(tiny_run(), RecallTask(), tmp_path, resume=True, log=quiet).fit()["status"] == "finished"
 
 
 @pytest.mark.parametrize("item, match", [
@@ -170,7 +180,7 @@ def test_bad_set_keys(item, match):
 
 def test_config_round_trip_and_hash():
     cfg = tiny_run()
-    again = RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    again = run_config_from_dict(json.loads(json.dumps(cfg.to_dict())), source="test")
     assert again.hash() == cfg.hash()
     assert tiny_run(extra=["train.stop_at=3"]).hash() == cfg.hash()  # stopping early is the same run
     assert tiny_run(extra=["train.seed=1"]).hash() != cfg.hash()

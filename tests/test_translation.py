@@ -91,7 +91,7 @@ def test_collate_masks(tmp_path):
     root = require_data("multi30k/train.en.gz", "multi30k/val.en.gz")
     from mhe.tasks.translation import TranslationTask
     from mhe.training.config import apply_overrides
-    from mhe.training.defaults import default_run
+    from mhe.tasks import default_run
     from mhe.training.distributed import Dist
 
     cfg = apply_overrides(default_run("mt", "tiny-encoder-decoder", "mqa", "multi30k"),

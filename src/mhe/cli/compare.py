@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from mhe.attention import parse_kinds
-from mhe.data.benchmarks import TASKS as BENCH
+from mhe.data.benchmarks import BENCH_TASKS as BENCH
 from mhe.errors import MheError, one_of
 from mhe.experiments.paper import paper_table
 from mhe.experiments.presets import DEFAULT, EXPERIMENTS, experiment

@@ -8,8 +8,9 @@ import json
 import math
 from pathlib import Path
 
+from mhe.cli.common import DATA_DIR_HELP, add_run_folder_arg
 from mhe.data.paths import read_source_lines
-from mhe.errors import MheError
+from mhe.errors import MheError, one_of
 from mhe.output_paths import check_output_file
 from mhe.settings import check_bounds
 from mhe.tasks.cross_eval import corpus_perplexity
@@ -19,12 +20,13 @@ from mhe.tasks.translation import DECODE_DTYPES
 from mhe.training.checkpoint import write_json_atomic
 from mhe.training.config import DataConfig
 
-DATA_DIR_HELP = "data folder (default: $MHE_DATA or ../shared/data)"
+EVAL_TASKS = ("lm", "mlm", "recall", "mt", "finetune")
 
 
 def eval_args(p):
-    p.add_argument("--task", default="lm", help="the run's task: lm (perplexity; default), mlm or recall")
-    p.add_argument("--checkpoint", required=True, help="a run directory (its newest checkpoint) or a checkpoint folder")
+    p.add_argument("--task", default="lm", help="the run's task: lm (sliding-window perplexity of --split; "
+                                                "default), or mlm, recall, mt, finetune (the run's final evaluation)")
+    add_run_folder_arg(p)
     p.add_argument("--split", default="test", choices=("valid", "test"), help="the split to score (default test)")
     p.add_argument("--stride", type=int, default=None,
                    help="sliding-window stride (default: the run's data.eval_stride, 256, capped at half the "
@@ -41,9 +43,13 @@ def cmd_eval(args) -> int:
         check_bounds("--stride", args.stride, stride_field.metadata["bounds"])
     if args.out:
         check_output_file(args.out, "--out", parent_must_exist=True)
-    model, cfg, task = load_run(args.checkpoint, data_dir=args.data_dir)
-    if args.task != cfg.task:
-        raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not {args.task!r}")
+    if args.task not in EVAL_TASKS:
+        raise one_of("--task", args.task, EVAL_TASKS)
+    if args.data and args.task != "lm":
+        raise MheError(f"--data scores language-modelling runs; --task is {args.task!r}")
+    # the run's type first; then only its tokenizer and the split scored are read
+    model, cfg, task = load_run(args.run, data_dir=args.data_dir, inference=True, tasks=(args.task,),
+                                needs=f"--task says {args.task!r}")
     if args.stride is not None:
         cfg.data.eval_stride = args.stride
     if args.data:
@@ -59,7 +65,7 @@ def cmd_eval(args) -> int:
 
 
 def translate_args(p):
-    p.add_argument("--checkpoint", required=True, help="a translation run directory (mhe train-mt)")
+    add_run_folder_arg(p, "a translation run folder (mhe train-mt), or one of its checkpoints/step-N folders")
     p.add_argument("--input", default="-", help="a file of source lines, plain, gzip or xz (default: stdin)")
     p.add_argument("--beam", type=int, default=None, help="beam size, 1 = greedy (default: the run's)")
     p.add_argument("--alpha", type=float, default=None,
@@ -78,9 +84,8 @@ def cmd_translate(args) -> int:
     if args.input != "-" and not Path(args.input).is_file():
         raise MheError(f"input file not found: {args.input}")
     lines = read_source_lines(args.input)  # before the model loads: bad input fails at once
-    model, cfg, task = load_run(args.checkpoint, inference=True)  # the run folder alone: no corpus
-    if cfg.task != "mt":
-        raise MheError(f"{args.checkpoint} is a {cfg.task!r} run, not a translation run")
+    model, cfg, task = load_run(args.run, inference=True, tasks=("mt",),  # the run folder alone: no corpus
+                                needs="mhe translate needs a translation (mt) run")
     for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha, progress=cfg.train.progress,
                               dtype=args.dtype):
         print(hyp)
@@ -88,7 +93,7 @@ def cmd_translate(args) -> int:
 
 
 def diagnostics_args(p):
-    p.add_argument("--checkpoint", required=True, help="a run fine-tuned on RTE (mhe finetune --task rte)")
+    add_run_folder_arg(p, "a run folder fine-tuned on RTE (mhe finetune --task rte)")
     p.add_argument("--tasks", default="ax-b,ax-g", help="comma-separated diagnostics: ax-b, ax-g (default both)")
     p.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
     p.add_argument("--out", default="", help="write SuperGLUE submission files (AX-b.jsonl, AX-g.jsonl) here")
@@ -96,6 +101,6 @@ def diagnostics_args(p):
 
 def cmd_diagnostics(args) -> int:
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    res = evaluate_diagnostics(args.checkpoint, tasks=tasks, data_dir=args.data_dir, out=args.out)
+    res = evaluate_diagnostics(args.run, tasks=tasks, data_dir=args.data_dir, out=args.out)
     print(json.dumps(res, indent=2))
     return 0

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from mhe.cli.common import add_run_folder_arg
 from mhe.data.tokenize import special_id
 from mhe.errors import MheError
 from mhe.models.lm_generate import left_pad
@@ -21,7 +22,8 @@ from mhe.tasks.runs import load_run
 
 
 def generate_args(p):
-    p.add_argument("--checkpoint", required=True, help="a language-model run directory (or one of its checkpoints)")
+    add_run_folder_arg(p, "a language-model run folder (mhe pretrain with a decoder preset), or one of its "
+                          "checkpoints/step-N folders")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     p.add_argument("--input", default="", help="a file of prompts, one a line ('-' = stdin)")
     p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate after each prompt (default 50)")
@@ -32,7 +34,8 @@ def generate_args(p):
                    help="sample from the smallest set of tokens whose probability reaches p (default 1.0: all)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (same seed, same text)")
     p.add_argument("--stream", action="store_true", help="print tokens as they come (one prompt)")
-    p.add_argument("--data-dir", default="", help="data folder, if the task needs one (generation reads none)")
+    p.add_argument("--data-dir", default="", help="ignored: generation reads only the run folder (kept so that "
+                                                  "the options of mhe eval also work here)")
 
 
 def read_prompts(prompts: list[str], source: str) -> list[str]:
@@ -52,9 +55,9 @@ def cmd_generate(args) -> int:
     prompts = read_prompts(args.prompt, args.input)
     if args.stream and len(prompts) != 1:
         raise MheError(f"--stream prints one continuation as it comes; got {len(prompts)} prompts")
-    model, cfg, task = load_run(args.checkpoint, data_dir=args.data_dir, inference=True)  # the run folder only
-    if getattr(model, "cfg", None) is None or model.cfg.arch != "decoder" or model.cfg.head != "lm":
-        raise MheError(f"{args.checkpoint} is a {cfg.task!r} run; mhe generate needs a language-model (lm) run")
+    # the run's type first, then the run folder alone (its tokenizer and weights): no corpus is read
+    model, cfg, task = load_run(args.run, inference=True, tasks=("lm",),
+                                needs="mhe generate needs a language-model (lm) run")
     tok = task.tok
     eos, pad = special_id(tok, "[EOS]"), special_id(tok, "[PAD]")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

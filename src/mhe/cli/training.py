@@ -1,28 +1,32 @@
 """Training commands: ``mhe train``, ``mhe pretrain``, ``mhe train-mt``, ``mhe finetune`` and
-``mhe run``. Each builds a typed ``RunConfig`` (``mhe.training.defaults``) and hands it to
+``mhe run``. Each builds a typed ``RunConfig`` (``mhe.tasks.build_run``: the task's defaults, then the options) and hands it to
 ``mhe.tasks.runs.run_training``."""
 
 from __future__ import annotations
 
 import json
 import statistics
-from pathlib import Path
 
-from mhe.errors import MheError
+from mhe.cli.common import DATA_DIR_HELP, add_run_folder_arg
+from mhe.data.corpora import corpus_names
+from mhe.data.parallel import PARALLEL
+from mhe.errors import MheError, one_of
 from mhe.experiments.summary import metric_means
 from mhe.models import preset
 from mhe.output_paths import check_output_dir, default_run_dir
-from mhe.tasks.finetune_config import finetune_config
+from mhe.tasks import TASKS, build_run, read_run_config_file
+from mhe.tasks.finetune_config import default_finetune_dir, finetune_config, finetuning_tasks
 from mhe.tasks.runs import exit_status, run_training
 from mhe.training.checkpoint import write_json_atomic
 from mhe.training.config import check_device
-from mhe.training.defaults import build_run
 from mhe.training.loop import DONE
-from mhe.training.run_files import RESULTS, is_run_dir, read_results, read_run_config_file
+from mhe.training.run_files import is_run_dir
 
 PRETRAIN_TASK = {"decoder": "lm", "encoder": "mlm"}  # the objective of each architecture (section 4.1)
-FINETUNE_TASKS = ("rte, mrpc, cola, sst2, stsb, qnli, qqp, mnli, mnli-mm, boolq, cb, sg-rte, wic, multirc, copa, "
-                  "wsc, squad, squad-v2")
+
+def train_tasks() -> list[str]:
+    """The tasks ``mhe train`` runs (the others have their own command)."""
+    return [name for name, cls in TASKS.items() if cls.command == "train"]
 
 
 def add_set_args(p) -> None:
@@ -33,18 +37,19 @@ def add_set_args(p) -> None:
 
 
 def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, data_default: str = "",
-                 data_help: str = "dataset: ptb, wikitext-2, wikitext-103",
-                 out_help: str = "runs/TASK-DATA-PRESET-KIND") -> None:
+                 data_help: str = "", out_help: str = "runs/TASK-DATA-PRESET-KIND") -> None:
     """The options every single-run training command shares."""
     if task_choice:
-        p.add_argument("--task", required=True, help="lm, mlm or recall")
+        p.add_argument("--task", required=True,
+                       help="; ".join(f"{n}: {TASKS[n].summary}" for n in train_tasks()))
+    data_help = data_help or f"corpus: {corpus_names()}"
     if preset_default is None:
         p.add_argument("--preset", required=True, help="model preset (tiny-decoder, gpt2-base, bert-base, ...)")
     else:
         p.add_argument("--preset", default=preset_default, help=f"model preset (default {preset_default})")
     p.add_argument("--attention", default="mha", help="attention kind (mha, mhe-mul, ...): sets model.attention")
     p.add_argument("--data", default=data_default, help=data_help)
-    p.add_argument("--data-dir", default="", help="data folder (default: $MHE_DATA or ../shared/data)")
+    p.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
     p.add_argument("--out", default="", help=f"run directory (default {out_help})")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: train.seed, 0)")
     add_set_args(p)
@@ -66,6 +71,10 @@ def train_args(p):
 
 
 def cmd_train(args) -> int:
+    if args.task in TASKS and TASKS[args.task].command != "train":
+        raise MheError(f"task {args.task!r} has its own command: mhe {TASKS[args.task].command}")
+    if args.task not in TASKS:
+        raise one_of("task", args.task, train_tasks())
     res = run_training(_run_from_args(args.task, args), args.out, args.resume)
     print_result(res)
     return exit_status(res)
@@ -83,7 +92,7 @@ def cmd_pretrain(args) -> int:
         raise MheError(f"pretrain takes an encoder or decoder preset; {args.preset!r} is an encoder-decoder "
                        "(train it with translation)")
     if not args.data:
-        raise MheError("pretrain needs --data (ptb, wikitext-2 or wikitext-103)")
+        raise MheError(f"pretrain needs --data ({corpus_names()})")
     cfg = _run_from_args(task, args)
     if args.init_from:
         cfg.train.init_from = str(args.init_from)
@@ -94,7 +103,8 @@ def cmd_pretrain(args) -> int:
 
 def train_mt_args(p):
     add_run_args(p, task_choice=False, preset_default="transformer-base", data_default="multi30k",
-                 data_help="parallel corpus: multi30k (default) or wmt14", out_help="runs/mt-DATA-SRC-TGT-PRESET-KIND")
+                 data_help=f"parallel corpus: {', '.join(PARALLEL)} (default multi30k)",
+                 out_help="runs/mt-DATA-SRC-TGT-PRESET-KIND")
     p.add_argument("--src", default="en", help="source language code (default en)")
     p.add_argument("--tgt", default="de", help="target language code (default de)")
 
@@ -111,37 +121,44 @@ def cmd_train_mt(args) -> int:
 
 
 def finetune_args(p):
-    p.add_argument("--task", required=True, help=f"benchmark task: {FINETUNE_TASKS}")
-    p.add_argument("--checkpoint", required=True, help="the pre-training run directory")
+    p.add_argument("--task", required=True, help=f"benchmark task. {finetuning_tasks()}")
+    add_run_folder_arg(p, "the pre-training run folder (one that holds config.json), or one of its "
+                          "checkpoints/step-N folders")
     p.add_argument("--seeds", type=int, default=1, help="run this many seeds and report mean and std (default 1)")
-    p.add_argument("--data-dir", default="", help="data folder (default: $MHE_DATA or ../shared/data)")
-    p.add_argument("--out", default="", help="run directory (default runs/finetune-TASK-CHECKPOINT)")
+    p.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
+    p.add_argument("--out", default="", help="run folder (default runs/finetune-TASK-RUN-HASH, HASH naming the "
+                                             "pre-training run, so different ones never share a folder)")
     add_set_args(p)
 
 
 def cmd_finetune(args) -> int:
     if args.seeds <= 0:
         raise MheError(f"--seeds must be positive, got {args.seeds}")
-    out = Path(args.out or default_run_dir("finetune", args.task, Path(args.checkpoint).resolve().name))
+    if args.out:
+        check_output_dir(args.out)
+    # every seed's configuration (and the pre-training run) is checked before any folder is made
+    configs = [finetune_config(args.task, args.run, data_dir=args.data_dir, overrides=args.set, seed=seed)
+               for seed in range(args.seeds)]
+    out = check_output_dir(args.out or default_finetune_dir(args.task, args.run))
     if args.resume and not out.is_dir():
         raise MheError(f"--resume: there is no run in {out}; drop --resume to start one")
+    if args.seeds > 1 and is_run_dir(out):
+        raise MheError(f"{out} holds a single-seed run; choose another --out for {args.seeds} seeds")
     results = []
-    check_output_dir(out)  # before the checkpoint or any data is read
-    for seed in range(args.seeds):
-        cfg = finetune_config(args.task, args.checkpoint, data_dir=args.data_dir, overrides=args.set, seed=seed)
+    for seed, cfg in enumerate(configs):
         run_dir = out / f"seed-{seed}" if args.seeds > 1 else out
         # with several seeds, --resume continues the seeds that started and starts the others
         resume = args.resume and (args.seeds == 1 or is_run_dir(run_dir))
-        res = run_training(cfg, str(run_dir), resume) if resume or not (run_dir / RESULTS).exists() \
-            else read_results(run_dir)
+        res = run_training(cfg, str(run_dir), resume)
         if res["status"] not in DONE:
             print_result(res)
             return exit_status(res)
         results.append(res)
     scores = [r["score"] for r in results]
     summary = {"task": args.task, "metric": results[0]["metric"], "attention": results[0]["attention"],
-               "scores": scores, "mean": statistics.fmean(scores),
-               "std": statistics.stdev(scores) if len(scores) > 1 else 0.0, "n_seeds": len(scores)}
+               "scores": scores, "mean": statistics.fmean(scores), "n_seeds": len(scores), "out": str(out)}
+    if len(scores) > 1:  # a spread needs more than one seed
+        summary["std"] = statistics.stdev(scores)
     summary["metrics"] = metric_means(results)  # every official metric; `metric` is the paper's headline
     if args.seeds > 1:
         write_json_atomic(out / "summary.json", summary)

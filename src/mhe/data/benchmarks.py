@@ -30,7 +30,7 @@ from mhe.data.bench_types import BenchTask, Example
 from mhe.data.paths import data_root, find_file
 from mhe.errors import MheError, one_of
 
-__all__ = ["TASKS", "BenchTask", "Example", "bench_task", "read_examples"]
+__all__ = ["BENCH_TASKS", "BenchTask", "Example", "bench_task", "read_examples", "task_files"]
 
 
 def _t(name, bench, kind, labels, files, reader, columns=()):
@@ -45,7 +45,7 @@ def _glue(name, labels, files, columns, kind="classification"):
 GLUE_FILES = lambda d: {"train": [f"glue/{d}/train.tsv"], "dev": [f"glue/{d}/dev.tsv"]}  # noqa: E731
 SG_FILES = lambda d: {"train": [f"superglue/{d}/train.jsonl"], "dev": [f"superglue/{d}/val.jsonl"]}  # noqa: E731
 
-TASKS = {
+BENCH_TASKS = {
     "cola": _t("cola", "glue", "classification", ["0", "1"],
                {"train": [["glue/CoLA/train.tsv"], ["glue/CoLA/in_domain_train.tsv"]],
                 "dev": [["glue/CoLA/dev.tsv"], ["glue/CoLA/in_domain_dev.tsv", "glue/CoLA/out_of_domain_dev.tsv"]]},
@@ -83,9 +83,28 @@ TASKS = {
 
 
 def bench_task(name: str) -> BenchTask:
-    if name not in TASKS:
-        raise one_of("fine-tuning task", name, TASKS)
-    return TASKS[name]
+    if name not in BENCH_TASKS:
+        raise one_of("fine-tuning task", name, BENCH_TASKS)
+    return BENCH_TASKS[name]
+
+
+def finetuning_tasks() -> str:
+    """The tasks ``mhe finetune`` takes, by benchmark, and the diagnostics (for help texts)."""
+    groups: dict[str, list[str]] = {}
+    for t in BENCH_TASKS.values():
+        if t.kind != "diagnostic":
+            groups.setdefault({"glue": "GLUE", "superglue": "SuperGLUE", "squad": "SQuAD"}[t.benchmark], []).append(t.name)
+    diag = [t.name for t in BENCH_TASKS.values() if t.kind == "diagnostic"]
+    return "; ".join(f"{b}: {', '.join(names)}" for b, names in groups.items()) + \
+        f" ({', '.join(diag)}: scored with an RTE run by mhe diagnostics)"
+
+
+def task_files(name: str, split: str, *, data_dir=None) -> list[Path]:
+    """The local files of ``split`` of task ``name``, checked to exist (nothing is read)."""
+    t = bench_task(name)
+    if split not in t.files:
+        raise one_of(f"split of {name}", split, t.files)
+    return _resolve(t.files[split], data_root(data_dir))
 
 
 def read_examples(name: str, split: str, *, data_dir=None, limit: int | None = None,
@@ -102,8 +121,7 @@ def read_examples(name: str, split: str, *, data_dir=None, limit: int | None = N
         return out[:limit] if limit else out
     if source != "local":
         raise one_of("data source", source, ("local", "hub"))
-    root = data_root(data_dir)
-    paths = _resolve(t.files[split], root)
+    paths = task_files(name, split, data_dir=data_dir)
     out: list[Example] = []
     for p in paths:
         out.extend(READERS[t.reader](t, p))

@@ -9,6 +9,7 @@ splits from the hub instead.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,31 @@ def corpus(name: str) -> Corpus:
     if name not in CORPORA:
         raise one_of("dataset", name, CORPORA)
     return CORPORA[name]
+
+
+def corpus_names() -> str:
+    """The corpora as the command line lists them: ``ptb, wikitext-2, ...``."""
+    return ", ".join(CORPORA)
+
+
+def check_corpus(name: str, splits=SPLITS, *, data_dir: str | Path | None = None, source: str = "local") -> None:
+    """Refuse, before anything is read or written, a corpus that is unknown or whose files
+    (``splits``; a composed corpus: its stored splits) are not there, or a hub source without
+    the ``datasets`` package."""
+    c = corpus(name)
+    if source == "hub":
+        if not c.hub:
+            raise MheError(f"{c.name!r} has no hub source; it is composed of local files (--data-dir)")
+        if importlib.util.find_spec("datasets") is None:
+            raise MheError(f"loading {c.name!r} from the hub needs the optional 'datasets' package "
+                           "(pip install mhe[datasets])")
+        return
+    if source != "local":
+        raise one_of("data source", source, ("local", "hub"))
+    root = data_root(data_dir)
+    for split in splits:
+        if split in c.files:
+            find_file(c.files[split], root)
 
 
 def read_lines(name: str, split: str, *, data_dir: str | Path | None = None, source: str = "local",

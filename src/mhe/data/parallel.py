@@ -60,9 +60,8 @@ def _read(path: Path) -> list[str]:
     return lines
 
 
-def read_parallel(name: str, split: str, src: str, tgt: str, *, data_dir=None, source: str = "local",
-                  drop_empty: bool | None = None, limit: int | None = None) -> tuple[list[str], list[str]]:
-    """Aligned (sources, targets). Mismatched line counts name both files and their counts."""
+def _request(name: str, split: str, src: str, tgt: str) -> ParallelCorpus:
+    """The corpus, after checking the languages and the split asked for."""
     c = parallel_corpus(name)
     for lang in (src, tgt):
         if lang not in c.langs:
@@ -71,13 +70,25 @@ def read_parallel(name: str, split: str, src: str, tgt: str, *, data_dir=None, s
         raise MheError(f"source and target language are both {src!r}")
     if split not in c.files:
         raise one_of(f"split of {name}", split, c.files)
+    return c
+
+
+def parallel_files(name: str, split: str, src: str, tgt: str, *, data_dir=None) -> tuple[Path, Path]:
+    """The (source, target) files of a split, checked to exist (nothing is read)."""
+    c = _request(name, split, src, tgt)
+    root = data_root(data_dir)
+    pattern = c.files[split]
+    return find_file(pattern.format(lang=src, role="src"), root), find_file(pattern.format(lang=tgt, role="ref"), root)
+
+
+def read_parallel(name: str, split: str, src: str, tgt: str, *, data_dir=None, source: str = "local",
+                  drop_empty: bool | None = None, limit: int | None = None) -> tuple[list[str], list[str]]:
+    """Aligned (sources, targets). Mismatched line counts name both files and their counts."""
+    c = _request(name, split, src, tgt)
     if source == "hub":
         srcs, tgts = _from_hub(c, split, src, tgt)
     else:
-        root = data_root(data_dir)
-        pattern = c.files[split]
-        p_src = find_file(pattern.format(lang=src, role="src"), root)
-        p_tgt = find_file(pattern.format(lang=tgt, role="ref"), root)
+        p_src, p_tgt = parallel_files(name, split, src, tgt, data_dir=data_dir)
         srcs, tgts = _read(p_src), _read(p_tgt)
         if len(srcs) != len(tgts):
             raise MheError(f"line counts differ: {p_src} has {len(srcs)}, {p_tgt} has {len(tgts)}")

@@ -16,7 +16,7 @@ from typing import Callable
 from mhe.attention import PAPER_KINDS
 from mhe.errors import one_of
 from mhe.training.config import RunConfig, validate
-from mhe.training.defaults import default_run
+from mhe.tasks import default_run
 
 
 @dataclass(frozen=True)

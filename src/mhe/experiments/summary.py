@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mhe.accounting import model_attention_params
 from mhe.attention import KINDS, PAPER_KINDS
-from mhe.data.benchmarks import TASKS as BENCH
+from mhe.data.benchmarks import BENCH_TASKS as BENCH
 from mhe.errors import MheError
 from mhe.experiments.paper import paper_table, source
 from mhe.experiments.plots import LABELS, plot_curves, plot_prr_vs_paper, plot_score_vs_params

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from mhe.data.benchmarks import TASKS as BENCH
+from mhe.data.benchmarks import BENCH_TASKS as BENCH
 from mhe.errors import MheError
 from mhe.experiments.paper import paper_tables
 from mhe.experiments.presets import EXPERIMENTS, experiment
@@ -25,7 +25,7 @@ from mhe.tasks import build_task
 from mhe.tasks.finetune_config import finetune_config
 from mhe.training.checkpoint import list_checkpoints, write_json_atomic
 from mhe.training.config import apply_overrides
-from mhe.training.defaults import default_run
+from mhe.tasks import default_run
 from mhe.training.loop import RunInterrupted, Trainer
 from mhe.training.run_files import read_run_record
 

@@ -5,7 +5,7 @@
 * AX-g (Winogender, Rudinger et al. 2018): accuracy and gender parity, the share of minimal
   pairs (same hypothesis, the pronoun's gender swapped) given the same label.
 
-``mhe diagnostics --checkpoint RTE_RUN`` prints both and, with ``--out DIR``, writes the
+``mhe diagnostics --run RTE_RUN`` prints both and, with ``--out DIR``, writes the
 predictions as SuperGLUE submission files (``AX-b.jsonl``, ``AX-g.jsonl``: ``idx`` and ``label``).
 """
 
@@ -17,8 +17,10 @@ from pathlib import Path
 from mhe.data.benchmarks import read_examples
 from mhe.errors import MheError, one_of
 from mhe.metrics.classification import task_metrics
+from mhe.tasks import read_run_config
 from mhe.tasks.runs import load_run
 from mhe.training.checkpoint import write_text_atomic
+from mhe.training.run_files import require_run_dir
 
 DIAGNOSTICS = ("ax-b", "ax-g")
 RTE_TASKS = ("rte", "sg-rte")
@@ -34,9 +36,10 @@ def evaluate_diagnostics(checkpoint, *, tasks=DIAGNOSTICS, data_dir: str = "", o
     for t in tasks:
         if t not in DIAGNOSTICS:
             raise one_of("diagnostic", t, DIAGNOSTICS)
-    model, cfg, task = load_run(checkpoint, data_dir=data_dir)
-    if cfg.task != "finetune" or getattr(task, "name", "") not in RTE_TASKS:
+    cfg = read_run_config(require_run_dir(checkpoint))  # the run's type first: nothing else is read
+    if cfg.task != "finetune" or cfg.data.task_options.task not in RTE_TASKS:
         raise MheError(f"{checkpoint} is not a run fine-tuned on RTE (rte or sg-rte); the diagnostics use one")
+    model, cfg, task = load_run(checkpoint, data_dir=data_dir)
     results = {}
     for name in tasks:
         examples = read_examples(name, "test", data_dir=cfg.data.data_dir or None)

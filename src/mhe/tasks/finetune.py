@@ -1,7 +1,7 @@
 """Fine-tuning a pre-trained run on GLUE, SuperGLUE and SQuAD (paper Tables 1-2, 5-7).
 
-``data.task_options`` (:class:`mhe.training.task_options.FinetuneOptions`): ``task`` (rte, mrpc, cola, ..., squad, squad-v2), ``checkpoint``
-(the pre-training run directory), ``train_split``/``dev_split`` (default train/dev;
+``data.task_options`` (:class:`mhe.tasks.finetune_config.FinetuneOptions`): ``task`` (rte, ..., squad-v2),
+``checkpoint`` (the pre-training run folder, or one of its checkpoints), ``train_split``/``dev_split`` (default train/dev;
 offline SQuAD has no train file, so tests train on a labelled part of dev),
 ``train_limit``/``dev_limit``, ``doc_stride`` (128), ``max_answer_len`` (30).
 
@@ -28,23 +28,17 @@ from mhe.metrics.squad import squad_scores
 from mhe.models import ModelConfig, ModelOutput, build_model
 from mhe.models.losses import classification_loss
 from mhe.progress import bar, each
+from mhe.tasks.finetune_config import FinetuneSettings, pretraining_checkpoint
 from mhe.tasks.text import pad_rows
-from mhe.training import checkpoint as ckpt
-from mhe.training.run_files import is_run_dir, read_run_record
-from mhe.training.task import Task
+from mhe.training.run_files import read_run_record
 from mhe.training.weights import load_state_strict, read_sealed_weights
 
 
-def load_pretrained(run_dir: Path):
-    """(model config dict, tokenizer, newest checkpoint folder) of a pre-training run."""
-    if not is_run_dir(run_dir):
-        raise MheError(f"--checkpoint {run_dir} is not a run directory (no config.json)")
-    model_cfg = read_run_record(run_dir)["model"]
-    tok = load_tokenizer(run_dir)
-    weights = ckpt.latest_checkpoint(run_dir / "checkpoints")
-    if weights is None:
-        raise MheError(f"no complete checkpoint under {run_dir / 'checkpoints'}")
-    return model_cfg, tok, weights
+def load_pretrained(path: Path):
+    """(model config dict, tokenizer, checkpoint folder) of a pre-training run: the checkpoint
+    ``path`` names, or the run's newest complete one."""
+    run_dir, weights = pretraining_checkpoint(path)
+    return read_run_record(run_dir)["model"], load_tokenizer(run_dir), weights
 
 
 def load_backbone(model: torch.nn.Module, weights: Path, arch: str) -> None:
@@ -58,14 +52,13 @@ def load_backbone(model: torch.nn.Module, weights: Path, arch: str) -> None:
                       allow_unexpected=[k for k in source if not k.startswith(backbone)])
 
 
-class FinetuneTask(Task):
-    name = "finetune"
+class FinetuneTask(FinetuneSettings):
     higher_is_better = True
 
     def setup(self, cfg, out: Path, dist):
         o = dataclasses.asdict(cfg.data.task_options)  # FinetuneOptions, checked when the run was built
         if not o["checkpoint"]:
-            raise MheError("fine-tuning needs --checkpoint (a pre-training run directory)")
+            raise MheError("fine-tuning needs --checkpoint (a pre-training run folder)")
         self.cfg, self.o, self.out = cfg, o, out
         self.spec = bench_task(o["task"])
         self.name = self.spec.name

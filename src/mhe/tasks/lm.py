@@ -10,8 +10,9 @@ from mhe.errors import MheError
 from mhe.metrics.perplexity import perplexity, sliding_window_nll
 from mhe.models import build_model
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
-from mhe.tasks.text import corpus_lines, is_word_level, token_stream
-from mhe.training.task import Task
+from mhe.tasks.text import TextTask, check_text_data, corpus_lines, is_word_level, token_stream
+from mhe.training.config import DataConfig
+from mhe.training.task import is_tiny
 
 
 # Tiny presets with a large vocabulary (word-level WikiText-2: 33k) use an adaptive softmax:
@@ -20,14 +21,25 @@ ADAPTIVE_FROM = 20_000
 ADAPTIVE_CUTOFFS = (2000, 10000)
 
 
-class CausalLMTask(Task):
+class CausalLMTask(TextTask):
     name = "lm"
     metric = "perplexity"
     higher_is_better = False
+    summary = "causal language modelling (decoder presets), test perplexity"
+
+    @classmethod
+    def default_data(cls, preset, dataset):
+        # the tokenised WikiText-2 is a word-level corpus (33k words)
+        word = is_tiny(preset) and dataset == "wikitext-2"
+        return DataConfig(dataset=dataset, tokenizer="word" if word else "")
+
+    def check(self, cfg):
+        if cfg.model.arch != "decoder":
+            raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({cfg.model.arch})")
+        check_text_data(cfg, "language modelling")
 
     def setup(self, cfg, out: Path, dist):
-        if not cfg.data.dataset:
-            raise MheError("language modelling needs --data (ptb, wikitext-2 or wikitext-103)")
+        self.check(cfg)
         self.cfg = cfg
         train = corpus_lines(cfg, "train")
         self.valid_lines = corpus_lines(cfg, "valid")

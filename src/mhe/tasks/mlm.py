@@ -6,12 +6,11 @@ from pathlib import Path
 
 import torch
 
-from mhe.data.tokenize import special_id
+from mhe.data.tokenize import load_tokenizer, special_id
 from mhe.errors import MheError
 from mhe.models import build_model
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
-from mhe.tasks.text import corpus_lines, token_stream
-from mhe.training.task import Task
+from mhe.tasks.text import TextTask, check_text_data, corpus_lines, token_stream
 
 
 def mask_tokens(ids: torch.Tensor, *, mask_id: int, vocab_size: int, special: torch.Tensor,
@@ -29,31 +28,49 @@ def mask_tokens(ids: torch.Tensor, *, mask_id: int, vocab_size: int, special: to
     return inputs, labels
 
 
-class MaskedLMTask(Task):
+class MaskedLMTask(TextTask):
     name = "mlm"
     metric = "mlm_accuracy"
     higher_is_better = True
+    summary = "masked language modelling (encoder presets), validation accuracy"
+
+    def check(self, cfg):
+        if cfg.model.arch != "encoder":
+            raise MheError(f"masked language modelling needs an encoder preset, got {cfg.preset!r}")
+        check_text_data(cfg, "masked language modelling", splits=("train", "valid"))
 
     def setup(self, cfg, out: Path, dist):
-        if not cfg.data.dataset:
-            raise MheError("masked language modelling needs --data (ptb, wikitext-2 or wikitext-103)")
+        self.check(cfg)
         self.cfg = cfg
         train = corpus_lines(cfg, "train")
         # continued pre-training: the source's tokenizer and weights
         source, self.tok = pretraining_tokenizer(cfg, out, train, task="mlm", dist=dist)
+        model = self._build_model(cfg)
+        if source:
+            init_weights(model, source)
+        self.blocks = self._pack(token_stream(self.tok, train, progress=cfg.train.progress,
+                                              desc="tokenizing the training text"), self.seq)
+        self.valid = self._pack(token_stream(self.tok, corpus_lines(cfg, "valid")), self.seq)[:256]
+        return model
+
+    def setup_inference(self, cfg, out: Path, dist):
+        """The model, the run's saved tokenizer and the validation split (``mhe eval``): the
+        training text is not read."""
+        self.cfg = cfg
+        self.tok = load_tokenizer(out)
+        model = self._build_model(cfg)
+        self.valid = self._pack(token_stream(self.tok, corpus_lines(cfg, "valid")), self.seq)[:256]
+        return model
+
+    def _build_model(self, cfg):
         model = build_model(cfg.model, vocab_size=self.tok.get_vocab_size())
         if model.cfg.arch != "encoder":
             raise MheError(f"masked language modelling needs an encoder preset, got {cfg.preset!r}")
-        if source:
-            init_weights(model, source)
         self.vocab = self.tok.get_vocab_size()
         self.cls, self.sep = special_id(self.tok, "[CLS]"), special_id(self.tok, "[SEP]")
         self.mask_id = special_id(self.tok, "[MASK]")
         self.special = torch.tensor([special_id(self.tok, s) for s in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")])
-        seq = min(cfg.data.seq_len or model.cfg.max_len, model.cfg.max_len)
-        self.blocks = self._pack(token_stream(self.tok, train, progress=cfg.train.progress,
-                                              desc="tokenizing the training text"), seq)
-        self.valid = self._pack(token_stream(self.tok, corpus_lines(cfg, "valid")), seq)[:256]
+        self.seq = min(cfg.data.seq_len or model.cfg.max_len, model.cfg.max_len)
         return model
 
     def _pack(self, stream: torch.Tensor, seq: int) -> torch.Tensor:

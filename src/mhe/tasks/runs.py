@@ -9,13 +9,12 @@ from pathlib import Path
 
 from mhe.errors import MheError
 from mhe.output_paths import check_output_dir, default_run_dir
-from mhe.tasks import build_task
+from mhe.tasks import build_task, read_run_config
 from mhe.training import checkpoint as ckpt
-from mhe.training.atomic import MANIFEST
 from mhe.training.config import RunConfig
 from mhe.training.distributed import Dist
+from mhe.training.run_files import locate_run
 from mhe.training.loop import Trainer
-from mhe.training.run_files import read_run_config
 from mhe.training.weights import has_best, load_best, load_weights
 
 
@@ -45,24 +44,33 @@ def exit_status(res: dict) -> int:
     return 0
 
 
-def load_run(path: str | Path, *, data_dir: str = "", inference: bool = False):
-    """(model in eval mode, RunConfig, task set up on the run's data) for a run directory
-    (its best evaluated weights, else its newest checkpoint) or one of its checkpoint folders.
-    ``inference``: set the task up from the run folder alone where it can (translation and
-    language modelling read their saved tokenizer and no corpus), for commands that only run
-    the model."""
-    path = Path(path)
-    is_checkpoint = (path / MANIFEST).exists() and path.parent.name == "checkpoints"
-    run_dir = path.parent.parent if is_checkpoint else path
+def load_run(path: str | Path, *, data_dir: str = "", inference: bool = False, tasks: tuple[str, ...] = (),
+             needs: str = "", option: str = "--run"):
+    """(model in eval mode, RunConfig, task set up) for a run folder (its best evaluated weights,
+    else its newest checkpoint) or one of its checkpoint folders.
+
+    Args:
+        path: the run folder or ``RUN/checkpoints/step-N``.
+        data_dir: the data folder, where the task reads data.
+        inference: set the task up from the run folder alone where it can (language modelling
+            and translation read their saved tokenizer and no corpus; masked LM only its
+            validation split), for commands that only run or score the model.
+        tasks: the run's task must be one of these (checked before anything is set up);
+            ``needs`` says in words what the command needs, for the error.
+        option: the command line option that named ``path``, for errors.
+    """
+    run_dir, point = locate_run(path, option)
     cfg = read_run_config(run_dir)
+    if tasks and cfg.task not in tasks:
+        raise MheError(f"{path} is a {cfg.task!r} run; {needs or 'this command needs a ' + ' or '.join(tasks) + ' run'}")
     if data_dir:
         cfg.data.data_dir = data_dir
     task = build_task(cfg.task)
     model = (task.setup_inference if inference else task.setup)(cfg, run_dir, Dist())
-    if not is_checkpoint and has_best(run_dir):  # as results.json used
+    if point is None and has_best(run_dir):  # as results.json used
         load_best(run_dir, model)
     else:
-        point = path if is_checkpoint else ckpt.latest_checkpoint(run_dir / "checkpoints")
+        point = point or ckpt.latest_checkpoint(run_dir / "checkpoints")
         if point is None:
             raise MheError(f"no complete checkpoint under {run_dir / 'checkpoints'}")
         load_weights(point, model)

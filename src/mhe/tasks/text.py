@@ -7,10 +7,39 @@ from pathlib import Path
 
 import torch
 
-from mhe.data.corpora import corpus, read_lines
+from mhe.data.corpora import SPLITS, check_corpus, corpus, corpus_names, read_lines
+from mhe.errors import MheError
 from mhe.data.tokenize import load_tokenizer, save_tokenizer, special_id, train_tokenizer
 from mhe.progress import bar
 from mhe.tasks.vocab import resolve_tokenizer
+from mhe.training.task import Task, is_tiny
+
+
+class TextTask(Task):
+    """Pre-training on a text corpus (lm, mlm): the defaults both share."""
+
+    @classmethod
+    def default_train(cls, preset, dataset):
+        train = super().default_train(preset, dataset)
+        if is_tiny(preset):
+            train.batch_size = 16  # 16 x 64 tokens a step: a 10k-word softmax stays cheap on two CPU cores
+        return train
+
+    @classmethod
+    def default_model(cls, preset):
+        return {"max_len": 64} if is_tiny(preset) else {}
+
+
+def check_text_data(cfg, what: str, splits=SPLITS) -> None:
+    """The corpus of a pre-training run named and its files there (nothing read), and the run
+    ``train.init_from`` starts from (continued pre-training)."""
+    if not cfg.data.dataset:
+        raise MheError(f"{what} needs --data ({corpus_names()})")
+    check_corpus(cfg.data.dataset, splits, data_dir=cfg.data.data_dir or None, source=cfg.data.source)
+    if cfg.train.init_from:
+        from mhe.tasks.init_from import source_checkpoint  # it reads tokenizers through this module
+
+        source_checkpoint(cfg.train.init_from)
 
 
 def corpus_lines(cfg, split: str) -> list[str]:

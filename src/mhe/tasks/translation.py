@@ -1,7 +1,7 @@
 """Translation with the encoder-decoder (paper Table 3): shared sub-word vocabulary,
 token-based batches, label smoothing, beam search, sacrebleu.
 
-``data.task_options`` are :class:`mhe.training.task_options.TranslationOptions`:
+``data.task_options`` are :class:`mhe.tasks.translation_config.TranslationOptions`:
 ``src``/``tgt`` languages, ``max_tokens`` per batch (source + target tokens,
 padding included), ``beam``, ``alpha`` (length penalty), ``eval_sentences``
 (validation sentences decoded at each evaluation), ``protocol``: ``best`` (test
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from mhe.data.parallel import read_parallel
+from mhe.data.parallel import parallel_files, read_parallel
 from mhe.data.tokenize import load_tokenizer, special_id
 from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
@@ -33,6 +33,7 @@ from mhe.models.losses import IGNORE
 from mhe.progress import bar
 from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
 from mhe.tasks.text import pad_rows, tokenizer_for
+from mhe.tasks.translation_config import TranslationOptions, translation_train
 from mhe.training.averaging import last_checkpoints
 from mhe.training.task import Task
 
@@ -79,6 +80,22 @@ class TranslationTask(Task):
     name = "mt"
     metric = "bleu"
     higher_is_better = True
+    summary = "translation with the encoder-decoder, test BLEU"
+    command = "train-mt"
+    options = TranslationOptions
+
+    @classmethod
+    def default_train(cls, preset, dataset):
+        return translation_train(preset)
+
+    def check(self, cfg):
+        if cfg.model.arch != "encoder-decoder":
+            raise MheError(f"translation needs an encoder-decoder preset, got {cfg.preset!r}")
+        o = cfg.data.task_options
+        _check_protocol(cfg, dataclasses.asdict(o))
+        for split in ("train", "valid", "test"):
+            if cfg.data.source == "local":
+                parallel_files(cfg.data.dataset or "multi30k", split, o.src, o.tgt, data_dir=cfg.data.data_dir or None)
 
     def setup(self, cfg, out: Path, dist):
         self.cfg, self.out = cfg, out

@@ -21,14 +21,12 @@ import torch
 
 from mhe.errors import MheError, one_of
 from mhe.models.config import ModelConfig, earlier_preset, preset
-from mhe.settings import build, check_fields, field_types, nondefault, parse_text, set_path, setting
-from mhe.training.task_options import TASK_OPTIONS, task_options
+from mhe.settings import build, check_fields, field_types, nondefault, parse_text, set_path, setting, typed_options
 
 Schedule = Literal["linear", "cosine", "cosine_restarts", "constant", "inverse_sqrt"]
 Precision = Literal["auto", "fp32", "bf16"]
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
-TASKS: tuple[str, ...] = tuple(TASK_OPTIONS)
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
 
 
@@ -72,10 +70,15 @@ OPERATIONAL_TRAIN_KEYS = ("stop_at", "log_every", "eval_every", "save_every", "k
                           "progress", "tensorboard", "device", "compile")
 
 
+@dataclass(frozen=True)
+class NoTaskOptions:
+    """The options of a task that has none of its own (lm, mlm: every setting lives in ``data.*``)."""
+
+
 @dataclass
 class DataConfig:
-    """Which data and how it is cut; ``task_options`` are the task's own typed options
-    (:mod:`mhe.training.task_options`; a dict is converted)."""
+    """Which data and how it is cut; ``task_options`` are the task's own typed options, an
+    instance of the task's ``options`` class (``mhe.tasks.TASKS``; None: no options)."""
 
     dataset: str = ""
     data_dir: str = ""
@@ -101,8 +104,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
 
     def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise one_of("task", self.task, TASKS)
+        if not isinstance(self.task, str) or not self.task:
+            raise MheError(f"a run needs a task name, got {self.task!r}")
         if self.model is None:
             self.model = preset(self.preset)
         validate(self)
@@ -120,12 +123,6 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
-        """Read a saved ``run`` (config.json, run.json), migrating the earlier layout whose
-        ``attention`` sat beside a dict of model overrides."""
-        return from_dict(d)
 
     def identity(self) -> dict:
         """What makes two runs the same run (cadence, stop_at and progress bars aside). Laid
@@ -154,8 +151,10 @@ def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def from_dict(d: dict) -> RunConfig:
-    """A :class:`RunConfig` from its saved dict (either layout); bad fields are one-line errors."""
+def from_dict(d: dict, task_options: type) -> RunConfig:
+    """A :class:`RunConfig` from its saved dict (config.json's ``run``, run.json); bad fields are
+    one-line errors. ``task_options`` is the class of the task's options
+    (``mhe.tasks.run_config_from_dict`` looks it up by the task's name)."""
     if not isinstance(d, dict):
         raise MheError(f"a run configuration must be a JSON object, got {type(d).__name__}")
     d = dict(d)
@@ -173,9 +172,11 @@ def from_dict(d: dict) -> RunConfig:
         model = earlier_preset(d["preset"]).replace(attention=d.get("attention", "mha"), **model)
     else:
         model = build(ModelConfig, model, "model")
+    data = dict(d.get("data") or {})
+    opts = typed_options(task_options, data.pop("task_options", None), "data.task_options", f"task {d['task']!r}")
     return RunConfig(task=d["task"], preset=d["preset"], model=model,
                      train=build(TrainConfig, d.get("train") or {}, "train"),
-                     data=build(DataConfig, d.get("data") or {}, "data"))
+                     data=build(DataConfig, {**data, "task_options": opts}, "data"))
 
 
 def validate(cfg: RunConfig) -> None:
@@ -186,7 +187,11 @@ def validate(cfg: RunConfig) -> None:
         raise MheError(f"model must be a ModelConfig, got {type(cfg.model).__name__}")
     cfg.model = cfg.model.replace()  # runs the model's own checks after field-by-field edits
     check_fields(cfg.train, "train")
-    cfg.data.task_options = task_options(cfg.task, cfg.data.task_options)
+    if cfg.data.task_options is None:
+        cfg.data.task_options = NoTaskOptions()
+    if not dataclasses.is_dataclass(cfg.data.task_options) or isinstance(cfg.data.task_options, type):
+        raise MheError(f"data.task_options of a {cfg.task!r} run must be the task's typed options "
+                       f"(mhe.tasks.TASKS[{cfg.task!r}].options), got {type(cfg.data.task_options).__name__}")
     check_fields(cfg.data, "data")
     check = getattr(cfg.data.task_options, "check", None)
     if check:

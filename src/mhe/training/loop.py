@@ -29,8 +29,8 @@ from mhe.training.atomic import remove_temporaries, write_json_atomic
 from mhe.training.batches import BatchOrder
 from mhe.training.config import RunConfig
 from mhe.training.optim import build_optimizer
-from mhe.training.run_files import (CONFIG, METRICS, RESULTS, is_run_dir, read_results, read_run_config,
-                                    truncate_metrics)
+from mhe.training.run_files import (CONFIG, METRICS, RESULTS, differences, is_run_dir, read_results, read_run_record,
+                                    run_config_from_dict, truncate_metrics)
 from mhe.training.run_log import RunLog, SignalWatch
 from mhe.training.state import TrainerState, seed_all
 from mhe.training.task import Task
@@ -68,8 +68,9 @@ class Trainer:
         """Set up (or resume), train until the schedule ends, the run stops early or a signal
         arrives, then evaluate the best weights and write ``results.json``."""
         t = self.cfg.train
+        self.task.check(self.cfg)  # every setting, path and data source, before any folder is created
         dist = self._start()
-        if self.resume and (self.out / RESULTS).is_file():
+        if is_run_dir(self.out) and (self.out / RESULTS).is_file():
             return self._already_finished(dist)
         model, state = self._build(dist)
         net = self._wrap(model, dist)
@@ -106,26 +107,38 @@ class Trainer:
         return dist
 
     def _prepare_dir(self) -> None:
-        """Refuse a folder holding another run (or no run, on resume); clear a killed writer's leftovers."""
+        """The rerun rule: a folder holding a run of another configuration is refused (naming the
+        differences and a free folder); one holding an unfinished run of this configuration is
+        continued only with ``--resume``; a finished one is reported (:meth:`fit`). Clears a
+        killed writer's leftovers."""
         if self.resume and not is_run_dir(self.out):
             raise MheError(f"--resume: there is no run in {self.out} (no {CONFIG}); drop --resume to start one")
-        self.out.mkdir(parents=True, exist_ok=True)
         if is_run_dir(self.out):
-            old = read_run_config(self.out)
-            if old.hash() != self.cfg_hash:
-                diff = _diff(old.identity(), self.original.identity())
-                raise MheError(f"{self.out} holds a run with a different configuration ({diff}); "
-                               f"choose another --out ({free_name(self.out)} is free)")
-            if not self.resume and ckpt.list_checkpoints(self.out / "checkpoints"):
-                raise MheError(f"{self.out} already holds checkpoints; pass --resume to continue it "
-                               f"or choose another --out ({free_name(self.out)} is free)")
+            self._refuse_another_configuration()
+            if not self.resume and not (self.out / RESULTS).is_file():
+                last = ckpt.list_checkpoints(self.out / "checkpoints")
+                where = f"its newest checkpoint is {last[-1].name}" if last else "no checkpoint yet"
+                raise MheError(f"{self.out} holds an unfinished run of this configuration ({where}); pass --resume "
+                               f"to continue it or choose another --out ({free_name(self.out)} is free)")
+        self.out.mkdir(parents=True, exist_ok=True)
         for path in remove_temporaries(self.out, self.out / "checkpoints"):
             self.log(f"removed {path} (left by an interrupted write)")
+
+    def _refuse_another_configuration(self) -> None:
+        old = read_run_record(self.out)["run"]
+        if old.get("task") != self.cfg.task:
+            diff = f"task: {old.get('task')!r} there, {self.cfg.task!r} now"
+        else:
+            saved = run_config_from_dict(old, source=self.out / CONFIG, options_of=lambda _: type(self.task).options)
+            diff = differences(saved.identity(), self.original.identity()) if saved.hash() != self.cfg_hash else ""
+        if diff:
+            raise MheError(f"{self.out} holds a run with a different configuration ({diff}); "
+                           f"choose another --out ({free_name(self.out)} is free)")
 
     def _already_finished(self, dist) -> dict:
         result = read_results(self.out)
         if dist.main:
-            self.log(f"the run in {self.out} has already finished ({RESULTS}); nothing to do")
+            self.log(f"already finished: results in {self.out}")
         distributed.teardown()
         return result
 
@@ -274,15 +287,3 @@ def _device_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
 
-
-def _diff(a: dict, b: dict, prefix="") -> str:
-    out = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            d = _diff(va, vb, f"{prefix}{k}.")
-            if d:
-                out.append(d)
-        elif va != vb:
-            out.append(f"{prefix}{k}: {va!r} there, {vb!r} now")
-    return "; ".join(out)

@@ -10,11 +10,12 @@ A run folder holds ``config.json`` (``run``: the configuration asked for,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from mhe.errors import MheError
 from mhe.training.atomic import write_text_atomic
-from mhe.training.config import RunConfig
+from mhe.training.config import RunConfig, from_dict
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -36,32 +37,51 @@ def read_json(path: str | Path, *, what: str = "JSON file") -> object:
         raise MheError(f"{path}: cannot be read ({e.strerror})") from e
 
 
-def run_config_from_dict(d: object, *, source: str | Path) -> RunConfig:
-    """A :class:`RunConfig` from its dictionary, or a one-line error naming ``source``."""
+def run_config_from_dict(d: object, *, source: str | Path, options_of: Callable[[str], type]) -> RunConfig:
+    """A :class:`RunConfig` from its dictionary, or a one-line error naming ``source``;
+    ``options_of`` maps the task's name to the class of its options (``mhe.tasks.options_of``)."""
     if not isinstance(d, dict):
         raise MheError(f"{source}: a run configuration must be a JSON object, got {type(d).__name__}")
     try:
-        return RunConfig.from_dict(d)  # checks every key and value, migrating the earlier layout
+        options = options_of(d.get("task")) if isinstance(d.get("task"), str) else None
+        return from_dict(d, options)  # checks every key and value, migrating the earlier layout
     except MheError as e:
         raise MheError(f"{source}: {e}") from e
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise MheError(f"{source}: not a valid run configuration ({e})") from e
 
 
-def read_run_config_file(path: str | Path) -> RunConfig:
-    """A saved configuration on its own (``run.json``, ``mhe run --config``)."""
-    return run_config_from_dict(read_json(path, what="run configuration"), source=path)
-
-
 def is_run_dir(path: str | Path) -> bool:
     return (Path(path) / CONFIG).is_file()
+
+
+CHECKPOINTS = "checkpoints"
+
+
+def locate_run(path: str | Path, option: str = "--run") -> tuple[Path, Path | None]:
+    """(run folder, checkpoint folder or None) of ``path``, a run folder or one of its
+    checkpoints (``RUN/checkpoints/step-N``); anything else is a one-line error in the words
+    every command uses."""
+    path = Path(path)
+    if not path.exists():
+        raise MheError(f"{option} {path} does not exist")
+    if path.parent.name == CHECKPOINTS and is_run_dir(path.parent.parent) and path.is_dir():
+        return path.parent.parent, path
+    if not is_run_dir(path):
+        raise MheError(f"{option} {path} is not a run folder: pass the folder that holds {CONFIG}")
+    return path, None
+
+
+def require_run_dir(path: str | Path, option: str = "--run") -> Path:
+    """The run folder ``path`` names (itself, or the run of a checkpoint folder in it)."""
+    return locate_run(path, option)[0]
 
 
 def read_run_record(run_dir: str | Path) -> dict:
     """``run_dir/config.json`` as a dictionary with a valid ``run`` and a ``model`` object."""
     path = Path(run_dir) / CONFIG
     if not path.is_file():
-        raise MheError(f"{run_dir} is not a run directory (no {CONFIG})")
+        raise MheError(f"{run_dir} is not a run folder: pass the folder that holds {CONFIG}")
     record = read_json(path, what="run configuration")
     if not isinstance(record, dict):
         raise MheError(f"{path}: must be a JSON object, got {type(record).__name__}")
@@ -71,9 +91,9 @@ def read_run_record(run_dir: str | Path) -> dict:
     return record
 
 
-def read_run_config(run_dir: str | Path) -> RunConfig:
-    """The configuration a run was started with."""
-    return run_config_from_dict(read_run_record(run_dir)["run"], source=Path(run_dir) / CONFIG)
+def read_run_config(run_dir: str | Path, options_of: Callable[[str], type]) -> RunConfig:
+    """The configuration a run was started with (``options_of``: as :func:`run_config_from_dict`)."""
+    return run_config_from_dict(read_run_record(run_dir)["run"], source=Path(run_dir) / CONFIG, options_of=options_of)
 
 
 def read_results(run_dir: str | Path) -> dict:
@@ -127,3 +147,16 @@ def append_metrics(path: str | Path, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
+
+
+def differences(there: dict, now: dict, prefix: str = "") -> str:
+    """``key: X there, Y now`` for every leaf where two nested dicts differ, joined by ``; ``."""
+    out = []
+    for k in sorted(set(there) | set(now)):
+        a, b = there.get(k), now.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            if d := differences(a, b, f"{prefix}{k}."):
+                out.append(d)
+        elif a != b:
+            out.append(f"{prefix}{k}: {a!r} there, {b!r} now")
+    return "; ".join(out)

@@ -1,4 +1,11 @@
-"""What the trainer needs from a task; language modelling, MLM, recall, ... implement it."""
+"""What the trainer needs from a task; language modelling, MLM, recall, ... implement it.
+
+A task also owns its settings: the class of its ``data.task_options`` (``options``) and its
+default run for a model preset (:meth:`Task.default_config`). Full-size presets keep the
+paper's Appendix B values (pre-training: lr 1e-4, linear schedule, 10k warm-up, betas
+0.9/0.9999, eps 1e-8, weight decay 0.01, dropout 0.1); ``tiny-*`` presets get short
+schedules sized for a CPU.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +13,18 @@ from pathlib import Path
 
 import torch
 
-from mhe.training.config import RunConfig
+from mhe.models.config import preset as get_preset
+from mhe.training.config import DataConfig, NoTaskOptions, RunConfig, TrainConfig
 from mhe.training.distributed import Dist
+
+# tiny presets: a schedule that runs on a CPU in minutes
+TINY_TRAIN = dict(steps=600, batch_size=32, lr=1e-3, warmup_steps=60, schedule="cosine", log_every=10,
+                  save_every=200, eval_every=0)
+
+
+def is_tiny(preset: str) -> bool:
+    """The CPU-sized presets (``tiny-encoder``, ``tiny-decoder``, ``tiny-encoder-decoder``)."""
+    return preset.startswith("tiny-")
 
 
 class Task:
@@ -22,6 +39,37 @@ class Task:
     name: str = ""
     metric: str = ""
     higher_is_better: bool = True
+    summary: str = ""                 # one line for the command line's help
+    command: str = "train"            # the mhe command that trains it
+    options: type = NoTaskOptions     # the class of ``data.task_options``
+
+    # ------------------------------------------------------------------ defaults
+    @classmethod
+    def default_config(cls, preset: str, *, attention: str = "mha", dataset: str = "") -> RunConfig:
+        """The task's default run for a model preset, attention kind and data set."""
+        data = cls.default_data(preset, dataset)
+        if data.task_options is None:
+            data.task_options = cls.options()
+        model = get_preset(preset).replace(attention=attention, **cls.default_model(preset))
+        return RunConfig(task=cls.name, preset=preset, model=model, train=cls.default_train(preset, dataset),
+                         data=data)
+
+    @classmethod
+    def default_train(cls, preset: str, dataset: str) -> TrainConfig:
+        return TrainConfig(**TINY_TRAIN) if is_tiny(preset) else TrainConfig()
+
+    @classmethod
+    def default_model(cls, preset: str) -> dict:
+        """Model settings that differ from the preset's for this task."""
+        return {}
+
+    @classmethod
+    def default_data(cls, preset: str, dataset: str) -> DataConfig:
+        return DataConfig(dataset=dataset)
+
+    def check(self, cfg: RunConfig) -> None:
+        """Check every setting, path and data source of ``cfg`` that the task will use, before
+        any folder is created (one-line errors); reads no data."""
 
     def setup(self, cfg: RunConfig, out: Path, dist: Dist) -> torch.nn.Module:
         raise NotImplementedError

@@ -1,0 +1,154 @@
+"""Bring run folders saved by earlier versions of mhe to today's layout, in place.
+
+    python benchmarks/migrate_runs.py DIR [DIR ...]
+
+Each DIR is searched recursively. What changes:
+
+* ``config.json`` (its ``run``) and ``run.json`` written in the earlier layout, where the
+  attention kind sat beside a dict of model overrides (``"attention": "mha", "model":
+  {"n_layers": 6}``): the model becomes the full model configuration the run was built
+  with. Those runs were built from the presets as they were then: no attention biases, the
+  exact GELU everywhere and LayerNorm epsilon 1e-5 in the encoder-decoder, so those values
+  are written out (they are overrides of today's presets). The resolved ``model`` record
+  gains the fields it lacked, with the same values.
+* ``sweep.json`` without ``run`` (the settings every run of a comparison shares): ``run``
+  is taken from the comparison's first kind's seed-0 run, as ``mhe compare`` records it.
+* checkpoints whose trainer state is split over seven files (``optimizer.safetensors``,
+  ``optimizer.json``, ``rng.safetensors``, ``rng.json``, ``scheduler.json``,
+  ``trainer.json``): the state is written as one ``trainer.safetensors`` plus one
+  ``trainer.json`` and the folder sealed again (its checksums are checked first).
+
+Files already in today's layout are left alone, so running it twice changes nothing.
+``mhe`` refuses the earlier layouts with a one-line error that names this command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mhe.models.config import preset
+from mhe.tasks import run_config_from_dict
+from mhe.training.atomic import MANIFEST, verify, write_json_atomic
+from mhe.training.checkpoint import OLD_STATE_FILES, write_trainer_state
+
+
+def earlier_model(d: dict) -> dict:
+    """The full model configuration of an earlier-layout run dict (``attention`` beside overrides)."""
+    cfg = preset(d["preset"])
+    eps = 1e-5 if cfg.arch == "encoder-decoder" else cfg.layer_norm_eps
+    cfg = cfg.replace(attn_bias=False, activation="gelu", layer_norm_eps=eps)  # the presets as they were
+    return cfg.replace(attention=d.get("attention", "mha"), **(d.get("model") or {})).to_dict()
+
+
+def is_earlier_run(d: dict) -> bool:
+    return "attention" in d or "arch" not in (d.get("model") or {})
+
+
+def migrate_run(d: dict, source: Path) -> dict:
+    """A run dict in today's layout (checked by loading it)."""
+    new = {k: v for k, v in d.items() if k != "attention"}
+    new["model"] = earlier_model(d)
+    run_config_from_dict(new, source=source)  # today's loader accepts it
+    return new
+
+
+def migrate_config(path: Path) -> bool:
+    record = json.loads(path.read_text())
+    if not is_earlier_run(record.get("run") or {}):
+        return False
+    record["run"] = migrate_run(record["run"], path)
+    model = record.get("model") or {}
+    record["model"] = {**{k: v for k, v in record["run"]["model"].items() if k not in model}, **model}
+    write_json_atomic(path, record)
+    return True
+
+
+def migrate_run_file(path: Path) -> bool:
+    d = json.loads(path.read_text())
+    if not is_earlier_run(d):
+        return False
+    write_json_atomic(path, migrate_run(d, path))
+    return True
+
+
+def migrate_sweep(path: Path) -> bool:
+    record = json.loads(path.read_text())
+    sweep = record["sweep"]
+    if "run" in sweep:
+        return False
+    first = path.parent / "runs" / f"{sweep['kinds'][0]}-seed0"
+    source = first / "run.json" if (first / "run.json").is_file() else first / "config.json"
+    d = json.loads(source.read_text())
+    d = d.get("run", d) if source.name == "config.json" else d
+    ident = run_config_from_dict(d, source=source).identity()
+    ident.pop("attention")  # what differs between the runs of one comparison
+    ident["train"].pop("seed")
+    ident["data"]["task_options"].pop("checkpoint", None)
+    record["sweep"] = {**sweep, "run": json.loads(json.dumps(ident))}
+    write_json_atomic(path, record)
+    return True
+
+
+def migrate_checkpoint(folder: Path) -> bool:
+    if not (folder / "optimizer.safetensors").is_file():
+        return False
+    problem = verify(folder)
+    if problem is not None:
+        raise SystemExit(f"{folder}: {problem}; not migrated (resume skips it anyway)")
+    write_trainer_state(folder, _old_state(folder))
+    return True
+
+
+def _old_state(folder: Path) -> dict:
+    """The trainer state of a checkpoint in the seven-file layout."""
+    from safetensors.torch import load_file
+
+    state = json.loads((folder / "trainer.json").read_text())
+    meta = json.loads((folder / "optimizer.json").read_text())
+    slots = {int(i): dict(v) for i, v in meta["state"].items()}
+    for name, t in load_file(str(folder / "optimizer.safetensors")).items():
+        idx, key = name.split("/", 1)
+        slots.setdefault(int(idx), {})[key] = t
+    state["optimizer"] = {"state": slots, "param_groups": meta["param_groups"]}
+    state["scheduler"] = json.loads((folder / "scheduler.json").read_text())
+    state["rng"] = {"tensors": load_file(str(folder / "rng.safetensors")),
+                    "meta": json.loads((folder / "rng.json").read_text())}
+    return state
+
+
+def migrate(root: Path) -> list[Path]:
+    """Migrate everything under ``root``; returns the files and folders changed."""
+    changed = []
+    for path in sorted(root.rglob("config.json")):
+        if migrate_config(path):
+            changed.append(path)
+    for path in sorted(root.rglob("run.json")):
+        if migrate_run_file(path):
+            changed.append(path)
+    for path in sorted(root.rglob("sweep.json")):  # after the runs: "run" is read from them
+        if migrate_sweep(path):
+            changed.append(path)
+    for manifest in sorted(root.rglob(MANIFEST)):
+        if migrate_checkpoint(manifest.parent):
+            changed.append(manifest.parent)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dirs", nargs="+", type=Path, help="run folders, comparison folders or folders above them")
+    args = p.parse_args(argv)
+    for root in args.dirs:
+        if not root.is_dir():
+            print(f"{root} does not exist", file=sys.stderr)
+            return 2
+        changed = migrate(root)
+        print(f"{root}: {len(changed)} file(s) or checkpoint(s) migrated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""Options and words several commands share, so the same situation reads the same everywhere."""
+
+from __future__ import annotations
+
+DATA_DIR_HELP = "data folder (default: $MHE_DATA, else ../shared/data relative to the working directory)"
+RUN_HELP = "the run folder (one that holds config.json), or one of its checkpoints/step-N folders"
+
+
+def add_run_folder_arg(p, help: str = RUN_HELP) -> None:
+    """``--run`` (also spelled ``--checkpoint``): a run folder, as ``args.run``."""
+    p.add_argument("--run", "--checkpoint", dest="run", required=True, metavar="RUN", help=help)
