@@ -32,7 +32,7 @@ from pathlib import Path
 from mhe.models.config import preset
 from mhe.tasks import run_config_from_dict
 from mhe.training.atomic import MANIFEST, verify, write_json_atomic
-from mhe.training.checkpoint import OLD_STATE_FILES, write_trainer_state
+from mhe.training.checkpoint import rewrite_trainer_state
 
 
 def earlier_model(d: dict) -> dict:
@@ -98,7 +98,7 @@ def migrate_checkpoint(folder: Path) -> bool:
     problem = verify(folder)
     if problem is not None:
         raise SystemExit(f"{folder}: {problem}; not migrated (resume skips it anyway)")
-    write_trainer_state(folder, _old_state(folder))
+    rewrite_trainer_state(folder, _old_state(folder))
     return True
 
 

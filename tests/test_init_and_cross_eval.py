@@ -37,7 +37,7 @@ def _pretrain(root, out, data, *extra):
 
 def test_init_from_starts_with_the_source_weights_and_tokenizer(corpora, tmp_path):
     from mhe.tasks.lm import CausalLMTask
-    from mhe.training.averaging import model_weights
+    from mhe.training.weights import read_sealed_weights as model_weights
     from mhe.training.checkpoint import latest_checkpoint
     from mhe.training.config import RunConfig
     from mhe.training.distributed import Dist

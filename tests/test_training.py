@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from mhe.errors import MheError
 from mhe.tasks.recall import RecallTask
 from mhe.training import checkpoint as ckpt
+from mhe.training.atomic import seal_and_place
 from mhe.training.config import RunConfig, apply_overrides
 from mhe.tasks import default_run, run_config_from_dict
 from mhe.training.loop import Trainer, TrainingStopped
@@ -75,8 +77,7 @@ def test_run_directory_contract(tmp_path):
     names = [p.name for p in ckpt.list_checkpoints(tmp_path / "checkpoints")]
     assert names == ["step-00000008", "step-00000012"]  # keep_last=2
     manifest = json.loads((tmp_path / "checkpoints" / "step-00000012" / "manifest.json").read_text())
-    assert set(manifest["files"]) == {"model.safetensors", "optimizer.safetensors", "optimizer.json", "rng.json",
-                                      "rng.safetensors", "scheduler.json", "trainer.json"}
+    assert set(manifest["files"]) == {"model.safetensors", "trainer.safetensors", "trainer.json"}
 
 
 def test_keep_checkpoints_false_frees_the_disk_and_keeps_the_best_weights_result(tmp_path):
@@ -184,3 +185,90 @@ def test_config_round_trip_and_hash():
     assert again.hash() == cfg.hash()
     assert tiny_run(extra=["train.stop_at=3"]).hash() == cfg.hash()  # stopping early is the same run
     assert tiny_run(extra=["train.seed=1"]).hash() != cfg.hash()
+
+
+# ---------------------------------------------------------------- every part of a checkpoint checked
+def _shift_step(s):
+    s["step"] = 7
+
+
+def _reshape_moment(s):
+    s["optimizer"]["state"][0]["exp_avg"] = torch.zeros(3, 5)
+
+
+def _break_rng(s):
+    s["rng"]["tensors"]["torch_cpu"] = torch.zeros(7, dtype=torch.uint8)
+
+
+def _break_python_rng(s):
+    s["rng"]["meta"]["python"] = [3, [1, 2], None]
+
+
+def _move_schedule(s):
+    s["scheduler"]["last_epoch"] = 3
+
+
+def _other_hash(s):
+    s["config_hash"] = "0" * 16
+
+
+def _data_past_the_epoch(s):
+    s["data"]["index"] = 10_000
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (_shift_step, "trainer.json: step 7, but the folder is step 8"),
+    (_reshape_moment, "trainer.safetensors: optimizer/state/0/exp_avg has shape (3, 5), its parameter"),
+    (_break_rng, "trainer.safetensors: rng/tensors/torch_cpu is not a torch generator state"),
+    (_break_python_rng, "trainer.json: rng/meta/python is not a Python random state"),
+    (_move_schedule, "trainer.json: the schedule is at step 3, the checkpoint at 8"),
+    (_other_hash, "trainer.json: configuration hash '0000000000000000'"),
+    (_data_past_the_epoch, "trainer.json: data position"),
+])
+def test_a_checkpoint_that_disagrees_is_skipped_like_a_bad_checksum(tmp_path, damage, problem):
+    """A state that passes its checksum but disagrees with its folder, the model or itself: one
+    line naming the file and the disagreement, then the previous checkpoint, and the resumed run
+    ends with the same losses as a straight one."""
+    straight = Trainer(tiny_run(), RecallTask(), tmp_path / "a", log=quiet).fit()
+    Trainer(tiny_run(extra=["train.stop_at=8"]), RecallTask(), tmp_path / "b", log=quiet).fit()
+    newest = ckpt.list_checkpoints(tmp_path / "b" / "checkpoints")[-1]
+    state = ckpt.read_trainer_state(newest)
+    damage(state)
+    ckpt.rewrite_trainer_state(newest, state)  # sealed again: the checksum passes
+    messages = []
+    res = Trainer(tiny_run(), RecallTask(), tmp_path / "b", resume=True, log=messages.append).fit()
+    skipped = [m for m in messages if m.startswith("skipping checkpoint")]
+    assert len(skipped) == 1 and str(newest) in skipped[0] and problem in skipped[0], messages
+    assert any("resuming from" in m and "step-00000004" in m for m in messages)
+    assert res["step"] == 12 and losses(tmp_path / "a") == losses(tmp_path / "b")
+    assert res["score"] == straight["score"]
+
+
+def test_a_checkpoint_of_the_earlier_layout_names_the_migration(tmp_path):
+    Trainer(tiny_run(extra=["train.stop_at=4"]), RecallTask(), tmp_path, log=quiet).fit()
+    point = ckpt.list_checkpoints(tmp_path / "checkpoints")[-1]
+    (point / "trainer.safetensors").rename(point / "optimizer.safetensors")  # as the seven-file layout named it
+    (point / "manifest.json").unlink()
+    shutil.copytree(point, tmp_path / "old")
+    seal_and_place(tmp_path / "old", point)  # sealed: the checksums pass
+    with pytest.raises(MheError, match=r"is in the earlier layout .*; convert the run with: "
+                                       r"python benchmarks/migrate_runs.py " + str(tmp_path)):
+        Trainer(tiny_run(), RecallTask(), tmp_path, resume=True, log=quiet).fit()
+
+
+def test_nested_state_flattens_into_tensors_and_json_and_back():
+    from mhe.training.flat_state import flatten, unflatten
+
+    state = {"step": 3, "optimizer": {"state": {0: {"exp_avg": torch.arange(6.0).view(2, 3), "step": torch.tensor(3.0)},
+                                                 5: {"m": torch.ones(2)}},
+                                       "param_groups": [{"params": [0, 5], "betas": (0.9, 0.98), "lr": 1e-3}]},
+             "best": None, "rng": {"tensors": {"torch_cpu": torch.get_rng_state()}, "meta": {"python": [3, [1], None]}}}
+    tensors, skeleton = flatten(state)
+    assert sorted(tensors) == ["optimizer/state/0/exp_avg", "optimizer/state/0/step", "optimizer/state/5/m",
+                               "rng/tensors/torch_cpu"]
+    back = unflatten(json.loads(json.dumps(skeleton)), tensors)
+    assert list(back["optimizer"]["state"]) == [0, 5]  # integer keys stay integers
+    assert torch.equal(back["optimizer"]["state"][0]["exp_avg"], state["optimizer"]["state"][0]["exp_avg"])
+    assert back["optimizer"]["param_groups"][0]["betas"] == [0.9, 0.98] and back["best"] is None
+    with pytest.raises(TypeError, match="cannot save a set"):
+        flatten({"x": {1, 2}})

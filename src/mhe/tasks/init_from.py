@@ -16,9 +16,9 @@ from torch import nn
 
 from mhe.errors import MheError
 from mhe.tasks.text import tokenizer_for
-from mhe.training.averaging import model_weights
 from mhe.training.checkpoint import latest_checkpoint
-from mhe.training.weights import load_state_strict
+from mhe.training.run_files import require_run_dir
+from mhe.training.weights import load_weights
 
 
 def starts_from(cfg, out: Path) -> str:
@@ -30,10 +30,8 @@ def starts_from(cfg, out: Path) -> str:
 
 
 def source_checkpoint(run_dir: str | Path) -> Path:
-    """The newest complete checkpoint of a run directory."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file():
-        raise MheError(f"train.init_from={run_dir} is not a run directory (no config.json)")
+    """The newest complete checkpoint of a run folder."""
+    run_dir = require_run_dir(run_dir, "train.init_from")
     point = latest_checkpoint(run_dir / "checkpoints", report=lambda _: None)
     if point is None:
         raise MheError(f"train.init_from={run_dir} has no complete checkpoint under checkpoints/")
@@ -68,15 +66,11 @@ def pretraining_tokenizer(cfg, out: Path, train_lines: list[str], *, task: str, 
 
 
 def init_weights(model: nn.Module, run_dir: str | Path) -> Path:
-    """Load the source run's newest weights into ``model``; returns the checkpoint used.
-
-    Shapes and names must match exactly (tied output weights aside)."""
+    """Load the source run's newest weights into ``model`` (the one strict reader,
+    :func:`mhe.training.weights.load_weights`); returns the checkpoint used."""
     point = source_checkpoint(run_dir)
-    state = model_weights(point)
-    own = model.state_dict()
-    for k, t in state.items():
-        if k in own and own[k].shape != t.shape:
-            raise MheError(f"train.init_from={run_dir}: {k} is {tuple(t.shape)} there but {tuple(own[k].shape)} "
-                           "here; use the source's preset and model.* settings")
-    load_state_strict(model, state, source=point)
+    try:
+        load_weights(point, model)
+    except MheError as e:
+        raise MheError(f"train.init_from={run_dir}: {e}; use the source's preset and model.* settings") from e
     return point

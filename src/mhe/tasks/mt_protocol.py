@@ -16,14 +16,8 @@ from pathlib import Path
 from torch import nn
 
 from mhe.errors import MheError
-from mhe.training.averaging import average_state_dicts, checkpoint_step, model_weights
-from mhe.training.weights import load_state_strict
-
-
-def load_state(model: nn.Module, state: dict, source: str | Path) -> nn.Module:
-    """Load a checkpoint's (or an average's) weights into ``model`` through the strict loader."""
-    load_state_strict(model, state, source=source)
-    return model
+from mhe.training.averaging import average_state_dicts, checkpoint_step
+from mhe.training.weights import load_state_strict, load_weights, read_sealed_weights
 
 
 def last_checkpoint_scores(model: nn.Module, checkpoints: Sequence[Path],
@@ -36,7 +30,10 @@ def last_checkpoint_scores(model: nn.Module, checkpoints: Sequence[Path],
     if not checkpoints:
         raise MheError("no complete checkpoint to score")
     work = copy.deepcopy(model)
-    scores = [float(score(load_state(work, model_weights(c), c).eval())) for c in checkpoints]
+    scores = []
+    for c in checkpoints:
+        load_weights(c, work)
+        scores.append(float(score(work.eval())))
     return {"scores": scores, "steps": [checkpoint_step(c) for c in checkpoints],
             "mean": sum(scores) / len(scores)}
 
@@ -47,5 +44,6 @@ def averaged_checkpoint_score(model: nn.Module, checkpoints: Sequence[Path],
     if not checkpoints:
         raise MheError("no complete checkpoint to average")
     work = copy.deepcopy(model)
-    state = average_state_dicts([model_weights(c) for c in checkpoints])
-    return float(score(load_state(work, state, f"the average of {len(checkpoints)} checkpoints").eval()))
+    state = average_state_dicts([read_sealed_weights(c) for c in checkpoints])
+    load_state_strict(work, state, source=f"the average of {len(checkpoints)} checkpoints")
+    return float(score(work.eval()))

@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from mhe.errors import MheError
 from mhe.training.checkpoint import list_checkpoints, verify
@@ -66,15 +65,6 @@ def last_checkpoints(root: str | Path, n: int) -> list[Path]:
     if n <= 0:
         raise MheError(f"the number of checkpoints must be positive, got {n}")
     return complete_checkpoints(root)[-n:]
-
-
-def model_weights(checkpoint: str | Path) -> dict[str, torch.Tensor]:
-    """The model tensors of one checkpoint folder (after checking its manifest)."""
-    path = Path(checkpoint)
-    problem = verify(path)
-    if problem is not None:
-        raise MheError(f"checkpoint {path} cannot be loaded: {problem}")
-    return load_file(str(path / "model.safetensors"))
 
 
 def checkpoint_step(checkpoint: str | Path) -> int:

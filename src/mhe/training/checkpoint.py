@@ -1,13 +1,12 @@
 """Atomic checkpoints that load without unpickling anything.
 
-A checkpoint is a sealed folder ``step-XXXXXXXX`` (see :mod:`mhe.training.atomic`)
-holding ``model.safetensors`` and the trainer's state
-(:class:`mhe.training.state.TrainerState`) split into safetensors for tensors and
-JSON for the rest: ``optimizer.safetensors`` + ``optimizer.json``,
-``rng.safetensors`` + ``rng.json``, ``scheduler.json`` and ``trainer.json``
-(step, data position, best score, patience count, config hash). A folder
-without a manifest, or whose files do not match it, is reported and skipped,
-never loaded.
+A checkpoint is a sealed folder ``step-XXXXXXXX`` (see :mod:`mhe.training.atomic`) holding
+``model.safetensors`` (the weights, as ``best/`` holds them) and the trainer's state
+(:class:`mhe.training.state.TrainerState`: step, data position, best score, patience count,
+configuration hash, optimiser, scheduler, random generators) flattened generically
+(:mod:`mhe.training.flat_state`) into ``trainer.safetensors`` (every tensor, keyed by its
+path, e.g. ``optimizer/state/0/exp_avg``) and ``trainer.json`` (everything else). A folder
+without a manifest, or whose files do not match it, is reported and skipped, never loaded.
 """
 
 from __future__ import annotations
@@ -17,36 +16,35 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from mhe.errors import MheError
 from mhe.training.atomic import new_temp_folder, seal_and_place, verify
 from mhe.training.atomic import write_json_atomic, write_text_atomic  # noqa: F401  (re-exported)
-from mhe.training.weights import WEIGHTS, load_state_strict, read_sealed_weights, tensors_for_saving
+from mhe.training.flat_state import flatten, unflatten
+from mhe.training.weights import WEIGHTS, load_state_strict, read_sealed_weights, state_problem, tensors_for_saving
 
 PREFIX = "step-"
-# the trainer state's parts that get files of their own; everything else goes to trainer.json
-_OWN_FILES = ("optimizer", "scheduler", "rng")
+STATE_TENSORS, STATE_JSON = "trainer.safetensors", "trainer.json"
+# the trainer state of the earlier layout, one file per part (benchmarks/migrate_runs.py converts it)
+OLD_STATE_FILES = ("optimizer.safetensors", "optimizer.json", "rng.safetensors", "rng.json", "scheduler.json")
+MIGRATE = "python benchmarks/migrate_runs.py"
 
 
-def _split_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
-    tensors, meta = {}, {"param_groups": state["param_groups"], "state": {}}
-    for idx, slots in state["state"].items():
-        meta["state"][str(idx)] = {}
-        for key, val in slots.items():
-            if torch.is_tensor(val):
-                tensors[f"{idx}/{key}"] = val.detach().to("cpu").contiguous().clone()
-            else:
-                meta["state"][str(idx)][key] = val
-    return tensors, meta
+def _write_state(tmp: Path, state: dict) -> None:
+    tensors, skeleton = flatten(state)
+    save_file(tensors, str(tmp / STATE_TENSORS))
+    (tmp / STATE_JSON).write_text(json.dumps(skeleton, indent=1))
 
 
-def _join_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
-    state = {int(i): dict(v) for i, v in meta["state"].items()}
-    for name, t in tensors.items():
-        idx, key = name.split("/", 1)
-        state.setdefault(int(idx), {})[key] = t
-    return {"state": state, "param_groups": meta["param_groups"]}
+def rewrite_trainer_state(folder: Path, state: dict) -> None:
+    """Replace a sealed checkpoint's trainer state by ``state`` in today's layout, keeping its
+    weights, and seal it again (the migration of checkpoints in the earlier layout)."""
+    tmp = new_temp_folder(folder.parent, folder.name)
+    shutil.copyfile(folder / WEIGHTS, tmp / WEIGHTS)
+    _write_state(tmp, state)
+    seal_and_place(tmp, folder, step=int(state["step"]))
 
 
 def save_checkpoint(root: str | Path, *, model: torch.nn.Module, state: dict, keep_last: int = 3) -> Path:
@@ -57,13 +55,7 @@ def save_checkpoint(root: str | Path, *, model: torch.nn.Module, state: dict, ke
     step = int(state["step"])
     tmp = new_temp_folder(root, f"{PREFIX}{step:08d}")
     save_file(tensors_for_saving(model.state_dict()), str(tmp / WEIGHTS))
-    opt_tensors, opt_meta = _split_optimizer(state["optimizer"])
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-    (tmp / "optimizer.json").write_text(json.dumps(opt_meta))
-    save_file(state["rng"]["tensors"], str(tmp / "rng.safetensors"))
-    (tmp / "rng.json").write_text(json.dumps(state["rng"]["meta"]))
-    (tmp / "scheduler.json").write_text(json.dumps(state["scheduler"]))
-    (tmp / "trainer.json").write_text(json.dumps({k: v for k, v in state.items() if k not in _OWN_FILES}, indent=2))
+    _write_state(tmp, state)
     final = seal_and_place(tmp, root / f"{PREFIX}{step:08d}", step=step)
     for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
@@ -78,6 +70,12 @@ def list_checkpoints(root: str | Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
 
 
+def folder_step(path: Path) -> int | None:
+    """The step a checkpoint folder's name says (``step-00001234``), or None."""
+    digits = path.name[len(PREFIX):]
+    return int(digits) if path.name.startswith(PREFIX) and digits.isdigit() else None
+
+
 def latest_checkpoint(root: str | Path, *, report=print) -> Path | None:
     """The newest complete checkpoint; incomplete or corrupt ones are reported and skipped."""
     for path in reversed(list_checkpoints(root)):
@@ -88,19 +86,67 @@ def latest_checkpoint(root: str | Path, *, report=print) -> Path | None:
     return None
 
 
+def _check_layout(path: Path) -> None:
+    if not (path / STATE_TENSORS).is_file() and (path / OLD_STATE_FILES[0]).is_file():
+        raise MheError(f"checkpoint {path} is in the earlier layout (its state in seven files); convert the run "
+                       f"with: {MIGRATE} {path.parent.parent}")
+
+
+def _read_state(path: Path, map_location) -> dict:
+    """The trainer state of a verified checkpoint folder (one-line errors for unreadable files)."""
+    _check_layout(path)
+    try:
+        tensors = load_file(str(path / STATE_TENSORS), device=str(map_location))
+    except (SafetensorError, OSError) as e:
+        raise MheError(f"{path / STATE_TENSORS} is not a readable safetensors file ({e})") from e
+    try:
+        state = unflatten(json.loads((path / STATE_JSON).read_text()), tensors)
+    except (ValueError, KeyError, TypeError, OSError) as e:  # sealed but written by something else
+        raise MheError(f"{path / STATE_JSON}: not a trainer state ({e})") from e
+    if not isinstance(state, dict):
+        raise MheError(f"{path / STATE_JSON}: not a trainer state (a JSON object)")
+    return state
+
+
+def read_trainer_state(path: str | Path, *, map_location: str | torch.device = "cpu") -> dict:
+    """The trainer state of a sealed checkpoint folder (manifest checked), as saved."""
+    path = Path(path)
+    problem = verify(path)
+    if problem is not None:
+        raise MheError(f"checkpoint {path} cannot be loaded: {problem}")
+    return _read_state(path, map_location)
+
+
 def load_checkpoint(path: str | Path, *, model: torch.nn.Module,
                     map_location: str | torch.device = "cpu") -> dict:
     """Load the weights :func:`save_checkpoint` wrote into ``model`` (strictly, manifest
     checked) and return the trainer state for ``TrainerState.load_state_dict``."""
     path = Path(path)
+    state = read_trainer_state(path, map_location=map_location)
     load_state_strict(model, read_sealed_weights(path, map_location=map_location), source=path / WEIGHTS)
-    try:
-        state = json.loads((path / "trainer.json").read_text())
-        state["optimizer"] = _join_optimizer(load_file(str(path / "optimizer.safetensors")),
-                                             json.loads((path / "optimizer.json").read_text()))
-        state["scheduler"] = json.loads((path / "scheduler.json").read_text())
-        state["rng"] = {"tensors": load_file(str(path / "rng.safetensors")),
-                        "meta": json.loads((path / "rng.json").read_text())}
-    except (ValueError, KeyError, TypeError) as e:  # sealed but written by something else
-        raise MheError(f"checkpoint {path} cannot be loaded: {e}") from e
     return state
+
+
+def resumable_checkpoint(root: str | Path, *, model: torch.nn.Module, check, map_location="cpu",
+                         report=print) -> tuple[Path, dict, dict] | None:
+    """(folder, weights, trainer state) of the newest checkpoint whose every part agrees with
+    ``model`` and, through ``check(state, step)`` (``TrainerState.problem``), with the run and
+    itself. A checkpoint that is incomplete, corrupt or disagrees is reported (the folder, the
+    file and the disagreement) and the one before it tried; one in the earlier layout is
+    refused with the command that converts it. Nothing is loaded here."""
+    for path in reversed(list_checkpoints(root)):
+        _check_layout(path)
+        problem = verify(path)
+        if problem is None:
+            try:
+                weights = load_file(str(path / WEIGHTS), device=str(map_location))
+                state = _read_state(path, map_location)
+            except (MheError, SafetensorError, OSError) as e:
+                problem = str(e)
+            else:
+                fit = state_problem(model, weights)
+                problem = f"{WEIGHTS}: {fit}" if fit else check(state, folder_step(path))
+                if problem is None:
+                    return path, weights, state
+        report(f"skipping checkpoint {path}: {problem}")
+    return None

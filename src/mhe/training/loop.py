@@ -162,17 +162,17 @@ class Trainer:
         return model, state
 
     def _resume(self, model, state: TrainerState, dist) -> None:
-        last = ckpt.latest_checkpoint(self.out / "checkpoints", report=self.log)
-        if last is None:
+        found = ckpt.resumable_checkpoint(self.out / "checkpoints", model=model, check=state.problem,
+                                          map_location=dist.device, report=self.log)
+        if found is None:
             self.log(f"no complete checkpoint in {self.out / 'checkpoints'}; starting from step 0")
-        else:
-            snapshot = ckpt.load_checkpoint(last, model=model, map_location=dist.device)
-            if snapshot.get("config_hash") != self.cfg_hash:
-                raise MheError(f"checkpoint {last} belongs to a different configuration")
-            state.load_state_dict(snapshot)
-            self.last_saved = last
-            if dist.main:
-                self.log(f"resuming from {last} (step {state.step})")
+            return
+        last, weights, snapshot = found
+        model.load_state_dict(weights)
+        state.load_state_dict(snapshot)
+        self.last_saved = last
+        if dist.main:
+            self.log(f"resuming from {last} (step {state.step})")
 
     def _write_config(self, model) -> None:
         write_json_atomic(self.out / CONFIG, {

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from mhe.training.batches import BatchOrder
+from mhe.training.state_check import counters_problem, optimizer_problem, rng_problem, scheduler_problem
 
 
 def rng_state() -> dict:
@@ -69,6 +70,17 @@ class TrainerState:
                 "bad_evals": self.bad_evals, "config_hash": self.config_hash,
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "rng": rng_state()}
+
+    def problem(self, state: dict, step: int | None) -> str | None:
+        """How a saved ``state`` (from the checkpoint folder of ``step``) disagrees with this
+        run (its configuration hash, optimiser and data) or with itself, or None: checked
+        before :meth:`load_state_dict` changes anything (:mod:`mhe.training.state_check`)."""
+        per_epoch = self.data.n // self.data.batch
+        return (counters_problem(state, step=-1 if step is None else step, config_hash=self.config_hash,
+                                 batches_per_epoch=per_epoch)
+                or optimizer_problem(state["optimizer"], self.optimizer)
+                or scheduler_problem(state["scheduler"], step=state["step"], n_groups=len(self.optimizer.param_groups))
+                or rng_problem(state["rng"]))
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.best, self.bad_evals = int(state["step"]), state.get("best"), int(state.get("bad_evals", 0))

@@ -28,25 +28,36 @@ def tensors_for_saving(state: dict) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
 
 
+def state_problem(model: torch.nn.Module, state: dict[str, torch.Tensor], *, allow_missing: Collection[str] = (),
+                  allow_unexpected: Collection[str] = ()) -> str | None:
+    """How ``state`` disagrees with ``model`` (a weight missing or left over beyond those
+    allowed, a shape that differs), or None when it fits."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state and k not in allow_missing]
+    if missing:
+        return f"lacks {len(missing)} weight(s) the model needs, e.g. {missing[0]!r}"
+    unexpected = [k for k in state if k not in own and k not in allow_unexpected]
+    if unexpected:
+        return f"holds {len(unexpected)} weight(s) the model does not have, e.g. {unexpected[0]!r}"
+    for k, v in state.items():
+        if k in own and own[k].shape != v.shape:
+            return f"weight {k!r} has shape {tuple(v.shape)}, the model needs {tuple(own[k].shape)}"
+    return None
+
+
 def load_state_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], *, source: str | Path,
                       allow_missing: Collection[str] = (), allow_unexpected: Collection[str] = ()) -> None:
     """Copy ``state`` into ``model``: every model key must be in ``state`` unless listed in
     ``allow_missing``, every ``state`` key must be in the model unless listed in
-    ``allow_unexpected``, and shapes must agree.
+    ``allow_unexpected``, and shapes must agree (:func:`state_problem`).
 
     Raises:
         MheError: one line naming ``source``, the first offending key and (for shapes) both shapes.
     """
+    problem = state_problem(model, state, allow_missing=allow_missing, allow_unexpected=allow_unexpected)
+    if problem is not None:
+        raise MheError(f"{source}: {problem}")
     own = model.state_dict()
-    missing = [k for k in own if k not in state and k not in allow_missing]
-    if missing:
-        raise MheError(f"{source} lacks {len(missing)} weight(s) the model needs, e.g. {missing[0]!r}")
-    unexpected = [k for k in state if k not in own and k not in allow_unexpected]
-    if unexpected:
-        raise MheError(f"{source} holds {len(unexpected)} weight(s) the model does not have, e.g. {unexpected[0]!r}")
-    for k, v in state.items():
-        if k in own and own[k].shape != v.shape:
-            raise MheError(f"{source}: weight {k!r} has shape {tuple(v.shape)}, the model needs {tuple(own[k].shape)}")
     # the allowed-missing keys keep the model's own values; strict: nothing else slips through
     model.load_state_dict({**own, **{k: v for k, v in state.items() if k in own}})
 
