@@ -1,6 +1,6 @@
 """Typed settings: every bad ``--set`` value is a one-line error naming the key, the value
 and what is allowed, raised when the configuration is built; good values parse to their
-field's type; configurations saved in the earlier layout still load (and hash as before)."""
+field's type; configurations saved in the earlier layout are refused, naming the migration."""
 
 import json
 import subprocess
@@ -210,39 +210,15 @@ def test_task_options_are_typed_and_merge():
     assert base("finetune").data.task_options == FinetuneOptions(task="rte", checkpoint="x")
 
 
-# The earlier layout: the kind beside a dict of model overrides, task options as a plain dict.
-# That code built its models from the earlier presets (no attention biases, exact GELU): the
-# loaded model must be that one, so the hash differs from the one the earlier code computed
-# (3fa8d89eab4aaa5d and 393d930d2c6b825a): those preset values are overrides of today's presets.
-OLD_RECALL = {"task": "recall", "preset": "tiny-decoder", "attention": "gqa",
-              "model": {"d_model": 32, "d_ff": 64, "n_layers": 1, "attn_options": {"n_kv_heads": 2}},
-              "train": {"steps": 8, "batch_size": 16, "lr": 0.003, "betas": [0.9, 0.98], "seed": 1, "device": "cpu"},
-              "data": {"task_options": {"pairs": 4, "queries": 4, "train_size": 128}}}
-OLD_FINETUNE = {"task": "finetune", "preset": "bert-base", "attention": "el-att", "model": {},
-                "train": {"epochs": 5, "lr": 0.0001, "schedule": "cosine_restarts", "warmup_ratio": 0.06,
-                          "betas": [0.9, 0.999], "eps": 1e-06, "weight_decay": 0.0, "patience": 3},
-                "data": {"dataset": "cb", "data_dir": "data-cache",
-                         "task_options": {"task": "cb", "checkpoint": "results/encoder-mlm/runs/el-att-seed0"}}}
+# A saved run (config.json's "run") as the trainer writes it.
+SAVED_RECALL = json.loads(json.dumps(default_run("recall", "tiny-decoder", "gqa").to_dict()))
 
 
-@pytest.mark.parametrize("old", [OLD_RECALL, OLD_FINETUNE])
-def test_old_layout_loads_the_model_it_built_and_round_trips(old):
-    cfg = run_config_from_dict(json.loads(json.dumps(old)), source="test")
-    assert (cfg.model.attn_bias, cfg.model.activation) == (False, "gelu")  # the earlier presets
-    assert cfg.model_overrides()["attn_bias"] is False
-    digest = cfg.hash()
-    assert cfg.model.attention == old["attention"]
-    saved = cfg.to_dict()
-    assert "attention" not in saved and saved["model"]["attention"] == old["attention"]
-    again = run_config_from_dict(json.loads(json.dumps(saved)), source="test")
-    assert again.hash() == digest and again.to_dict() == saved
-
-
-def test_old_layout_values_become_typed():
-    cfg = run_config_from_dict(OLD_RECALL, source="test")
-    assert cfg.model.attn_options == GroupedQueryOptions(n_kv_heads=2) and cfg.model.n_layers == 1
-    assert cfg.data.task_options == RecallOptions(pairs=4, queries=4, train_size=128)
-    assert cfg.train.betas == (0.9, 0.98)
+def test_a_saved_configuration_in_the_earlier_layout_names_the_migration():
+    old = {"task": "recall", "preset": "tiny-decoder", "attention": "gqa", "model": {"d_model": 32}}
+    with pytest.raises(MheError, match=r"^x/config.json: saved in an earlier layout .*; convert it with: "
+                                       r"python benchmarks/migrate_runs.py"):
+        run_config_from_dict(old, source="x/config.json")
 
 
 def test_a_saved_run_of_this_repository_loads():
@@ -257,10 +233,12 @@ def test_a_saved_run_of_this_repository_loads():
 
 
 @pytest.mark.parametrize("bad, match", [
-    ({**OLD_RECALL, "colour": 1}, "unknown run configuration key 'colour'"),
-    ({**OLD_RECALL, "train": {"lr": "fast"}}, "train.lr='fast' is not allowed"),
-    ({**OLD_RECALL, "data": {"eval_stride": -1}}, "data.eval_stride=-1 is out of range"),
-    ({k: v for k, v in OLD_RECALL.items() if k != "preset"}, "needs 'preset'"),
+    ({**SAVED_RECALL, "colour": 1}, "unknown run configuration key 'colour'"),
+    ({**SAVED_RECALL, "train": {"lr": "fast"}}, "train.lr='fast' is not allowed"),
+    ({**SAVED_RECALL, "data": {"eval_stride": -1}}, "data.eval_stride=-1 is out of range"),
+    ({**SAVED_RECALL, "data": {"task_options": {"pairs": 0}}}, "data.task_options.pairs=0 is out of range"),
+    ({**SAVED_RECALL, "task": "nope"}, "unknown task 'nope'"),
+    ({k: v for k, v in SAVED_RECALL.items() if k != "preset"}, "needs 'preset'"),
     ([1, 2], "must be a JSON object"),
 ])
 def test_bad_saved_configuration_is_one_line(bad, match):
@@ -338,9 +316,14 @@ def test_typed_experiment_matches_its_earlier_set_items(tmp_path):
     import argparse
 
     from mhe.cli.compare import build_sweep
-    from mhe.experiments.sweep import check_sweep_dir
+    from mhe.experiments.sweep import Sweep, check_sweep_dir
 
-    (tmp_path / "sweep.json").write_text(json.dumps({"sweep": OLD_GPU_PTB}))
+    (tmp_path / "sweep.json").write_text(json.dumps({"sweep": OLD_GPU_PTB}))  # no "run": refused, naming the fix
+    with pytest.raises(MheError, match=r"sweep.json was written by an earlier version \(no 'run'\); convert its "
+                                       r"folder with: python benchmarks/migrate_runs.py"):
+        check_sweep_dir(tmp_path, Sweep(**OLD_GPU_PTB))
+    record = {**OLD_GPU_PTB, "run": Sweep(**OLD_GPU_PTB).shared_run()}  # the --set items on the task's defaults
+    (tmp_path / "sweep.json").write_text(json.dumps({"sweep": record}))
 
     def sweep(*items):
         args = argparse.Namespace(task=None, preset="gpu-ptb", kinds="sha,mha", seeds=5, data=None, data_dir="",

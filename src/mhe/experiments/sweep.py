@@ -24,10 +24,10 @@ from mhe.runtime import worker_threads
 from mhe.tasks import build_task
 from mhe.tasks.finetune_config import finetune_config
 from mhe.training.checkpoint import list_checkpoints, write_json_atomic
-from mhe.training.config import apply_overrides
+from mhe.training.config import MIGRATE, apply_overrides
 from mhe.tasks import default_run
 from mhe.training.loop import RunInterrupted, Trainer
-from mhe.training.run_files import read_run_record
+from mhe.training.run_files import read_json, read_run_record
 
 
 @dataclass
@@ -68,12 +68,11 @@ class Sweep:
         return _comparable(self.identity())
 
 
-def _comparable(identity: dict) -> dict:
+def _comparable(identity: dict, source: Path | str = "sweep.json") -> dict:
     run = identity.get("run")
-    if run is None:  # sweep.json of an earlier version: the --set items beside the task's defaults
-        fields = {k: identity[k] for k in ("task", "preset", "kinds", "seeds", "data", "overrides", "pretrained")
-                  if k in identity}
-        run = Sweep(**fields).shared_run()
+    if run is None:
+        raise MheError(f"{source} was written by an earlier version (no 'run'); convert its folder with: "
+                       f"{MIGRATE} {Path(source).parent}")
     return {"kinds": identity["kinds"], "pretrained": identity.get("pretrained", ""), **_flatten(run)}
 
 
@@ -144,7 +143,7 @@ def check_sweep_dir(out: Path, sweep: Sweep) -> None:
     """Refuse an output folder that holds a different comparison, naming the difference."""
     f = out / "sweep.json"
     if f.exists():
-        old = _comparable(json.loads(f.read_text())["sweep"])
+        old = _comparable(read_json(f, what="comparison record")["sweep"], f)
         new = sweep.comparable()
         if set(old["kinds"]) <= set(new["kinds"]):  # added kinds extend a comparison, as more seeds do
             old["kinds"] = new["kinds"]

@@ -173,11 +173,3 @@ def preset(name: str) -> ModelConfig:
         raise one_of("preset", name, PRESETS)
     return PRESETS[name]()
 
-
-def earlier_preset(name: str) -> ModelConfig:
-    """The named preset as configurations saved in the earlier layout (a kind beside a dict of
-    overrides) were built: no attention biases, the exact GELU everywhere, and LayerNorm
-    epsilon 1e-5 in the encoder-decoder. Those runs' weights fit this model, not today's preset."""
-    cfg = preset(name)
-    eps = 1e-5 if cfg.arch == "encoder-decoder" else cfg.layer_norm_eps
-    return cfg.replace(attn_bias=False, activation="gelu", layer_norm_eps=eps)

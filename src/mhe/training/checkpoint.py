@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from mhe.errors import MheError
 from mhe.training.atomic import new_temp_folder, seal_and_place, verify
 from mhe.training.atomic import write_json_atomic, write_text_atomic  # noqa: F401  (re-exported)
+from mhe.training.config import MIGRATE
 from mhe.training.flat_state import flatten, unflatten
 from mhe.training.weights import WEIGHTS, load_state_strict, read_sealed_weights, state_problem, tensors_for_saving
 
@@ -29,7 +30,6 @@ PREFIX = "step-"
 STATE_TENSORS, STATE_JSON = "trainer.safetensors", "trainer.json"
 # the trainer state of the earlier layout, one file per part (benchmarks/migrate_runs.py converts it)
 OLD_STATE_FILES = ("optimizer.safetensors", "optimizer.json", "rng.safetensors", "rng.json", "scheduler.json")
-MIGRATE = "python benchmarks/migrate_runs.py"
 
 
 def _write_state(tmp: Path, state: dict) -> None:

@@ -20,7 +20,7 @@ from typing import Literal, get_args
 import torch
 
 from mhe.errors import MheError, one_of
-from mhe.models.config import ModelConfig, earlier_preset, preset
+from mhe.models.config import ModelConfig, preset
 from mhe.settings import build, check_fields, field_types, nondefault, parse_text, set_path, setting, typed_options
 
 Schedule = Literal["linear", "cosine", "cosine_restarts", "constant", "inverse_sqrt"]
@@ -28,6 +28,7 @@ Precision = Literal["auto", "fp32", "bf16"]
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
+MIGRATE = "python benchmarks/migrate_runs.py"  # converts run folders saved in earlier layouts
 
 
 @dataclass
@@ -158,7 +159,7 @@ def from_dict(d: dict, task_options: type) -> RunConfig:
     if not isinstance(d, dict):
         raise MheError(f"a run configuration must be a JSON object, got {type(d).__name__}")
     d = dict(d)
-    valid = ("task", "preset", "attention", "model", "train", "data")
+    valid = ("task", "preset", "attention", "model", "train", "data")  # attention: refused below
     for k in d:
         if k not in valid:
             raise MheError(f"unknown run configuration key {k!r}; valid keys: {', '.join(valid)}")
@@ -168,10 +169,10 @@ def from_dict(d: dict, task_options: type) -> RunConfig:
     model = d.get("model") or {}
     if not isinstance(model, dict):
         raise MheError(f"the run configuration's 'model' must be a JSON object, got {model!r}")
-    if "attention" in d or "arch" not in model:  # earlier layout: the kind beside the preset's overrides
-        model = earlier_preset(d["preset"]).replace(attention=d.get("attention", "mha"), **model)
-    else:
-        model = build(ModelConfig, model, "model")
+    if "attention" in d or "arch" not in model:
+        raise MheError(f"saved in an earlier layout (the attention kind beside model overrides); convert it with: "
+                       f"{MIGRATE} RUN_FOLDER")
+    model = build(ModelConfig, model, "model")
     data = dict(d.get("data") or {})
     opts = typed_options(task_options, data.pop("task_options", None), "data.task_options", f"task {d['task']!r}")
     return RunConfig(task=d["task"], preset=d["preset"], model=model,

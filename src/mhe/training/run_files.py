@@ -44,7 +44,7 @@ def run_config_from_dict(d: object, *, source: str | Path, options_of: Callable[
         raise MheError(f"{source}: a run configuration must be a JSON object, got {type(d).__name__}")
     try:
         options = options_of(d.get("task")) if isinstance(d.get("task"), str) else None
-        return from_dict(d, options)  # checks every key and value, migrating the earlier layout
+        return from_dict(d, options)  # checks every key and value
     except MheError as e:
         raise MheError(f"{source}: {e}") from e
     except (TypeError, ValueError, KeyError, AttributeError) as e:
