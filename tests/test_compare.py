@@ -81,7 +81,9 @@ def test_sweep_resumes_and_report_rebuilds(tmp_path, capsys):
     Trainer(cfg, RecallTask(), out / "runs" / "mha-seed1", log=lambda m: None).fit()
     assert [p.name for p in list_checkpoints(out / "runs" / "mha-seed1" / "checkpoints")] == ["step-00000004"]
     log = []
-    summary = run_sweep(sweep, out, workers=1, log=log.append)
+    with pytest.raises(MheError, match=r"holds 1 unfinished run\(s\) of this comparison \(mha seed 1\); pass --resume"):
+        run_sweep(sweep, out, workers=1, log=log.append)  # unfinished runs continue only with --resume
+    summary = run_sweep(sweep, out, workers=1, resume=True, log=log.append)
     assert any(m == "[resume] mha seed 1" for m in log)
     assert sum(m.startswith("[start]") for m in log) == 5
     assert {r["kind"]: r["n_seeds"] for r in summary["rows"]} == {"sha": 2, "mha": 2, "mhe-mul": 2}
@@ -91,10 +93,10 @@ def test_sweep_resumes_and_report_rebuilds(tmp_path, capsys):
     assert saved["rows"][0]["peop"] is None  # SHA
     for f in ("summary.md", "summary.csv", "score_vs_params.png", "training_curves.png"):
         assert (out / f).stat().st_size > 0
-    # rerunning skips everything
+    # rerunning reports the finished comparison and trains nothing
     log.clear()
     run_sweep(sweep, out, workers=1, log=log.append)
-    assert sum(m.startswith("[skip]") for m in log) == 6 and not any(m.startswith("[start]") for m in log)
+    assert log == [f"already finished: results in {out}"]
     # report rebuilds the same numbers from the runs alone
     before = (out / "summary.json").read_text()
     for f in ("summary.json", "summary.md", "summary.csv"):

@@ -37,6 +37,9 @@ def compare_args(p):
     p.add_argument("--paper", default=None, help="paper table to set beside ours (e.g. table2-ptb)")
     p.add_argument("--pretrained", default="", help="fine-tuning tasks: a comparison folder of pre-training runs")
     p.add_argument("--out", default=None, help="output folder (default runs/compare-PRESET[-TASK][-DATA])")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the unfinished runs of the comparison in --out from their checkpoints "
+                        "(finished runs are never trained again)")
 
 
 # section 4.4: "For each task, we use five different seeds and report the average"
@@ -96,9 +99,9 @@ def cmd_compare(args) -> int:
     workers = args.workers or (torch.cuda.device_count() or 2)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        summary = run_sweep(sweep, out, workers=workers, log=log)
+        summary = run_sweep(sweep, out, workers=workers, resume=args.resume, log=log)
     except KeyboardInterrupt as e:
-        log(f"interrupted; rerun the same command to resume ({out})")
+        log(f"interrupted; continue with the same command and --resume ({out})")
         return getattr(e, "exit_code", 130)  # 143 when SIGTERM stopped a run
     print(summary["markdown"])
     print(f"tables: {out}/summary.md, summary.csv, summary.json; plots: {out}/score_vs_params.png, "

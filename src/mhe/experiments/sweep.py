@@ -1,5 +1,7 @@
-"""Run every (kind, seed) of a comparison with identical settings; skip finished runs,
-resume unfinished ones from their checkpoints."""
+"""Run every (kind, seed) of a comparison with identical settings, by the rerun rule every
+command follows: finished runs are reported, not trained again; a folder holding another
+comparison is refused; unfinished runs are continued from their checkpoints only with
+``--resume``."""
 
 from __future__ import annotations
 
@@ -23,11 +25,11 @@ from mhe.output_paths import default_run_dir, free_name
 from mhe.runtime import worker_threads
 from mhe.tasks import build_task
 from mhe.tasks.finetune_config import finetune_config
-from mhe.training.checkpoint import list_checkpoints, write_json_atomic
+from mhe.training.checkpoint import write_json_atomic
 from mhe.training.config import MIGRATE, apply_overrides
 from mhe.tasks import default_run
 from mhe.training.loop import RunInterrupted, Trainer
-from mhe.training.run_files import read_json, read_run_record
+from mhe.training.run_files import RESULTS, is_run_dir, read_json, read_run_record
 
 
 @dataclass
@@ -154,26 +156,30 @@ def check_sweep_dir(out: Path, sweep: Sweep) -> None:
                            f"choose another --out ({free_name(out)} is free)")
 
 
-def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, log=print) -> dict:
+def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, resume: bool = False, log=print) -> dict:
     """Run what is missing, then write the summary. Returns the summary."""
     out = Path(out)
     check_sweep_dir(out, sweep)
-    for kind in sweep.kinds:  # validate every run's configuration before starting any
-        run_config(sweep, kind, 0)
+    for kind in sweep.kinds:  # every run's configuration and data checked before any folder is made
+        cfg = run_config(sweep, kind, 0)
+        build_task(cfg.task).check(cfg)
+    runs = [(kind, seed, out / "runs" / f"{kind}-seed{seed}") for seed in range(sweep.seeds) for kind in sweep.kinds]
+    unfinished = [f"{k} seed {s}" for k, s, d in runs if is_run_dir(d) and not (d / RESULTS).is_file()]
+    if unfinished and not resume:
+        raise MheError(f"{out} holds {len(unfinished)} unfinished run(s) of this comparison ({', '.join(unfinished)}); "
+                       f"pass --resume to continue them or choose another --out ({free_name(out)} is free)")
+    jobs = [(k, s, d) for k, s, d in runs if not (d / RESULTS).is_file()]
+    if not jobs:
+        log(f"already finished: results in {out}")
+        return write_summary(out, paper_table=sweep.paper, metric=sweep.metric or None)
     model = f"the models of {sweep.pretrained}" if sweep.pretrained else sweep.preset  # fine-tuning: not the preset
     log(f"comparing {', '.join(sweep.kinds)} on {sweep.task} ({model}"
         f"{', ' + sweep.data if sweep.data else ''}), {sweep.seeds} seed(s)")
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "sweep.json", {"sweep": sweep.identity(), "paper": sweep.paper,
                                            **({"metric": sweep.metric} if sweep.metric else {})})
-    jobs = []
-    for seed in range(sweep.seeds):
-        for kind in sweep.kinds:
-            run_dir = out / "runs" / f"{kind}-seed{seed}"
-            if (run_dir / "results.json").exists():
-                log(f"[skip] {kind} seed {seed}: finished")
-                continue
-            jobs.append((kind, seed, run_dir))
+    if len(jobs) < len(runs):
+        log(f"{len(runs) - len(jobs)} run(s) already finished: results in {out / 'runs'}")
     log(f"{len(jobs)} run(s) to do, {workers} at a time -> {out}")
     if workers <= 1:
         for kind, seed, run_dir in jobs:
@@ -187,7 +193,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, log=print) -> 
 
 def _run_inprocess(sweep, kind, seed, run_dir: Path, log) -> dict:
     cfg = run_config(sweep, kind, seed)
-    resume = bool(list_checkpoints(run_dir / "checkpoints"))
+    resume = is_run_dir(run_dir)  # unfinished (--resume was given: run_sweep checked)
     t0 = time.perf_counter()
     log(f"[{'resume' if resume else 'start'}] {kind} seed {seed}")
     res = Trainer(cfg, build_task(cfg.task), run_dir, resume=resume, log=log).fit()
@@ -218,7 +224,7 @@ def _run_parallel(sweep, jobs, workers, log) -> None:
         cfg = run_config(sweep, kind, seed)
         write_json_atomic(run_dir / "run.json", cfg.to_dict())
         cmd = [sys.executable, "-m", "mhe", "run", "--config", str(run_dir / "run.json"), "--out", str(run_dir)]
-        if list_checkpoints(run_dir / "checkpoints"):
+        if is_run_dir(run_dir):  # unfinished (--resume was given: run_sweep checked)
             cmd.append("--resume")
         env = dict(os.environ, MHE_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
         gpu = gpu_for_slot(slot, gpus, visible) if gpus else ""
@@ -238,4 +244,5 @@ def _run_parallel(sweep, jobs, workers, log) -> None:
     with ThreadPoolExecutor(max_workers=workers) as pool:
         codes = list(pool.map(launch, slots))
     if any(codes):
-        raise MheError(f"{sum(1 for c in codes if c)} run(s) failed; rerun the same command to retry them")
+        raise MheError(f"{sum(1 for c in codes if c)} run(s) failed; rerun the same command with --resume "
+                       "to retry them")
