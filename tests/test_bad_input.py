@@ -400,6 +400,12 @@ DATA_CASES = [
     ("squad-not-utf8", lambda r: _squad(r, b'{"data": [\n"\xff"]}'), _examples("squad"),
      ["train-v1.1.json: line 2: byte 12 (0xff)"]),
     ("squad-empty", lambda r: _squad(r, _squad_doc([])), _examples("squad"), ["the train split of squad has no examples"]),
+    ("squad-no-answers-key", lambda r: _squad(r, _squad_doc([{"paragraphs": [{"context": "Ann", "qas": [
+        {"id": "q7", "question": "who?"}]}]}])), _examples("squad"),
+     ["train-v1.1.json: line 1: question q7: malformed record (missing field 'answers')"]),
+    ("squad-v1-no-answer", lambda r: _squad(r, json.dumps({"data": [{"paragraphs": [{"context": "Ann", "qas": [
+        SQUAD_QA, {"id": "q8", "question": "who?", "answers": []}]}]}]}, indent=1).encode()), _examples("squad"),
+     ["train-v1.1.json: line 19: question q8: no answer (every SQuAD v1.1 question has one)"]),
 ]
 
 

@@ -1,6 +1,6 @@
 """Output paths checked before any work starts: a command that would fail only when it
 writes its result (after minutes of training or timing) fails at once instead, with one
-line naming the option and the path. Nothing is created here."""
+line naming the option and the path. Only :func:`make_folder` creates anything."""
 
 from __future__ import annotations
 
@@ -78,6 +78,17 @@ def check_output_file(path: str | os.PathLike, option: str, *, suffixes: tuple[s
     if path.exists() and not os.access(path, os.W_OK):
         raise MheError(f"{option} {path}: file is not writable")
     _writable_parent(path, option)
+    return path
+
+
+def make_folder(path: str | os.PathLike, option: str) -> Path:
+    """Create the folder ``path`` (and its parents) now, before the work whose output goes
+    there; a folder that cannot be made is one line naming the option and the reason."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MheError(f"{option} {path}: the folder cannot be created ({e.strerror or e})") from e
     return path
 
 

@@ -3,7 +3,6 @@ The measuring lives in :mod:`mhe.bench`; this module reads the options and print
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 
@@ -14,7 +13,7 @@ from mhe.bench_generate import run_generate_section
 from mhe.models.decode_step import split_kernel
 from mhe.errors import MheError, one_of
 from mhe.experiments.tables import print_table
-from mhe.output_paths import check_output_file
+from mhe.output_paths import check_output_file, make_folder
 from mhe.training.checkpoint import write_json_atomic
 
 
@@ -55,8 +54,8 @@ def cmd_bench(args) -> int:
     for option, value in (("--reps", args.reps), ("--train-batch", args.train_batch)):
         if value is not None and value <= 0:
             raise MheError(f"{option} must be a positive integer, got {value}")
-    if args.json:
-        check_output_file(args.json, "--json")
+    if args.json:  # its folder is made now: a path that cannot be written fails before the timings
+        make_folder(check_output_file(args.json, "--json").parent, "--json")
     if args.kernel != "auto" and args.kernel not in kernels.KERNELS:
         raise one_of("attention kernel", args.kernel, ("auto", *kernels.KERNELS))
     configured = split_kernel(args.kernel)[0]  # the attn and train sections
@@ -127,7 +126,6 @@ def cmd_bench(args) -> int:
         result["generate"] = run_generate_section(kinds, args, dev=dev, dtype=dtype, small=small)
         print_generate_table(result["generate"], dtype, SMOKE if small else "gpt2-base")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.json, result)
     return 0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from mhe.cli.common import DATA_DIR_HELP, add_run_folder_arg
 from mhe.data.paths import read_source_lines
 from mhe.errors import MheError, one_of
-from mhe.output_paths import check_output_file
+from mhe.output_paths import check_output_dir, check_output_file
 from mhe.settings import check_bounds
 from mhe.tasks.cross_eval import corpus_perplexity
 from mhe.tasks.diagnostics import evaluate_diagnostics
@@ -101,6 +101,8 @@ def diagnostics_args(p):
 
 def cmd_diagnostics(args) -> int:
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    if args.out:
+        check_output_dir(args.out, "--out")
     res = evaluate_diagnostics(args.run, tasks=tasks, data_dir=args.data_dir, out=args.out)
     print(json.dumps(res, indent=2))
     return 0

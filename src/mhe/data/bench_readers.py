@@ -192,9 +192,12 @@ RECORD_PARSERS: dict[str, Callable[[Fields], list[Example]]] = {
 
 
 def read_squad(t: BenchTask, path: Path) -> list[Example]:
-    """SQuAD's JSON: articles of paragraphs of questions, with every gold answer's offset."""
+    """SQuAD's JSON: articles of paragraphs of questions, with every gold answer's offset.
+    Every question has ``answers`` (v1.1: at least one; v2.0: none exactly when
+    ``is_impossible``); a question that breaks this is named with its line in the file."""
+    text = read_text(path)
     try:
-        data = json.loads(read_text(path))
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise MheError(f"{path}: line {e.lineno} column {e.colno}: not valid JSON ({e.msg})") from e
     out: list[Example] = []
@@ -203,22 +206,34 @@ def read_squad(t: BenchTask, path: Path) -> list[Example]:
         raise MheError(f"{path}: 'data' must be a list of articles, got {type(arts).__name__}")
     for a, art in enumerate(arts):
         with record_shape(path, f"data[{a}]"):
-            _squad_article(art, path, out)
+            _squad_article(art, path, out, text=text, v2=t.name == "squad-v2")
     return out
 
 
-def _squad_article(art, path, out: list) -> None:
+def _squad_line(text: str, qid: str) -> str:
+    """``line N: `` of the question ``qid`` in the file's text (where its id is written)."""
+    at = text.find(json.dumps(str(qid)))
+    return f"line {text.count(chr(10), 0, at) + 1}: " if at >= 0 else ""
+
+
+def _squad_article(art, path, out: list, *, text: str, v2: bool) -> None:
     for para in art["paragraphs"]:
         ctx = para["context"]
         for qa in para["qas"]:
-            answers = [(a["text"], a["answer_start"]) for a in qa.get("answers", [])]
-            if qa.get("is_impossible"):
+            where = f"{path}: {_squad_line(text, qa['id'])}question {qa['id']}"
+            if "answers" not in qa:
+                raise MheError(f"{where}: malformed record (missing field 'answers')")
+            answers = [(a["text"], a["answer_start"]) for a in qa["answers"]]
+            impossible = bool(qa.get("is_impossible")) if v2 else False
+            if not answers and not impossible:
+                raise MheError(f"{where}: no answer" + (" and not is_impossible" if v2 else
+                                                        " (every SQuAD v1.1 question has one)"))
+            if impossible:
                 answers = []
-            for text, start in answers:
-                if ctx[start:start + len(text)] != text:
-                    raise MheError(f"{path}: question {qa['id']}: answer {text!r} not at offset {start}")
+            for answer, start in answers:
+                if ctx[start:start + len(answer)] != answer:
+                    raise MheError(f"{where}: answer {answer!r} not at offset {start}")
             out.append(Example(qa["question"], ctx, uid=qa["id"], answers=answers))
-
 
 
 READERS: dict[str, Callable[[BenchTask, Path], list[Example]]] = {

@@ -21,7 +21,7 @@ import torch
 
 from mhe.accounting import count_attention_params
 from mhe.errors import MheError
-from mhe.output_paths import free_name
+from mhe.output_paths import free_name, make_folder
 from mhe.progress import note
 from mhe.training import checkpoint as ckpt
 from mhe.training import distributed
@@ -120,7 +120,7 @@ class Trainer:
                 where = f"its newest checkpoint is {last[-1].name}" if last else "no checkpoint yet"
                 raise MheError(f"{self.out} holds an unfinished run of this configuration ({where}); pass --resume "
                                f"to continue it or choose another --out ({free_name(self.out)} is free)")
-        self.out.mkdir(parents=True, exist_ok=True)
+        make_folder(self.out, "--out")
         for path in remove_temporaries(self.out, self.out / "checkpoints"):
             self.log(f"removed {path} (left by an interrupted write)")
 
