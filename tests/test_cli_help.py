@@ -68,3 +68,33 @@ def test_every_example_parses(name):
         assert argv[:2] == ["mhe", name], line
         args = build_parser().parse_args(argv[1:])
         assert args.command == name
+
+
+def _help_of(name: str, dest: str) -> str:
+    return next(a.help for a in _subparsers()[name]._actions if a.dest == dest)
+
+
+def test_help_and_errors_list_what_the_registries_hold(capsys):
+    """The fine-tuning tasks, corpora and tasks in help texts and errors come from one registry
+    each, so they cannot drift apart (finetune's list once lacked wnli)."""
+    from mhe.data.benchmarks import BENCH_TASKS
+    from mhe.data.corpora import CORPORA
+    from mhe.tasks import TASKS
+
+    tuned = _help_of("finetune", "task")
+    assert all(name in tuned for name in BENCH_TASKS) and "mhe diagnostics" in tuned
+    for command in ("pretrain", "train", "compare"):
+        assert all(name in _help_of(command, "data") for name in CORPORA), command
+    assert main(["pretrain", "--preset", "tiny-decoder"]) == 2
+    assert f"pretrain needs --data ({', '.join(CORPORA)})" in capsys.readouterr().err
+    trains = _help_of("train", "task")
+    assert all(name in trains for name, cls in TASKS.items() if cls.command == "train")
+    assert main(["train", "--task", "mt", "--preset", "tiny-encoder-decoder"]) == 2
+    assert "task 'mt' has its own command: mhe train-mt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["eval", "translate", "generate", "diagnostics", "finetune"])
+def test_run_folders_are_named_run_and_checkpoint(name):
+    """``--run`` and its older spelling ``--checkpoint`` name the same option, a run folder."""
+    action = next(a for a in _subparsers()[name]._actions if "--run" in a.option_strings)
+    assert "--checkpoint" in action.option_strings and "run folder" in action.help

@@ -41,6 +41,16 @@ def test_tokenizer_training_and_tokenizing_report_progress(capsys):
     assert "tokenizing the training text" in err and "line" in err
     assert torch.equal(shown, quiet)
 
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece", "word"])
+def test_tokenizer_training_writes_nothing_on_standard_output(kind, capfd):
+    """A command's result is the first thing on standard output, even when it trains a tokenizer
+    with progress on (the tokenizers library's own bar would write blank lines there)."""
+    train_tokenizer(kind, LINES, 300, progress=True)
+    out, err = capfd.readouterr()
+    assert out == "" and f"training a {kind} tokenizer" in err
+
+
 def test_translation_decoding_shows_a_bar_only_when_asked(mt_run, capsys):
     model, _, task = load_run(mt_run, inference=True)
     sources = ["A dog runs.", "Two men play.", "A girl in a red coat."]

@@ -37,6 +37,7 @@ def test_pretrain_follows_the_rule(tmp_path, capsys):
     assert main(args + TINY_LM + ["--resume"]) == 0
     first = json.loads(capsys.readouterr().out)
     assert first["status"] == "finished" and first["step"] == 2
+    assert (first["split"], first["perplexity_per"]) == ("test", "word")  # PTB: the test split, per word
     stamp = (out / "results.json").stat().st_mtime_ns
     for extra in ([], ["--resume"]):  # finished: reported, its result printed, nothing trained
         assert main(args + TINY_LM + extra) == 0

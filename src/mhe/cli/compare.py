@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 
 from mhe.attention import parse_kinds
+from mhe.cli.common import DATA_DIR_HELP
+from mhe.data.corpora import corpus_names
 from mhe.data.benchmarks import BENCH_TASKS as BENCH
 from mhe.errors import MheError, one_of
 from mhe.experiments.paper import paper_table
@@ -23,13 +25,14 @@ from mhe.training.checkpoint import write_text_atomic
 
 
 def compare_args(p):
-    p.add_argument("--task", default=None, help="recall, lm or mlm (default: the preset's)")
+    p.add_argument("--task", default=None, help="recall, lm, mlm, or a fine-tuning task with --pretrained "
+                                                "(default: the preset's)")
     p.add_argument("--preset", default=None,
                    help="a comparison preset (cpu-recall, cpu-ptb, gpu-ptb, paper-table2, ...) or a model preset")
     p.add_argument("--kinds", default=None, help="comma-separated attention kinds (default: the paper's seven)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per kind (default: the preset's)")
-    p.add_argument("--data", default=None, help="dataset for lm/mlm (ptb, wikitext-2, wikitext-103)")
-    p.add_argument("--data-dir", default="", help="data folder (default: $MHE_DATA or ../shared/data)")
+    p.add_argument("--data", default=None, help=f"corpus for lm/mlm: {corpus_names()}")
+    p.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting of every run (repeatable), e.g. train.steps=200")
     p.add_argument("--workers", type=int, default=None,

@@ -10,6 +10,7 @@ Every tokenizer has the special tokens ``[PAD]`` (id 0), ``[UNK]``, ``[CLS]``,
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -24,11 +25,14 @@ KINDS = ("bpe", "wordpiece", "word")
 def train_tokenizer(kind: str, texts, vocab_size: int, *, lowercase: bool = False,
                     progress: bool = False) -> Tokenizer:
     """Train a tokenizer of ``kind`` on an iterable of strings; ``progress``: say so on standard
-    error first (and show the ``tokenizers`` trainer's own bar where standard error is a terminal)."""
+    error first (and show the ``tokenizers`` trainer's own bar where both standard streams are
+    terminals: that bar writes to standard output, and blank lines there would come before a
+    command's result when it is piped)."""
     if kind not in KINDS:
         raise one_of("tokenizer", kind, KINDS)
     if vocab_size < len(SPECIALS) + 1:
         raise MheError(f"vocab_size must be at least {len(SPECIALS) + 1}, got {vocab_size}")
+    bar = progress and sys.stdout.isatty() and sys.stderr.isatty()
     note(f"training a {kind} tokenizer of at most {vocab_size:,} entries"
          + (f" on {len(texts):,} lines" if hasattr(texts, "__len__") else ""), enabled=progress)
     if kind == "bpe":
@@ -36,18 +40,18 @@ def train_tokenizer(kind: str, texts, vocab_size: int, *, lowercase: bool = Fals
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=progress)
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=bar)
     elif kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=progress)
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=bar)
     else:
         tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=progress)
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=bar)
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 

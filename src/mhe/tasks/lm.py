@@ -91,9 +91,11 @@ class CausalLMTask(TextTask):
         nll, n = sliding_window_nll(model, ids, max_len=self.max_len, stride=stride,
                                     batch_size=self.cfg.data.eval_batch_size, device=self.device,
                                     progress=progress)
-        out = {"perplexity": perplexity(nll, n), "tokens": n, "nll": nll}
+        word_level = is_word_level(self.tok)
+        out = {"perplexity": perplexity(nll, n), "perplexity_per": "word" if word_level else "token",
+               "tokens": n, "nll": nll}
         words = word_count(lines)
-        if not is_word_level(self.tok):  # sub-word tokenizer: also report per word
+        if not word_level:  # sub-word tokenizer: also report per word
             out["word_perplexity"] = perplexity(nll, words - 1)
             out["words"] = words - 1
         return out
