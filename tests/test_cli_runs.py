@@ -5,6 +5,7 @@ safetensors, its tokenizer, the model's own beam search, a per-window NLL writte
 import io
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -96,6 +97,36 @@ def test_eval_perplexity_equals_a_direct_sliding_window_computation(lm_run, caps
 def test_eval_refuses_a_run_of_another_task(lm_run, capsys):
     assert main(["eval", "--task", "recall", "--checkpoint", str(lm_run)]) == 2
     assert "is a 'lm' run; --task says 'recall'" in capsys.readouterr().err
+
+
+def test_eval_reads_only_the_runs_tokenizer_and_the_split_scored(lm_run, tmp_path, capsys):
+    """With a data folder that holds the test split alone, the figures equal those made where the
+    whole corpus is: neither the training text nor the validation split is read (or tokenised)."""
+    from conftest import require_data
+
+    root = require_data("ptb/ptb.test.txt.gz")
+    (tmp_path / "ptb").mkdir()
+    shutil.copyfile(root / "ptb" / "ptb.test.txt.gz", tmp_path / "ptb" / "ptb.test.txt.gz")
+    capsys.readouterr()
+    assert main(["eval", "--run", str(lm_run), "--split", "test", "--data-dir", str(tmp_path)]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main(["eval", "--run", str(lm_run), "--split", "test", "--data-dir", str(root)]) == 0
+    assert json.loads(capsys.readouterr().out) == alone
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "a dog"], ["eval"]])
+def test_the_runs_type_is_checked_before_anything_is_set_up(command, mt_run, monkeypatch, capsys):
+    """generate (or eval of an lm) on a translation run: refused before the task reads a file."""
+    from mhe.tasks.translation import TranslationTask
+
+    def refuse(*_):
+        raise AssertionError("set up before the run's type was checked")
+
+    monkeypatch.setattr(TranslationTask, "setup", refuse)
+    monkeypatch.setattr(TranslationTask, "setup_inference", refuse)
+    assert main([command[0], "--run", str(mt_run), *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a 'mt' run" in err
 
 
 def sharp_checkpoint(run, dest):
