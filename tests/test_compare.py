@@ -41,6 +41,49 @@ def test_aggregate_inverse_metric_by_hand():
     assert rows["mhe-add"]["peop"] > 0 and rows["sha"]["std"] == 0.0
 
 
+def test_a_spread_is_printed_only_over_several_seeds():
+    from mhe.experiments.summary import markdown
+
+    two = markdown(aggregate([result("sha", 0, 0.60, 100), result("sha", 1, 0.62, 100)]))
+    one = markdown(aggregate([result("sha", 0, 0.60, 100), result("mha", 0, 0.8, 400)]))
+    assert "| SHA | 0.000M | 0.61 ± 0.014 | 2 |" in two
+    assert "| SHA | 0.000M | 0.6 | 1 |" in one and "±" not in one.split("\n", 2)[2]
+
+
+def test_every_plot_colours_a_kind_the_same(tmp_path, monkeypatch):
+    """The score plot, the training curves and the PRR bars draw each kind in its one colour."""
+    from mhe.accounting.scaling import COLOURS
+    from mhe.experiments import plots
+
+    assert len(set(COLOURS.values())) == len(COLOURS)
+    drawn = {}
+
+    class Recorder:
+        def __getattr__(self, name):
+            def call(*args, **kw):
+                if name in ("errorbar", "plot") and "label" in kw:
+                    drawn.setdefault(name, {})[kw["label"]] = kw.get("color")
+                if name == "bar" and isinstance(kw.get("color"), list):
+                    drawn.setdefault("bar", []).append(kw["color"])
+                return Recorder()
+            return call
+
+        def get_lines(self):
+            return [1]
+
+    monkeypatch.setattr(plots, "_plt", lambda: type("P", (), {"subplots": staticmethod(lambda **kw: (Recorder(), Recorder())),
+                                                               "close": staticmethod(lambda f: None)}))
+    runs = [{"attention": k, "run_dir": str(tmp_path), "seed": 0} for k in ("mhe-mul", "sha", "mha")]
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    plots.plot_curves(runs, tmp_path / "c.png")
+    summary = aggregate([result(k, 0, 0.5, 100) for k in ("sha", "mha", "mhe-mul")])
+    plots.plot_score_vs_params(summary, tmp_path / "s.png")
+    plots.plot_prr_vs_paper([("sha", 0.9, 0.5), ("mhe-mul", 1.0, 0.8)], "t", tmp_path / "p.png")
+    want = {plots.LABELS[k]: COLOURS[k] for k in ("sha", "mha", "mhe-mul")}
+    assert drawn["plot"] == want and drawn["errorbar"] == want
+    assert drawn["bar"] == [[COLOURS["sha"], COLOURS["mhe-mul"]]] * 2
+
+
 def test_paper_columns_reproduce_table_2():
     cols = paper_columns({}, "table2-ptb")["rows"]
     assert round(cols["mhe-mul"]["peop"], 2) == 81.76 and round(100 * cols["mhe-mul"]["prr"], 1) == 85.6

@@ -8,10 +8,15 @@ with 32 and 64 heads of 64 (Q, K, V only).
 from __future__ import annotations
 
 from mhe.accounting.params import attention_params
+from mhe.attention import KINDS, PAPER_KINDS
 
 SCALING_KINDS = ("mha", "skv", "mqa", "el-att", "mhe-mul", "sha")
 LABELS = {"mha": "MHA", "skv": "SKV", "mqa": "MQA", "el-att": "EL-att", "mhe-mul": "MHE",
           "mhe-add": "MHE-Add", "sha": "SHA", "gqa": "GQA", "fnet": "FNet", "linear": "Linear"}
+# One colour per kind in every plot (matplotlib's tab10, the paper's seven kinds first)
+COLOURS = {k: f"tab:{c}" for k, c in zip(
+    list(PAPER_KINDS) + [k for k in KINDS if k not in PAPER_KINDS],
+    ("gray", "blue", "brown", "orange", "purple", "green", "red", "olive", "pink", "cyan"))}
 
 
 def params_vs_heads(heads=range(1, 129), head_dim: int = 64, kinds=SCALING_KINDS) -> dict[str, list[int]]:
@@ -39,7 +44,8 @@ def plot_scaling(path: str, *, head_dim: int = 64) -> None:
     curves = params_vs_heads(heads, head_dim)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     for kind, ys in curves.items():
-        ax1.plot(heads, [y / 1e6 for y in ys], label=LABELS[kind], lw=2, ls=":" if kind == "sha" else "-")
+        ax1.plot(heads, [y / 1e6 for y in ys], label=LABELS[kind], lw=2, ls=":" if kind == "sha" else "-",
+                 color=COLOURS[kind])
     ax1.set_xlabel("attention heads n")
     ax1.set_ylabel("parameters per sublayer (M)")
     ax1.set_title(f"One attention sublayer, head size d={head_dim} (Q, K, V)")
@@ -53,7 +59,7 @@ def plot_scaling(path: str, *, head_dim: int = 64) -> None:
     width = 0.8 / len(kinds)
     for j, kind in enumerate(kinds):
         xs = [i + (j - (len(kinds) - 1) / 2) * width for i in range(len(groups))]
-        ax2.bar(xs, [bars[g][kind] / 1e9 for g in groups], width, label=LABELS[kind])
+        ax2.bar(xs, [bars[g][kind] / 1e9 for g in groups], width, label=LABELS[kind], color=COLOURS[kind])
     ax2.set_xticks(range(len(groups)), [f"{l} layers\n{n} heads" for l, n in groups])
     ax2.set_ylabel("attention parameters (B)")
     ax2.set_title(f"All attention sublayers, d={head_dim} (Q, K, V)")

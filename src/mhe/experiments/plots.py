@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mhe.accounting.scaling import COLOURS
 from mhe.accounting.scaling import LABELS as _SCALING_LABELS
 from mhe.training.run_files import read_metrics
 
@@ -26,7 +27,8 @@ def plot_score_vs_params(summary: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in summary["rows"]:
         x = max(r["attention_params"], 1)
-        ax.errorbar([x], [r["mean"]], yerr=[r["std"]], fmt="o", ms=8, capsize=4,
+        spread = [r["std"]] if r["n_seeds"] > 1 else None  # no bar where one seed gives no spread
+        ax.errorbar([x], [r["mean"]], yerr=spread, fmt="o", ms=8, capsize=4, color=COLOURS.get(r["kind"]),
                     label=LABELS.get(r["kind"], r["kind"]))
         ax.annotate(LABELS.get(r["kind"], r["kind"]), (x, r["mean"]), textcoords="offset points", xytext=(6, 4))
     ax.set_xscale("log")
@@ -68,7 +70,7 @@ def plot_curves(runs: list[dict], path: Path) -> None:
         recs = read_metrics(f)
         recs = [x for x in recs if "loss" in x]
         steps, loss = [x["step"] for x in recs], smooth([x["loss"] for x in recs])
-        ax.plot(steps, loss, label=LABELS.get(r["attention"], r["attention"]))
+        ax.plot(steps, loss, label=LABELS.get(r["attention"], r["attention"]), color=COLOURS.get(r["attention"]))
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (running mean over ~1/40 of the run)")
     ax.set_yscale("log")
@@ -90,8 +92,10 @@ def plot_prr_vs_paper(rows: list[tuple[str, float | None, float | None]], title:
     xs = range(len(rows))
     ours = [100 * r[1] if r[1] is not None else 0 for r in rows]
     paper = [100 * r[2] if r[2] is not None else 0 for r in rows]
-    ax.bar([x - 0.2 for x in xs], ours, width=0.4, label="ours")
-    ax.bar([x + 0.2 for x in xs], paper, width=0.4, label="paper")
+    colours = [COLOURS.get(r[0]) for r in rows]  # each kind's colour; the paper's bars hatched
+    ax.bar([x - 0.2 for x in xs], ours, width=0.4, color=colours, edgecolor="black", label="ours")
+    ax.bar([x + 0.2 for x in xs], paper, width=0.4, color=colours, alpha=0.45, hatch="//", edgecolor="black",
+           label="paper")
     ax.axhline(100, color="black", lw=0.8)
     ax.set_xticks(list(xs), [LABELS.get(r[0], r[0]) for r in rows])
     low = min([v for v in ours + paper if v > 0] + [100])

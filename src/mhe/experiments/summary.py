@@ -113,6 +113,11 @@ def _fmt(x, digits=4):
     return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:,.1f}"
 
 
+def _mean_std(mean, std, n_seeds: int, mean_text: str, std_text: str) -> str:
+    """``mean ± std``, or the mean alone where one seed gives no spread."""
+    return f"{mean_text} ± {std_text}" if n_seeds > 1 else mean_text
+
+
 def markdown(summary: dict, paper: dict | None = None) -> str:
     m = summary["metric"]
     head = ["Attention", "#params", f"{m} (mean ± std)", "seeds", "PRR (%)", "PEoP"]
@@ -121,7 +126,7 @@ def markdown(summary: dict, paper: dict | None = None) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in summary["rows"]:
         cells = [_label(r["kind"]), f"{r['attention_params'] / 1e6:.3f}M",
-                 f"{_fmt(r['mean'])} ± {_fmt(r['std'], 2)}", str(r["n_seeds"]),
+                 _mean_std(r["mean"], r["std"], r["n_seeds"], _fmt(r["mean"]), _fmt(r["std"], 2)), str(r["n_seeds"]),
                  "-" if r["prr"] is None else f"{100 * r['prr']:.1f}", "-" if r["peop"] is None else f"{r['peop']:.2f}"]
         if paper:
             p = paper["rows"].get(r["kind"])
@@ -229,7 +234,8 @@ def overview(dirs: list[Path], plot: Path | None = None) -> str:
     prr_rows = []
     for k in kinds:
         cells = [_label(k), f"{params[k] / 1e6:.3f}M"]
-        cells += [f"{cell[(t, k)]['mean']:.4f} ± {cell[(t, k)]['std']:.3f}" for t in tasks]
+        cells += [_mean_std(c["mean"], c["std"], c["n_seeds"], f"{c['mean']:.4f}", f"{c['std']:.3f}")
+                  for c in (cell[(t, k)] for t in tasks)]
         r = prr(avg[k], avg["mha"], higher_is_better=hib) if "mha" in avg else None
         e = (_safe_peop(avg[k], params[k], avg["sha"], params["sha"], hib)
              if "sha" in avg and k != "sha" else None)
@@ -279,11 +285,12 @@ def _check_overview_directions(dirs: list[Path], summaries: list[dict]) -> bool 
 
 def metric_means(results: list[dict]) -> dict:
     """Mean and sample std over seeds of every official metric the runs report
-    (``official_metrics``, fine-tuning), e.g. MRPC's accuracy (the headline) and F1."""
+    (``official_metrics``, fine-tuning), e.g. MRPC's accuracy (the headline) and F1; one seed
+    gives no std."""
     names = results[0].get("official_metrics") or []
     out = {}
     for m in names:
         vals = [r[m] for r in results if isinstance(r.get(m), (int, float))]
         if len(vals) == len(results):
-            out[m] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
+            out[m] = {"mean": statistics.fmean(vals), **({"std": statistics.stdev(vals)} if len(vals) > 1 else {})}
     return out
