@@ -3,17 +3,19 @@
 #
 #   bash benchmarks/gpu_round2.sh SECTION OUT_DIR
 #
+# OUT_DIR receives the comparison folders (OUT_DIR/scale-ptb-small, OUT_DIR/encoder-rte, ...) and
+# the logs (OUT_DIR/logs); `mixing` adds two kinds to the encoder comparisons already in OUT_DIR
+# (those of benchmarks/gpu_experiments.sh encoder OUT_DIR).
+#
 # SECTION: scaling   Appendix D on one GPU: decoders of three sizes (gpu-scale-{ptb,wikitext-2}-
 #                    {small,medium,large}) trained to convergence, kinds $KINDS (default mha,mhe-mul),
 #                    $SEEDS seeds (default 3); two streams of comparisons side by side, PTB first
-#          mixing    Appendix A's FNet and Linear encoders added to results/encoder-*: MLM pre-training
+#          mixing    Appendix A's FNet and Linear encoders added to OUT_DIR/encoder-*: MLM pre-training
 #                    (gpu-mlm), then the same GLUE / SuperGLUE fine-tuning, $SEEDS seeds (the seven
-#                    kinds there are finished and skipped)
-#          pack      only pack what is finished (a call that waits on a background section)
+#                    kinds there are finished and reported)
 #
-# Every step is `mhe compare`, so a section can be run again to finish what a deadline cut
-# short. At the end (and with `pack` at any time) the round's result folders, without
-# checkpoints and tokenizers, are packed into OUT_DIR/SECTION.tar.gz; SECTION.done marks the end.
+# Every step is `mhe compare --resume`, so a section can be run again to finish what a deadline
+# cut short. OUT_DIR/SECTION.done marks the end.
 #
 # Environment: MHE_DATA (default data-cache), KINDS, SEEDS, FT_WORKERS (fine-tuning runs at a
 # time per stream, default 6), DEADLINE (seconds after the start; later steps are skipped, running
@@ -23,7 +25,7 @@ set -u
 export PYTHONUNBUFFERED=1
 section=$1; out=$2; data=${MHE_DATA:-data-cache}; deadline=${DEADLINE:-0}
 kinds=${KINDS:-mha,mhe-mul}; seeds=${SEEDS:-3}
-mkdir -p "$out" results/logs
+mkdir -p "$out/logs"
 
 run() {  # mhe ARGS..., stopped at the deadline (SIGTERM: the runs save what they can)
   local limit=86400
@@ -34,7 +36,7 @@ run() {  # mhe ARGS..., stopped at the deadline (SIGTERM: the runs save what the
   local extra=() item
   for item in ${SET:-}; do extra+=(--set "$item"); done
   echo "+ mhe $* ${extra[*]}  [$(date +%T), ${limit}s left]"
-  timeout "$limit" python -m mhe "$@" "${extra[@]}"
+  timeout "$limit" python -m mhe "$@" --resume "${extra[@]}"
   echo "rc=$? [$(date +%T)]"
 }
 
@@ -43,27 +45,17 @@ scale() {  # DATA SIZE: one size on one corpus, every (kind, seed) at once, besi
   n_kinds=$(tr ',' '\n' <<<"$kinds" | wc -l)
   [ "$1" = ptb ] || paper=tableD-wikitext-103-decoder-base
   run compare --preset "gpu-scale-$1-$2" --kinds "$kinds" --seeds "$seeds" --data-dir "$data" \
-    --workers $(( n_kinds * seeds )) --paper "$paper" --out "results/scale-$1-$2"
+    --workers $(( n_kinds * seeds )) --paper "$paper" --out "$out/scale-$1-$2"
 }
 
 ENCODER_KINDS=${ENCODER_KINDS:-sha,mha,el-att,mqa,skv,mhe-add,mhe-mul,fnet,linear}  # encoder-*: seven, FNet, Linear
 
-finetune() {  # TASK: fine-tune the kinds of results/encoder-mlm without a finished run (FNet, Linear)
+finetune() {  # TASK: fine-tune the kinds of OUT_DIR/encoder-mlm without a finished run (FNet, Linear)
   local task=$1 epochs=5
   [ "$task" = sst2 ] && epochs=1  # 67k training examples: one epoch is 2,100 steps
-  run compare --task "$task" --pretrained results/encoder-mlm --kinds "$ENCODER_KINDS" --seeds "$seeds" \
-    --data-dir "$data" --workers "${FT_WORKERS:-6}" --out "results/encoder-$task" --set train.epochs="$epochs" \
+  run compare --task "$task" --pretrained "$out/encoder-mlm" --kinds "$ENCODER_KINDS" --seeds "$seeds" \
+    --data-dir "$data" --workers "${FT_WORKERS:-6}" --out "$out/encoder-$task" --set train.epochs="$epochs" \
     --set train.patience=3 --set train.lr=1e-4 --set train.save_every=0 --set train.keep_checkpoints=false
-}
-
-pack() {
-  echo "finished runs per folder:"
-  for d in results/scale-*/ results/encoder-*/; do
-    [ -d "$d" ] && printf '  %-32s %s\n' "$d" "$(ls "$d"runs/*/results.json 2>/dev/null | wc -l)"
-  done
-  tar --exclude='checkpoints' --exclude='best' --exclude='tokenizer.json' --exclude='*.tmp*' \
-      -czf "$out/$1.tar.gz" results/logs $(ls -d results/scale-* results/encoder-* 2>/dev/null)
-  ls -la "$out"
 }
 
 case $section in
@@ -72,16 +64,13 @@ case $section in
     ( scale ptb small; scale ptb medium; scale wikitext-2 large ) &
     wait ;;
   mixing)
-    run compare --preset gpu-mlm --kinds "$ENCODER_KINDS" --data-dir "$data" --workers 2 --out results/encoder-mlm
+    run compare --preset gpu-mlm --kinds "$ENCODER_KINDS" --data-dir "$data" --workers 2 --out "$out/encoder-mlm"
     for stream in sst2,mrpc,rte,cb,copa cola,stsb,wic; do
       ( for task in ${stream//,/ }; do finetune "$task"; done ) &
     done
     wait ;;
-  pack)
-    pack "${3:-partial}"; exit 0 ;;
   *)
-    echo "unknown section '$section'; valid: scaling, mixing, pack" >&2; exit 2 ;;
+    echo "unknown section '$section'; valid: scaling, mixing" >&2; exit 2 ;;
 esac
 
-pack "$section"
 touch "$out/$section.done"

@@ -3,22 +3,22 @@
 #
 #   bash benchmarks/gpu_round3.sh SECTION OUT_DIR
 #
+# OUT_DIR receives the comparison folders (OUT_DIR/decoder-lm, OUT_DIR/decoder-rte, ...) and the log
+# (OUT_DIR/logs/round3-SECTION.log).
+#
 # SECTION: decoder-glue  Table 2's GLUE column: the GPT-2-shaped decoder pre-trained with causal LM on
-#                        offline-english (gpu-lm-glue -> results/decoder-lm), then fine-tuned on RTE,
-#                        SST-2, MRPC, CoLA, STS-B (results/decoder-TASK, beside the paper's table2-TASK)
+#                        offline-english (gpu-lm-glue -> OUT_DIR/decoder-lm), then fine-tuned on RTE,
+#                        SST-2, MRPC, CoLA, STS-B (OUT_DIR/decoder-TASK, beside the paper's table2-TASK)
 #          encoder-long  the encoder pre-trained 2.5 times longer on offline-english (gpu-mlm-long ->
-#                        results/encoder-long-mlm), then RTE, SST-2, MRPC, CoLA, STS-B, CB, COPA, WiC
-#                        (results/encoder-long-TASK, beside the paper's table1-TASK)
+#                        OUT_DIR/encoder-long-mlm), then RTE, SST-2, MRPC, CoLA, STS-B, CB, COPA, WiC
+#                        (OUT_DIR/encoder-long-TASK, beside the paper's table1-TASK)
 #          all           both side by side (the encoder's runs placed on the GPUs in reverse order, so
-#                        the cards the decoder leaves lighter take more of the encoder's), then pack
-#          pack          only pack what is finished (a call that waits on a background section)
+#                        the cards the decoder leaves lighter take more of the encoder's)
 #
 # Fine-tuning: $SEEDS seeds (default 3), 5 epochs (SST-2: 1), patience 3, lr 1e-4, no checkpoints
-# kept, as in results/encoder-*. Every step is `mhe compare`, which places its runs round-robin on
-# the visible GPUs, skips finished runs and resumes unfinished ones, so a section can be run again
-# to finish what a deadline cut short. At the end (and with `pack` at any time) the round's result
-# folders, without checkpoints and tokenizers, are packed into OUT_DIR/round3.tar.gz (it must stay
-# under 16 MiB); SECTION.done marks a section's end. The log is results/logs/round3-SECTION.log.
+# kept, as in results/encoder-*. Every step is `mhe compare --resume`, which places its runs
+# round-robin on the visible GPUs, reports finished runs and resumes unfinished ones, so a section
+# can be run again to finish what a deadline cut short. OUT_DIR/SECTION.done marks a section's end.
 #
 # Data: offline-english reads the whole data folder (17 MiB: ptb, wikitext-2, multi30k, wmt14, squad,
 # glue, superglue), not only the parts round one needed; the script checks it before starting.
@@ -34,8 +34,8 @@ set -u
 export PYTHONUNBUFFERED=1
 section=${1:?SECTION}; out=${2:?OUT_DIR}; data=${MHE_DATA:-data-cache}; deadline=${DEADLINE:-0}
 kinds=${KINDS:-sha,mha,el-att,mqa,skv,mhe-add,mhe-mul}; seeds=${SEEDS:-3}
-mkdir -p "$out" results/logs
-exec > >(tee -a "results/logs/round3-$section.log") 2>&1
+mkdir -p "$out/logs"
+exec > >(tee -a "$out/logs/round3-$section.log") 2>&1
 
 run() {  # mhe ARGS..., stopped at the deadline (SIGTERM: the runs save what they can)
   local limit=86400
@@ -46,7 +46,7 @@ run() {  # mhe ARGS..., stopped at the deadline (SIGTERM: the runs save what the
   local extra=() item
   for item in ${SET:-}; do extra+=(--set "$item"); done
   echo "+ mhe $* ${extra[*]}  [$(date +%T), ${limit}s left]"
-  timeout "$limit" python -m mhe "$@" "${extra[@]}"
+  timeout "$limit" python -m mhe "$@" --resume "${extra[@]}"
   echo "rc=$? [$(date +%T)]"
 }
 
@@ -59,7 +59,7 @@ finetune() {  # PRETRAINED PREFIX TASK: fine-tune every kind's pre-training run 
   [ "$task" = sst2 ] && epochs=1  # 67k training examples: one epoch is 2,100 steps
   for item in ${FT_SET:-}; do ft+=(--set "$item"); done
   run compare --task "$task" --pretrained "$1" --kinds "$kinds" --seeds "$seeds" --data-dir "$data" \
-    --workers "${FT_WORKERS:-8}" --out "results/$2-$task" --set train.epochs="$epochs" --set train.patience=3 \
+    --workers "${FT_WORKERS:-8}" --out "$out/$2-$task" --set train.epochs="$epochs" --set train.patience=3 \
     --set train.lr=1e-4 --set train.save_every=0 --set train.keep_checkpoints=false "${ft[@]}"
 }
 
@@ -74,30 +74,19 @@ streams() {  # PRETRAINED PREFIX STREAM...: the streams side by side, the tasks 
 }
 
 decoder_glue() {
-  pretrain gpu-lm-glue results/decoder-lm
-  streams results/decoder-lm decoder ${DEC_STREAMS:-rte,mrpc,sst2 cola,stsb}
+  pretrain gpu-lm-glue "$out/decoder-lm"
+  streams "$out/decoder-lm" decoder ${DEC_STREAMS:-rte,mrpc,sst2 cola,stsb}
 }
 
 encoder_long() {
-  pretrain gpu-mlm-long results/encoder-long-mlm
-  streams results/encoder-long-mlm encoder-long ${ENC_STREAMS:-rte,mrpc,cb,copa cola,stsb,wic,sst2}
+  pretrain gpu-mlm-long "$out/encoder-long-mlm"
+  streams "$out/encoder-long-mlm" encoder-long ${ENC_STREAMS:-rte,mrpc,cb,copa cola,stsb,wic,sst2}
 }
 
 reversed_gpus() {  # the visible GPUs, last first ("" without GPUs)
   local ids
   ids=${CUDA_VISIBLE_DEVICES:-$(python -c 'import torch; print(",".join(map(str, range(torch.cuda.device_count()))))')}
   tr ',' '\n' <<<"$ids" | grep -v '^$' | tac | paste -sd, -
-}
-
-pack() {
-  local dirs
-  dirs=$(ls -d results/decoder-* results/encoder-long-* 2>/dev/null)
-  echo "finished runs per folder:"
-  for d in $dirs; do printf '  %-32s %s\n' "$d/" "$(ls "$d"/runs/*/results.json 2>/dev/null | wc -l)"; done
-  tar --exclude='checkpoints' --exclude='best' --exclude='tokenizer.json' --exclude='*.tmp*' \
-      -czf "$out/round3.tar.gz" $(ls results/logs/round3-* 2>/dev/null) $dirs
-  ls -la "$out"
-  (( $(stat -c %s "$out/round3.tar.gz") < 16 * 1024 * 1024 )) || echo "WARNING: $out/round3.tar.gz is over 16 MiB"
 }
 
 corpus_check() {  # every offline-english file readable (a missing one would fail each run), counts logged
@@ -114,8 +103,7 @@ PY
 
 case $section in
   decoder-glue|encoder-long|all) corpus_check ;;
-  pack) ;;
-  *) echo "unknown section '$section'; valid: decoder-glue, encoder-long, all, pack" >&2; exit 2 ;;
+  *) echo "unknown section '$section'; valid: decoder-glue, encoder-long, all" >&2; exit 2 ;;
 esac
 case $section in
   decoder-glue) decoder_glue ;;
@@ -126,8 +114,6 @@ case $section in
     gpus=$(reversed_gpus)
     ( [ -n "$gpus" ] && export CUDA_VISIBLE_DEVICES=$gpus; encoder_long ) &
     wait "$first" $! ;;
-  pack) pack; exit 0 ;;
 esac
 
-pack
 touch "$out/$section.done"
