@@ -57,7 +57,7 @@ COMMANDS: dict[str, Command] = {
                         "mhe pretrain --preset tiny-decoder --data ptb --attention mhe-mul"),
     "finetune": Command("fine-tune a pre-trained run on GLUE, SuperGLUE or SQuAD",
                         training.finetune_args, training.cmd_finetune,
-                        "mhe finetune --task rte --checkpoint runs/mlm-wikitext-2-tiny-encoder-mha --seeds 5"),
+                        "mhe finetune --task rte --run runs/mlm-wikitext-2-tiny-encoder-mha --seeds 5"),
     "train-mt": Command("train the encoder-decoder on parallel text; BLEU with sacrebleu",
                         training.train_mt_args, training.cmd_train_mt,
                         "mhe train-mt --preset tiny-encoder-decoder --data multi30k --attention mhe-add"),
@@ -68,18 +68,18 @@ COMMANDS: dict[str, Command] = {
     # using a trained run
     "eval": Command("evaluate a trained run (language models: sliding-window perplexity)",
                     evaluation.eval_args, evaluation.cmd_eval,
-                    "mhe eval --checkpoint runs/lm-ptb-tiny-decoder-mha --split test"),
+                    "mhe eval --run runs/lm-ptb-tiny-decoder-mha --split test"),
     "translate": Command("translate lines with a trained model (stdin or --input)",
                          evaluation.translate_args, evaluation.cmd_translate,
                          "echo 'a man rides a bike .' | mhe translate "
-                         "--checkpoint runs/mt-multi30k-en-de-tiny-encoder-decoder-mha --beam 4"),
+                         "--run runs/mt-multi30k-en-de-tiny-encoder-decoder-mha --beam 4"),
     "generate": Command("continue prompts with a trained language-model run (greedy or sampled)",
                         generate.generate_args, generate.cmd_generate,
-                        "mhe generate --checkpoint runs/lm-ptb-tiny-decoder-mha --prompt 'the company said' "
+                        "mhe generate --run runs/lm-ptb-tiny-decoder-mha --prompt 'the company said' "
                         "--max-new-tokens 20"),
     "diagnostics": Command("SuperGLUE diagnostics AX-b (Matthews corr.) and AX-g (accuracy, gender parity) "
                            "with an RTE run", evaluation.diagnostics_args, evaluation.cmd_diagnostics,
-                           "mhe diagnostics --checkpoint runs/finetune-rte-mlm-wikitext-2-tiny-encoder-mha "
+                           "mhe diagnostics --run runs/finetune-rte-mlm-wikitext-2-tiny-encoder-mha-3f09a2 "
                            "--out submission"),
     # speed
     "bench": Command("time every attention kind side by side on this device",
