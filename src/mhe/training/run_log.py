@@ -25,18 +25,25 @@ class RunLog:
         self.bar = _progress(start, stop) if (progress and main) else None
         self.tokens, self.t0 = 0, time.perf_counter()
 
-    def step(self, step: int, *, loss: float, tokens: int, grad_norm: float, lr: float,
-             metrics: dict | None) -> None:
-        """Account one optimiser step; ``metrics`` are the evaluation's when one ran."""
+    def due(self, step: int) -> bool:
+        """Whether ``step`` ends a log interval (the trainer reads the loss there)."""
+        return step % self.log_every == 0 or step == self.stop
+
+    def step(self, step: int, *, tokens: int, lr: float, values: dict | None, metrics: dict | None,
+             memory: float | None = None) -> None:
+        """Account one optimiser step; ``values`` (loss, grad_norm) are given where the trainer
+        read them (every :meth:`due` step), ``metrics`` where an evaluation ran, ``memory`` the
+        peak GiB of a CUDA device."""
         self.tokens += tokens
         record = None
-        if self.main and (step % self.log_every == 0 or step == self.stop):
+        if self.main and self.due(step):
             dt = time.perf_counter() - self.t0
-            record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                      "tokens_per_s": self.tokens / dt if dt > 0 else 0.0}
+            record = {"step": step, **(values or {}), "lr": lr, "tokens_per_s": self.tokens / dt if dt > 0 else 0.0}
+            if memory is not None:
+                record["max_mem_gib"] = memory
             self.tokens, self.t0 = 0, time.perf_counter()
         if metrics is not None:
-            record = {**(record or {"step": step, "loss": loss}), **metrics}
+            record = {**(record or {"step": step, **(values or {})}), **metrics}
         if record is not None and self.main:
             append_metrics(self.path, record)
             if self.tb is not None:
@@ -45,8 +52,9 @@ class RunLog:
                         self.tb.add_scalar(k, v, step)
         if self.bar is not None:
             self.bar.update(1)
-            rate = self.bar.format_dict.get("rate") or 0.0  # steps per second
-            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rate * tokens:,.0f}", refresh=False)
+            if values is not None:
+                rate = self.bar.format_dict.get("rate") or 0.0  # steps per second
+                self.bar.set_postfix(loss=f"{values['loss']:.4f}", tok_s=f"{rate * tokens:,.0f}", refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:
