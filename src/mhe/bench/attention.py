@@ -1,91 +1,24 @@
-"""``mhe bench``: every attention kind side by side on the current device, one table.
+"""``mhe bench`` sections ``attn`` and ``decode``: one attention sublayer, forward and
+forward+backward (GPT-2 sizes: m=768, 12 heads of 64, B=16, T=1024, causal, bf16), and one
+generation step against a filled KV cache, of one sublayer and of gpt2-base, at (batch 64,
+context 4096) and (batch 1, context 1024): tokens/s and KV bytes.
 
-Sections (each can be chosen with ``--sections``):
-
-* ``attn``: one attention sublayer, forward and forward+backward (GPT-2 sizes:
-  m=768, 12 heads of 64, B=16, T=1024, causal, bf16);
-* ``train``: end-to-end training step of the gpt2-base and bert-base presets at
-  sequence length 512 (bf16 autocast, optional torch.compile): tokens/s, MFU,
-  peak memory;
-* ``decode``: one generation step of gpt2-base against a filled KV cache at
-  (batch 64, context 4096) and (batch 1, context 1024): tokens/s and KV bytes;
-* ``generate``: the user's call, ``model.generate`` end to end (prompt + new tokens), with
-  Hugging Face GPT-2's ``generate`` as the peer (``mhe.bench_generate``).
-
-``--kernel`` picks the attention kernel (``mhe.attention.kernels.KERNELS``) through the
-model configuration; nothing global is switched. ``auto`` (the default) is ``sdpa``, except
-that the decode and generate sections decode as a user's ``generate`` call does: on a GPU,
-sublayers with a one-K/V-head cache use ``flash-decode`` (``decode_step.decode_kernel``);
-every decode row names the kernel that ran.
-
-Timing: warm-up first, CUDA events around each call, median of the repeats.
-On a CPU it runs a tiny smoke configuration so CI can check that it runs.
+``kernel`` picks the attention kernel (``mhe.attention.kernels.KERNELS``) through the model
+configuration; nothing global is switched. ``auto`` is ``sdpa``, except that the decode
+sections decode as a user's ``generate`` call does: on a GPU, sublayers with a one-K/V-head
+cache use ``flash-decode`` (``decode_step.decode_kernel``); every decode row names the kernel
+that ran.
 """
 
 from __future__ import annotations
-
-import statistics
-import time
 
 import torch
 
 from mhe.attention import build_attention
 from mhe.attention.folding import fold_mhe, fold_model
+from mhe.bench.common import SMOKE_SIZES, model_shape, timed
 from mhe.models import build_model
-from mhe.models import preset as model_preset
 from mhe.models.decode_step import decode_kernel, inference_view, split_kernel, view_kernels
-
-
-BENCH_KINDS = ("mha", "mqa", "gqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul")
-# Dense bf16 tensor-core peak, from the vendors' datasheets (SXM parts).
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-
-
-def model_shape(cfg) -> str:
-    """What was measured, e.g. ``12L x 768 (12 heads), vocab 50304``: smoke sizes shrink every
-    preset, so a row's preset name alone would not say."""
-    return f"{cfg.n_layers}L x {cfg.d_model} ({cfg.n_heads} heads), vocab {cfg.vocab_size}"
-
-
-def device_peak(name: str) -> float | None:
-    for key, peak in PEAK_BF16.items():
-        if key in name:
-            return peak
-    return None
-
-
-def timed(fn, *, warmup: int, reps: int, cuda: bool) -> float:
-    """Median milliseconds of ``fn()``."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(1000 * (time.perf_counter() - t0))
-    return statistics.median(times)
-
-
-def graph_timed(fn, *, warmup: int, reps: int) -> float:
-    """Median milliseconds of replaying ``fn`` captured as one CUDA graph (no launch overhead)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return timed(graph.replay, warmup=warmup, reps=reps, cuda=True)
 
 
 def _variants(kinds):
@@ -156,53 +89,10 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
                 with torch.no_grad():
                     mod(x, cache=cache)
 
-            ms = graph_timed(step, warmup=warmup, reps=reps) if graphs else timed(step, warmup=warmup, reps=reps, cuda=cuda)
+            ms = timed(step, warmup=warmup, reps=reps, cuda=cuda, graph=graphs)
             kv = cache.nbytes() * ctx // (ctx + 1)  # the filled part (the buffer holds one more slot)
             rows.append({"batch": batch, "context": ctx, "kind": kind, "kernel": mod.cfg.kernel, "step_ms": ms,
                          "kv_cache_bytes": kv, "kv_cache_mib": kv / 2**20, "cache_gb_per_s": kv / ms / 1e6})
-    return rows
-
-
-def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, small, pad_vocab=True) -> list[dict]:
-    cuda = dev.type == "cuda"
-    peak = device_peak(torch.cuda.get_device_name(dev)) if cuda else None
-    rows = []
-    for preset in presets:
-        for kind in kinds:
-            opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
-            overrides = dict(max_len=max(T, 512), attn_options=opts)
-            if pad_vocab:  # a multiple of 128 keeps the output GEMM on full tiles (50257 -> 50304)
-                overrides["vocab_size"] = -(-model_preset(preset).vocab_size // 128) * 128
-            if small:
-                overrides.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
-            model = build_model(preset, attention=kind, **overrides).to(dev)
-            cfg = model.cfg
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
-            step_fn = model if not compile_model else torch.compile(model)
-            ids = torch.randint(0, cfg.vocab_size, (B, T), device=dev)
-            labels = ids if cfg.arch == "decoder" else torch.where(torch.rand(B, T, device=dev) < 0.15, ids, -100)
-
-            def step():
-                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
-                    loss = step_fn(ids, labels=labels).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(dev)
-            ms = timed(step, warmup=warmup, reps=steps, cuda=cuda)
-            n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-            # model FLOPs per token: 6N for the weights plus 12 L T m for attention scores
-            # (Chowdhery et al. 2022, Appendix B), counted with causal masking ignored
-            flops_tok = 6 * n_params + 12 * cfg.n_layers * T * cfg.n_heads * cfg.resolved_head_dim
-            tok_s = B * T / (ms / 1000)
-            rows.append({"preset": preset, "kind": kind, "shape": model_shape(cfg), "step_ms": ms, "tokens_per_s": tok_s,
-                         "mfu": (flops_tok * tok_s / peak) if peak else None,
-                         "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else None})
-            del model, opt, step_fn
-            if cuda:
-                torch.cuda.empty_cache()
     return rows
 
 
@@ -215,7 +105,7 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
             opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
             overrides = dict(max_len=ctx + 1, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=configured)
             if small:
-                overrides.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
+                overrides.update(SMOKE_SIZES)
             model = build_model("gpt2-base", attention=kind, **overrides).to(dev, dtype).eval()
             if kind.startswith("mhe-"):
                 fold_model(model)  # decode exactly as a multi-query model
@@ -232,7 +122,7 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
                 with torch.no_grad():
                     model(tok, caches=caches)
 
-            ms = graph_timed(step, warmup=warmup, reps=reps) if graphs else timed(step, warmup=warmup, reps=reps, cuda=cuda)
+            ms = timed(step, warmup=warmup, reps=reps, cuda=cuda, graph=graphs)
             layer = caches[0].nbytes() * ctx // (ctx + 1)  # the filled part of each layer's cache
             total = sum(c.nbytes() for c in caches) * ctx // (ctx + 1)
             rows.append({"batch": batch, "context": ctx, "kind": kind, "kernel": view_kernels(model),

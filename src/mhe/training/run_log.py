@@ -23,7 +23,7 @@ class RunLog:
         self.path, self.main, self.log_every, self.stop = out / METRICS, main, log_every, stop
         self.tb = _tensorboard(out) if (tensorboard and main) else None
         self.bar = _progress(start, stop) if (progress and main) else None
-        self.tokens, self.t0 = 0, time.perf_counter()
+        self.tokens, self.steps, self.t0 = 0, 0, time.perf_counter()
 
     def due(self, step: int) -> bool:
         """Whether ``step`` ends a log interval (the trainer reads the loss there)."""
@@ -34,14 +34,15 @@ class RunLog:
         """Account one optimiser step; ``values`` (loss, grad_norm) are given where the trainer
         read them (every :meth:`due` step), ``metrics`` where an evaluation ran, ``memory`` the
         peak GiB of a CUDA device."""
-        self.tokens += tokens
+        self.tokens, self.steps = self.tokens + tokens, self.steps + 1
         record = None
         if self.main and self.due(step):
             dt = time.perf_counter() - self.t0
-            record = {"step": step, **(values or {}), "lr": lr, "tokens_per_s": self.tokens / dt if dt > 0 else 0.0}
+            record = {"step": step, **(values or {}), "lr": lr, "tokens_per_s": self.tokens / dt if dt > 0 else 0.0,
+                      "step_s": dt / self.steps}
             if memory is not None:
                 record["max_mem_gib"] = memory
-            self.tokens, self.t0 = 0, time.perf_counter()
+            self.tokens, self.steps, self.t0 = 0, 0, time.perf_counter()
         if metrics is not None:
             record = {**(record or {"step": step, **(values or {})}), **metrics}
         if record is not None and self.main:
