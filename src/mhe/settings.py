@@ -205,13 +205,17 @@ def unknown_key(key: str, cls: type) -> MheError:
 
 
 def build(cls: type, values: dict, prefix: str):
-    """An instance of ``cls`` from a dict (unknown keys named, values coerced)."""
-    names = {f.name for f in dataclasses.fields(cls)}
+    """An instance of ``cls`` from a dict (unknown keys named, values coerced and checked
+    against their bounds before ``cls``'s own ``__post_init__`` sees them)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     for name in values:
-        if name not in names:
+        if name not in fields:
             raise unknown_key(f"{prefix}.{name}", cls)
     types_ = field_types(cls)
-    return cls(**{k: coerce(f"{prefix}.{k}", v, types_[k]) for k, v in values.items()})
+    coerced = {k: coerce(f"{prefix}.{k}", v, types_[k]) for k, v in values.items()}
+    for k, v in coerced.items():
+        check_bounds(f"{prefix}.{k}", v, fields[k].metadata.get("bounds", {}))
+    return cls(**coerced)
 
 
 def nondefault(obj: Any) -> dict:
