@@ -15,7 +15,9 @@
 the same global batch 32, then MHE-Mul on one GPU and on two at global batch 32.
 
 Each pre-training run adds ``train.keep_checkpoints=false`` (no 1.5 GB checkpoint written at the
-end; the steps are untouched). Rates are the medians of the logged step times after step 40
+end; the steps are untouched), and the later runs of a preset start from the first run's
+``tokenizer.json`` (the one they would train: same corpus and settings), as a resumed run does,
+which saves its training time. Rates are the medians of the logged step times after step 40
 (the first intervals hold the compilation), as input tokens per second over all GPUs (``batch x
 512`` a step; for masked LM as well, whose own log counts the masked tokens); MFU is the formula
 of ``mhe bench`` (6N + 12 L T n d FLOPs per token over the card's dense bf16 peak, per GPU).
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -118,6 +121,13 @@ class Runner:
         return rc == 0
 
 
+def seed_tokenizer(first: Path, run: Path) -> None:
+    """Start ``run`` from ``first``'s tokenizer (the task reuses ``tokenizer.json``, as on resume)."""
+    if (first / "tokenizer.json").is_file() and not run.exists():
+        run.mkdir(parents=True)
+        shutil.copy(first / "tokenizer.json", run / "tokenizer.json")
+
+
 def run_figures(run: Path, after: int, gpus: int) -> dict | None:
     """Median input tokens/s after step ``after`` (all GPUs), per GPU, peak GiB and MFU of a run folder."""
     metrics = run / "metrics.jsonl"
@@ -156,6 +166,7 @@ def one_gpu(plan: Plan, runner: Runner, out: Path) -> list[str]:
     for arch, preset in (("gpt2", plan.decoder), ("bert", plan.encoder)):
         for kind in ("mha", "mhe-mul"):
             stage = f"{arch}-{kind}"
+            seed_tokenizer(out / "runs" / f"{arch}-mha", out / "runs" / stage)
             runner.run(stage, plan.pretrain(preset, kind, out / "runs" / stage))
             runs[stage] = run_figures(out / "runs" / stage, plan.after, 1)
     bench = json.loads((out / "bench-train.json").read_text())["training"] if (out / "bench-train.json").exists() else []
@@ -199,6 +210,7 @@ def two_gpus(plan: Plan, runner: Runner, out: Path) -> list[str]:
              "|---|---:|---:|---:|---:|---:|"]
     base = {}
     for stage, kind, gpus, batch in stages:
+        seed_tokenizer(out / "runs" / stages[0][0], out / "runs" / stage)
         runner.run(stage, plan.pretrain(plan.decoder, kind, out / "runs" / stage, batch), gpus=gpus)
         f = run_figures(out / "runs" / stage, plan.after, gpus)
         if gpus == 1 and f:
