@@ -272,3 +272,27 @@ def test_nested_state_flattens_into_tensors_and_json_and_back():
     assert back["optimizer"]["param_groups"][0]["betas"] == [0.9, 0.98] and back["best"] is None
     with pytest.raises(TypeError, match="cannot save a set"):
         flatten({"x": {1, 2}})
+
+
+def test_a_padded_vocabularys_checkpoint_passes_its_checks():
+    """On a GPU the trainer pads the vocabulary; its moments are saved with the real rows, so the
+    checks compare against the shapes the state dict saves, not the padded parameters'."""
+    from mhe.models import build_model
+    from mhe.models.vocab_padding import pad_optimizer_state, pad_vocabulary
+    from mhe.training.batches import BatchOrder
+    from mhe.training.optim import build_optimizer
+    from mhe.training.state import TrainerState
+    from mhe.training.state_check import saved_shapes
+
+    model = build_model("tiny-encoder", vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=1)
+    pad_vocabulary(model)
+    opt, sched = build_optimizer(model, tiny_run().train)
+    pad_optimizer_state(opt, model)
+    ids = torch.randint(0, 99, (2, 7))
+    model(ids, labels=ids).loss.backward()
+    opt.step()
+    sched.step()
+    state = TrainerState(opt, sched, BatchOrder(64, 8, seed=0), config_hash="h", step=1)
+    saved = state.state_dict()
+    assert state.problem(saved, 1, saved_shapes(model)) is None
+    assert "has shape (99, 32), its parameter (128, 32)" in state.problem(saved, 1)  # the padded shapes: refused

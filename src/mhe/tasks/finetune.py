@@ -181,7 +181,8 @@ class FinetuneTask(FinetuneSettings):
         return batch
 
     def collate(self, indices):
-        return self._batch([self.train_items[i] for i in indices])
+        batch = self._batch([self.train_items[i] for i in indices])
+        return {**batch, "n_tokens": int(batch["attention_mask"].sum())}  # counted on the host: no device sync
 
     def _forward(self, model, batch):
         if self.spec.kind == "span":
@@ -196,7 +197,7 @@ class FinetuneTask(FinetuneSettings):
 
     def loss(self, model, batch):
         out = self._forward(model, batch)
-        return out.loss, int(batch["attention_mask"].sum())
+        return out.loss, batch["n_tokens"]
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()

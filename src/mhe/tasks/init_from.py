@@ -67,7 +67,8 @@ def pretraining_tokenizer(cfg, out: Path, train_lines: list[str], *, task: str, 
 
 def init_weights(model: nn.Module, run_dir: str | Path) -> Path:
     """Load the source run's newest weights into ``model`` (the one strict reader,
-    :func:`mhe.training.weights.load_weights`); returns the checkpoint used."""
+    :func:`mhe.training.weights.load_weights`); returns the checkpoint used. Shapes and names
+    must match exactly (tied output weights aside); the source's weights are kept bit for bit."""
     point = source_checkpoint(run_dir)
     try:
         load_weights(point, model)

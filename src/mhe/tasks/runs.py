@@ -58,6 +58,8 @@ def load_run(path: str | Path, *, data_dir: str = "", inference: bool = False, t
         tasks: the run's task must be one of these (checked before anything is set up);
             ``needs`` says in words what the command needs, for the error.
         option: the command line option that named ``path``, for errors.
+
+    The saved weights are kept bit for bit (a strict load of the sealed safetensors).
     """
     run_dir, point = locate_run(path, option)
     cfg = read_run_config(run_dir)

@@ -71,14 +71,15 @@ class TrainerState:
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "rng": rng_state()}
 
-    def problem(self, state: dict, step: int | None) -> str | None:
+    def problem(self, state: dict, step: int | None, shapes: dict | None = None) -> str | None:
         """How a saved ``state`` (from the checkpoint folder of ``step``) disagrees with this
         run (its configuration hash, optimiser and data) or with itself, or None: checked
-        before :meth:`load_state_dict` changes anything (:mod:`mhe.training.state_check`)."""
+        before :meth:`load_state_dict` changes anything (:mod:`mhe.training.state_check`;
+        ``shapes``: the parameters' saved shapes, :func:`~mhe.training.state_check.saved_shapes`)."""
         per_epoch = self.data.n // self.data.batch
         return (counters_problem(state, step=-1 if step is None else step, config_hash=self.config_hash,
                                  batches_per_epoch=per_epoch)
-                or optimizer_problem(state["optimizer"], self.optimizer)
+                or optimizer_problem(state["optimizer"], self.optimizer, shapes)
                 or scheduler_problem(state["scheduler"], step=state["step"], n_groups=len(self.optimizer.param_groups))
                 or rng_problem(state["rng"]))
 

@@ -42,8 +42,17 @@ def counters_problem(s: dict, *, step: int, config_hash: str, batches_per_epoch:
     return None
 
 
-def optimizer_problem(saved: object, optimizer: torch.optim.Optimizer) -> str | None:
-    """The optimiser state against the optimiser's parameter groups and parameter shapes."""
+def saved_shapes(model: torch.nn.Module) -> dict[int, torch.Size]:
+    """id(parameter) -> its shape as the model's state dict saves it (a padded vocabulary's real
+    rows, :mod:`mhe.models.vocab_padding`): the shape its optimiser moments are saved with."""
+    state = model.state_dict()
+    return {id(p): state[name].shape for name, p in model.named_parameters() if name in state}
+
+
+def optimizer_problem(saved: object, optimizer: torch.optim.Optimizer,
+                      shapes: dict[int, torch.Size] | None = None) -> str | None:
+    """The optimiser state against the optimiser's parameter groups and parameter shapes
+    (``shapes``: as :func:`saved_shapes` gives them; default the parameters' own)."""
     own = optimizer.state_dict()
     if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list) \
             or not isinstance(saved.get("state"), dict):
@@ -58,10 +67,11 @@ def optimizer_problem(saved: object, optimizer: torch.optim.Optimizer) -> str | 
         if index not in position:
             return f"{JSON}: optimizer state for parameter {index!r}, which no parameter group holds"
         param = params[position[index]]
+        want = (shapes or {}).get(id(param), param.shape)
         for name, value in (slots.items() if isinstance(slots, dict) else ()):
-            if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
+            if torch.is_tensor(value) and value.dim() > 0 and value.shape != want:
                 return (f"{TENSORS}: optimizer/state/{index}/{name} has shape {tuple(value.shape)}, "
-                        f"its parameter {tuple(param.shape)}")
+                        f"its parameter {tuple(want)}")
     return None
 
 
