@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from mhe.errors import MheError
-from mhe.models.attention_options import GroupedQueryOptions
+from mhe.attention import GroupedQueryOptions
 from mhe.tasks import read_run_config, run_config_from_dict
 from mhe.tasks.recall import RecallOptions, RecallTask
 from mhe.training import checkpoint as ckpt

@@ -80,6 +80,9 @@ def isolated_step(preset: str, kind: str, *, dev: torch.device, B: int, T: int, 
 class _RandomBlocks:
     """A pre-training task on random token blocks: the task's own collate and loss, no corpus."""
 
+    def check(self, cfg):  # random tokens: no corpus or data folder to look for
+        pass
+
     def setup(self, cfg, out, dist):
         g = torch.Generator().manual_seed(0)
         model = build_model(cfg.model)
