@@ -391,7 +391,7 @@ def test_a_corrupt_tokenizer_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("content, match", [
-    (None, r"run.json: no such run configuration"),
+    (None, r"run.json does not exist \(a run configuration was expected\)"),
     ("{not json", r"run.json: malformed JSON \(Expecting property name"),
     ('{"task": "recall", "preset": "tiny-decoder", "speed": 3}', r"run.json: unknown run configuration key 'speed'"),
     ('{"preset": "tiny-decoder"}', r"run.json: the run configuration needs .task."),

@@ -82,7 +82,7 @@ def cmd_translate(args) -> int:
     if args.dtype is not None and args.dtype not in DECODE_DTYPES:
         raise MheError(f"--dtype must be one of {', '.join(DECODE_DTYPES)}, got {args.dtype!r}")
     if args.input != "-" and not Path(args.input).is_file():
-        raise MheError(f"input file not found: {args.input}")
+        raise MheError(f"--input {args.input} does not exist")
     lines = read_source_lines(args.input)  # before the model loads: bad input fails at once
     model, cfg, task = load_run(args.run, inference=True, tasks=("mt",),  # the run folder alone: no corpus
                                 needs="mhe translate needs a translation (mt) run")

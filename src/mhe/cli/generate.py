@@ -44,7 +44,7 @@ def read_prompts(prompts: list[str], source: str) -> list[str]:
         out += [line.rstrip("\n") for line in sys.stdin]
     elif source:
         if not Path(source).is_file():
-            raise MheError(f"input file not found: {source}")
+            raise MheError(f"--input {source} does not exist")
         out += Path(source).read_text(encoding="utf-8").splitlines()
     if not out:
         raise MheError("give at least one --prompt, or --input FILE ('-' for stdin)")

@@ -169,7 +169,7 @@ def cmd_finetune(args) -> int:
 
 def run_args(p):
     p.add_argument("--config", required=True, help="a run.json written by mhe compare")
-    p.add_argument("--out", required=True, help="the run directory to train into")
+    p.add_argument("--out", required=True, help="the run folder to train into")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
 
 

@@ -58,7 +58,7 @@ class FinetuneTask(FinetuneSettings):
     def setup(self, cfg, out: Path, dist):
         o = dataclasses.asdict(cfg.data.task_options)  # FinetuneOptions, checked when the run was built
         if not o["checkpoint"]:
-            raise MheError("fine-tuning needs --checkpoint (a pre-training run folder)")
+            raise MheError("fine-tuning needs --run (a pre-training run folder)")
         self.cfg, self.o, self.out = cfg, o, out
         self.spec = bench_task(o["task"])
         self.name = self.spec.name

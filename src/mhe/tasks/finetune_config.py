@@ -65,7 +65,7 @@ def check_finetuning_task(name: str) -> None:
                        "mhe diagnostics")
 
 
-def pretraining_checkpoint(path: str, option: str = "--checkpoint") -> tuple[Path, Path]:
+def pretraining_checkpoint(path: str, option: str = "--run") -> tuple[Path, Path]:
     """(run folder, checkpoint) of a pre-training run: the checkpoint ``path`` names, or the
     run's newest complete one (one-line errors)."""
     run, point = locate_run(path, option)
@@ -84,7 +84,7 @@ def default_finetune_dir(task: str, checkpoint: str) -> Path:
     """``runs/finetune-TASK-RUN-HASH``: ``RUN`` is the pre-training run folder's name and
     ``HASH`` six hex digits of its resolved path, its configuration hash and the checkpoint
     named (if any), so that different pre-training runs never share a fine-tuning folder."""
-    run, point = locate_run(checkpoint, "--checkpoint")
+    run, point = locate_run(checkpoint, "--run")
     record = read_run_record(run)
     key = "\n".join([str(run.resolve()), str(record.get("config_hash", "")), point.name if point else ""])
     return default_run_dir("finetune", task, run.resolve().name, hashlib.sha256(key.encode()).hexdigest()[:6])
@@ -110,7 +110,7 @@ class FinetuneSettings(Task):
         o = cfg.data.task_options
         check_finetuning_task(o.task)
         if not o.checkpoint:
-            raise MheError("fine-tuning needs --checkpoint (a pre-training run folder)")
+            raise MheError("fine-tuning needs --run (a pre-training run folder)")
         pretraining_checkpoint(o.checkpoint)
         if cfg.data.source == "local":
             for split in {o.train_split, o.dev_split}:
@@ -123,7 +123,7 @@ def finetune_config(task: str, checkpoint: str, *, data_dir: str = "", overrides
     pre-training run's preset and attention kind, Appendix B's fine-tuning schedule, then
     ``overrides`` (``model.*`` items change the model from the preset) and the seed."""
     check_finetuning_task(task)
-    record = read_run_record(require_run_dir(checkpoint, "--checkpoint"))
+    record = read_run_record(require_run_dir(checkpoint, "--run"))
     # the model itself comes from the checkpoint; model.* settings here change it from the preset
     cfg = FinetuneSettings.default_config(record["run"]["preset"], attention=record["model"]["attention"],
                                           dataset=task)

@@ -26,7 +26,7 @@ def read_json(path: str | Path, *, what: str = "JSON file") -> object:
     """Parse ``path``; missing, unreadable or malformed files raise a one-line error."""
     path = Path(path)
     if not path.is_file():
-        raise MheError(f"{path}: no such {what}")
+        raise MheError(f"{path} does not exist (a {what} was expected)")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
