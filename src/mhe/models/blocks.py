@@ -117,8 +117,8 @@ class Embeddings(nn.Module):
         else:
             x = x + self.positions(torch.arange(start, start + t, device=ids.device) if positions is None
                                    else positions)
-        if self.types is not None:
-            x = x + self.types(token_types if token_types is not None else torch.zeros_like(ids))
+        if self.types is not None:  # no token types: every position has type 0 (row 0, without a lookup)
+            x = x + (self.types(token_types) if token_types is not None else self.types.weight[0])
         if self.norm is not None:
             x = self.norm(x)
         return self.drop(x)
