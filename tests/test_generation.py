@@ -7,8 +7,9 @@ import torch
 from mhe.attention import KINDS, attention_class
 from mhe.errors import MheError
 from mhe.models import build_model
-from mhe.models.generation import beam_search
-from mhe.models.sampling import SamplingConfig, filter_logits
+from mhe.models.beam_search import beam_search
+from mhe.models.generate import SamplingConfig, filter_logits
+from reference import generate_uncached
 
 CACHE_KINDS = [k for k in KINDS if attention_class(k).supports_cache]
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
@@ -87,7 +88,7 @@ def test_left_padded_batch_equals_one_by_one(kind):
     model = small("tiny-decoder", kind)
     ids, mask = left_padded()
     _, batch = model.generate(ids, 8, attention_mask=mask, return_logits=True)
-    _, full = model.generate(ids, 8, attention_mask=mask, use_cache=False, return_logits=True)
+    _, full = generate_uncached(model, ids, 8, attention_mask=mask, return_logits=True)
     torch.testing.assert_close(batch, full, rtol=1e-10, atol=1e-10)
     for row, start in ((0, 0), (1, 3)):
         _, alone = model.generate(ids[row:row + 1, start:], 8, return_logits=True)
@@ -151,10 +152,14 @@ def test_stop_tokens_streaming_and_limits():
 def test_generation_reuses_the_captured_step_until_weights_change():
     model = small("tiny-decoder", "mhe-mul")
     ids = torch.randint(3, 99, (2, 4))
-    a = model.generate(ids, 5)
-    session = model.__dict__["_generation_session"]
-    assert torch.equal(model.generate(ids, 5), a) and model.__dict__["_generation_session"] is session
+    session = model.generator(2, 9)
+    a, la = model.generate(ids, 5, session=session, return_logits=True)
+    view, step = session.view, session._runners[False]
+    assert torch.equal(model.generate(ids, 5, session=session), a)
+    assert session.view is view and session._runners[False] is step  # the same view and step, reused
     with torch.no_grad():
         model.decoder.final_norm.weight.mul_(3.0)
-    model.generate(ids, 5)
-    assert model.__dict__["_generation_session"] is not session  # folded weights rebuilt
+    _, lb = model.generate(ids, 5, session=session, return_logits=True)
+    assert session.view is not view  # folded weights rebuilt
+    _, fresh = model.generate(ids, 5, return_logits=True)
+    assert torch.equal(lb, fresh) and not torch.allclose(la, lb)  # the new weights', as a fresh session's

@@ -7,6 +7,7 @@ transformers = pytest.importorskip("transformers")
 import mhe.hf  # noqa: E402  (registers the Auto classes)
 from mhe.hf import from_hf, to_hf, to_hf_tokenizer  # noqa: E402
 from mhe.models import build_model  # noqa: E402
+from reference import seq2seq_greedy  # noqa: E402
 
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, n_layers=2, max_len=32)
 
@@ -87,7 +88,7 @@ def test_seq2seq_generation_cached_equals_uncached(kind):
         b = hf.generate(src, max_new_tokens=8, do_sample=False, num_beams=beams, use_cache=False, pad_token_id=0)
         assert torch.equal(a, b), beams
     greedy = hf.generate(src, max_new_tokens=8, do_sample=False, pad_token_id=0)
-    ours = m.greedy(src, bos_id=1, eos_id=2, max_len=9)
+    ours = seq2seq_greedy(m, src, bos_id=1, eos_id=2, max_len=9)
     n = min(greedy.shape[1], ours.shape[1])
     assert torch.equal(greedy[:, :n], ours[:, :n])
 

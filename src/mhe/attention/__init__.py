@@ -3,9 +3,10 @@
 Importing the package imports every variant module, whose ``@register`` decorators fill the
 registry (:mod:`mhe.attention.registry` holds only the table)."""
 
-from mhe.attention.base import Attention, AttentionConfig
+from mhe.attention.base import Attention, AttentionConfig, set_kernel
 from mhe.attention.kernels import KERNELS, register_kernel
-from mhe.attention.kv_cache import KVCache
+from mhe.attention.kv_cache import CrossCache, KVCache
+from mhe.attention.masks import AttentionMask
 from mhe.attention.registry import (
     KINDS,
     PAPER_KINDS,
@@ -18,5 +19,6 @@ from mhe.attention.registry import (
 # the variant modules: importing them registers their kinds
 from mhe.attention import el_attention, mhe, mixing, multi_head, single_head  # noqa: F401, E402  isort: skip
 
-__all__ = ["Attention", "AttentionConfig", "KERNELS", "KVCache", "KINDS", "PAPER_KINDS",
-           "attention_class", "build_attention", "make_config", "parse_kinds", "register_kernel"]
+__all__ = ["Attention", "AttentionConfig", "AttentionMask", "CrossCache", "KERNELS", "KVCache", "KINDS",
+           "PAPER_KINDS", "attention_class", "build_attention", "make_config", "parse_kinds", "register_kernel",
+           "set_kernel"]
