@@ -58,8 +58,9 @@ def test_graph_decode_equals_eager_on_cuda(kind):
     mask[0, :4] = 0
     for m in (None, mask):
         a, la = model.generate(ids, 20, attention_mask=m, step_mode="eager", return_logits=True)
-        b, lb = model.generate(ids, 20, attention_mask=m, step_mode="graph", return_logits=True)
-        c, lc = model.generate(ids, 20, attention_mask=m, step_mode="graph", return_logits=True)  # replayed again
+        session = model.generator(3, 29, step_mode="graph")
+        b, lb = model.generate(ids, 20, attention_mask=m, session=session, return_logits=True)
+        c, lc = model.generate(ids, 20, attention_mask=m, session=session, return_logits=True)  # replayed again
         assert torch.equal(a, b) and torch.equal(la, lb) and torch.equal(b, c) and torch.equal(lb, lc)
     s2s = build_model("tiny-encoder-decoder", attention=kind, attn_options=opts, dropout=0.0,
                       attn_dropout=0.0).cuda().eval()

@@ -8,12 +8,11 @@ compile it once. What outlives one batch belongs to a :class:`BeamSearcher` the 
 the inference view of the model (fast MHE folded to MQA, the decode kernel of
 :func:`~mhe.models.decode_step.decode_kernel` on the decoder) and one :class:`BeamSession`
 (buffers and captured steps) per shape (rows, beam, source length rounded up to a multiple of
-:data:`SOURCE_BUCKET`): capturing costs far more than a step, so later batches of a shape
-reuse it. Each step attends over (and reorders) only the first :data:`WINDOW`-multiple of
-target positions that holds its token (one captured step per window, made when first
-needed), not the whole ``max_len`` buffer: the mask of its forward says so (``keys``). The
-search stops once every hypothesis has finished (:func:`run_steps`), and when at most a
-quarter of a batch's sources still search they go on in a smaller session.
+:data:`SOURCE_BUCKET`), reused by later batches: capturing costs far more than a step. A step
+attends over (and reorders) only the first :data:`WINDOW`-multiple of target positions that
+holds its token (one captured step per window), as its mask says (``keys``). The search stops
+once every hypothesis has finished (:func:`run_steps`); when at most a quarter of a batch's
+sources still search, they go on in a smaller session.
 """
 
 from __future__ import annotations
@@ -83,14 +82,14 @@ class BeamSearcher:
     weights change."""
 
     def __init__(self, model, *, step_mode: str = "auto", compile_options: dict | None = None) -> None:
-        p = next(model.parameters())
-        self.model, self.dtype, self.device = model, p.dtype, p.device
-        self.mode, self.compile_options = resolve_mode(step_mode, p.device), compile_options
+        self.model, self.step_mode, self.compile_options = model, step_mode, compile_options
         self.view, self.sessions, self._version = None, {}, None
 
     def session(self, *, b: int, beam: int, src_len: int, max_len: int, eos_id: int) -> "BeamSession":
         version = weights_version(self.model)
-        if version != self._version:
+        if version != self._version:  # new weights (or a new dtype or device): a new view and new sessions
+            p = next(self.model.parameters())
+            self.dtype, self.device, self.mode = p.dtype, p.device, resolve_mode(self.step_mode, p.device)
             kernel = decode_kernel(self.model, self.device, self.dtype)
             self.view = inference_view(self.model, kernel, scope=lambda view: view.decoder_layers)
             self.sessions, self._version = {}, version

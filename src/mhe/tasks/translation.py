@@ -157,7 +157,7 @@ class TranslationTask(Task):
         batches = decode_batches([len(x) for x in ids], order, sentences=int(self.o["eval_batch"]), beam=beam,
                                  max_len=self.max_len, max_tokens=int(self.o.get("decode_tokens", 262144)))
         out: list[str] = [""] * len(ids)
-        searcher = BeamSearcher(run)  # batches of one shape share its captured steps
+        searcher = self._searcher(run)
         with bar(len(order), desc=f"decoding (beam {beam})", unit="sentence", enabled=progress) as shown:
             for chunk in batches:
                 src = pad_rows([ids[i] or [self.tok.token_to_id("[UNK]")] for i in chunk], self.pad).to(dev)
@@ -169,6 +169,14 @@ class TranslationTask(Task):
                     out[i] = self.tok.decode(toks, skip_special_tokens=True).strip()
                 shown.update(len(chunk))
         return out
+
+    def _searcher(self, model) -> BeamSearcher:
+        """The beam searcher of ``model``, kept across calls: batches of one shape share its captured
+        steps (it rebuilds them when the weights change)."""
+        kept = self.__dict__.get("_beam_searcher")
+        if kept is None or kept.model is not model:
+            kept = self.__dict__["_beam_searcher"] = BeamSearcher(model)
+        return kept
 
     def _decoding_model(self, model, dtype: str):
         """``model`` itself for float32; a bfloat16 copy (kept while the weights do not change) otherwise."""
