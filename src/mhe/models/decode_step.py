@@ -82,7 +82,8 @@ def inference_view(model: nn.Module, kernel: str | None = None,
                    scope: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
     """``model`` with fast MHE sublayers folded to MQA and, with ``kernel``, the attention
     sublayers of ``scope(view)`` (default: all) set to it; shares all parameters and buffers with
-    ``model``, which is left unchanged (``model`` itself when nothing changes)."""
+    ``model``, which is left unchanged (``model`` itself when nothing changes). Computes the same
+    function as ``model`` (the folded sublayers by the identities above)."""
     part = scope or (lambda m: m)
     fold = any(isinstance(m, _MHEBase) and not m.reference for m in model.modules())
     if not fold and (kernel is None or all(a.cfg.kernel == kernel for a in _attention(part(model)))):
