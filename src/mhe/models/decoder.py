@@ -149,7 +149,7 @@ class DecoderForCausalLM(_DecoderModel):
     def generator(self, batch: int, max_len: int, **options) -> Generator:
         """The caches and decode step for ``batch`` prompts of up to ``max_len`` positions (prompt +
         new tokens), for the caller to hold and pass as ``generate(..., session=...)``; options:
-        ``step_mode``, ``kernel``, ``compile_options``, ``dtype``, ``device`` (:class:`Generator`)."""
+        ``step_mode``, ``kernel``, ``compile_options`` (:class:`Generator`)."""
         return Generator(self, batch, max_len, **options)
 
 

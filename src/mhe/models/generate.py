@@ -63,11 +63,11 @@ class Generator:
     """
 
     def __init__(self, model, batch: int, max_len: int, *, step_mode: str = "auto", kernel: str | None = None,
-                 compile_options: dict | None = None, dtype: torch.dtype | None = None, device=None) -> None:
+                 compile_options: dict | None = None) -> None:
         require_positive(batch=batch, max_len=max_len)
         p = next(model.parameters())
         self.model, self.batch, self.max_len = model, batch, max_len
-        self.dtype, self.device = dtype or p.dtype, torch.device(device) if device is not None else p.device
+        self.dtype, self.device = p.dtype, p.device  # of the weights, and so of the caches
         self.mode = resolve_mode(step_mode, self.device)
         self.kernel = kernels.check_kernel(kernel) if kernel is not None else None
         self.compile_options = compile_options
@@ -204,8 +204,7 @@ def _prompt(model, input_ids, attention_mask, max_new_tokens: int, min_new_token
 def _session(model, input_ids, max_new_tokens: int, session: Generator | None, **options) -> Generator:
     """The caller's session, or a new one for this call (``options``: the step's settings)."""
     if session is None:
-        return Generator(model, input_ids.shape[0], input_ids.shape[1] + max_new_tokens, device=input_ids.device,
-                         **options)
+        return Generator(model, input_ids.shape[0], input_ids.shape[1] + max_new_tokens, **options)
     if options != {"step_mode": "auto", "kernel": None, "compile_options": None}:
         raise MheError("step_mode, kernel and compile_options belong to the session: give them to "
                        "model.generator(...)")
