@@ -38,6 +38,8 @@ class AttentionConfig:
         dropout: dropout on the attention probabilities (training only).
         causal: mask future positions in self-attention.
         bias: give every projection a bias (the paper's counts exclude biases).
+        qkv_bias: give the query, key and value projections biases even where ``bias`` is
+            False (Qwen2: biased Q/K/V, unbiased output).
         kernel: how the attention step is computed, a name in
             :data:`mhe.attention.kernels.KERNELS` (``sdpa``, ``eager``, ...); it never
             changes the function, only how it runs.
@@ -49,6 +51,7 @@ class AttentionConfig:
     dropout: float = 0.0
     causal: bool = False
     bias: bool = False
+    qkv_bias: bool = False
     kernel: str = "sdpa"
 
     def __post_init__(self) -> None:
@@ -62,13 +65,18 @@ class AttentionConfig:
                 )
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         require_positive(head_dim=self.head_dim)
-        for name in ("causal", "bias"):
+        for name in ("causal", "bias", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise MheError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
             raise MheError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise MheError(f"dropout must be in [0, 1), got {self.dropout!r}")
+
+    @property
+    def in_bias(self) -> bool:
+        """Whether the query, key and value projections carry biases."""
+        return self.bias or self.qkv_bias
 
     @property
     def inner_dim(self) -> int:

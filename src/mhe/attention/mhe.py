@@ -89,9 +89,9 @@ class _MHEBase(Attention):
     def __init__(self, cfg: MHEConfig) -> None:
         super().__init__(cfg)
         m, n, d = cfg.d_model, cfg.n_heads, cfg.head_dim
-        self.q_proj = nn.Linear(m, d, bias=cfg.bias)
-        self.k_proj = nn.Linear(m, d, bias=cfg.bias)
-        self.v_proj = nn.Linear(m, d, bias=cfg.bias)
+        self.q_proj = nn.Linear(m, d, bias=cfg.in_bias)
+        self.k_proj = nn.Linear(m, d, bias=cfg.in_bias)
+        self.v_proj = nn.Linear(m, d, bias=cfg.in_bias)
         self.out_proj = nn.Linear(n * d, m, bias=cfg.bias)
         self.head_embed = nn.Parameter(torch.empty(3, n, d))  # [q|k|v, n, d]
         self.reset_head_embeddings()

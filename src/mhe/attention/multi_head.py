@@ -22,14 +22,14 @@ class MultiHeadAttention(Attention):
     def __init__(self, cfg: AttentionConfig) -> None:
         super().__init__(cfg)
         m, nd = cfg.d_model, cfg.inner_dim
-        self.q_proj = nn.Linear(m, nd, bias=cfg.bias)
+        self.q_proj = nn.Linear(m, nd, bias=cfg.in_bias)
         self._make_kv(cfg)
         self.out_proj = nn.Linear(nd, m, bias=cfg.bias)
 
     def _make_kv(self, cfg: AttentionConfig) -> None:
         kv = self.cache_heads * cfg.head_dim
-        self.k_proj = nn.Linear(cfg.d_model, kv, bias=cfg.bias)
-        self.v_proj = nn.Linear(cfg.d_model, kv, bias=cfg.bias)
+        self.k_proj = nn.Linear(cfg.d_model, kv, bias=cfg.in_bias)
+        self.v_proj = nn.Linear(cfg.d_model, kv, bias=cfg.in_bias)
 
     @property
     def cache_heads(self) -> int:
@@ -118,7 +118,7 @@ class SharedKeyValueAttention(MultiHeadAttention):
     """
 
     def _make_kv(self, cfg: AttentionConfig) -> None:
-        self.kv_proj = nn.Linear(cfg.d_model, cfg.inner_dim, bias=cfg.bias)
+        self.kv_proj = nn.Linear(cfg.d_model, cfg.inner_dim, bias=cfg.in_bias)
 
     def _keys_values(self, src):
         kv = self._split_heads(self.kv_proj(src), self.cfg.n_heads)  # [B, n, S, d]

@@ -27,9 +27,9 @@ class SingleHeadAttention(Attention):
     def __init__(self, cfg: AttentionConfig) -> None:
         super().__init__(cfg)
         m, d = cfg.d_model, cfg.head_dim
-        self.q_proj = nn.Linear(m, d, bias=cfg.bias)
-        self.k_proj = nn.Linear(m, d, bias=cfg.bias)
-        self.v_proj = nn.Linear(m, d, bias=cfg.bias)
+        self.q_proj = nn.Linear(m, d, bias=cfg.in_bias)
+        self.k_proj = nn.Linear(m, d, bias=cfg.in_bias)
+        self.v_proj = nn.Linear(m, d, bias=cfg.in_bias)
         self.out_proj = nn.Linear(cfg.inner_dim, m, bias=cfg.bias)
 
     @property
