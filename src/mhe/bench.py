@@ -54,6 +54,20 @@ def device_peak(name: str) -> float | None:
     return None
 
 
+SMALL_SIZES = dict(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
+
+
+def bench_config(preset: str, kind: str, *, small: bool, gqa_heads: int | None = None, **overrides):
+    """The model a bench row measures: ``preset`` with attention ``kind`` and ``overrides``. GQA keeps
+    the preset's own grouping where the preset is grouped (llama-135m: 3 K/V heads), else
+    ``gqa_heads`` or the default group count (:func:`mhe.attention.multi_head.default_kv_heads`);
+    ``small`` shrinks every model to :data:`SMALL_SIZES` (GQA then 2 K/V heads)."""
+    cfg = model_preset(preset)
+    if kind == "gqa" and (small or (gqa_heads and cfg.attention != "gqa")):
+        overrides["attn_options"] = {"n_kv_heads": 2 if small else gqa_heads}
+    return cfg.replace(attention=kind, **{**overrides, **(SMALL_SIZES if small else {})})
+
+
 def timed(fn, *, warmup: int, reps: int, cuda: bool) -> float:
     """Median milliseconds of ``fn()``."""
     for _ in range(warmup):
@@ -169,13 +183,10 @@ def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, s
     rows = []
     for preset in presets:
         for kind in kinds:
-            opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
-            overrides = dict(max_len=max(T, 512), attn_options=opts)
+            overrides = dict(max_len=max(T, 512))
             if pad_vocab:  # a multiple of 128 keeps the output GEMM on full tiles (50257 -> 50304)
                 overrides["vocab_size"] = -(-model_preset(preset).vocab_size // 128) * 128
-            if small:
-                overrides.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
-            model = build_model(preset, attention=kind, **overrides).to(dev)
+            model = build_model(bench_config(preset, kind, small=small, **overrides)).to(dev)
             cfg = model.cfg
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
             step_fn = model if not compile_model else torch.compile(model)
@@ -206,17 +217,16 @@ def bench_training(kinds, presets, *, dev, B, T, steps, warmup, compile_model, s
     return rows
 
 
-def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False, kernel="auto") -> list[dict]:
+def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False, kernel="auto",
+                 preset="gpt2-base") -> list[dict]:
     cuda = dev.type == "cuda"
     configured, requested = split_kernel(kernel)
     rows = []
     for batch, ctx in settings:
         for kind in kinds:
-            opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
-            overrides = dict(max_len=ctx + 1, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=configured)
-            if small:
-                overrides.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
-            model = build_model("gpt2-base", attention=kind, **overrides).to(dev, dtype).eval()
+            cfg = bench_config(preset, kind, small=small, max_len=ctx + 1, dropout=0.0, attn_dropout=0.0,
+                               attn_kernel=configured)
+            model = build_model(cfg).to(dev, dtype).eval()
             if kind.startswith("mhe-"):
                 fold_model(model)  # decode exactly as a multi-query model
             model = inference_view(model, lambda a: decode_kernel(a, dev, requested))

@@ -1,10 +1,12 @@
 """``mhe bench --sections generate``: what a user's ``model.generate`` call gets, end to end.
 
-gpt2-base with random weights in the bench dtype, greedy, a random prompt and a fixed number
-of new tokens (no stop token), timed from the call to its return (prefill included, CUDA
-synchronised), after one warm-up call that captures the decode step; median of 3 calls. Hugging Face's
-``GPT2LMHeadModel.generate`` (SDPA attention, its default dynamic cache) on the same sizes
-is the peer, in the same run (one call after a short warm-up: it is slow). ``--kernel auto``
+The ``--preset`` model (default gpt2-base) with random weights in the bench dtype, greedy, a
+random prompt and a fixed number of new tokens (no stop token), timed from the call to its
+return (prefill included, CUDA synchronised), after one warm-up call that captures the decode
+step; median of 3 calls. Hugging Face's ``generate`` (SDPA attention, its default dynamic cache)
+on the same sizes is the peer, in the same run (one call after a short warm-up: it is slow):
+``GPT2LMHeadModel`` for GPT-2 presets, ``LlamaForCausalLM`` with the preset's own K/V grouping
+for the Llama-style ones. ``--kernel auto``
 (the default) leaves the kernel to ``generate``'s automatic choice, as a user's call does;
 each row names the kernel its decode steps ran.
 """
@@ -15,7 +17,9 @@ import time
 
 import torch
 
+from mhe.bench import bench_config
 from mhe.models import build_model
+from mhe.models import preset as model_preset
 from mhe.models.decode_step import split_kernel, view_kernels
 
 
@@ -44,13 +48,11 @@ def _time(fn, *, cuda: bool, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _ours(kind, batch, prompt, new, *, dev, dtype, small, kernel, mode, reps):
-    opts = {"n_kv_heads": 4} if kind == "gqa" else {}
+def _ours(kind, batch, prompt, new, *, dev, dtype, small, kernel, mode, reps, preset="gpt2-base"):
     configured, requested = split_kernel(kernel)
-    over = dict(max_len=prompt + new, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=configured)
-    if small:
-        over.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
-    model = build_model("gpt2-base", attention=kind, **over).to(dev, dtype).eval()
+    cfg = bench_config(preset, kind, small=small, gqa_heads=4, max_len=prompt + new, dropout=0.0, attn_dropout=0.0,
+                       attn_kernel=configured)
+    model = build_model(cfg).to(dev, dtype).eval()
     ids = torch.randint(0, model.cfg.vocab_size, (batch, prompt), device=dev)
     run = dict(step_mode=mode, decode_kernel=requested)
     model.generate(ids, new, **run)  # warm-up: builds the caches, captures the step
@@ -67,14 +69,27 @@ def _ours(kind, batch, prompt, new, *, dev, dtype, small, kernel, mode, reps):
     return sec, kv, prefill, ran
 
 
-def _peer(batch, prompt, new, *, dev, dtype, small, reps):
+def _peer_model(preset: str, length: int, small: bool):
+    """Hugging Face's model of the preset's shape (random weights), or None without transformers."""
     try:
-        from transformers import GPT2Config, GPT2LMHeadModel
+        import transformers
     except ImportError:
         return None
+    if model_preset(preset).positions == "rotary":
+        from mhe.hf.llama import llama_hf_config
+
+        cfg = bench_config(preset, model_preset(preset).attention, small=small, max_len=length)
+        return transformers.LlamaForCausalLM(llama_hf_config(cfg, "LlamaForCausalLM"))
     size = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=512) if small else {}
-    cfg = GPT2Config(n_positions=prompt + new, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, **size)
-    model = GPT2LMHeadModel(cfg).to(dev, dtype).eval()
+    cfg = transformers.GPT2Config(n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, **size)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _peer(batch, prompt, new, *, dev, dtype, small, reps, preset="gpt2-base"):
+    model = _peer_model(preset, prompt + new, small)
+    if model is None:
+        return None
+    model = model.to(dev, dtype).eval()
     ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device=dev)
     mask = torch.ones_like(ids)
     kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
@@ -90,16 +105,19 @@ def run_generate_section(kinds, args, *, dev, dtype, small) -> list[dict]:
     cuda = dev.type == "cuda"
     mode = "graph" if cuda and not args.no_graphs else "eager"
     reps = 1 if small else 3
+    preset = getattr(args, "preset", None) or "gpt2-base"
     rows = []
     for batch, prompt, new in _settings(args, small):
         if not args.no_peer:
-            sec = _peer(batch, prompt, new, dev=dev, dtype=dtype, small=small, reps=reps)
+            sec = _peer(batch, prompt, new, dev=dev, dtype=dtype, small=small, reps=reps, preset=preset)
             if sec is not None:
-                rows.append(dict(batch=batch, prompt=prompt, new=new, path="HF GPT2LMHeadModel.generate",
-                                 kind="mha", kernel="sdpa (HF)", seconds=sec, kv_bytes=None, kv_mib=None, prefill_ms=None))
+                rotary = model_preset(preset).positions == "rotary"
+                rows.append(dict(batch=batch, prompt=prompt, new=new, kernel="sdpa (HF)", seconds=sec, kv_bytes=None,
+                                 path=f"HF {'LlamaForCausalLM' if rotary else 'GPT2LMHeadModel'}.generate",
+                                 kind=model_preset(preset).attention, kv_mib=None, prefill_ms=None))
         for kind in kinds:
             sec, kv, prefill, ran = _ours(kind, batch, prompt, new, dev=dev, dtype=dtype, small=small,
-                                          kernel=args.kernel, mode=mode, reps=reps)
+                                          kernel=args.kernel, mode=mode, reps=reps, preset=preset)
             rows.append(dict(batch=batch, prompt=prompt, new=new, path=f"model.generate ({mode})", kind=kind,
                              kernel=ran, seconds=sec, kv_bytes=kv, kv_mib=kv / 2**20, prefill_ms=1000 * prefill))
             if cuda:

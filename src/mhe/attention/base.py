@@ -3,7 +3,11 @@
 Shapes follow the paper's notation (section 3): ``d_model`` is m (written d_m in
 the paper), ``n_heads`` is n and ``head_dim`` is d (d_h). Every kind maps
 ``x: [B, T, m] -> [B, T, m]`` through
-``forward(x, *, context=None, mask=None, cache=None)``:
+``forward(x, *, positions=None, context=None, mask=None, cache=None)``:
+
+* ``positions`` ``[B, T]`` or ``[T]``: the new tokens' absolute positions, which a rotary
+  embedding (:meth:`Attention.attach_rotary`, :mod:`mhe.attention.rotary`) rotates queries and
+  keys by; without one they are unused (default: ``0 .. T-1`` after what a cache holds);
 
 * ``context`` ``[B, S, m]`` turns the sublayer into cross-attention
   (keys and values come from the encoder output);
@@ -24,6 +28,7 @@ from torch import nn
 
 from mhe.attention import kernels
 from mhe.attention.kv_cache import KVCache
+from mhe.attention.rotary import RotaryEmbedding
 from mhe.errors import MheError, require_positive
 
 
@@ -91,9 +96,11 @@ class AttentionConfig:
 class Attention(nn.Module):
     """Base class: projections differ per kind, the attention step is shared.
 
-    Subclasses implement ``_queries`` (``[B, T, m] -> [B, h_q, T, d]``),
-    ``_keys_values`` (``[B, S, m] -> 2 x [B, h_kv, S, d]``) and ``_output``
-    (``[B, h_q, T, d] -> [B, T, m]``), and set ``cache_heads``.
+    Subclasses implement ``_queries`` (``[B, T, m], positions -> [B, h_q, T, d]``),
+    ``_keys_values`` (``[B, S, m], positions -> 2 x [B, h_kv, S, d]``) and ``_output``
+    (``[B, h_q, T, d] -> [B, T, m]``), and set ``cache_heads``. Under rotary positions the
+    hooks rotate queries and keys themselves (:meth:`_rotate`), so a kind decides where the
+    rotation sits (MHE: before or after its head embeddings); values are never rotated.
     """
 
     kind: ClassVar[str] = ""
@@ -104,6 +111,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: AttentionConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        self.rotary: RotaryEmbedding | None = None
 
     # --- the contract ---------------------------------------------------
     @property
@@ -121,18 +129,22 @@ class Attention(nn.Module):
         device = device if device is not None else (p.device if p is not None else None)
         return KVCache(batch, self.cache_heads, max_len, self.cfg.head_dim, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor, *, context: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, positions: torch.Tensor | None = None,
+                context: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
         self._check_input(x, context)
-        q = self._queries(x)  # [B, h_q, T, d]
         cross = context is not None
+        if self.rotary is not None and positions is None:
+            start = cache.index if cache is not None and not cross else 0
+            positions = start + torch.arange(x.shape[1], device=x.device)  # [T]
+        q = self._queries(x, positions)  # [B, h_q, T, d]
         if cache is not None and not cross:
             if getattr(cache, "fresh", False) and mask is None and self.cfg.causal:
                 # a prompt into an empty cache: plain causal SDPA over its own keys (flash), as without a cache
-                k, v = self._keys_values(x)
+                k, v = self._keys_values(x, positions)
                 cache.update(k, v)
                 return self._output(self._attend(q, k, v, key_mask=None, causal=True))
-            k, v, start = cache.update(*self._keys_values(x))  # the whole buffers [B, h_kv, L, d]
+            k, v, start = cache.update(*self._keys_values(x, positions))  # the whole buffers [B, h_kv, L, d]
             if mask is not None:
                 self._check_mask(mask, x.shape[0], mask.shape[1])
             if self.cfg.kernel == "flash-decode" and x.shape[1] == 1 and self.cfg.causal \
@@ -141,18 +153,37 @@ class Attention(nn.Module):
             full = cache.self_attention_mask(mask, x.shape[1], start, causal=self.cfg.causal)
             return self._output(self._attend(q, k, v, mask=full))
         if cache is None:
-            k, v = self._keys_values(context if cross else x)  # [B, h_kv, S, d]
+            k, v = self._keys_values(context, None) if cross else self._keys_values(x, positions)  # [B, h_kv, S, d]
         else:
-            k, v = cache.cached() if cache.filled else cache.fill(*self._keys_values(context))
+            k, v = cache.cached() if cache.filled else cache.fill(*self._keys_values(context, None))
         key_mask = self._check_mask(mask, x.shape[0], k.shape[2])
         h = self._attend(q, k, v, key_mask=key_mask, causal=self.cfg.causal and not cross)
         return self._output(h)
 
+    # --- rotary positions ---------------------------------------------------------
+    def attach_rotary(self, rotary: RotaryEmbedding) -> None:
+        """Rotate this sublayer's self-attention queries and keys by their positions (RoPE; the
+        model builds one :class:`RotaryEmbedding` and gives it to every layer)."""
+        if not self.supports_cache:
+            raise MheError(f"attention kind {self.kind!r} mixes whole sequences without queries and keys; "
+                           "it takes no rotary positions (use a kind with a KV cache)")
+        if rotary.head_dim != self.cfg.head_dim:
+            raise MheError(f"rotary embedding for head_dim={rotary.head_dim} given to a sublayer with "
+                           f"head_dim={self.cfg.head_dim}")
+        self.rotary = rotary
+
+    def _rotate(self, t: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """``t: [B, h, T, d]`` rotated by ``positions``; unchanged without a rotary embedding
+        (or for cross-attention keys, which get ``positions=None``)."""
+        if self.rotary is None or positions is None:
+            return t
+        return self.rotary(t, positions)
+
     # --- hooks -------------------------------------------------------------
-    def _queries(self, x: torch.Tensor) -> torch.Tensor:
+    def _queries(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
-    def _keys_values(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _keys_values(self, src: torch.Tensor, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     def _output(self, h: torch.Tensor) -> torch.Tensor:

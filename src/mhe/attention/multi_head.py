@@ -35,12 +35,12 @@ class MultiHeadAttention(Attention):
     def cache_heads(self) -> int:
         return self.cfg.n_heads
 
-    def _queries(self, x):
-        return self._split_heads(self.q_proj(x), self.cfg.n_heads)  # [B, n, T, d]
+    def _queries(self, x, positions):
+        return self._rotate(self._split_heads(self.q_proj(x), self.cfg.n_heads), positions)  # [B, n, T, d]
 
-    def _keys_values(self, src):
+    def _keys_values(self, src, positions):
         h = self.cache_heads
-        return self._split_heads(self.k_proj(src), h), self._split_heads(self.v_proj(src), h)
+        return self._rotate(self._split_heads(self.k_proj(src), h), positions), self._split_heads(self.v_proj(src), h)
 
     def _output(self, h):
         return self.out_proj(self._merge_heads(h))  # [B, T, m]
@@ -120,8 +120,8 @@ class SharedKeyValueAttention(MultiHeadAttention):
     def _make_kv(self, cfg: AttentionConfig) -> None:
         self.kv_proj = nn.Linear(cfg.d_model, cfg.inner_dim, bias=cfg.in_bias)
 
-    def _keys_values(self, src):
+    def _keys_values(self, src, positions):
         kv = self._split_heads(self.kv_proj(src), self.cfg.n_heads)  # [B, n, S, d]
-        return kv, kv
+        return self._rotate(kv, positions), kv  # K = V before the rotation; values are not rotated
 
 

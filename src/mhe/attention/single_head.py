@@ -36,11 +36,11 @@ class SingleHeadAttention(Attention):
     def cache_heads(self) -> int:
         return 1
 
-    def _queries(self, x):
-        return self.q_proj(x).unsqueeze(1)  # [B, 1, T, d]
+    def _queries(self, x, positions):
+        return self._rotate(self.q_proj(x).unsqueeze(1), positions)  # [B, 1, T, d]
 
-    def _keys_values(self, src):
-        return self.k_proj(src).unsqueeze(1), self.v_proj(src).unsqueeze(1)  # [B, 1, S, d]
+    def _keys_values(self, src, positions):
+        return self._rotate(self.k_proj(src).unsqueeze(1), positions), self.v_proj(src).unsqueeze(1)  # [B, 1, S, d]
 
     def _output(self, h):
         c = self.cfg

@@ -27,6 +27,9 @@ def bench_args(p):
     p.add_argument("--compile", action="store_true", help="torch.compile the attention and training sections")
     p.add_argument("--train-batch", type=int, default=16, help="batch of the training section (default 16)")
     p.add_argument("--presets", default="gpt2-base,bert-base", help="presets of the training section")
+    p.add_argument("--preset", default=None,
+                   help="one decoder preset for the train, decode and generate sections (e.g. llama-135m; "
+                        "default: --presets for train, gpt2-base for decode and generate)")
     p.add_argument("--reps", type=int, default=None, help="timed repeats (default 50; 3 in smoke sizes)")
     p.add_argument("--json", default="", help="also write every figure to this JSON file")
     p.add_argument("--no-graphs", action="store_true", help="time decode eagerly, not as CUDA graph replays")
@@ -85,7 +88,7 @@ def cmd_bench(args) -> int:
                       r.get("graphs", "-")] for r in rows])
     if "train" in sections:
         T = 64 if small else 512
-        rows = bench_training(kinds, [p.strip() for p in args.presets.split(",")], dev=dev,
+        rows = bench_training(kinds, [args.preset] if args.preset else [p.strip() for p in args.presets.split(",")], dev=dev,
                               B=2 if small else args.train_batch, T=T, steps=reps if small else 20,
                               warmup=warm if small else 5, compile_model=args.compile, small=small,
                               pad_vocab=not args.no_pad_vocab)
@@ -114,10 +117,10 @@ def cmd_bench(args) -> int:
                       f"{ref[(r['batch'], 'mha')]['step_ms'] / r['step_ms']:.2f}x" if (r["batch"], "mha") in ref else "-",
                       f"{r['kv_cache_bytes'] / scale:.1f}", f"{r['cache_gb_per_s']:,.0f}"] for r in rows])
         rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small, graphs=graphs,
-                            kernel=args.kernel)
+                            kernel=args.kernel, preset=args.preset or "gpt2-base")
         result["decode"] = rows
         unit, scale = byte_unit(max(r["kv_cache_bytes_total"] for r in rows))
-        print(f"\ndecode one token against a filled KV cache ({rows[0]['shape'] if small else 'gpt2-base'}; "
+        print(f"\ndecode one token against a filled KV cache ({rows[0]['shape'] if small else args.preset or 'gpt2-base'}; "
               f"MHE folded to MQA){'; CUDA graph replays' if graphs else ''}")
         print_table(["batch", "context", "kind", "kernel", "step ms", "tokens/s", f"KV {unit}/layer", f"KV {unit} total"],
                     [[r["batch"], r["context"], r["kind"], r["kernel"], f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
@@ -125,7 +128,7 @@ def cmd_bench(args) -> int:
                      for r in rows])
     if "generate" in sections:
         result["generate"] = run_generate_section(kinds, args, dev=dev, dtype=dtype, small=small)
-        print_generate_table(result["generate"], dtype, SMOKE if small else "gpt2-base")
+        print_generate_table(result["generate"], dtype, SMOKE if small else args.preset or "gpt2-base")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.json, result)

@@ -4,7 +4,7 @@ Each kind's own knobs (paper section 4.1, Appendix A) beside the ones every kind
 shares (width, heads, dropout, bias, causal; see :class:`mhe.attention.AttentionConfig`):
 
 * ``gqa``: ``n_kv_heads``, the key/value heads g (Ainslie et al. 2023);
-* ``mhe-add`` / ``mhe-mul``: ``impl``, ``init_std``, ``query_fold`` (section 3);
+* ``mhe-add`` / ``mhe-mul``: ``impl``, ``init_std``, ``query_fold`` (section 3), ``rope_order``;
 * ``linear``: ``max_len``, the side of the sequence-mixing matrix (default: the model's);
 * every other kind takes none.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from mhe.attention.mhe import IMPLS, QUERY_FOLDS
+from mhe.attention.mhe import IMPLS, QUERY_FOLDS, ROPE_ORDERS
 from mhe.settings import setting, typed_options
 
 
@@ -35,11 +35,14 @@ class GroupedQueryOptions:
 @dataclass(frozen=True)
 class MHEOptions:
     """mhe-add / mhe-mul: the fast (multi-query cost) or literal implementation, the
-    head-embedding initialisation and how the fast path applies query factors."""
+    head-embedding initialisation, how the fast path applies query factors, and under rotary
+    positions whether the head embeddings act after the rotation (``rope-then-psi``: one K/V
+    head) or before it (``psi-then-rope``: n K/V heads)."""
 
     impl: Literal[IMPLS] = "fast"
     init_std: float = setting(0.02, ge=0)
     query_fold: Literal[QUERY_FOLDS] = "weight"
+    rope_order: Literal[ROPE_ORDERS] = "rope-then-psi"
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,8 @@ class Block(nn.Module):
         return norm(x + self.drop(fn(x)))
 
     def forward(self, x, *, mask=None, context=None, context_mask=None,
-                cache: KVCache | None = None, cross_cache: KVCache | None = None):
-        x = self._residual(x, self.self_norm, lambda h: self.self_attn(h, mask=mask, cache=cache))
+                cache: KVCache | None = None, cross_cache: KVCache | None = None, positions=None):
+        x = self._residual(x, self.self_norm, lambda h: self.self_attn(h, positions=positions, mask=mask, cache=cache))
         if self.cross_attn is not None:
             x = self._residual(x, self.cross_norm, lambda h: self.cross_attn(
                 h, context=context, mask=context_mask, cache=cross_cache))

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhe.attention.kv_cache import KVCache
+from mhe.attention.rotary import RotaryEmbedding
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_labels, check_mask
@@ -31,6 +32,12 @@ class Decoder(nn.Module):
         self.embed = Embeddings(cfg, norm=False)
         self.layers = nn.ModuleList(Block(cfg, causal=True, cross=False) for _ in range(cfg.n_layers))
         self.final_norm = build_norm(cfg)
+        self.rotary = None
+        if cfg.positions == "rotary":  # one table for every layer
+            self.rotary = RotaryEmbedding(cfg.resolved_head_dim, base=cfg.rope_base, fraction=cfg.rope_fraction,
+                                          max_len=cfg.max_len)
+            for layer in self.layers:
+                layer.self_attn.attach_rotary(self.rotary)
 
     def forward(self, input_ids, attention_mask=None, caches: list[KVCache] | None = None,
                 position_ids: torch.Tensor | None = None):
@@ -38,12 +45,15 @@ class Decoder(nn.Module):
         and ``attention_mask`` covers the cache (``[B, L]``) or every position so far."""
         if position_ids is None and caches:
             position_ids = caches[0].index + torch.arange(input_ids.shape[1], device=input_ids.device)  # [T]
-        x = self.embed(input_ids, positions=position_ids)
+        x = self.embed(input_ids, positions=position_ids)  # checks the length when positions are implicit
+        positions = position_ids
+        if positions is None and self.rotary is not None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # [T]
         if not caches:  # with a cache the mask may cover the whole buffer; the attention checks it
             check_mask("attention_mask", attention_mask, *input_ids.shape)
         mask = as_bool_mask(attention_mask)
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask=mask, cache=caches[i] if caches else None)
+            x = layer(x, mask=mask, cache=caches[i] if caches else None, positions=positions)
         return self.final_norm(x)
 
     def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None, device=None) -> list[KVCache]:

@@ -97,7 +97,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
     b, p = input_ids.shape
     dev = input_ids.device
     total = p + max_new_tokens
-    if total > model.cfg.max_len and model.cfg.positions == "learned":
+    if total > model.cfg.max_len and model.cfg.positions in ("learned", "rotary"):  # tables of max_len positions
         raise MheError(f"prompt {p} + max_new_tokens {max_new_tokens} = {total} exceeds the model's "
                        f"max_len {model.cfg.max_len}")
     prompt_mask = torch.ones(b, p, dtype=torch.bool, device=dev) if attention_mask is None \
