@@ -6,6 +6,7 @@ hand-built causal mask; weights are read from the module under test.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -27,32 +28,34 @@ def softmax_attention(q, k, v, *, causal=False, key_mask=None, offset=0):
     return torch.softmax(scores, dim=-1) @ v
 
 
-def rope_angle(pos: int, i: int, width: int, base: float) -> torch.Tensor:
-    """theta_i at ``pos`` for pair ``i`` of a rotary width ``width``, rounded as Llama's code
-    rounds it: every step in float32 (2i / r, base^that, its inverse, times the position)."""
+@functools.lru_cache(maxsize=None)
+def rope_cos_sin(pos: int, i: int, width: int, base: float) -> tuple[float, float]:
+    """cos and sin of theta_i at ``pos`` for pair ``i`` of a rotary width ``width``, rounded as
+    Llama's code rounds them: every step in float32 (2i / r, base^that, its inverse, times the
+    position, then cos and sin)."""
     f32 = torch.float32
     exponent = torch.tensor(2 * i, dtype=f32) / width
     inv = 1.0 / (torch.tensor(float(base), dtype=f32) ** exponent)
-    return torch.tensor(float(pos), dtype=f32) * inv
+    theta = torch.tensor(float(pos), dtype=f32) * inv
+    return float(torch.cos(theta)), float(torch.sin(theta))
 
 
 def rope_reference(x, positions, *, base, fraction=1.0):
     """RoPE pair by pair (Su et al. 2021, Eq. 34, half-split pairs (i, i + r/2) as in Llama):
     x [B, T, d] (one head), positions [B, T] -> [B, T, d]. The first r = int(fraction * d)
-    dimensions are rotated, the rest pass through; cos and sin are the float32 values of the
-    float32 angle (:func:`rope_angle`)."""
-    b, t, d = x.shape
+    dimensions are rotated, the rest pass through (:func:`rope_cos_sin` for the constants)."""
+    d = x.shape[-1]
     r = int(d * fraction)
-    out = x.clone()
-    for bi in range(b):
-        for ti in range(t):
-            for i in range(r // 2):
-                theta = rope_angle(int(positions[bi, ti]), i, r, base)
-                c, s = float(torch.cos(theta)), float(torch.sin(theta))
-                a, z = x[bi, ti, i], x[bi, ti, i + r // 2]
-                out[bi, ti, i] = a * c - z * s
-                out[bi, ti, i + r // 2] = z * c + a * s
-    return out
+    h = r // 2
+    first, second = [], []
+    for i in range(h):
+        cs = [[rope_cos_sin(int(p), i, r, base) for p in row] for row in positions.tolist()]
+        c = torch.tensor([[v[0] for v in row] for row in cs], dtype=x.dtype)  # [B, T]
+        s = torch.tensor([[v[1] for v in row] for row in cs], dtype=x.dtype)
+        a, z = x[..., i], x[..., i + h]
+        first.append(a * c - z * s)
+        second.append(z * c + a * s)
+    return torch.cat([torch.stack(first, -1), torch.stack(second, -1), x[..., r:]], -1)
 
 
 def _lin(x, layer, rows=None):
