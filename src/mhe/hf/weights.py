@@ -222,7 +222,9 @@ def import_hf(source, **from_pretrained_kwargs):
 
     Returns:
         The ``mhe`` model (MHA with biases; for the Llama family its K/V grouping and biases),
-        in the source's dtype, in eval mode if the source was.
+        in the source's dtype, in eval mode if the source was. It keeps the weights bit for bit:
+        every tensor is the source's (GPT-2's fused, transposed ones split and transposed), and
+        the source is left unchanged.
     """
     hf = _load_hf(source, **from_pretrained_kwargs)
     name = type(hf).__name__
@@ -248,7 +250,9 @@ def export_hf(model, family: str | None = None):
     MHA with attention biases and learned positions (the gpt2-*/bert-* presets);
     ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``MistralForCausalLM`` (``family``: ``llama``,
     ``qwen2``, ``mistral``; default Qwen2 for Q/K/V biases alone, else Llama) for a Llama-style
-    decoder with mha, gqa or mqa attention."""
+    decoder with mha, gqa or mqa attention. Keeps the weights bit for bit: every parameter of
+    the new model is copied from ``model`` (its own initialisation is overwritten; a parameter
+    left without a source is an error)."""
     import transformers
 
     cfg = model.cfg

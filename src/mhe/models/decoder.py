@@ -68,9 +68,11 @@ class _DecoderModel(nn.Module):
         self.cfg = cfg
         self.decoder = Decoder(cfg)
 
-    def _finish_init(self) -> None:
-        # GPT-2's scheme; the Llama family's is N(0, 0.02) everywhere (transformers'
-        # LlamaPreTrainedModel, initializer_range 0.02), without GPT-2's residual scaling
+    def reset_parameters(self) -> None:
+        """(Re)draw every weight by the family's scheme (:func:`mhe.models.blocks.init_model`); run
+        when built, and by the Hugging Face adapter when it builds its own core. GPT-2's scheme;
+        the Llama family's is N(0, 0.02) everywhere (transformers' LlamaPreTrainedModel,
+        initializer_range 0.02), without GPT-2's residual scaling."""
         init_model(self, "bert" if self.cfg.positions == "rotary" else "gpt2", n_layers=self.cfg.n_layers)
 
     def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None, device=None):
@@ -94,7 +96,7 @@ class DecoderForCausalLM(_DecoderModel):
                                                           div_value=4.0)
         else:
             self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self._finish_init()
+        self.reset_parameters()
         if cfg.tie_embeddings and self.lm_head is not None:
             self.lm_head.weight = self.decoder.embed.tokens.weight
 
@@ -147,7 +149,7 @@ class DecoderForSequenceClassification(_DecoderModel):
         super().__init__(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.classifier = nn.Linear(cfg.d_model, cfg.num_labels)
-        self._finish_init()
+        self.reset_parameters()
 
     def forward(self, input_ids, attention_mask=None, labels=None):
         h = self.decoder(input_ids, attention_mask)

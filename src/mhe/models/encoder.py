@@ -36,7 +36,9 @@ class _EncoderModel(nn.Module):
         self.cfg = cfg
         self.encoder = Encoder(cfg)
 
-    def _finish_init(self) -> None:
+    def reset_parameters(self) -> None:
+        """(Re)draw every weight by BERT's scheme (:func:`mhe.models.blocks.init_model`); run when
+        built, and by the Hugging Face adapter when it builds its own core."""
         init_model(self)
 
 
@@ -48,7 +50,7 @@ class EncoderForMaskedLM(_EncoderModel):
         self.transform = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), activation(cfg.activation),
                                        nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps))
         self.decoder = nn.Linear(cfg.d_model, cfg.vocab_size)
-        self._finish_init()
+        self.reset_parameters()
         if cfg.tie_embeddings:
             self.decoder.weight = self.encoder.embed.tokens.weight
 
@@ -85,7 +87,7 @@ class EncoderForSequenceClassification(_EncoderModel):
         self.pooler = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh())
         self.drop = nn.Dropout(cfg.dropout)
         self.classifier = nn.Linear(cfg.d_model, cfg.num_labels)
-        self._finish_init()
+        self.reset_parameters()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         h = self.encoder(input_ids, attention_mask, token_type_ids)
@@ -100,7 +102,7 @@ class EncoderForQuestionAnswering(_EncoderModel):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.span = nn.Linear(cfg.d_model, 2)
-        self._finish_init()
+        self.reset_parameters()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
                 end_positions=None):

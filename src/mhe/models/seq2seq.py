@@ -35,9 +35,14 @@ class EncoderDecoder(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=eps) if cfg.norm_first else None
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=eps) if cfg.norm_first else None
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        init_model(self, "transformer", d_model=cfg.d_model)
+        self.reset_parameters()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.tokens.weight
+
+    def reset_parameters(self) -> None:
+        """(Re)draw every weight by the Transformer's scheme (:func:`mhe.models.blocks.init_model`);
+        run when built, and by the Hugging Face adapter when it builds its own core."""
+        init_model(self, "transformer", d_model=self.cfg.d_model)
 
     def encode(self, src_ids, src_mask=None):
         x = self.embed(src_ids, name="src_ids")

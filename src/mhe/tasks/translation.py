@@ -171,7 +171,8 @@ class TranslationTask(Task):
         return out
 
     def _decoding_model(self, model, dtype: str):
-        """``model`` itself for float32; a bfloat16 copy (kept while the weights do not change) otherwise."""
+        """``model`` itself for float32; a bfloat16 copy (kept while the weights do not change) otherwise.
+        The copy's weights are the model's rounded to bfloat16, nothing else; ``model`` is left as it was."""
         if dtype not in DECODE_DTYPES:
             raise MheError(f"decoding dtype must be one of {', '.join(DECODE_DTYPES)}, got {dtype!r}")
         want = getattr(torch, dtype)
