@@ -71,3 +71,27 @@ def test_graph_decode_equals_eager_on_cuda(kind):
     g, sg = beam_search(s2s, src, smask, bos_id=1, eos_id=2, beam=3, max_len=12, step_mode="graph",
                         return_scores=True)
     assert torch.equal(e, g) and torch.equal(se, sg)
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["gqa", "mhe-mul"])
+def test_llama_decoder_graph_decode_equals_eager_and_flash_decode_tracks_sdpa(kind):
+    """The Llama-style decoder (RoPE) in bf16: graph replays equal eager steps bit for bit; MHE-Mul
+    keeps one rotated K/V head, so it decodes with flash-decode, within bf16 of SDPA decoding."""
+    from mhe.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("llama-tiny", attention=kind).cuda().to(torch.bfloat16).eval()
+    ids = torch.randint(0, 1024, (3, 9), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    a, la = model.generate(ids, 20, attention_mask=mask, step_mode="eager", return_logits=True)
+    b, lb = model.generate(ids, 20, attention_mask=mask, step_mode="graph", return_logits=True)
+    assert torch.equal(a, b) and torch.equal(la, lb)
+    session = model.__dict__["_generation_session"]
+    assert {c.k.shape[1] for c in session.caches} == {1 if kind == "mhe-mul" else 2}
+    if kind == "mhe-mul":
+        assert {layer.self_attn.cfg.kernel for layer in session.view.decoder.layers} == {"flash-decode"}
+        _, ls = model.generate(ids, 20, attention_mask=mask, step_mode="eager", decode_kernel="sdpa",
+                               return_logits=True)
+        assert rel(la[:, 0], ls[:, 0]) < 2e-2

@@ -90,7 +90,7 @@ def _peer(batch, prompt, new, *, dev, dtype, small, reps, preset="gpt2-base"):
     if model is None:
         return None
     model = model.to(dev, dtype).eval()
-    ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device=dev)
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device=dev)
     mask = torch.ones_like(ids)
     kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
               eos_token_id=None)

@@ -121,7 +121,7 @@ def cmd_bench(args) -> int:
         result["decode"] = rows
         unit, scale = byte_unit(max(r["kv_cache_bytes_total"] for r in rows))
         print(f"\ndecode one token against a filled KV cache ({rows[0]['shape'] if small else args.preset or 'gpt2-base'}; "
-              f"MHE folded to MQA){'; CUDA graph replays' if graphs else ''}")
+              f"MHE folded to MQA, or one K/V head as it is under RoPE){'; CUDA graph replays' if graphs else ''}")
         print_table(["batch", "context", "kind", "kernel", "step ms", "tokens/s", f"KV {unit}/layer", f"KV {unit} total"],
                     [[r["batch"], r["context"], r["kind"], r["kernel"], f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
                       f"{r['kv_cache_bytes_per_layer'] / scale:.1f}", f"{r['kv_cache_bytes_total'] / scale:.1f}"]

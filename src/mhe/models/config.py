@@ -215,6 +215,12 @@ PRESETS = {
 }
 
 
+def cpu_sized(name: str) -> bool:
+    """Whether ``name`` is one of the presets sized for a CPU (``tiny-*``, ``llama-tiny``), which the
+    tasks give short schedules and small vocabularies."""
+    return name.startswith("tiny-") or name.endswith("-tiny")
+
+
 def preset(name: str) -> ModelConfig:
     """The named preset's configuration (a fresh copy)."""
     if name not in PRESETS:
