@@ -94,4 +94,5 @@ def test_llama_decoder_graph_decode_equals_eager_and_flash_decode_tracks_sdpa(ki
         assert {layer.self_attn.cfg.kernel for layer in session.view.decoder.layers} == {"flash-decode"}
         _, ls = model.generate(ids, 20, attention_mask=mask, step_mode="eager", decode_kernel="sdpa",
                                return_logits=True)
-        assert rel(la[:, 0], ls[:, 0]) < 2e-2
+        assert torch.equal(la[:, 0], ls[:, 0])  # the prompt runs SDPA either way
+        assert rel(la[:, 1], ls[:, 1]) < 2e-2  # the first decode step, from the same token

@@ -140,7 +140,7 @@ def print_generate_table(rows: list[dict], dtype, shape: str) -> None:
     base = {(r["batch"], r["prompt"]): r for r in rows if r["path"].startswith("HF")}
     mha = {(r["batch"], r["prompt"]): r for r in rows if r["kind"] == "mha" and not r["path"].startswith("HF")}
     print(f"\ngenerate end to end ({shape}, random weights, greedy, {str(dtype).split('.')[-1]}; "
-          "prefill included; MHE folded to MQA)")
+          "prefill included; MHE folded to MQA, or one K/V head as it is under RoPE)")
     unit, scale = byte_unit(max([r["kv_bytes"] for r in rows if r["kv_bytes"] is not None], default=0))
     print_table(["batch", "prompt+new", "path", "kind", "kernel", "ms/token", "tokens/s", "vs HF", "tok/s vs MHA", f"KV {unit}",
                  "prefill ms"],
