@@ -83,7 +83,7 @@ def reference_forward(mod, x, *, context=None, mask=None, positions=None):
             positions = torch.arange(x.shape[1]).expand(x.shape[0], -1)
         rope = _rope_at(positions, rot.base, rot.fraction)
     if kind in ("mha", "gqa", "mqa", "skv", "el-att"):
-        g = {"mha": n, "gqa": getattr(cfg, "n_kv_heads", n), "mqa": 1, "skv": n, "el-att": n}[kind]
+        g = {"mha": n, "gqa": mod.n_kv_heads, "mqa": 1, "skv": n, "el-att": n}[kind]
         for i in range(n):
             qi = _lin(x, mod.q_proj, slice(i * d, (i + 1) * d))
             j = i // (n // g)
@@ -104,7 +104,7 @@ def reference_forward(mod, x, *, context=None, mask=None, positions=None):
         e = mod.head_embed
         q, k, v = _lin(x, mod.q_proj), _lin(src, mod.k_proj), _lin(src, mod.v_proj)  # Eq. 4
         psi = (lambda a, b: a * (b + 1)) if kind == "mhe-mul" else (lambda a, b: a + b)  # section 3.4
-        psi_first = getattr(cfg, "rope_order", "rope-then-psi") == "psi-then-rope"
+        psi_first = cfg.options.rope_order == "psi-then-rope"
         for i in range(n):  # Eqs. 5-6
             if psi_first:
                 qi, ki = rope(psi(q, e[0, i])), rope(psi(k, e[1, i]))

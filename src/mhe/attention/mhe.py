@@ -61,23 +61,24 @@ column blocks differ.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mhe.attention.base import Attention, AttentionConfig
-from mhe.attention.registry import register
 from mhe.errors import MheError, one_of
+from mhe.settings import setting
 
 IMPLS = ("fast", "reference")
 QUERY_FOLDS = ("weight", "activation")
 ROPE_ORDERS = ("rope-then-psi", "psi-then-rope")
 
 
-@dataclass(frozen=True, kw_only=True)
-class MHEConfig(AttentionConfig):
-    """MHE's own options.
+@dataclass(frozen=True)
+class MHEOptions:
+    """MHE's own options (``model.attn_options``); a new one is one field here.
 
     Attributes:
         impl: ``"fast"`` (multi-query cost) or ``"reference"`` (literal equations).
@@ -87,13 +88,12 @@ class MHEConfig(AttentionConfig):
             (``rope-then-psi``: one shared K/V head) or before it (``psi-then-rope``: n heads).
     """
 
-    impl: str = "fast"
-    init_std: float = 0.02
-    query_fold: str = "weight"
-    rope_order: str = "rope-then-psi"
+    impl: Literal[IMPLS] = "fast"
+    init_std: float = setting(0.02, ge=0)
+    query_fold: Literal[QUERY_FOLDS] = "weight"
+    rope_order: Literal[ROPE_ORDERS] = "rope-then-psi"
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.impl not in IMPLS:
             raise one_of("MHE impl", self.impl, IMPLS)
         if self.query_fold not in QUERY_FOLDS:
@@ -105,11 +105,10 @@ class MHEConfig(AttentionConfig):
 
 
 class _MHEBase(Attention):
-    config_class = MHEConfig
     multiplicative: bool = False
 
-    def __init__(self, cfg: MHEConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
+        super().__init__(cfg, kind=kind)
         m, n, d = cfg.d_model, cfg.n_heads, cfg.head_dim
         self.q_proj = nn.Linear(m, d, bias=cfg.in_bias)
         self.k_proj = nn.Linear(m, d, bias=cfg.in_bias)
@@ -119,16 +118,16 @@ class _MHEBase(Attention):
         self.reset_head_embeddings()
 
     def reset_head_embeddings(self) -> None:
-        nn.init.normal_(self.head_embed, mean=0.0, std=self.cfg.init_std)
+        nn.init.normal_(self.head_embed, mean=0.0, std=self.cfg.options.init_std)
 
     @property
     def reference(self) -> bool:
-        return self.cfg.impl == "reference"
+        return self.cfg.options.impl == "reference"
 
     @property
     def literal(self) -> bool:
         """Computes n explicit heads: the reference, or psi-then-rope under rotary positions."""
-        return self.reference or (self.rotary is not None and self.cfg.rope_order == "psi-then-rope")
+        return self.reference or (self.rotary is not None and self.cfg.options.rope_order == "psi-then-rope")
 
     @property
     def foldable(self) -> bool:
@@ -147,7 +146,7 @@ class _MHEBase(Attention):
 
     def _embed(self, a: torch.Tensor, e: torch.Tensor, positions) -> torch.Tensor:
         """psi and the rotation in ``rope_order``: ``a [B, 1, S, d] -> [B, n, S, d]``."""
-        if self.cfg.rope_order == "psi-then-rope":
+        if self.cfg.options.rope_order == "psi-then-rope":
             return self._rotate(self._psi(a, e), positions)
         return self._psi(self._rotate(a, positions), e)
 
@@ -204,7 +203,7 @@ class _MHEBase(Attention):
         c = self.cfg
         n, d = c.n_heads, c.head_dim
         b, t, _ = x.shape
-        if c.query_fold == "activation" or self.rotary is not None:
+        if c.options.query_fold == "activation" or self.rotary is not None:
             # rotate the shared query, then apply the per-head factors (RoPE, then psi)
             q = self._rotate(self.q_proj(x).unsqueeze(1), positions)  # [B, 1, T, d]
             return self._psi_factor(q, self._query_factors())  # [B, n, T, d]
@@ -221,24 +220,25 @@ class _MHEBase(Attention):
         return F.linear(self._merge_heads(h), w, bias)
 
 
-@register("mhe-mul")
 class MHEMul(_MHEBase):
     """MHE-Mul: psi(A, e) = A * (e + 1) (section 3.4). See the module docstring."""
 
+    kind_options = {"mhe-mul": MHEOptions}
     multiplicative = True
 
     def _query_factors(self):
-        e = self.head_embed
-        return (e[0] + 1) * (e[1] + 1)  # [n, d]: query scale times key scale
+        scale_q, scale_k = (self.head_embed[:2] + 1).unbind(0)  # one add, one backward node (fewer kernels)
+        return scale_q * scale_k  # [n, d]: query scale times key scale
 
     def folded_output(self):
         """A_i (V*(1+eV_i)) = (A_i V)*(1+eV_i): the value scales move into the columns of W^O."""
         return self.out_proj.weight * (self.head_embed[2] + 1).reshape(1, -1), self.out_proj.bias  # [m, n*d]
 
 
-@register("mhe-add")
 class MHEAdd(_MHEBase):
     """MHE-Add: psi(A, e) = A + e (section 3.4). See the module docstring."""
+
+    kind_options = {"mhe-add": MHEOptions}
 
     def _query_factors(self):
         return self.head_embed[0]  # the key offsets cancel in softmax

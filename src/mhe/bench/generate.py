@@ -5,47 +5,37 @@ random prompt and a fixed number of new tokens (no stop token), timed from the c
 return (prefill included, CUDA synchronised), after one warm-up call that captures the decode
 step; median of 3 calls. Hugging Face's ``generate`` (SDPA attention, its default dynamic cache)
 on the same sizes is the peer, in the same run (one call after a short warm-up: it is slow):
-``GPT2LMHeadModel`` for GPT-2 presets, ``LlamaForCausalLM`` with the preset's own K/V grouping
-for the Llama-style ones. ``--kernel auto``
+``GPT2LMHeadModel`` for the GPT-2 presets, ``LlamaForCausalLM`` with the preset's own K/V
+grouping for the Llama-style ones. ``--kernel auto``
 (the default) leaves the kernel to ``generate``'s automatic choice, as a user's call does;
 each row names the kernel its decode steps ran.
 """
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from mhe.bench import bench_config
+from mhe.bench.common import bench_config, timed
 from mhe.models import build_model
 from mhe.models import preset as model_preset
 from mhe.models.decode_step import split_kernel, view_kernels
 
 
-def _settings(args, small: bool) -> list[tuple[int, int, int]]:
-    """(batch, prompt, new tokens)."""
+def generate_settings(batches: str, long: str, small: bool) -> list[tuple[int, int, int]]:
+    """(batch, prompt, new tokens): ``batches`` (e.g. ``1,64``) at prompt 256 + 256 new tokens,
+    ``long`` (e.g. ``64x4096``) BATCHxCONTEXT runs with 256 new tokens."""
     if small:
         return [(1, 8, 8), (2, 8, 8)]
-    out = [(int(b), 256, 256) for b in args.gen_batches.split(",") if b.strip()]
-    for spec in (s for s in args.gen_long.split(",") if s.strip()):
+    out = [(int(b), 256, 256) for b in batches.split(",") if b.strip()]
+    for spec in (s for s in long.split(",") if s.strip()):
         b, ctx = (int(x) for x in spec.split("x"))
         out.append((b, ctx - 256, 256))
     return out
 
 
 def _time(fn, *, cuda: bool, reps: int) -> float:
-    """Median seconds of ``fn()``."""
-    times = []
-    for _ in range(reps):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    """Median seconds of ``fn()`` (the bench's one timer)."""
+    return timed(fn, warmup=0, reps=reps, cuda=cuda) / 1000
 
 
 def _ours(kind, batch, prompt, new, *, dev, dtype, small, kernel, mode, reps, preset="gpt2-base"):
@@ -101,14 +91,17 @@ def _peer(batch, prompt, new, *, dev, dtype, small, reps, preset="gpt2-base"):
     return sec
 
 
-def run_generate_section(kinds, args, *, dev, dtype, small) -> list[dict]:
+def run_generate_section(kinds, settings, *, dev, dtype, small, kernel="auto", graphs=True,
+                         peer=True, preset="gpt2-base") -> list[dict]:
+    """Rows per (batch, prompt, new) of ``settings``: Hugging Face's generate (``peer``), then
+    each kind's ``model.generate`` (``graphs``: the decode step as a CUDA graph on a GPU), of
+    ``preset``."""
     cuda = dev.type == "cuda"
-    mode = "graph" if cuda and not args.no_graphs else "eager"
+    mode = "graph" if cuda and graphs else "eager"
     reps = 1 if small else 3
-    preset = getattr(args, "preset", None) or "gpt2-base"
     rows = []
-    for batch, prompt, new in _settings(args, small):
-        if not args.no_peer:
+    for batch, prompt, new in settings:
+        if peer:
             sec = _peer(batch, prompt, new, dev=dev, dtype=dtype, small=small, reps=reps, preset=preset)
             if sec is not None:
                 rotary = model_preset(preset).positions == "rotary"
@@ -117,7 +110,7 @@ def run_generate_section(kinds, args, *, dev, dtype, small) -> list[dict]:
                                  kind=model_preset(preset).attention, kv_mib=None, prefill_ms=None))
         for kind in kinds:
             sec, kv, prefill, ran = _ours(kind, batch, prompt, new, dev=dev, dtype=dtype, small=small,
-                                          kernel=args.kernel, mode=mode, reps=reps, preset=preset)
+                                          kernel=kernel, mode=mode, reps=reps, preset=preset)
             rows.append(dict(batch=batch, prompt=prompt, new=new, path=f"model.generate ({mode})", kind=kind,
                              kernel=ran, seconds=sec, kv_bytes=kv, kv_mib=kv / 2**20, prefill_ms=1000 * prefill))
             if cuda:
