@@ -13,6 +13,7 @@ import torch
 
 from mhe.accounting.params import attention_params, decoder_params
 from mhe.attention import build_attention
+from mhe.attention.rotary import RotaryEmbedding
 from mhe.errors import require_positive
 
 
@@ -91,10 +92,13 @@ def decoder_memory(cfg, *, cache_bytes: int = 2) -> dict[str, int]:
     ``kv_cache_bytes_per_token`` (what one sequence's KV cache holds per position:
     2 (K and V) x layers x cached K/V heads x d x ``cache_bytes``; 2 = bf16). The cached heads
     are the sublayer's own (``cache_heads``: n for MHA and SKV, g for GQA, one for MQA, SHA and
-    fast MHE), read from the sublayer built on the meta device."""
+    fast MHE, n for MHE with psi before RoPE), read from the sublayer built on the meta device."""
     with torch.device("meta"):
         attn = build_attention(cfg.attention, d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
                                **cfg.attention_options(causal=True))
+    if cfg.positions == "rotary":  # MHE's cache depends on where the rotation sits (rope_order)
+        attn.attach_rotary(RotaryEmbedding(cfg.resolved_head_dim, base=cfg.rope_base, fraction=cfg.rope_fraction,
+                                           max_len=1))
     params = decoder_params(cfg)["total"]
     heads = attn.cache_heads if attn.supports_cache else 0
     return {"params": params, "training_state_bytes": params * TRAINING_BYTES_PER_PARAM, "kv_heads": heads,
