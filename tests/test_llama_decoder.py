@@ -13,6 +13,7 @@ from mhe.attention import KINDS, attention_class
 from mhe.cli import main
 from mhe.errors import MheError
 from mhe.models import build_model, preset
+from reference import generate_uncached
 
 ROTARY_KINDS = [k for k in KINDS if attention_class(k).supports_cache]
 VARIANTS = ROTARY_KINDS + ["mhe-mul psi-then-rope", "mhe-add psi-then-rope"]
@@ -43,13 +44,13 @@ def left_padded():
 def test_cached_decode_equals_uncached_and_the_cache_holds_the_kinds_heads(variant):
     model = llama(variant)
     ids, mask = left_padded()
-    tokens, cached = model.generate(ids, 8, attention_mask=mask, return_logits=True)
-    again, full = model.generate(ids, 8, attention_mask=mask, use_cache=False, return_logits=True)
+    session = model.generator(2, 14)
+    tokens, cached = model.generate(ids, 8, attention_mask=mask, return_logits=True, session=session)
+    again, full = generate_uncached(model, ids, 8, attention_mask=mask, return_logits=True)
     assert torch.equal(tokens, again)
     torch.testing.assert_close(cached, full, rtol=1e-12, atol=1e-12)
     kind, _, order = variant.partition(" ")
     want = {"mha": 4, "skv": 4, "el-att": 4, "gqa": 2}.get(kind, 4 if order == "psi-then-rope" else 1)
-    session = model.__dict__["_generation_session"]
     assert {c.k.shape[1] for c in session.caches} == {want}
     if kind.startswith("mhe"):  # never folded under rotary positions: the view keeps MHE itself
         assert {type(layer.self_attn).__name__ for layer in session.view.decoder.layers} == {type(
@@ -64,8 +65,8 @@ def test_compiled_decode_equals_eager_and_compiles_once(variant):
     want, want_logits = model.generate(ids, 12, attention_mask=mask, step_mode="eager", return_logits=True)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    got, logits = model.generate(ids, 12, attention_mask=mask, step_mode="compile", compile_options=AOT,
-                                 return_logits=True)
+    session = model.generator(2, 18, step_mode="compile", compile_options=AOT)
+    got, logits = model.generate(ids, 12, attention_mask=mask, return_logits=True, session=session)
     assert int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) == 1
     assert torch.equal(got, want)
     torch.testing.assert_close(logits, want_logits, rtol=1e-12, atol=1e-12)

@@ -199,7 +199,7 @@ class _MHEBase(Attention):
         the heads' outputs over the shared V to this module's output (see the subclasses)."""
         raise NotImplementedError
 
-    def _fast_queries(self, x: torch.Tensor, positions) -> torch.Tensor:
+    def _fast_queries(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         c = self.cfg
         n, d = c.n_heads, c.head_dim
         b, t, _ = x.shape
@@ -246,12 +246,12 @@ class MHEAdd(_MHEBase):
     def _expands_values(self) -> bool:
         return self.training and self.cfg.dropout > 0
 
-    def _attend(self, q, k, v, **kw):
+    def _attend(self, q, k, v, mask):
         if not self.literal and self._expands_values():
             n = self.cfg.n_heads
             v = v + self.head_embed[2][None, :, None, :]  # [B, n, S, d]
             k = k.expand(-1, n, -1, -1)
-        return super()._attend(q, k, v, **kw)
+        return super()._attend(q, k, v, mask)
 
     def folded_output(self):
         """A_i (V + 1 eV_i^T) = A_i V + eV_i^T when attention rows sum to one (no attention
