@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from torch import nn
+
 from mhe.accounting.params import attention_params
+from mhe.attention.base import Attention
 from mhe.errors import require_positive
 
 
@@ -74,3 +77,12 @@ def attention_memory(kinds, *, d_model: int, n_heads: int, head_dim: int | None 
 
     mha_total = row("mha", None).total
     return [row(k, mha_total) for k in kinds]
+
+
+def kv_cache_bytes_per_token(model: nn.Module, *, bytes_per_value: int = 2) -> int:
+    """Bytes a model's KV cache holds per cached token: for every attention sublayer that
+    caches, its keys and values (2 x its cache heads x head size; one head for MQA and fast
+    MHE, g for GQA, n for MHA) at ``bytes_per_value`` each (2: bf16/fp16). Cross-attention
+    counts once per source token; FNet/Linear sublayers hold no cache."""
+    return sum(2 * mod.cache_heads * mod.cfg.head_dim * bytes_per_value
+               for mod in model.modules() if isinstance(mod, Attention) and mod.supports_cache)
