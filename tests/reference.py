@@ -42,7 +42,7 @@ def reference_forward(mod, x, *, context=None, mask=None):
     causal = cfg.causal and context is None
     heads = []
     if kind in ("mha", "gqa", "mqa", "skv", "el-att"):
-        g = {"mha": n, "gqa": getattr(cfg, "n_kv_heads", n), "mqa": 1, "skv": n, "el-att": n}[kind]
+        g = {"mha": n, "gqa": mod.n_kv_heads, "mqa": 1, "skv": n, "el-att": n}[kind]
         for i in range(n):
             qi = _lin(x, mod.q_proj, slice(i * d, (i + 1) * d))
             j = i // (n // g)

@@ -12,7 +12,7 @@ import torch
 
 from mhe.cli import main
 from mhe.errors import MheError
-from mhe.models.attention_options import GroupedQueryOptions, MHEOptions, NoOptions
+from mhe.attention import GroupedQueryOptions, MHEOptions, NoOptions
 from mhe.training.config import DataConfig, RunConfig, apply_overrides
 from mhe.training.defaults import default_run
 from mhe.training.task_options import FinetuneOptions, RecallOptions, TranslationOptions
@@ -307,20 +307,36 @@ def test_empty_kind_list_is_refused(argv, capsys):
     assert "names no attention kind" in capsys.readouterr().err
 
 
-def test_typed_options_match_what_each_attention_class_accepts():
+# a value other than the default for every field of a kind's options
+OPTION_VALUES = {"n_kv_heads": 2, "impl": "reference", "init_std": 0.5, "query_fold": "activation", "max_len": 64}
+
+
+@pytest.mark.parametrize("kind", ["mha", "mqa", "gqa", "mhe-mul", "mhe-add", "linear", "fnet"])
+def test_every_attention_option_reaches_the_sublayers(kind):
+    """One schema: ``model.attn_options`` is the dataclass every sublayer is built with, and each
+    of its fields set by ``--set`` reaches them (a dropped option fails here)."""
     import dataclasses
 
-    from mhe.attention import KINDS, AttentionConfig, attention_class
-    from mhe.models.attention_options import options_class
+    from mhe.attention import Attention, attention_class, options_class
+    from mhe.models import build_model
 
-    shared = {f.name for f in dataclasses.fields(AttentionConfig)}
-    for kind in KINDS:
-        accepted = {f.name: f.default for f in dataclasses.fields(attention_class(kind).config_class)}
-        own = {k: v for k, v in accepted.items() if k not in shared}
-        typed = {f.name: f.default for f in dataclasses.fields(options_class(kind))}
-        assert set(typed) == set(own), kind
-        for name, default in typed.items():  # linear's max_len defaults to the model's (None)
-            assert default == own[name] or (kind, name, default) == ("linear", "max_len", None)
+    names = [f.name for f in dataclasses.fields(options_class(kind))]
+    assert set(names) <= set(OPTION_VALUES) and options_class(kind) is attention_class(kind).kind_options[kind]
+    items = [f"model.attention={kind}"] + [f"model.attn_options.{k}={OPTION_VALUES[k]}" for k in names]
+    cfg = apply_overrides(base("mlm" if kind == "fnet" else "lm"), items)
+    assert {k: getattr(cfg.model.attn_options, k) for k in names} == {k: OPTION_VALUES[k] for k in names}
+    model = build_model(cfg.model.replace(d_model=32, d_ff=64, n_layers=2, vocab_size=99))
+    mods = [m for m in model.modules() if isinstance(m, Attention)]
+    assert len(mods) == 2 and all(m.kind == kind and m.cfg.options == cfg.model.attn_options for m in mods)
+    g = {"mha": 4, "mqa": 1, "gqa": 2}.get(kind)
+    if g:  # the kind fixes the key/value heads (mha, mqa) or takes them from its options (gqa)
+        assert all(m.n_kv_heads == g and m.k_proj.out_features == g * 8 for m in mods)
+    if kind.startswith("mhe-"):
+        assert all(m.reference and m.cfg.options.query_fold == "activation" for m in mods)
+    if kind == "linear":  # its own max_len wins; without one the sublayer takes the model's
+        assert all(m.seq_mix.shape == (64, 64) for m in mods)
+        plain = build_model(cfg.model.replace(attn_options=None, d_model=32, d_ff=64, n_layers=1, vocab_size=99))
+        assert [m.seq_mix.shape[0] for m in plain.modules() if isinstance(m, Attention)] == [cfg.model.max_len]
 
 
 # A comparison folder written before experiments were typed records their --set items.

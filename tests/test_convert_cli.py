@@ -192,3 +192,52 @@ def test_bad_sources_are_one_line_errors(mha_run, converted, tmp_path, capsys):
     (full / "file").write_text("x")
     assert main(["convert", "--checkpoint", str(mha_run), "--attention", "mqa", "--out", str(full)]) == 2
     assert "is not empty" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def mlm_run(tmp_path_factory):
+    """A 4-step MHA encoder (masked LM) on 200 lines of PTB."""
+    root = require_data("ptb/ptb.train.txt.gz", "ptb/ptb.valid.txt.gz", "ptb/ptb.test.txt.gz")
+    out = tmp_path_factory.mktemp("runs") / "mlm"
+    assert main(["pretrain", "--preset", "tiny-encoder", "--data", "ptb", "--data-dir", str(root),
+                 "--out", str(out), *TINY, "--set", "data.vocab_size=300"]) == 0
+    return out
+
+
+def test_an_encoder_run_converts_and_its_task_score_is_reported(mlm_run, tmp_path, capsys):
+    out = tmp_path / "mhe-add"
+    assert main(["convert", "--checkpoint", str(mlm_run), "--attention", "mhe-add", "--out", str(out),
+                 "--device", "cpu", "--calibration", "8"]) == 0
+    assert "mlm_accuracy on the valid split" in capsys.readouterr().out
+    scores = json.loads((out / "conversion.json").read_text())["scores"]
+    assert scores["converted"]["metric"] == "mlm_accuracy" and 0 <= scores["converted"]["score"] <= 1
+    assert main(["eval", "--task", "mlm", "--checkpoint", str(out)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["mlm_accuracy"] == pytest.approx(scores["converted"]["mlm_accuracy"], rel=1e-9)
+
+
+def test_a_hugging_face_bert_directory_keeps_its_special_tokens(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    from mhe.data.tokenize import load_tokenizer
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(["the cat sat on the mat", "a dog ran in the park"] * 10, trainers.WordPieceTrainer(
+        vocab_size=120, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False))
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
+                                                  cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    cfg = transformers.BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64, max_position_embeddings=32)
+    transformers.BertForMaskedLM(cfg).save_pretrained(tmp_path / "hf")
+    hf_tok.save_pretrained(tmp_path / "hf")
+    out = tmp_path / "sha"
+    assert main(["convert", "--checkpoint", str(tmp_path / "hf"), "--attention", "sha", "--out", str(out),
+                 "--no-eval", "--calibration", "0"]) == 0
+    mine = load_tokenizer(out)
+    assert all(mine.token_to_id(t) == tok.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"))
+    assert mine.token_to_id("[EOS]") == cfg.vocab_size + 1  # [BOS], [EOS] appended after the vocabulary
+    record = json.loads((out / "config.json").read_text())
+    assert record["run"]["task"] == "mlm" and record["model"]["arch"] == "encoder"

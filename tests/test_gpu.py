@@ -71,3 +71,36 @@ def test_graph_decode_equals_eager_on_cuda(kind):
     g, sg = beam_search(s2s, src, smask, bos_id=1, eos_id=2, beam=3, max_len=12, step_mode="graph",
                         return_scores=True)
     assert torch.equal(e, g) and torch.equal(se, sg)
+
+
+@cuda
+def test_training_with_the_gpu_defaults_trains_resumes_and_saves_the_real_vocabulary(tmp_path):
+    """On CUDA the trainer compiles, pads the vocabulary (99 -> 128), prefetches and uses fused
+    AdamW by default: it trains like the eager step (bf16 either way), a stop and resume gives the
+    same losses, and the saved weights have the real vocabulary."""
+    from safetensors.torch import load_file
+
+    from mhe.tasks.recall import RecallTask
+    from mhe.training.config import apply_overrides
+    from mhe.training.defaults import default_run
+    from mhe.training.loop import Trainer
+    from mhe.training.run_files import read_metrics
+
+    small = ["model.d_model=64", "model.d_ff=128", "model.n_layers=2", "model.dropout=0", "model.attn_dropout=0",
+             'data.task_options={"train_size": 256, "test_size": 64, "pairs": 4, "queries": 4, "n_keys": 48, '
+             '"n_values": 50}', "train.batch_size=16", "train.steps=12", "train.log_every=3", "train.save_every=6",
+             "train.progress=false", "train.device=cuda", "train.warmup_steps=2"]
+
+    def run(out, *extra, resume=False):
+        cfg = apply_overrides(default_run("recall", "tiny-decoder", "mhe-mul"), small + list(extra))
+        Trainer(cfg, RecallTask(), out, resume=resume, log=lambda *_: None).fit()
+        return [r["loss"] for r in read_metrics(out / "metrics.jsonl")]
+
+    compiled = run(tmp_path / "a")
+    eager = run(tmp_path / "b", "train.compile=false")
+    assert compiled == pytest.approx(eager, rel=2e-2) and compiled[-1] < compiled[0]
+    run(tmp_path / "c", "train.stop_at=6")
+    # the same losses up to the GPU's non-deterministic reductions (bit-exact resume: the CPU tests)
+    assert run(tmp_path / "c", resume=True) == pytest.approx(compiled, rel=1e-3)
+    weights = load_file(str(tmp_path / "a" / "checkpoints" / "step-00000012" / "model.safetensors"))
+    assert weights["lm_head.weight"].shape == (99, 64)

@@ -39,13 +39,23 @@ def first_output(out):
     return out.logits if hasattr(out, "logits") and out.logits is not None else out.start_logits
 
 
+def core_output(m, x):
+    """The core model's output as the adapter's ``first_output`` (QA: the start logits)."""
+    with torch.no_grad():
+        args = (x["input_ids"], x["decoder_input_ids"]) if "decoder_input_ids" in x else (x["input_ids"],)
+        logits = m(*args).logits
+    return logits[..., 0] if m.cfg.head == "qa" else logits
+
+
 @pytest.mark.parametrize("preset, kw, auto", CASES, ids=[f"{c[0]}-{c[1].get('head', 'default')}" for c in CASES])
 def test_round_trip_and_auto_loading(preset, kw, auto, tmp_path):
     m = core(preset, **kw)
+    x = inputs(m.cfg.arch)
+    want = core_output(m, x)  # before wrapping: wrapping must not change the model
     hf = to_hf(m, decoder_start_token_id=1)
     assert from_hf(hf) is m  # wraps, never copies
-    x = inputs(m.cfg.arch)
-    want = first_output(hf(**x))
+    got = first_output(hf(**x))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     hf.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
     loaded = auto.from_pretrained(tmp_path).eval()
@@ -53,7 +63,7 @@ def test_round_trip_and_auto_loading(preset, kw, auto, tmp_path):
     saved = hf.state_dict()
     for name, tensor in loaded.state_dict().items():  # nothing silently re-initialised
         assert torch.equal(tensor, saved[name]), name
-    torch.testing.assert_close(first_output(loaded(**x)), want, rtol=0, atol=0)
+    torch.testing.assert_close(first_output(loaded(**x)), got, rtol=0, atol=0)
     out_emb = loaded.get_output_embeddings()
     if out_emb is not None and m.cfg.tie_embeddings:
         assert out_emb.weight is loaded.get_input_embeddings().weight  # tied after loading
@@ -62,8 +72,9 @@ def test_round_trip_and_auto_loading(preset, kw, auto, tmp_path):
 @pytest.mark.parametrize("kind, heads", [("mhe-mul", 1), ("mhe-add", 1), ("mqa", 1), ("mha", 4), ("gqa", 2)])
 def test_generation_cache_has_the_kinds_kv_heads(kind, heads):
     m = core("tiny-decoder", kind, attn_options={"n_kv_heads": 2} if kind == "gqa" else {})
-    hf = to_hf(m, bos_token_id=5, eos_token_id=6).eval()
     ids = torch.randint(7, 99, (2, 4))
+    ours = m.generate(ids, 7)  # before wrapping; keeps emitting tokens after EOS (6), transformers pads them with 0
+    hf = to_hf(m, bos_token_id=5, eos_token_id=6).eval()
     out = hf(ids, use_cache=True)
     cache = getattr(out, mhe.hf.modeling.CACHE_FIELD)
     assert cache.layers[0].keys.shape[1] == heads and cache.get_seq_length() == 4
@@ -71,7 +82,6 @@ def test_generation_cache_has_the_kinds_kv_heads(kind, heads):
         a = hf.generate(ids, max_new_tokens=7, do_sample=False, num_beams=beams, use_cache=True, pad_token_id=0)
         b = hf.generate(ids, max_new_tokens=7, do_sample=False, num_beams=beams, use_cache=False, pad_token_id=0)
         assert torch.equal(a, b), beams
-    ours = m.generate(ids, 7)  # keeps emitting tokens after EOS (6); transformers pads them with 0
     after_eos = torch.cumsum(ours == 6, 1) - (ours == 6).long() > 0
     ours = ours.masked_fill(after_eos, 0)
     assert torch.equal(hf.generate(ids, max_new_tokens=7, do_sample=False, pad_token_id=0), ours)
@@ -80,14 +90,14 @@ def test_generation_cache_has_the_kinds_kv_heads(kind, heads):
 @pytest.mark.parametrize("kind", ["mhe-mul", "mha"])
 def test_seq2seq_generation_cached_equals_uncached(kind):
     m = core("tiny-encoder-decoder", kind)
-    hf = to_hf(m, decoder_start_token_id=1, bos_token_id=1, eos_token_id=2).eval()
     src = torch.randint(7, 99, (2, 6))
+    ours = m.greedy(src, bos_id=1, eos_id=2, max_len=9)  # before wrapping
+    hf = to_hf(m, decoder_start_token_id=1, bos_token_id=1, eos_token_id=2).eval()
     for beams in (1, 3):
         a = hf.generate(src, max_new_tokens=8, do_sample=False, num_beams=beams, use_cache=True, pad_token_id=0)
         b = hf.generate(src, max_new_tokens=8, do_sample=False, num_beams=beams, use_cache=False, pad_token_id=0)
         assert torch.equal(a, b), beams
     greedy = hf.generate(src, max_new_tokens=8, do_sample=False, pad_token_id=0)
-    ours = m.greedy(src, bos_id=1, eos_id=2, max_len=9)
     n = min(greedy.shape[1], ours.shape[1])
     assert torch.equal(greedy[:, :n], ours[:, :n])
 

@@ -55,6 +55,8 @@ def describe(tp: Any) -> str:
         return "one of " + ", ".join(str(a) for a in args)
     if _optional(tp) is not None:
         return f"{describe(_optional(tp))} or null"
+    if _union(tp):
+        return " or ".join(describe(a) for a in args)
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             return f"a list of {describe(args[0])} items"
@@ -75,6 +77,21 @@ def _optional(tp: Any):
     return None
 
 
+def _union(tp: Any) -> bool:
+    """True for a union of several types (``bool | Literal["auto"]``) other than ``X | None``."""
+    return typing.get_origin(tp) in (Union, types.UnionType) and _optional(tp) is None
+
+
+def _first_fit(key: str, value: Any, tp: Any, convert) -> Any:
+    """``convert(key, value, member)`` for the first member of the union ``tp`` it suits."""
+    for member in typing.get_args(tp):
+        try:
+            return convert(key, value, member)
+        except MheError:
+            continue
+    raise _bad(key, value, tp)
+
+
 def _bad(key: str, value: Any, tp: Any) -> MheError:
     return MheError(f"{key}={value!r} is not allowed; {key} takes {describe(tp)}")
 
@@ -83,6 +100,8 @@ def parse_text(key: str, text: str, tp: Any) -> Any:
     """The value of ``--set key=text`` for a field of type ``tp`` (checked by :func:`coerce`)."""
     if tp is str or typing.get_origin(tp) is Literal:
         return coerce(key, text, tp)
+    if _union(tp):
+        return _first_fit(key, text, tp, parse_text)
     if tp is bool:
         low = text.strip().lower()
         if low in ("true", "false"):
@@ -112,6 +131,8 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
     inner = _optional(tp)
     if inner is not None:
         return None if value is None else coerce(key, value, inner)
+    if _union(tp):
+        return _first_fit(key, value, tp, coerce)
     if tp is bool:
         if not isinstance(value, bool):
             raise _bad(key, value, tp)
@@ -184,13 +205,17 @@ def unknown_key(key: str, cls: type) -> MheError:
 
 
 def build(cls: type, values: dict, prefix: str):
-    """An instance of ``cls`` from a dict (unknown keys named, values coerced)."""
-    names = {f.name for f in dataclasses.fields(cls)}
+    """An instance of ``cls`` from a dict (unknown keys named, values coerced and checked
+    against their bounds before ``cls``'s own ``__post_init__`` sees them)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     for name in values:
-        if name not in names:
+        if name not in fields:
             raise unknown_key(f"{prefix}.{name}", cls)
     types_ = field_types(cls)
-    return cls(**{k: coerce(f"{prefix}.{k}", v, types_[k]) for k, v in values.items()})
+    coerced = {k: coerce(f"{prefix}.{k}", v, types_[k]) for k, v in values.items()}
+    for k, v in coerced.items():
+        check_bounds(f"{prefix}.{k}", v, fields[k].metadata.get("bounds", {}))
+    return cls(**coerced)
 
 
 def nondefault(obj: Any) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from mhe.attention.base import Attention
+from mhe.attention.multi_head import kv_heads
 from mhe.attention.registry import make_config
 from mhe.errors import one_of
 from mhe.models.config import ARCHS
@@ -44,12 +45,13 @@ def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | N
     if kind == "fnet":
         return 0
     if kind == "linear":
-        return cfg.max_len ** 2 + m * m + (m if bias else 0)
+        return cfg.options.resolved_max_len ** 2 + m * m + (m if bias else 0)
+    g = kv_heads(kind, n, cfg.options)  # key/value heads: n (mha), 1 (mqa), gqa's n_kv_heads or its default
     # (input width, output width) of each input projection
     projections = {
-        "mha": [nd, nd, nd],
-        "gqa": [nd, getattr(cfg, "n_kv_heads", 0) * d, getattr(cfg, "n_kv_heads", 0) * d],  # config's default
-        "mqa": [nd, d, d],
+        "mha": [nd, g * d, g * d],
+        "gqa": [nd, g * d, g * d],
+        "mqa": [nd, g * d, g * d],
         "skv": [nd, nd],
         "el-att": [nd],
         "sha": [d, d, d],

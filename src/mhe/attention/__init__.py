@@ -1,22 +1,23 @@
-"""The attention zoo: every kind behind one contract (see :mod:`mhe.attention.base`).
+"""The attention zoo: every kind behind one contract (see :mod:`mhe.attention.base`), listed by
+name in :mod:`mhe.attention.registry`."""
 
-Importing the package imports every variant module, whose ``@register`` decorators fill the
-registry (:mod:`mhe.attention.registry` holds only the table)."""
-
-from mhe.attention.base import Attention, AttentionConfig
+from mhe.attention.base import Attention, AttentionConfig, NoOptions
 from mhe.attention.kernels import KERNELS, register_kernel
 from mhe.attention.kv_cache import KVCache
+from mhe.attention.mhe import MHEOptions
+from mhe.attention.mixing import LinearOptions
+from mhe.attention.multi_head import GroupedQueryOptions
 from mhe.attention.registry import (
+    ATTENTION_CLASSES,
     KINDS,
     PAPER_KINDS,
     attention_class,
     build_attention,
     make_config,
+    options_class,
     parse_kinds,
 )
 
-# the variant modules: importing them registers their kinds
-from mhe.attention import el_attention, mhe, mixing, multi_head, single_head  # noqa: F401, E402  isort: skip
-
-__all__ = ["Attention", "AttentionConfig", "KERNELS", "KVCache", "KINDS", "PAPER_KINDS",
-           "attention_class", "build_attention", "make_config", "parse_kinds", "register_kernel"]
+__all__ = ["ATTENTION_CLASSES", "Attention", "AttentionConfig", "GroupedQueryOptions", "KERNELS", "KVCache", "KINDS",
+           "LinearOptions", "MHEOptions", "NoOptions", "PAPER_KINDS", "attention_class", "build_attention",
+           "make_config", "options_class", "parse_kinds", "register_kernel"]

@@ -24,7 +24,12 @@ from torch import nn
 
 from mhe.attention import kernels
 from mhe.attention.kv_cache import KVCache
-from mhe.errors import MheError, require_positive
+from mhe.errors import MheError, one_of, require_positive
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a kind with no knobs beyond the shared ones (mha, sha, mqa, skv, el-att, fnet)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +46,8 @@ class AttentionConfig:
         kernel: how the attention step is computed, a name in
             :data:`mhe.attention.kernels.KERNELS` (``sdpa``, ``eager``, ...); it never
             changes the function, only how it runs.
+        options: the kind's own knobs, its options dataclass (the one ``--set
+            model.attn_options.*`` fills; :func:`mhe.attention.registry.options_class`).
     """
 
     d_model: int
@@ -50,10 +57,13 @@ class AttentionConfig:
     causal: bool = False
     bias: bool = False
     kernel: str = "sdpa"
+    options: object = NoOptions()
 
     def __post_init__(self) -> None:
         require_positive(d_model=self.d_model, n_heads=self.n_heads)
         kernels.check_kernel(self.kernel)
+        if not dataclasses.is_dataclass(self.options) or isinstance(self.options, type):
+            raise MheError(f"options must be an attention kind's options dataclass, got {self.options!r}")
         if self.head_dim is None:
             if self.d_model % self.n_heads:
                 raise MheError(
@@ -75,26 +85,29 @@ class AttentionConfig:
         """n * d, the width of the concatenated heads."""
         return self.n_heads * self.head_dim
 
-    @classmethod
-    def option_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
-
 
 class Attention(nn.Module):
     """Base class: projections differ per kind, the attention step is shared.
 
     Subclasses implement ``_queries`` (``[B, T, m] -> [B, h_q, T, d]``),
     ``_keys_values`` (``[B, S, m] -> 2 x [B, h_kv, S, d]``) and ``_output``
-    (``[B, h_q, T, d] -> [B, T, m]``), and set ``cache_heads``.
+    (``[B, h_q, T, d] -> [B, T, m]``), set ``cache_heads`` and name the kinds they build
+    in ``kind_options``; an instance knows its ``kind`` (the registry passes it).
     """
 
-    kind: ClassVar[str] = ""
-    config_class: ClassVar[type[AttentionConfig]] = AttentionConfig
+    kind_options: ClassVar[dict[str, type]] = {}
+    """The kinds this class builds, each with its options dataclass; the first is the default."""
     supports_cache: ClassVar[bool] = True
     supports_cross: ClassVar[bool] = True
 
-    def __init__(self, cfg: AttentionConfig) -> None:
+    def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         super().__init__()
+        self.kind = kind or next(iter(self.kind_options))
+        if self.kind not in self.kind_options:
+            raise one_of(f"kind for {type(self).__name__}", self.kind, self.kind_options)
+        want = self.kind_options[self.kind]
+        if type(cfg.options) is not want:
+            raise MheError(f"attention kind {self.kind!r} takes {want.__name__}, got {type(cfg.options).__name__}")
         self.cfg = cfg
 
     # --- the contract ---------------------------------------------------

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from mhe.attention.base import AttentionConfig
-from mhe.attention.multi_head import MultiHeadAttention
-from mhe.attention.registry import register
+from mhe.attention.base import AttentionConfig, NoOptions
+from mhe.attention.multi_head import GroupedQueryAttention
 from mhe.errors import MheError
 
 
-@register("el-att")
-class ELAttention(MultiHeadAttention):
+class ELAttention(GroupedQueryAttention):
     """EL-attention (Yan et al. 2021) as counted in the paper (section 4.1, Table 4).
 
     The projections of keys and values are eliminated: head i attends with its
@@ -18,13 +16,15 @@ class ELAttention(MultiHeadAttention):
     (output); Table 4: d^2 n^2 without the output projection.
     """
 
-    def __init__(self, cfg: AttentionConfig) -> None:
+    kind_options = {"el-att": NoOptions}
+
+    def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         if cfg.inner_dim != cfg.d_model:
             raise MheError(
                 f"el-att uses the input as keys and values, so n_heads*head_dim must equal d_model; "
                 f"got {cfg.n_heads}*{cfg.head_dim} != {cfg.d_model}"
             )
-        super().__init__(cfg)
+        super().__init__(cfg, kind=kind)
 
     def _make_kv(self, cfg: AttentionConfig) -> None:
         pass  # no key or value projection

@@ -37,7 +37,10 @@ def fold_mhe(mod: _MHEBase) -> nn.Module:
 
 
 def fold_model(model: nn.Module) -> nn.Module:
-    """Replace every fast MHE sublayer of ``model`` (in place) by its folded MQA form."""
+    """Replace every fast MHE sublayer of ``model`` (in place) by its folded MQA form.
+
+    Computes the same function in eval mode; every weight outside the folded sublayers is
+    kept bit for bit (the same tensors)."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, _MHEBase) and not child.reference:

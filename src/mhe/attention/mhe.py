@@ -45,22 +45,23 @@ column blocks differ.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mhe.attention.base import Attention, AttentionConfig
-from mhe.attention.registry import register
 from mhe.errors import MheError, one_of
+from mhe.settings import setting
 
 IMPLS = ("fast", "reference")
 QUERY_FOLDS = ("weight", "activation")
 
 
-@dataclass(frozen=True, kw_only=True)
-class MHEConfig(AttentionConfig):
-    """MHE's own options.
+@dataclass(frozen=True)
+class MHEOptions:
+    """MHE's own options (``model.attn_options``); a new one is one field here.
 
     Attributes:
         impl: ``"fast"`` (multi-query cost) or ``"reference"`` (literal equations).
@@ -68,12 +69,11 @@ class MHEConfig(AttentionConfig):
         query_fold: how the fast path applies per-head query factors.
     """
 
-    impl: str = "fast"
-    init_std: float = 0.02
-    query_fold: str = "weight"
+    impl: Literal[IMPLS] = "fast"
+    init_std: float = setting(0.02, ge=0)
+    query_fold: Literal[QUERY_FOLDS] = "weight"
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.impl not in IMPLS:
             raise one_of("MHE impl", self.impl, IMPLS)
         if self.query_fold not in QUERY_FOLDS:
@@ -83,11 +83,10 @@ class MHEConfig(AttentionConfig):
 
 
 class _MHEBase(Attention):
-    config_class = MHEConfig
     multiplicative: bool = False
 
-    def __init__(self, cfg: MHEConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
+        super().__init__(cfg, kind=kind)
         m, n, d = cfg.d_model, cfg.n_heads, cfg.head_dim
         self.q_proj = nn.Linear(m, d, bias=cfg.bias)
         self.k_proj = nn.Linear(m, d, bias=cfg.bias)
@@ -97,11 +96,11 @@ class _MHEBase(Attention):
         self.reset_head_embeddings()
 
     def reset_head_embeddings(self) -> None:
-        nn.init.normal_(self.head_embed, mean=0.0, std=self.cfg.init_std)
+        nn.init.normal_(self.head_embed, mean=0.0, std=self.cfg.options.init_std)
 
     @property
     def reference(self) -> bool:
-        return self.cfg.impl == "reference"
+        return self.cfg.options.impl == "reference"
 
     @property
     def cache_heads(self) -> int:
@@ -162,7 +161,7 @@ class _MHEBase(Attention):
         c = self.cfg
         n, d = c.n_heads, c.head_dim
         b, t, _ = x.shape
-        if c.query_fold == "activation":
+        if c.options.query_fold == "activation":
             return self._psi_factor(self.q_proj(x), self._query_factors())  # [B, n, T, d]
         w_all, b_all = self.folded_query()  # [n*d, m], [n*d]
         return F.linear(x, w_all, b_all).view(b, t, n, d).transpose(1, 2)  # [B, n, T, d]
@@ -177,24 +176,25 @@ class _MHEBase(Attention):
         return F.linear(self._merge_heads(h), w, bias)
 
 
-@register("mhe-mul")
 class MHEMul(_MHEBase):
     """MHE-Mul: psi(A, e) = A * (e + 1) (section 3.4). See the module docstring."""
 
+    kind_options = {"mhe-mul": MHEOptions}
     multiplicative = True
 
     def _query_factors(self):
-        e = self.head_embed
-        return (e[0] + 1) * (e[1] + 1)  # [n, d]: query scale times key scale
+        scale_q, scale_k = (self.head_embed[:2] + 1).unbind(0)  # one add, one backward node (fewer kernels)
+        return scale_q * scale_k  # [n, d]: query scale times key scale
 
     def folded_output(self):
         """A_i (V*(1+eV_i)) = (A_i V)*(1+eV_i): the value scales move into the columns of W^O."""
         return self.out_proj.weight * (self.head_embed[2] + 1).reshape(1, -1), self.out_proj.bias  # [m, n*d]
 
 
-@register("mhe-add")
 class MHEAdd(_MHEBase):
     """MHE-Add: psi(A, e) = A + e (section 3.4). See the module docstring."""
+
+    kind_options = {"mhe-add": MHEOptions}
 
     def _query_factors(self):
         return self.head_embed[0]  # the key offsets cancel in softmax

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mhe.attention.base import Attention, AttentionConfig
+from mhe.attention.base import Attention, AttentionConfig, NoOptions
 from mhe.attention.kv_cache import KVCache
-from mhe.attention.registry import register
 from mhe.errors import MheError, require_positive
+from mhe.settings import setting
 
 
 class _Mixing(Attention):
@@ -40,17 +40,18 @@ class _Mixing(Attention):
         raise NotImplementedError
 
 
-@register("fnet")
 class FNetMixing(_Mixing):
     """FNet: Re(FFT_seq(FFT_hidden(x))), no parameters (Lee-Thorp et al. 2022, Eq. 3).
 
     A Fourier transform over the sequence sees every position, so FNet cannot be causal.
     """
 
-    def __init__(self, cfg: AttentionConfig) -> None:
+    kind_options = {"fnet": NoOptions}
+
+    def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         if cfg.causal:
             raise MheError("attention kind 'fnet' mixes the whole sequence and cannot be causal; use it in encoders")
-        super().__init__(cfg)
+        super().__init__(cfg, kind=kind)
 
     def _mix(self, x):
         dtype = x.dtype
@@ -58,18 +59,26 @@ class FNetMixing(_Mixing):
         return y.to(dtype)
 
 
-@dataclass(frozen=True, kw_only=True)
-class LinearMixingConfig(AttentionConfig):
-    """Adds ``max_len``: the sequence-mixing matrix is max_len x max_len."""
+@dataclass(frozen=True)
+class LinearOptions:
+    """linear's own options (``model.attn_options``).
 
-    max_len: int = 512
+    Attributes:
+        max_len: the side of the sequence-mixing matrix; None takes the model's ``max_len``
+            (:attr:`resolved_max_len` when the sublayer is built on its own).
+    """
+
+    max_len: int | None = setting(None, gt=0)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        require_positive(max_len=self.max_len)
+        if self.max_len is not None:
+            require_positive(max_len=self.max_len)
+
+    @property
+    def resolved_max_len(self) -> int:
+        return 512 if self.max_len is None else self.max_len
 
 
-@register("linear")
 class LinearMixing(_Mixing):
     """Linear mixing: Y = W_seq X W_hidden (Lee-Thorp et al. 2022).
 
@@ -79,18 +88,19 @@ class LinearMixing(_Mixing):
     Parameters: max_len^2 + m^2 (+ m with bias).
     """
 
-    config_class = LinearMixingConfig
+    kind_options = {"linear": LinearOptions}
 
-    def __init__(self, cfg: LinearMixingConfig) -> None:
-        super().__init__(cfg)
-        self.seq_mix = nn.Parameter(torch.empty(cfg.max_len, cfg.max_len))
+    def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
+        super().__init__(cfg, kind=kind)
+        self.max_len = cfg.options.resolved_max_len
+        self.seq_mix = nn.Parameter(torch.empty(self.max_len, self.max_len))
         self.hidden_mix = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
-        nn.init.normal_(self.seq_mix, std=cfg.max_len ** -0.5)
+        nn.init.normal_(self.seq_mix, std=self.max_len ** -0.5)
 
     def _mix(self, x):
         t = x.shape[1]
-        if t > self.cfg.max_len:
-            raise MheError(f"sequence length {t} exceeds the linear mixer's max_len {self.cfg.max_len}")
+        if t > self.max_len:
+            raise MheError(f"sequence length {t} exceeds the linear mixer's max_len {self.max_len}")
         w = self.seq_mix[:t, :t]
         if self.cfg.causal:
             w = torch.tril(w)

@@ -1,4 +1,4 @@
-"""MHA, GQA, MQA and SKV: per-head query projections, differing key/value sharing."""
+"""MHA, MQA and GQA (one class: g key/value heads for n query heads) and SKV."""
 
 from __future__ import annotations
 
@@ -6,44 +6,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from mhe.attention.base import Attention, AttentionConfig
-from mhe.attention.registry import register
+from mhe.attention.base import Attention, AttentionConfig, NoOptions
 from mhe.errors import MheError, require_positive
-
-
-@register("mha")
-class MultiHeadAttention(Attention):
-    """Multi-head attention (Vaswani et al. 2017; paper section 3.1, Eqs. 1-3).
-
-    Each head i has its own W_i^Q, W_i^K, W_i^V in R^{m x d}.
-    Parameters: 3*m*n*d (Q, K, V) + n*d*m (output) = 4m^2 when m = n*d.
-    """
-
-    def __init__(self, cfg: AttentionConfig) -> None:
-        super().__init__(cfg)
-        m, nd = cfg.d_model, cfg.inner_dim
-        self.q_proj = nn.Linear(m, nd, bias=cfg.bias)
-        self._make_kv(cfg)
-        self.out_proj = nn.Linear(nd, m, bias=cfg.bias)
-
-    def _make_kv(self, cfg: AttentionConfig) -> None:
-        kv = self.cache_heads * cfg.head_dim
-        self.k_proj = nn.Linear(cfg.d_model, kv, bias=cfg.bias)
-        self.v_proj = nn.Linear(cfg.d_model, kv, bias=cfg.bias)
-
-    @property
-    def cache_heads(self) -> int:
-        return self.cfg.n_heads
-
-    def _queries(self, x):
-        return self._split_heads(self.q_proj(x), self.cfg.n_heads)  # [B, n, T, d]
-
-    def _keys_values(self, src):
-        h = self.cache_heads
-        return self._split_heads(self.k_proj(src), h), self._split_heads(self.v_proj(src), h)
-
-    def _output(self, h):
-        return self.out_proj(self._merge_heads(h))  # [B, T, m]
+from mhe.settings import setting
 
 
 def default_kv_heads(n_heads: int) -> int:
@@ -53,69 +18,92 @@ def default_kv_heads(n_heads: int) -> int:
     One quarter keeps GQA between its two limits, MQA (g = 1) and MHA (g = n), as Ainslie et
     al. (2023) use it (e.g. 8 groups of 64 heads is n/8; n/4 is the middle ground common in
     released models); a default of 1 would only repeat MQA. Models, ``mhe params`` and
-    ``mhe memory`` all take it from here.
+    ``mhe memory`` all take it from here (through :func:`kv_heads`).
     """
     require_positive(n_heads=n_heads)
     limit = max(1, n_heads // 4)
     return max(g for g in range(1, limit + 1) if n_heads % g == 0)
 
 
-@dataclass(frozen=True, kw_only=True)
-class GroupedQueryConfig(AttentionConfig):
-    """Adds ``n_kv_heads``, the number of key/value heads (must divide n_heads; 0 or unset:
-    :func:`default_kv_heads`)."""
+@dataclass(frozen=True)
+class GroupedQueryOptions:
+    """gqa's own options (``model.attn_options``).
 
-    n_kv_heads: int = 0
+    Attributes:
+        n_kv_heads: the key/value heads g (Ainslie et al. 2023), which must divide
+            ``n_heads``; 0 picks :func:`default_kv_heads`.
+    """
+
+    n_kv_heads: int = setting(0, ge=0)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.n_kv_heads == 0:
-            object.__setattr__(self, "n_kv_heads", default_kv_heads(self.n_heads))
-        require_positive(n_kv_heads=self.n_kv_heads)
-        if self.n_heads % self.n_kv_heads:
-            raise MheError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+        if self.n_kv_heads != 0 or isinstance(self.n_kv_heads, bool):
+            require_positive(n_kv_heads=self.n_kv_heads)
 
 
-@register("gqa")
-class GroupedQueryAttention(MultiHeadAttention):
-    """Grouped-query attention (Ainslie et al. 2023): n query heads share g key/value heads.
-
-    Parameters: m*n*d (Q) + 2*m*g*d (K, V) + n*d*m (output). g = 1 is MQA, g = n is MHA.
-    """
-
-    config_class = GroupedQueryConfig
-
-    @property
-    def cache_heads(self) -> int:
-        return self.cfg.n_kv_heads
-
-
-@dataclass(frozen=True, kw_only=True)
-class MultiQueryConfig(AttentionConfig):
-    pass
-
-
-@register("mqa")
-class MultiQueryAttention(MultiHeadAttention):
-    """Multi-query attention (Shazeer 2019): one key and one value head shared by all queries.
-
-    Parameters: m*n*d (Q) + 2*m*d (K, V) + n*d*m (output); Table 4: d^2 n^2 + 2 d^2 n
-    without the output projection.
-    """
-
-    config_class = MultiQueryConfig
-
-    @property
-    def cache_heads(self) -> int:
+def kv_heads(kind: str, n_heads: int, options: object) -> int:
+    """The key/value heads g of a multi-head kind: 1 for ``mqa``, gqa's ``n_kv_heads``
+    (0: :func:`default_kv_heads`), n for the others (``mha``, ``skv``, ``el-att``)."""
+    if kind == "mqa":
         return 1
+    if kind != "gqa":
+        return n_heads
+    g = options.n_kv_heads or default_kv_heads(n_heads)
+    if n_heads % g:
+        raise MheError(f"n_kv_heads={g} must divide n_heads={n_heads}")
+    return g
 
 
-@register("skv")
-class SharedKeyValueAttention(MultiHeadAttention):
+class GroupedQueryAttention(Attention):
+    """Multi-head attention whose n query heads share g key/value heads, in groups of n/g.
+
+    * ``mha``, g = n: multi-head attention (Vaswani et al. 2017; paper section 3.1, Eqs. 1-3),
+      each head i with its own W_i^Q, W_i^K, W_i^V in R^{m x d};
+    * ``mqa``, g = 1: multi-query attention (Shazeer 2019), one key and one value head;
+    * ``gqa``, g = ``n_kv_heads``: grouped-query attention (Ainslie et al. 2023).
+
+    The kind fixes g (mha, mqa) or takes it from its options (gqa; see :func:`kv_heads`).
+    Parameters: m*n*d (Q) + 2*m*g*d (K, V) + n*d*m (output): 4m^2 for MHA when m = n*d;
+    Table 4 (no output projection): 3 d^2 n^2 (MHA), d^2 n^2 + 2 d^2 n (MQA).
+    """
+
+    kind_options = {"mha": NoOptions, "mqa": NoOptions, "gqa": GroupedQueryOptions}
+
+    def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
+        super().__init__(cfg, kind=kind)
+        self.n_kv_heads = kv_heads(self.kind, cfg.n_heads, cfg.options)
+        m, nd = cfg.d_model, cfg.inner_dim
+        self.q_proj = nn.Linear(m, nd, bias=cfg.bias)
+        self._make_kv(cfg)
+        self.out_proj = nn.Linear(nd, m, bias=cfg.bias)
+
+    def _make_kv(self, cfg: AttentionConfig) -> None:
+        kv = self.n_kv_heads * cfg.head_dim
+        self.k_proj = nn.Linear(cfg.d_model, kv, bias=cfg.bias)
+        self.v_proj = nn.Linear(cfg.d_model, kv, bias=cfg.bias)
+
+    @property
+    def cache_heads(self) -> int:
+        return self.n_kv_heads
+
+    def _queries(self, x):
+        return self._split_heads(self.q_proj(x), self.cfg.n_heads)  # [B, n, T, d]
+
+    def _keys_values(self, src):
+        g = self.n_kv_heads
+        return self._split_heads(self.k_proj(src), g), self._split_heads(self.v_proj(src), g)  # [B, g, S, d]
+
+    def _output(self, h):
+        return self.out_proj(self._merge_heads(h))  # [B, T, m]
+
+
+class SharedKeyValueAttention(GroupedQueryAttention):
     """Shared key-value attention (Kitaev et al. 2020, Reformer): K = V = X W^{KV}.
 
     Parameters: m*n*d (Q) + m*n*d (shared K/V) + n*d*m (output); Table 4: 2 d^2 n^2.
     """
+
+    kind_options = {"skv": NoOptions}
 
     def _make_kv(self, cfg: AttentionConfig) -> None:
         self.kv_proj = nn.Linear(cfg.d_model, cfg.inner_dim, bias=cfg.bias)
@@ -123,5 +111,3 @@ class SharedKeyValueAttention(MultiHeadAttention):
     def _keys_values(self, src):
         kv = self._split_heads(self.kv_proj(src), self.cfg.n_heads)  # [B, n, S, d]
         return kv, kv
-
-

@@ -1,33 +1,46 @@
 """Name -> attention class. Names are exactly the paper's labels (section 4.1, Appendix A).
 
-This module holds only the table and its decorator; the variant modules register themselves
-with :func:`register`, and the package (``mhe/attention/__init__.py``) imports every variant
-module, so importing anything from ``mhe.attention`` fills the table."""
+The table is written out below; each class names the kinds it builds with their options
+dataclass (``kind_options``: ``mha``, ``mqa`` and ``gqa`` are one class that differs only in
+its key/value heads). A kind's options are the typed ``model.attn_options`` of a run.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
+from mhe.attention.base import Attention, AttentionConfig
+from mhe.attention.el_attention import ELAttention
+from mhe.attention.mhe import MHEAdd, MHEMul
+from mhe.attention.mixing import FNetMixing, LinearMixing
+from mhe.attention.multi_head import GroupedQueryAttention, SharedKeyValueAttention
+from mhe.attention.single_head import SingleHeadAttention
 from mhe.errors import MheError, one_of
 
-KINDS: tuple[str, ...] = ("mha", "sha", "mqa", "gqa", "skv", "el-att", "mhe-add", "mhe-mul", "fnet", "linear")
+ATTENTION_CLASSES: dict[str, type[Attention]] = {
+    "mha": GroupedQueryAttention,
+    "sha": SingleHeadAttention,
+    "mqa": GroupedQueryAttention,
+    "gqa": GroupedQueryAttention,
+    "skv": SharedKeyValueAttention,
+    "el-att": ELAttention,
+    "mhe-add": MHEAdd,
+    "mhe-mul": MHEMul,
+    "fnet": FNetMixing,
+    "linear": LinearMixing,
+}
+"""Every attention kind and the class that builds it, in the order tables list them."""
+
+KINDS: tuple[str, ...] = tuple(ATTENTION_CLASSES)
 """Every attention kind, in the order tables list them."""
 
 PAPER_KINDS: tuple[str, ...] = ("sha", "mha", "el-att", "mqa", "skv", "mhe-add", "mhe-mul")
 """The seven kinds of the paper's main tables (Tables 1-3), in their row order."""
 
-_REGISTRY: dict[str, type] = {}
-
-
-def register(name: str):
-    """Class decorator adding an attention kind under its paper label."""
-    def deco(cls):
-        if name not in KINDS:
-            raise MheError(f"attention kind {name!r} is not one of the known labels {KINDS}")
-        cls.kind = name
-        _REGISTRY[name] = cls
-        return cls
-    return deco
+SIZES = ("d_model", "n_heads", "head_dim")
+SHARED_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AttentionConfig)
+                                        if f.name not in SIZES + ("options",))
+"""The options every kind takes (``dropout``, ``causal``, ``bias``, ``kernel``)."""
 
 
 def parse_kinds(spec: str, *, what: str = "--kinds") -> tuple[str, ...]:
@@ -46,24 +59,31 @@ def parse_kinds(spec: str, *, what: str = "--kinds") -> tuple[str, ...]:
     return kinds
 
 
-def attention_class(kind: str):
-    if kind not in _REGISTRY:
+def attention_class(kind: str) -> type[Attention]:
+    if kind not in ATTENTION_CLASSES:
         raise one_of("attention kind", kind, KINDS)
-    return _REGISTRY[kind]
+    return ATTENTION_CLASSES[kind]
 
 
-def make_config(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None, **options):
-    """Validate options for ``kind`` and return its config dataclass."""
-    cls = attention_class(kind)
-    allowed = cls.config_class.option_names()
-    bad = sorted(set(options) - set(allowed))
+def options_class(kind: str) -> type:
+    """The options dataclass of an attention kind (``model.attn_options``)."""
+    return attention_class(kind).kind_options[kind]
+
+
+def make_config(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None, **options) -> AttentionConfig:
+    """Validate ``options`` for ``kind`` (the shared ones and the kind's own) and return its config."""
+    own_class = options_class(kind)
+    own_names = tuple(f.name for f in dataclasses.fields(own_class))
+    bad = sorted(set(options) - set(SHARED_OPTIONS) - set(own_names))
     if bad:
-        extra = [a for a in allowed if a not in ("d_model", "n_heads", "head_dim")]
-        raise MheError(f"attention kind {kind!r} takes no option {bad[0]!r}; valid options: {', '.join(extra)}")
-    return cls.config_class(d_model=d_model, n_heads=n_heads, head_dim=head_dim, **options)
+        raise MheError(f"attention kind {kind!r} takes no option {bad[0]!r}; valid options: "
+                       f"{', '.join(SHARED_OPTIONS + own_names)}")
+    own = own_class(**{k: v for k, v in options.items() if k in own_names})
+    shared = {k: v for k, v in options.items() if k in SHARED_OPTIONS}
+    return AttentionConfig(d_model=d_model, n_heads=n_heads, head_dim=head_dim, options=own, **shared)
 
 
-def build_attention(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None, **options):
+def build_attention(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None, **options) -> Attention:
     """Build one attention sublayer of the given kind.
 
     Args:
@@ -71,17 +91,9 @@ def build_attention(kind: str, *, d_model: int, n_heads: int, head_dim: int | No
         d_model: model width m.
         n_heads: heads n (SHA keeps n for its output projection, see ``sha``).
         head_dim: per-head width d (default m / n).
-        **options: ``bias``, ``dropout``, ``causal`` for every kind; ``n_kv_heads``
-            (gqa); ``max_len`` (linear); ``impl``, ``init_std``, ``query_fold`` (mhe-*).
+        **options: ``bias``, ``dropout``, ``causal``, ``kernel`` for every kind, and the
+            fields of the kind's options dataclass (:func:`options_class`): ``n_kv_heads``
+            (gqa), ``max_len`` (linear), ``impl``, ``init_std``, ``query_fold`` (mhe-*).
     """
     cfg = make_config(kind, d_model=d_model, n_heads=n_heads, head_dim=head_dim, **options)
-    return attention_class(kind)(cfg)
-
-
-def accepts_option(kind: str, name: str) -> bool:
-    return name in attention_class(kind).config_class.option_names()
-
-
-def config_fields(kind: str) -> list[dataclasses.Field]:
-    return list(dataclasses.fields(attention_class(kind).config_class))
-
+    return attention_class(kind)(cfg, kind=kind)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from mhe.attention.base import Attention, AttentionConfig
-from mhe.attention.registry import register
+from mhe.attention.base import Attention, AttentionConfig, NoOptions
 
 
-@register("sha")
 class SingleHeadAttention(Attention):
     """Single-head attention with one head of width d (paper section 4.1).
 
@@ -24,8 +22,10 @@ class SingleHeadAttention(Attention):
     Parameters: 3*m*d (Q, K, V) + n*d*m (output).
     """
 
-    def __init__(self, cfg: AttentionConfig) -> None:
-        super().__init__(cfg)
+    kind_options = {"sha": NoOptions}
+
+    def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
+        super().__init__(cfg, kind=kind)
         m, d = cfg.d_model, cfg.head_dim
         self.q_proj = nn.Linear(m, d, bias=cfg.bias)
         self.k_proj = nn.Linear(m, d, bias=cfg.bias)

@@ -9,12 +9,15 @@ other bad input (one line, no traceback). The main job is ``mhe compare``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from typing import Callable, NamedTuple
 
 from mhe.cli import accounting, bench, compare, convert, evaluation, generate, training
 from mhe.errors import MheError
 from mhe.runtime import configure_threads
+from mhe.training.distributed import launched_rank
 
 
 class Command(NamedTuple):
@@ -129,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         configure_threads()  # MHE_THREADS: one setting for every command (mhe.runtime)
-        return int(COMMANDS[args.command].run(args) or 0)
+        # under torchrun only rank 0 prints results (messages and errors still go to standard error)
+        with open(os.devnull, "w") if launched_rank() else contextlib.nullcontext() as sink, \
+                contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
+            return int(COMMANDS[args.command].run(args) or 0)
     except MheError as e:
         print(f"mhe {args.command}: error: {e}", file=sys.stderr)
         return 2

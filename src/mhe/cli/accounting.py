@@ -64,7 +64,7 @@ def _kinds(spec: str) -> list[str]:
 
 
 def _kind_options(kind: str, geo: dict) -> dict:
-    if kind == "linear":  # gqa: its config's default group count (attention.multi_head.default_kv_heads)
+    if kind == "linear":  # gqa: its options' default group count (attention.multi_head.kv_heads)
         return {"max_len": geo["max_len"]}
     return {}
 

@@ -1,5 +1,6 @@
 """``mhe bench``: every attention kind side by side on this device, one table a section.
-The measuring lives in :mod:`mhe.bench`; this module reads the options and prints."""
+The measuring lives in :mod:`mhe.bench`; this module reads the options and prints, one small
+function per section."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import torch
 
 from mhe.accounting.memory import byte_unit
 from mhe.attention import kernels, parse_kinds
-from mhe.bench import BENCH_KINDS, bench_attention, bench_decode, bench_decode_attention, bench_training
-from mhe.bench_generate import run_generate_section
-from mhe.models.decode_step import split_kernel
+from mhe.bench import (BENCH_KINDS, SMOKE, bench_attention, bench_decode, bench_decode_attention, bench_training,
+                       generate_settings, run_generate_section)
 from mhe.errors import MheError, one_of
 from mhe.experiments.tables import print_table
+from mhe.models.decode_step import split_kernel
 from mhe.output_paths import check_output_file
 from mhe.training.checkpoint import write_json_atomic
+
+SECTIONS = ("attn", "train", "decode", "generate")
 
 
 def bench_args(p):
@@ -24,9 +27,16 @@ def bench_args(p):
     p.add_argument("--sections", default="attn,train,decode",
                    help="comma-separated sections: attn, train, decode, generate (default attn,train,decode)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (automatic on a CPU)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the attention and training sections")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the attention section and the isolated training step (mhe pretrain's "
+                        "step keeps its own default: compiled on a GPU)")
     p.add_argument("--train-batch", type=int, default=16, help="batch of the training section (default 16)")
     p.add_argument("--presets", default="gpt2-base,bert-base", help="presets of the training section")
+    p.add_argument("--trainer-steps", type=int, default=60,
+                   help="steps of mhe pretrain's trainer in the training section (logged every 10; default 60)")
+    p.add_argument("--train-data", default="",
+                   help="corpus of that trainer (ptb, wikitext-2, ...; default: random token blocks)")
+    p.add_argument("--data-dir", default="", help="data folder of --train-data (default: $MHE_DATA or ../shared/data)")
     p.add_argument("--reps", type=int, default=None, help="timed repeats (default 50; 3 in smoke sizes)")
     p.add_argument("--json", default="", help="also write every figure to this JSON file")
     p.add_argument("--no-graphs", action="store_true", help="time decode eagerly, not as CUDA graph replays")
@@ -37,106 +47,134 @@ def bench_args(p):
     p.add_argument("--gen-batches", default="1,64", help="generate section: batches at prompt 256 + 256 new tokens")
     p.add_argument("--gen-long", default="64x4096", help="generate section: BATCHxCONTEXT runs (256 new tokens)")
     p.add_argument("--no-peer", action="store_true", help="generate section: skip Hugging Face GPT-2's generate")
-    p.add_argument("--no-pad-vocab", action="store_true", help="keep the preset's vocabulary size in training")
+    p.add_argument("--no-pad-vocab", action="store_true", help="isolated training step: keep the vocabulary unpadded")
 
 
-SMOKE = "smoke sizes: every model shrunk to 2 layers, width 64, 4 heads, vocabulary 512"
-
-
-def cmd_bench(args) -> int:
+def _check(args) -> tuple[list[str], set[str]]:
     kinds = list(parse_kinds(args.kinds))
     for k in kinds:
         if k in ("fnet", "linear"):
             raise MheError(f"unknown bench kind {k!r}; valid: {', '.join(BENCH_KINDS)}")
     sections = set(args.sections.split(","))
-    bad = sections - {"attn", "train", "decode", "generate"}
+    bad = sections - set(SECTIONS)
     if bad:
-        raise MheError(f"unknown bench section {sorted(bad)[0]!r}; valid: attn, train, decode, generate")
-    for option, value in (("--reps", args.reps), ("--train-batch", args.train_batch)):
+        raise MheError(f"unknown bench section {sorted(bad)[0]!r}; valid: {', '.join(SECTIONS)}")
+    for option, value in (("--reps", args.reps), ("--train-batch", args.train_batch),
+                          ("--trainer-steps", args.trainer_steps)):
         if value is not None and value <= 0:
             raise MheError(f"{option} must be a positive integer, got {value}")
     if args.json:
         check_output_file(args.json, "--json")
     if args.kernel != "auto" and args.kernel not in kernels.KERNELS:
         raise one_of("attention kernel", args.kernel, ("auto", *kernels.KERNELS))
-    configured = split_kernel(args.kernel)[0]  # the attn and train sections
+    return kinds, sections
+
+
+def cmd_bench(args) -> int:
+    kinds, sections = _check(args)
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     small = args.smoke or not cuda
     card = torch.cuda.get_device_name(dev) if cuda else "CPU"
     print(f"device: {card}; torch {torch.__version__}; {SMOKE if small else 'full sizes'}; "
           f"attention kernel {args.kernel}")
-    reps = args.reps or (3 if small else 50)
-    warm = 1 if small else 10
-    dtype = torch.bfloat16 if cuda else torch.float32
+    run = dict(dev=dev, small=small, reps=args.reps or (3 if small else 50), warm=1 if small else 10,
+               dtype=torch.bfloat16 if cuda else torch.float32)
     result = {"device": card, "torch": torch.__version__, "smoke": small}
-    if "attn" in sections:
-        B, T, m, n = (2, 64, 64, 4) if small else (16, 1024, 768, 12)
-        rows = bench_attention(kinds, dev=dev, dtype=dtype, B=B, T=T, m=m, n=n, warmup=warm, reps=reps,
-                               compile_model=args.compile, kernel=configured)
-        result["attention"] = rows
-        ref = {r["kind"]: r for r in rows}
-        print(f"\nattention sublayer, B={B} T={T} m={m} n={n}, causal, {str(dtype).split('.')[-1]}"
-              f"{', torch.compile' if args.compile else ''}")
-        print_table(["kind", "fwd ms", "fwd+bwd ms", "vs MQA", "vs MHA", "graphs"],
-                    [[r["kind"], f"{r['fwd_ms']:.3f}", f"{r['fwd_bwd_ms']:.3f}",
-                      f"{r['fwd_bwd_ms'] / ref['mqa']['fwd_bwd_ms']:.2f}" if "mqa" in ref else "-",
-                      f"{r['fwd_bwd_ms'] / ref['mha']['fwd_bwd_ms']:.2f}" if "mha" in ref else "-",
-                      r.get("graphs", "-")] for r in rows])
-    if "train" in sections:
-        T = 64 if small else 512
-        rows = bench_training(kinds, [p.strip() for p in args.presets.split(",")], dev=dev,
-                              B=2 if small else args.train_batch, T=T, steps=reps if small else 20,
-                              warmup=warm if small else 5, compile_model=args.compile, small=small,
-                              pad_vocab=not args.no_pad_vocab)
-        result["training"] = rows
-        print(f"\ntraining step, sequence {T}, batch {2 if small else args.train_batch}, "
-              f"{'' if args.no_pad_vocab or small else 'vocabulary padded to a multiple of 128, '}"
-              f"{'bf16 autocast' if cuda else 'fp32'}{', torch.compile' if args.compile else ''}"
-              f"{' (' + SMOKE + ')' if small else ''}")
-        print_table(["preset", "shape measured", "kind", "step ms", "tokens/s", "MFU", "peak GiB"],
-                    [[r["preset"], r["shape"], r["kind"], f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
-                      "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
-                      "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.2f}"] for r in rows])
-    if "decode" in sections:
-        settings = [(2, 32), (1, 16)] if small else [(64, 4096), (1, 1024)]
-        m, n = (64, 4) if small else (768, 12)
-        graphs = cuda and not args.no_graphs
-        rows = bench_decode_attention(kinds, settings, dev=dev, dtype=dtype, m=m, n=n, warmup=warm, reps=reps,
-                                      graphs=graphs, kernel=args.kernel)
-        result["decode_attention"] = rows
-        ref = {(r["batch"], r["kind"]): r for r in rows}
-        unit, scale = byte_unit(max(r["kv_cache_bytes"] for r in rows))
-        print(f"\ndecode one token, one attention sublayer (m={m}, {n} heads; MHE folded to MQA)"
-              f"{'; CUDA graph replays' if graphs else ''}")
-        print_table(["batch", "context", "kind", "kernel", "step ms", "MHA / this", f"KV cache {unit}", "cache GB/s"],
-                    [[r["batch"], r["context"], r["kind"], r["kernel"], f"{r['step_ms']:.4f}",
-                      f"{ref[(r['batch'], 'mha')]['step_ms'] / r['step_ms']:.2f}x" if (r["batch"], "mha") in ref else "-",
-                      f"{r['kv_cache_bytes'] / scale:.1f}", f"{r['cache_gb_per_s']:,.0f}"] for r in rows])
-        rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small, graphs=graphs,
-                            kernel=args.kernel)
-        result["decode"] = rows
-        unit, scale = byte_unit(max(r["kv_cache_bytes_total"] for r in rows))
-        print(f"\ndecode one token against a filled KV cache ({rows[0]['shape'] if small else 'gpt2-base'}; "
-              f"MHE folded to MQA){'; CUDA graph replays' if graphs else ''}")
-        print_table(["batch", "context", "kind", "kernel", "step ms", "tokens/s", f"KV {unit}/layer", f"KV {unit} total"],
-                    [[r["batch"], r["context"], r["kind"], r["kernel"], f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
-                      f"{r['kv_cache_bytes_per_layer'] / scale:.1f}", f"{r['kv_cache_bytes_total'] / scale:.1f}"]
-                     for r in rows])
-    if "generate" in sections:
-        result["generate"] = run_generate_section(kinds, args, dev=dev, dtype=dtype, small=small)
-        print_generate_table(result["generate"], dtype, SMOKE if small else "gpt2-base")
+    for name, section in (("attn", attention_section), ("train", training_section), ("decode", decode_section),
+                          ("generate", generate_section)):
+        if name in sections:
+            result.update(section(args, kinds, **run))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.json, result)
     return 0
 
 
+def _dtype_name(dtype) -> str:
+    return str(dtype).split(".")[-1]
+
+
+def attention_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
+    B, T, m, n = (2, 64, 64, 4) if small else (16, 1024, 768, 12)
+    rows = bench_attention(kinds, dev=dev, dtype=dtype, B=B, T=T, m=m, n=n, warmup=warm, reps=reps,
+                           compile_model=args.compile, kernel=split_kernel(args.kernel)[0])
+    ref = {r["kind"]: r for r in rows}
+    print(f"\nattention sublayer, B={B} T={T} m={m} n={n}, causal, {_dtype_name(dtype)}"
+          f"{', torch.compile' if args.compile else ''}")
+    print_table(["kind", "fwd ms", "fwd+bwd ms", "vs MQA", "vs MHA", "graphs"],
+                [[r["kind"], f"{r['fwd_ms']:.3f}", f"{r['fwd_bwd_ms']:.3f}",
+                  f"{r['fwd_bwd_ms'] / ref['mqa']['fwd_bwd_ms']:.2f}" if "mqa" in ref else "-",
+                  f"{r['fwd_bwd_ms'] / ref['mha']['fwd_bwd_ms']:.2f}" if "mha" in ref else "-",
+                  r.get("graphs", "-")] for r in rows])
+    return {"attention": rows}
+
+
+def training_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
+    T, B = (64, 2) if small else (512, args.train_batch)
+    rows = bench_training(kinds, [p.strip() for p in args.presets.split(",")], dev=dev, B=B, T=T,
+                          steps=reps if small else 20, warmup=warm if small else 5, compile_model=args.compile,
+                          small=small, pad_vocab=not args.no_pad_vocab,
+                          trainer_steps=min(args.trainer_steps, 6) if small else args.trainer_steps,
+                          log_every=2 if small else 10, data=args.train_data, data_dir=args.data_dir)
+    pad = "" if args.no_pad_vocab or small else "vocabulary padded to a multiple of 64, "
+    print(f"\ntraining step, sequence {T}, batch {B}, {pad}{'bf16 autocast' if dev.type == 'cuda' else 'fp32'}; "
+          f"step: the step alone{', torch.compile' if args.compile else ''}; mhe pretrain: its trainer with every "
+          f"default, on {args.train_data or 'random tokens'}, median logged rate{' (' + SMOKE + ')' if small else ''}")
+    ref = {(r["preset"], r["path"], r["kind"]): r for r in rows}
+    print_table(["preset", "shape measured", "kind", "path", "step ms", "tokens/s", "MFU", "vs step", "vs MHA",
+                 "peak GiB"],
+                [[r["preset"], r["shape"], r["kind"], r["path"], f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
+                  "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
+                  f"{r['tokens_per_s'] / ref[(r['preset'], 'step', r['kind'])]['tokens_per_s']:.2f}",
+                  _ratio(r, ref.get((r["preset"], r["path"], "mha"))),
+                  "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.2f}"] for r in rows])
+    return {"training": rows}
+
+
+def _ratio(row: dict, base: dict | None) -> str:
+    return f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}" if base else "-"
+
+
+def decode_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
+    settings = [(2, 32), (1, 16)] if small else [(64, 4096), (1, 1024)]
+    m, n = (64, 4) if small else (768, 12)
+    graphs = dev.type == "cuda" and not args.no_graphs
+    rows = bench_decode_attention(kinds, settings, dev=dev, dtype=dtype, m=m, n=n, warmup=warm, reps=reps,
+                                  graphs=graphs, kernel=args.kernel)
+    ref = {(r["batch"], r["kind"]): r for r in rows}
+    unit, scale = byte_unit(max(r["kv_cache_bytes"] for r in rows))
+    print(f"\ndecode one token, one attention sublayer (m={m}, {n} heads; MHE folded to MQA)"
+          f"{'; CUDA graph replays' if graphs else ''}")
+    print_table(["batch", "context", "kind", "kernel", "step ms", "MHA / this", f"KV cache {unit}", "cache GB/s"],
+                [[r["batch"], r["context"], r["kind"], r["kernel"], f"{r['step_ms']:.4f}",
+                  f"{ref[(r['batch'], 'mha')]['step_ms'] / r['step_ms']:.2f}x" if (r["batch"], "mha") in ref else "-",
+                  f"{r['kv_cache_bytes'] / scale:.1f}", f"{r['cache_gb_per_s']:,.0f}"] for r in rows])
+    model_rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small,
+                              graphs=graphs, kernel=args.kernel)
+    unit, scale = byte_unit(max(r["kv_cache_bytes_total"] for r in model_rows))
+    print(f"\ndecode one token against a filled KV cache ({model_rows[0]['shape'] if small else 'gpt2-base'}; "
+          f"MHE folded to MQA){'; CUDA graph replays' if graphs else ''}")
+    print_table(["batch", "context", "kind", "kernel", "step ms", "tokens/s", f"KV {unit}/layer", f"KV {unit} total"],
+                [[r["batch"], r["context"], r["kind"], r["kernel"], f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
+                  f"{r['kv_cache_bytes_per_layer'] / scale:.1f}", f"{r['kv_cache_bytes_total'] / scale:.1f}"]
+                 for r in model_rows])
+    return {"decode_attention": rows, "decode": model_rows}
+
+
+def generate_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
+    rows = run_generate_section(kinds, generate_settings(args.gen_batches, args.gen_long, small), dev=dev,
+                                dtype=dtype, small=small, kernel=args.kernel, graphs=not args.no_graphs,
+                                peer=not args.no_peer)
+    print_generate_table(rows, dtype, SMOKE if small else "gpt2-base")
+    return {"generate": rows}
+
+
 def print_generate_table(rows: list[dict], dtype, shape: str) -> None:
     """The generate section's table: each path beside Hugging Face's and beside MHA."""
     base = {(r["batch"], r["prompt"]): r for r in rows if r["path"].startswith("HF")}
     mha = {(r["batch"], r["prompt"]): r for r in rows if r["kind"] == "mha" and not r["path"].startswith("HF")}
-    print(f"\ngenerate end to end ({shape}, random weights, greedy, {str(dtype).split('.')[-1]}; "
+    print(f"\ngenerate end to end ({shape}, random weights, greedy, {_dtype_name(dtype)}; "
           "prefill included; MHE folded to MQA)")
     unit, scale = byte_unit(max([r["kv_bytes"] for r in rows if r["kv_bytes"] is not None], default=0))
     print_table(["batch", "prompt+new", "path", "kind", "kernel", "ms/token", "tokens/s", "vs HF", "tok/s vs MHA", f"KV {unit}",

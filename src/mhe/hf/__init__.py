@@ -9,7 +9,8 @@
 * ``mhe-encoder-decoder``: ``AutoModelForSeq2SeqLM``.
 
 The models wrap the core ``mhe.models`` modules (attribute ``mhe``); ``to_hf`` and ``from_hf``
-convert in both directions without copying weights. ``import_hf`` and ``export_hf``
+convert in both directions without copying weights, keeping them bit for bit (a run folder in one
+call: ``mhe.tasks.hf_runs.from_run``, a layer up since it reads runs). ``import_hf`` and ``export_hf``
 (``mhe.hf.weights``) copy Hugging Face GPT-2 and BERT weights (a model object or a local
 ``save_pretrained`` directory) into ``mhe`` MHA models and back, exactly. Supported: transformers >= 5.0, < 6
 (tested with 5.17 and 5.24).

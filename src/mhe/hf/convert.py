@@ -24,14 +24,19 @@ def _hf_class(arch: str, head: str):
 
 
 def to_hf(model, **config_kwargs):
-    """Wrap a core model (no copy: the Hugging Face model holds the same module as ``.mhe``)."""
+    """Wrap a core model (no copy: the Hugging Face model holds the same module as ``.mhe``).
+
+    Keeps the weights bit for bit: no initialisation runs over the module it is handed.
+    ``config_kwargs`` go to the configuration (e.g. ``bos_token_id``, ``eos_token_id``).
+    """
     cls = _hf_class(model.cfg.arch, model.cfg.head)
     config = cls.config_class.from_model_config(model.cfg, **config_kwargs)
     return cls(config, core=model)
 
 
 def from_hf(hf_model):
-    """The core model inside a Hugging Face model."""
+    """The core model inside a Hugging Face model: the same module (no copy), so its weights
+    bit for bit."""
     if not hasattr(hf_model, "mhe"):
         raise MheError(f"{type(hf_model).__name__} is not an mhe model")
     return hf_model.mhe

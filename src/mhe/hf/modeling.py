@@ -21,7 +21,6 @@ from transformers.modeling_outputs import (
 
 from mhe.attention.base import AttentionConfig
 from mhe.attention.kv_cache import cache_mask
-from mhe.attention.mhe import _MHEBase
 from mhe.hf.configuration import MheDecoderConfig, MheEncoderConfig, MheSeq2SeqConfig
 from mhe.models import (
     DecoderForCausalLM,
@@ -133,11 +132,33 @@ class MhePreTrainedModel(PreTrainedModel):
     head = ""
 
     def __init__(self, config, core: torch.nn.Module | None = None) -> None:
+        """Wrap ``core`` (its weights kept bit for bit), or build and initialise one from ``config``."""
         super().__init__(config)
+        self._given_core = core is not None
         self.mhe = core if core is not None else self.core_class(config.model_config(self.head))
         self.post_init()
         self._kernel_for = None
         self._sync_kernel()
+
+    def init_weights(self):
+        """transformers' initialise-and-tie step (``post_init``); never over a core handed over."""
+        if not self._given_core:
+            super().init_weights()
+
+    def _initialize_weights(self, module, is_custom_code: bool = False):
+        """transformers' per-module pass (``initialize_weights``, under its guard that skips every
+        tensor ``from_pretrained`` loaded) reaches only the core, which initialises as a whole."""
+        if module is self.mhe and not getattr(module, "_is_hf_initialized", False):
+            self._init_weights(module)
+            module._is_hf_initialized = True
+
+    def _init_weights(self, module):
+        """The core: its family's own scheme (``reset_parameters``, :func:`mhe.models.blocks.init_model`:
+        BERT, GPT-2 or Transformer); a layer transformers builds (``resize_token_embeddings``): N(0, 0.02)."""
+        if module is self.mhe:
+            module.reset_parameters()
+        elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            init_weights(module)
 
     def _sync_kernel(self) -> None:
         """Follow ``config._attn_implementation`` ("eager" or "sdpa"), which transformers may change."""
@@ -154,14 +175,6 @@ class MhePreTrainedModel(PreTrainedModel):
             return None
         return new_cache() if pkv is None else pkv
 
-    def _init_weights(self, module):
-        """The core modules initialise themselves when built (BERT/GPT-2 N(0, 0.02), MHE head
-        embeddings N(0, init_std)); weights missing from a checkpoint get the same."""
-        if isinstance(module, _MHEBase):
-            module.reset_head_embeddings()
-        elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm)):
-            init_weights(module)
-
     def get_input_embeddings(self):
         return self._embeddings().tokens
 
@@ -169,15 +182,10 @@ class MhePreTrainedModel(PreTrainedModel):
         self._embeddings().tokens = value
 
     def _embeddings(self):
-        core = self.mhe
-        for path in ("encoder.embed", "decoder.embed", "embed"):
-            obj = core
-            try:
-                for part in path.split("."):
-                    obj = getattr(obj, part)
-                return obj
-            except AttributeError:
-                continue
+        """The core's ``Embeddings``: the encoder's, the decoder's or the shared table's."""
+        for holder in (getattr(self.mhe, "encoder", None), getattr(self.mhe, "decoder", None), self.mhe):
+            if hasattr(holder, "embed"):
+                return holder.embed
         raise AttributeError("no embeddings")
 
 

@@ -217,7 +217,8 @@ def import_hf(source, **from_pretrained_kwargs):
 
     Returns:
         The ``mhe`` model (MHA with biases), in the source's dtype, in eval mode if the
-        source was.
+        source was. It keeps the weights bit for bit: every tensor is the source's (GPT-2's
+        fused, transposed ones split and transposed), and the source is left unchanged.
     """
     hf = _load_hf(source, **from_pretrained_kwargs)
     name = type(hf).__name__
@@ -235,7 +236,9 @@ def import_hf(source, **from_pretrained_kwargs):
 
 def export_hf(model):
     """The Hugging Face model (``GPT2LMHeadModel`` or ``BertFor*``) equal to an ``mhe`` model
-    with MHA attention, attention biases and learned positions (the gpt2-*/bert-* presets)."""
+    with MHA attention, attention biases and learned positions (the gpt2-*/bert-* presets).
+    Keeps the weights bit for bit: every parameter of the new model is copied from ``model``
+    (its own initialisation is overwritten; a parameter left without a source is an error)."""
     import transformers
 
     cfg = model.cfg

@@ -135,16 +135,29 @@ def sinusoid_table(length: int, dim: int) -> torch.Tensor:
     return table
 
 
+def _first_visit(weight: torch.Tensor, seen: set[int]) -> bool:
+    """Whether ``weight`` is met for the first time in this pass: a weight tied to an earlier
+    module (the output layer to the token embeddings) keeps the earlier module's draw."""
+    if id(weight) in seen:
+        return False
+    seen.add(id(weight))
+    return True
+
+
 def init_weights(model: nn.Module, std: float = 0.02) -> None:
     """BERT/GPT-2 initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm.
-    MHE head embeddings keep their own initialisation (see mhe.attention.mhe)."""
+    MHE head embeddings keep their own initialisation (see mhe.attention.mhe); an output layer
+    tied to the embeddings is drawn once."""
+    seen: set[int] = set()
     for mod in model.modules():
         if isinstance(mod, nn.Linear):
-            nn.init.normal_(mod.weight, std=std)
+            if _first_visit(mod.weight, seen):
+                nn.init.normal_(mod.weight, std=std)
             if mod.bias is not None:
                 nn.init.zeros_(mod.bias)
         elif isinstance(mod, nn.Embedding):
-            nn.init.normal_(mod.weight, std=std)
+            if _first_visit(mod.weight, seen):
+                nn.init.normal_(mod.weight, std=std)
         elif isinstance(mod, nn.LayerNorm):
             nn.init.ones_(mod.weight)
             nn.init.zeros_(mod.bias)
@@ -169,14 +182,18 @@ def init_gpt2(model: nn.Module, n_layers: int) -> None:
 def init_transformer(model: nn.Module, d_model: int) -> None:
     """Vaswani et al. (2017) as in the authors' tensor2tensor code: Glorot-uniform projections
     (``uniform_unit_scaling``: fan-average, uniform), zero biases, token embeddings
-    N(0, d_model^-1/2) (multiplied by sqrt(d_model) at the input, section 3.4)."""
+    N(0, d_model^-1/2) (multiplied by sqrt(d_model) at the input, section 3.4). An output layer
+    tied to the embeddings keeps the embeddings' draw."""
+    seen: set[int] = set()
     for mod in model.modules():
         if isinstance(mod, nn.Linear):
-            nn.init.xavier_uniform_(mod.weight)
+            if _first_visit(mod.weight, seen):
+                nn.init.xavier_uniform_(mod.weight)
             if mod.bias is not None:
                 nn.init.zeros_(mod.bias)
         elif isinstance(mod, nn.Embedding):
-            nn.init.normal_(mod.weight, std=d_model ** -0.5)
+            if _first_visit(mod.weight, seen):
+                nn.init.normal_(mod.weight, std=d_model ** -0.5)
         elif isinstance(mod, nn.LayerNorm):
             nn.init.ones_(mod.weight)
             nn.init.zeros_(mod.bias)

@@ -6,10 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mhe.attention.registry import KINDS, accepts_option
+from mhe.attention.registry import KINDS, options_class
 from mhe.errors import MheError, one_of
-from mhe.models.attention_options import attention_options, options_class
-from mhe.settings import check_fields, setting
+from mhe.settings import check_fields, setting, typed_options
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 HEADS = {"encoder": ("mlm", "classification", "qa"), "decoder": ("lm", "classification"),
@@ -30,8 +29,8 @@ class ModelConfig:
     ``n_layers`` counts the layers of each stack (the encoder-decoder has
     ``n_layers`` encoder and ``n_layers`` decoder layers). ``attention`` is the
     kind used by every attention sublayer (the one place a run names it);
-    ``attn_options`` are that kind's typed options
-    (:mod:`mhe.models.attention_options`; a dict is converted).
+    ``attn_options`` are that kind's typed options, the dataclass its attention sublayers
+    are built with (:func:`mhe.attention.registry.options_class`; a dict is converted).
     ``activation`` is the feed-forward (and BERT MLM-transform) non-linearity: ``gelu``
     (exact, erf-based: BERT), ``gelu_tanh`` (the tanh approximation: GPT-2) or ``relu``
     (Vaswani et al. 2017, section 3.3).
@@ -64,7 +63,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.attention in KINDS:
-            self.attn_options = attention_options(self.attention, self.attn_options)
+            self.attn_options = typed_options(options_class(self.attention), self.attn_options,
+                                              "model.attn_options", f"attention kind {self.attention!r}")
         check_fields(self, "model")
         if self.head_dim is None and self.d_model % self.n_heads:
             raise MheError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads} "
@@ -87,11 +87,11 @@ class ModelConfig:
 
     def attention_options(self, *, causal: bool) -> dict:
         """Keyword options for :func:`build_attention` for one sublayer of this model."""
-        opts = {"dropout": self.attn_dropout, "bias": self.attn_bias, "causal": causal, "kernel": self.attn_kernel}
-        if accepts_option(self.attention, "max_len"):
-            opts["max_len"] = self.max_len
-        opts.update({k: v for k, v in dataclasses.asdict(self.attn_options).items() if v is not None})
-        return opts
+        own = dataclasses.asdict(self.attn_options)
+        if "max_len" in own and own["max_len"] is None:  # linear: the model's max_len
+            own["max_len"] = self.max_len
+        return {"dropout": self.attn_dropout, "bias": self.attn_bias, "causal": causal, "kernel": self.attn_kernel,
+                **own}
 
     def replace(self, **changes) -> "ModelConfig":
         valid = {f.name for f in dataclasses.fields(self)}

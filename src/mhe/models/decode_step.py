@@ -72,7 +72,8 @@ def split_kernel(kernel: str) -> tuple[str, str | None]:
 def inference_view(model: nn.Module, kernel_of: Callable[[Attention], str] | None = None) -> nn.Module:
     """``model`` with fast MHE sublayers folded to MQA and, with ``kernel_of``, each attention
     sublayer set to the kernel ``kernel_of(sublayer)`` names (e.g. ``lambda a: decode_kernel(a,
-    device)``); shares all parameters and buffers with ``model``, which is left unchanged."""
+    device)``); shares all parameters and buffers with ``model``, which is left unchanged.
+    Computes the same function as ``model`` (the folded sublayers by the identities above)."""
     fold = any(isinstance(m, _MHEBase) and not m.reference for m in model.modules())
     if not fold and (kernel_of is None or all(kernel_of(a) == a.cfg.kernel for a in _attention(model))):
         return model

@@ -11,7 +11,7 @@ from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_labels, check_mask
 from mhe.models.lm_generate import generate
-from mhe.models.losses import IGNORE, causal_lm_loss, classification_loss
+from mhe.models.losses import IGNORE, causal_lm_loss, chunked_loss_wanted, classification_loss, head_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
 
@@ -55,7 +55,9 @@ class _DecoderModel(nn.Module):
         self.cfg = cfg
         self.decoder = Decoder(cfg)
 
-    def _finish_init(self) -> None:
+    def reset_parameters(self) -> None:
+        """(Re)draw every weight by GPT-2's scheme (:func:`mhe.models.blocks.init_model`); run when
+        built, and by the Hugging Face adapter when it builds its own core."""
         init_model(self, "gpt2", n_layers=self.cfg.n_layers)
 
     def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None, device=None):
@@ -79,22 +81,31 @@ class DecoderForCausalLM(_DecoderModel):
                                                           div_value=4.0)
         else:
             self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self._finish_init()
+        self.reset_parameters()
         if cfg.tie_embeddings and self.lm_head is not None:
             self.lm_head.weight = self.decoder.embed.tokens.weight
+        # the matrices with a row per token (mhe.models.vocab_padding); none beside an adaptive softmax
+        self.vocab_modules = ("decoder.embed.tokens", "lm_head") if self.lm_head is not None else ()
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(h)[..., :self.cfg.vocab_size]  # [B, T, V]: padding rows never score
 
     def forward(self, input_ids, attention_mask=None, labels=None, caches=None, return_logits=True,
                 position_ids=None, last_only=False):
         """``labels`` are the inputs themselves: position t is scored on token t+1;
         -100 marks positions to ignore. ``return_logits=False`` skips the full output
-        distribution where only the loss is needed (adaptive softmax); ``last_only`` computes
-        the logits of the last position only (``[B, 1, V]``, a prompt's prefill)."""
+        distribution where only the loss is needed (adaptive softmax; the full softmax below
+        float32 scores chunk by chunk, :func:`~mhe.models.losses.head_loss`, and ``logits`` is
+        None); ``last_only`` computes the logits of the last position only (``[B, 1, V]``)."""
         h = self.decoder(input_ids, attention_mask, caches, position_ids)
         check_labels("labels", labels, input_ids.shape)
         if last_only and labels is None:
             h = h[:, -1:]
         if self.adaptive is None:
-            logits = self.lm_head(h)  # [B, T, V]
+            if labels is not None and not return_logits and chunked_loss_wanted(h, self.lm_head.weight):
+                return ModelOutput(None, head_loss(self.lm_head, h[:, :-1], labels[:, 1:],
+                                                   vocab_size=self.cfg.vocab_size), h)
+            logits = self._logits(h)  # [B, T, V]
             loss = None if labels is None else causal_lm_loss(logits, labels)
             return ModelOutput(logits, loss, h)
         loss = None
@@ -114,7 +125,7 @@ class DecoderForCausalLM(_DecoderModel):
         target = input_ids[:, first + 1:]
         if self.adaptive is not None:
             return self.adaptive(_at_least_fp32(h.flatten(0, 1)), target.flatten()).output.view(target.shape)
-        return F.log_softmax(_at_least_fp32(self.lm_head(h)), -1).gather(-1, target[..., None]).squeeze(-1)
+        return F.log_softmax(_at_least_fp32(self._logits(h)), -1).gather(-1, target[..., None]).squeeze(-1)
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, use_cache: bool = True,
                  eos_id: int | None = None, **options) -> torch.Tensor:
@@ -132,7 +143,7 @@ class DecoderForSequenceClassification(_DecoderModel):
         super().__init__(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.classifier = nn.Linear(cfg.d_model, cfg.num_labels)
-        self._finish_init()
+        self.reset_parameters()
 
     def forward(self, input_ids, attention_mask=None, labels=None):
         h = self.decoder(input_ids, attention_mask)

@@ -7,7 +7,7 @@ from torch import nn
 from mhe.models.blocks import Block, Embeddings, activation, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_labels, check_mask
-from mhe.models.losses import classification_loss, span_loss, token_loss
+from mhe.models.losses import chunked_loss_wanted, classification_loss, head_loss, span_loss, token_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
 
@@ -36,7 +36,9 @@ class _EncoderModel(nn.Module):
         self.cfg = cfg
         self.encoder = Encoder(cfg)
 
-    def _finish_init(self) -> None:
+    def reset_parameters(self) -> None:
+        """(Re)draw every weight by BERT's scheme (:func:`mhe.models.blocks.init_model`); run when
+        built, and by the Hugging Face adapter when it builds its own core."""
         init_model(self)
 
 
@@ -48,18 +50,28 @@ class EncoderForMaskedLM(_EncoderModel):
         self.transform = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), activation(cfg.activation),
                                        nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps))
         self.decoder = nn.Linear(cfg.d_model, cfg.vocab_size)
-        self._finish_init()
+        self.reset_parameters()
         if cfg.tie_embeddings:
             self.decoder.weight = self.encoder.embed.tokens.weight
+        self.vocab_modules = ("encoder.embed.tokens", "decoder")  # a row per token (mhe.models.vocab_padding)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, masked_positions=None):
+        """``masked_positions``: the flat indices (into ``[B*T]``) of the labelled positions, as
+        the data collator lists them where reading them costs no device sync (extra entries
+        may repeat any position whose label is -100, so that a batch has a fixed size); then the
+        head runs only there, as in :meth:`masked_lm_loss`, and only the loss is returned."""
         h = self.encoder(input_ids, attention_mask, token_type_ids)
         check_labels("labels", labels, input_ids.shape)
-        logits = self.decoder(self.transform(h))  # [B, T, V]
+        if masked_positions is not None:
+            return self._masked_head(h, labels, masked_positions, return_logits=False)
+        logits = self._logits(self.transform(h))  # [B, T, V]
         loss = None
         if labels is not None:
             loss = token_loss(logits, labels)
         return ModelOutput(logits, loss, h)
+
+    def _logits(self, x):
+        return self.decoder(x)[..., :self.cfg.vocab_size]  # padding rows never score
 
     def masked_lm_loss(self, input_ids, labels, attention_mask=None, token_type_ids=None) -> ModelOutput:
         """The loss of :meth:`forward`, with the head applied only where ``labels != -100``.
@@ -68,12 +80,18 @@ class EncoderForMaskedLM(_EncoderModel):
         is wasted work (a quarter of a 6-layer model's FLOPs at a 16k vocabulary). ``logits``
         are ``[N, V]`` for the N labelled positions, in row-major order of ``labels``."""
         h = self.encoder(input_ids, attention_mask, token_type_ids)
-        chosen = labels != -100
-        logits = self.decoder(self.transform(h[chosen]))  # [N, V]
+        return self._masked_head(h, labels, (labels.flatten() != -100).nonzero().squeeze(1))
+
+    def _masked_head(self, h, labels, positions, *, return_logits=True) -> ModelOutput:
+        x = self.transform(h.flatten(0, 1)[positions])  # [N, m]
+        target = labels.flatten()[positions]  # [N]
+        if not return_logits and x.shape[0] and chunked_loss_wanted(x, self.decoder.weight):
+            return ModelOutput(None, head_loss(self.decoder, x, target, vocab_size=self.cfg.vocab_size), h)
+        logits = self._logits(x)  # [N, V]
         if logits.shape[0] == 0:
             loss = logits.float().sum()  # nothing masked in this batch: a zero that keeps the graph
         else:
-            loss = token_loss(logits, labels[chosen])
+            loss = token_loss(logits, target)
         return ModelOutput(logits, loss, h)
 
 
@@ -85,7 +103,7 @@ class EncoderForSequenceClassification(_EncoderModel):
         self.pooler = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh())
         self.drop = nn.Dropout(cfg.dropout)
         self.classifier = nn.Linear(cfg.d_model, cfg.num_labels)
-        self._finish_init()
+        self.reset_parameters()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         h = self.encoder(input_ids, attention_mask, token_type_ids)
@@ -100,7 +118,7 @@ class EncoderForQuestionAnswering(_EncoderModel):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.span = nn.Linear(cfg.d_model, 2)
-        self._finish_init()
+        self.reset_parameters()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
                 end_positions=None):

@@ -1,14 +1,25 @@
 """The training losses, written once: every model head, the Hugging Face adapter and the
 tasks compute their losses here. Logits are upcast to float32 first, so a bf16/fp16 forward
 pass still gets a float32 log-softmax; label ``IGNORE`` (-100, PyTorch's and Hugging Face's
-convention) marks positions that are not scored."""
+convention) marks positions that are not scored.
+
+:func:`head_loss` scores hidden states through a model's output layer chunk by chunk
+(:func:`linear_cross_entropy`), never materialising the float32 ``[N, V]`` logits; models use
+it where :func:`chunked_loss_wanted` says so (a precision below float32: bf16 autocast, the
+GPU default), and the plain :func:`token_loss` of their logits in float32, so float32 (CPU)
+results stay bit-identical to the unchunked computation."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 IGNORE = -100  # label of a position that is not scored (padding, unmasked MLM tokens)
+CHUNK_BYTES = 2 ** 28  # float32 scores of one chunk of rows: 256 MiB
+_chunked: bool | None = None  # None: chunked under reduced precision (see head_loss)
 
 
 def token_loss(logits: torch.Tensor, labels: torch.Tensor, *, label_smoothing: float = 0.0,
@@ -51,3 +62,112 @@ def span_loss(logits: torch.Tensor, start_positions: torch.Tensor, end_positions
     cross-entropies over the ``[B, T, 2]`` span logits."""
     start, end = logits.float().unbind(-1)  # [B, T] each
     return (F.cross_entropy(start, start_positions) + F.cross_entropy(end, end_positions)) / 2
+
+
+def chunked_loss_wanted(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a model scores ``hidden`` through its output layer with :func:`head_loss` (the
+    scores would be computed below float32 precision: bf16 autocast, the GPU default) or with
+    the plain :func:`token_loss` of its logits (float32: bit-identical to earlier releases)."""
+    return _chunked if _chunked is not None else _compute_dtype(hidden, weight).itemsize < 4
+
+
+def head_loss(head: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor, *, vocab_size: int,
+              label_smoothing: float = 0.0) -> torch.Tensor:
+    """:func:`token_loss` of ``head(hidden)`` over its first ``vocab_size`` outputs (the layer may
+    hold padding rows, :mod:`mhe.models.vocab_padding`), by :func:`linear_cross_entropy`."""
+    return linear_cross_entropy(hidden, head.weight, head.bias, labels, vocab_size=vocab_size,
+                                label_smoothing=label_smoothing)
+
+
+@contextlib.contextmanager
+def chunked_loss(enabled: bool | None):
+    """Make :func:`chunked_loss_wanted` say ``enabled`` inside the block (None: by precision);
+    ``mhe bench`` times both losses."""
+    global _chunked
+    before, _chunked = _chunked, enabled
+    try:
+        yield
+    finally:
+        _chunked = before
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         labels: torch.Tensor, *, vocab_size: int, label_smoothing: float = 0.0,
+                         num_items: int | torch.Tensor | None = None, chunk_rows: int | None = None) -> torch.Tensor:
+    """:func:`token_loss` of the logits ``hidden @ weight.T + bias`` restricted to the first
+    ``vocab_size`` columns, computed ``chunk_rows`` rows at a time: each chunk's scores are
+    made, turned into the loss and into the gradients of ``hidden``, ``weight`` and ``bias``
+    (softmax minus the smoothed one-hot target, Szegedy et al. 2016), then freed. Only one
+    chunk's scores exist at once, in float32; the backward pass only scales the stored
+    gradients (the loss is a scalar). The matrix products run in the autocast dtype, as the
+    plain ``head(hidden)`` would; rows of ``weight`` past ``vocab_size`` (padding) get no score.
+
+    Args:
+        hidden: ``[..., m]``; weight: ``[V_pad, m]``; bias: ``[V_pad]`` or None; labels: ``[...]``.
+        chunk_rows: rows per chunk (default: 256 MiB of float32 scores; one chunk when the
+            number of rows is symbolic, as under ``torch.compile`` with dynamic shapes).
+    """
+    flat, target = hidden.flatten(0, -2), labels.flatten()  # [N, m], [N]
+    divisor = (target != IGNORE).sum() if num_items is None else num_items
+    dtype = _compute_dtype(hidden, weight)
+    n = flat.shape[0]
+    rows = chunk_rows or max(1, CHUNK_BYTES // (4 * weight.shape[0]))
+    if not isinstance(n, int):
+        rows = n
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    return _LinearCrossEntropy.apply(flat, weight, bias, target, divisor, vocab_size, float(label_smoothing),
+                                     rows, dtype, grads)
+
+
+def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target, divisor, vocab, eps, rows, dtype, grads):
+        acc = torch.promote_types(dtype, torch.float32)
+        with torch.autocast(hidden.device.type, enabled=False):
+            w, b = weight.to(dtype), None if bias is None else bias.to(acc)
+            total = hidden.new_zeros((), dtype=acc)
+            gh = torch.empty_like(hidden) if grads else None
+            gw = torch.zeros_like(weight, dtype=acc) if grads else None
+            gb = torch.zeros_like(bias, dtype=acc) if grads and bias is not None else None
+            for s in range(0, hidden.shape[0], rows):
+                h, y = hidden[s:s + rows].to(dtype), target[s:s + rows]
+                z = (h @ w.t()).to(acc)  # [n, V_pad] scores
+                if b is not None:
+                    z = z + b
+                if z.shape[1] > vocab:
+                    z[:, vocab:] = float("-inf")  # padding rows: never a score
+                lse = z.logsumexp(-1)  # [n]
+                keep = y != IGNORE
+                safe = torch.where(keep, y, 0)[:, None]  # [n, 1]
+                row = lse - (1 - eps) * z.gather(1, safe).squeeze(1)
+                if eps:
+                    row = row - eps * z[:, :vocab].sum(-1) / vocab
+                total = total + torch.where(keep, row, 0).sum()
+                if grads:
+                    g = (z - lse[:, None]).exp_()  # softmax [n, V_pad]; 0 on the padding
+                    g.scatter_add_(1, safe, torch.full_like(safe, eps - 1, dtype=acc))
+                    if eps:
+                        g[:, :vocab] -= eps / vocab
+                    g = (g * (keep.to(acc) / divisor)[:, None]).to(dtype)  # d loss / d scores
+                    gh[s:s + rows] = (g @ w).to(hidden.dtype)
+                    gw.add_(g.t() @ h)
+                    if gb is not None:
+                        gb.add_(g.sum(0))
+        if grads:
+            ctx.save_for_backward(gh, gw, gb)
+            ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        return total / divisor
+
+    @staticmethod
+    def backward(ctx, grad):
+        gh, gw, gb = ctx.saved_tensors
+        w_dtype, b_dtype = ctx.dtypes
+        return (gh * grad.to(gh.dtype), (gw * grad).to(w_dtype), None if gb is None else (gb * grad).to(b_dtype),
+                None, None, None, None, None, None, None)

@@ -11,7 +11,7 @@ from mhe.errors import MheError
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_labels, check_mask
-from mhe.models.losses import token_loss
+from mhe.models.losses import chunked_loss_wanted, head_loss, token_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
 
@@ -35,9 +35,15 @@ class EncoderDecoder(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=eps) if cfg.norm_first else None
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=eps) if cfg.norm_first else None
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        init_model(self, "transformer", d_model=cfg.d_model)
+        self.reset_parameters()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.tokens.weight
+        self.vocab_modules = ("embed.tokens", "lm_head")  # a row per token (mhe.models.vocab_padding)
+
+    def reset_parameters(self) -> None:
+        """(Re)draw every weight by the Transformer's scheme (:func:`mhe.models.blocks.init_model`);
+        run when built, and by the Hugging Face adapter when it builds its own core."""
+        init_model(self, "transformer", d_model=self.cfg.d_model)
 
     def encode(self, src_ids, src_mask=None):
         x = self.embed(src_ids, name="src_ids")
@@ -48,7 +54,8 @@ class EncoderDecoder(nn.Module):
         return self.encoder_norm(x) if self.encoder_norm is not None else x  # [B, S, m]
 
     def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None,
-               caches: list[tuple[KVCache, KVCache]] | None = None):
+               caches: list[tuple[KVCache, KVCache]] | None = None, *, head: bool = True):
+        """The logits ``[B, T, V]`` of each target position (``head=False``: its hidden state)."""
         positions = None
         if caches:  # the new tokens sit at the self-attention caches' write positions
             positions = caches[0][0].index + torch.arange(tgt_ids.shape[1], device=tgt_ids.device)  # [T]
@@ -65,14 +72,21 @@ class EncoderDecoder(nn.Module):
                       cache=self_cache, cross_cache=cross_cache)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        return self.lm_head(x)  # [B, T, V]
+        return self.lm_head(x)[..., :self.cfg.vocab_size] if head else x  # [B, T, V]: padding rows never score
 
-    def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, labels=None, label_smoothing=0.0):
+    def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, labels=None, label_smoothing=0.0,
+                return_logits=True):
         """Teacher forcing: ``tgt_ids`` are the decoder inputs, ``labels`` the tokens
-        each position must predict (-100 ignored)."""
+        each position must predict (-100 ignored). ``return_logits=False``: only the loss is
+        needed (below float32 it is scored chunk by chunk, :func:`~mhe.models.losses.head_loss`,
+        and ``logits`` is None)."""
         memory = self.encode(src_ids, src_mask)
-        logits = self.decode(tgt_ids, memory, src_mask, tgt_mask)
         check_labels("labels", labels, tgt_ids.shape)
+        x = self.decode(tgt_ids, memory, src_mask, tgt_mask, head=False)  # [B, T, m]
+        if labels is not None and not return_logits and chunked_loss_wanted(x, self.lm_head.weight):
+            return ModelOutput(None, head_loss(self.lm_head, x, labels, vocab_size=self.cfg.vocab_size,
+                                               label_smoothing=label_smoothing), memory)
+        logits = self.lm_head(x)[..., :self.cfg.vocab_size]  # [B, T, V]
         loss = None if labels is None else token_loss(logits, labels, label_smoothing=label_smoothing)
         return ModelOutput(logits, loss, memory)
 

@@ -188,7 +188,8 @@ class FinetuneTask(Task):
         return batch
 
     def collate(self, indices):
-        return self._batch([self.train_items[i] for i in indices])
+        batch = self._batch([self.train_items[i] for i in indices])
+        return {**batch, "n_tokens": int(batch["attention_mask"].sum())}  # counted on the host: no device sync
 
     def _forward(self, model, batch):
         if self.spec.kind == "span":
@@ -203,7 +204,7 @@ class FinetuneTask(Task):
 
     def loss(self, model, batch):
         out = self._forward(model, batch)
-        return out.loss, int(batch["attention_mask"].sum())
+        return out.loss, batch["n_tokens"]
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()

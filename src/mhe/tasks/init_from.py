@@ -80,7 +80,8 @@ def pretraining_tokenizer(cfg, out: Path, train_lines: list[str], *, task: str, 
 def init_weights(model: nn.Module, run_dir: str | Path) -> Path:
     """Load the source run's newest weights into ``model``; returns the checkpoint used.
 
-    Shapes and names must match exactly (tied output weights aside)."""
+    Shapes and names must match exactly (tied output weights aside). Keeps the source's weights
+    bit for bit (a strict load of its sealed safetensors)."""
     point = source_checkpoint(run_dir)
     state = model_weights(point)
     own = model.state_dict()

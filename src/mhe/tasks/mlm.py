@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -11,6 +12,7 @@ from mhe.errors import MheError
 from mhe.models import build_model
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
 from mhe.tasks.text import corpus_lines, token_stream
+from mhe.training.config import compile_wanted
 from mhe.training.task import Task
 
 
@@ -27,6 +29,26 @@ def mask_tokens(ids: torch.Tensor, *, mask_id: int, vocab_size: int, special: to
     rand = chosen & (roll >= 0.8) & (roll < 0.9)
     inputs[rand] = torch.randint(0, vocab_size, ids.shape, generator=g)[rand]
     return inputs, labels
+
+
+def masked_rows(eligible: int, prob: float = 0.15, multiple: int = 64) -> int:
+    """A fixed number of head rows for batches with ``eligible`` maskable tokens: the mean
+    number chosen plus six standard deviations (binomial), rounded up to ``multiple``, so that a
+    compiled step sees one shape (a batch with more masked tokens, about one in 10^9, gets the
+    next multiple and a recompilation)."""
+    mean, sd = eligible * prob, math.sqrt(eligible * prob * (1 - prob))
+    return min(eligible, -(-math.ceil(mean + 6 * sd) // multiple) * multiple)
+
+
+def masked_positions(labels: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+    """The flat indices of ``labels != -100`` (row-major), padded with index 0 (a [CLS]
+    position, never labelled) up to ``rows`` (or the next multiple of 64 past it)."""
+    pos = (labels.flatten() != -100).nonzero().squeeze(1)  # [N]
+    if rows is None:
+        return pos
+    if pos.numel() > rows:
+        rows = -(-pos.numel() // 64) * 64
+    return torch.cat([pos, pos.new_zeros(rows - pos.numel())])
 
 
 class MaskedLMTask(Task):
@@ -54,6 +76,7 @@ class MaskedLMTask(Task):
         self.blocks = self._pack(token_stream(self.tok, train, progress=cfg.train.progress,
                                               desc="tokenizing the training text"), seq)
         self.valid = self._pack(token_stream(self.tok, corpus_lines(cfg, "valid")), seq)[:256]
+        self.static = compile_wanted(cfg.train, dist.device)  # one head size for the compiled step
         return model
 
     def _pack(self, stream: torch.Tensor, seq: int) -> torch.Tensor:
@@ -69,14 +92,15 @@ class MaskedLMTask(Task):
     def collate(self, indices):
         inputs, labels = mask_tokens(self.blocks[indices], mask_id=self.mask_id, vocab_size=self.vocab,
                                      special=self.special)
-        return {"input_ids": inputs, "labels": labels}
+        rows = masked_rows(inputs.numel() - 2 * inputs.shape[0]) if getattr(self, "static", False) else None
+        pos = masked_positions(labels, rows)  # on the host: the step never reads the mask back
+        return {"input_ids": inputs, "labels": labels, "masked_positions": pos,
+                "n_tokens": int((labels != -100).sum())}
 
     def loss(self, model, batch):
-        if hasattr(model, "masked_lm_loss"):  # one process (a compiled model runs this eagerly)
-            out = model.masked_lm_loss(batch["input_ids"], batch["labels"])
-        else:  # DDP: its forward is what reduces the gradients, so take the full head
-            out = model(batch["input_ids"], labels=batch["labels"])
-        return out.loss, int((batch["labels"] != -100).sum())
+        # the model's forward (so a compiled or DDP-wrapped model runs it), the head on the masked rows only
+        out = model(batch["input_ids"], labels=batch["labels"], masked_positions=batch["masked_positions"])
+        return out.loss, batch["n_tokens"]
 
     def evaluate(self, model):
         g = torch.Generator().manual_seed(12345)  # the same masks at every evaluation

@@ -50,7 +50,7 @@ def load_run(path: str | Path, *, data_dir: str = "", inference: bool = False):
     (its best evaluated weights, else its newest checkpoint) or one of its checkpoint folders.
     ``inference``: set the task up from the run folder alone where it can (translation and
     language modelling read their saved tokenizer and no corpus), for commands that only run
-    the model."""
+    the model. Keeps the saved weights bit for bit (a strict load of the sealed safetensors)."""
     path = Path(path)
     is_checkpoint = (path / MANIFEST).exists() and path.parent.name == "checkpoints"
     run_dir = path.parent.parent if is_checkpoint else path

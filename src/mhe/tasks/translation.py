@@ -132,12 +132,12 @@ class TranslationTask(Task):
         tgt_in = pad_rows([[self.bos] + self.tgt_ids[i] for i in rows], self.pad)
         labels = pad_rows([self.tgt_ids[i] + [self.eos] for i in rows], IGNORE)
         return {"src": src, "src_mask": src != self.pad, "tgt": tgt_in, "tgt_mask": labels != -100,
-                "labels": labels}
+                "labels": labels, "n_tokens": int((labels != IGNORE).sum())}
 
     def loss(self, model, batch):
         out = model(batch["src"], batch["tgt"], batch["src_mask"], batch["tgt_mask"], labels=batch["labels"],
-                    label_smoothing=self.cfg.train.label_smoothing)
-        return out.loss, int((batch["labels"] != -100).sum())
+                    label_smoothing=self.cfg.train.label_smoothing, return_logits=False)
+        return out.loss, batch["n_tokens"]  # counted on the host: no device sync
 
     # ------------------------------------------------------------------ decoding
     def translate(self, model, sources: list[str], *, beam: int | None = None, alpha: float | None = None,
@@ -171,7 +171,8 @@ class TranslationTask(Task):
         return out
 
     def _decoding_model(self, model, dtype: str):
-        """``model`` itself for float32; a bfloat16 copy (kept while the weights do not change) otherwise."""
+        """``model`` itself for float32; a bfloat16 copy (kept while the weights do not change) otherwise.
+        The copy's weights are the model's rounded to bfloat16, nothing else; ``model`` is left as it was."""
         if dtype not in DECODE_DTYPES:
             raise MheError(f"decoding dtype must be one of {', '.join(DECODE_DTYPES)}, got {dtype!r}")
         want = getattr(torch, dtype)

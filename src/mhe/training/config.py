@@ -61,7 +61,7 @@ class TrainConfig:
     stop_at: int = setting(0, ge=0)            # end this invocation at this step (the schedule keeps `steps`)
     patience: int = setting(0, ge=0)           # early stopping: evaluations without improvement (0: off)
     precision: Precision = "auto"              # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
-    compile: bool = False
+    compile: bool | Literal["auto"] = "auto"   # torch.compile the model; auto: on CUDA (compile_wanted)
     progress: bool = True
     tensorboard: bool = False
     device: str = "auto"                       # auto | cpu | cuda | cuda:N | mps
@@ -194,6 +194,13 @@ def validate(cfg: RunConfig) -> None:
     t = cfg.train
     if not re.fullmatch(DEVICE_PATTERN, t.device):
         raise MheError(f"train.device={t.device!r} is not allowed; train.device takes auto, cpu, cuda, cuda:N or mps")
+
+
+def compile_wanted(t: TrainConfig, device: torch.device) -> bool:
+    """Whether a run compiles its model: ``train.compile`` true or false, or ``auto``: on CUDA
+    (where the compiled step is about twice as fast, docs/benchmarks.md) and not on a CPU, where
+    compiling costs more than it saves in short runs and eager results are the reference."""
+    return t.compile is True or (t.compile == "auto" and device.type == "cuda")
 
 
 def check_device(device: str) -> None:

@@ -20,22 +20,20 @@ class Dist:
     def main(self) -> bool:
         return self.rank == 0
 
-    def all_mean(self, value: float) -> float:
-        if self.world == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return t.item() / self.world
-
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
 
 
+def launched_rank() -> int:
+    """This process's rank as ``torchrun`` set it (0 when not launched by it)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def setup(device: str = "auto") -> Dist:
     """Initialise the process group when launched by torchrun; pick the device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
+    rank = launched_rank()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

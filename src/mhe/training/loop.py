@@ -1,10 +1,15 @@
 """The one training loop every task uses.
 
-AdamW with LambdaLR schedules, gradient accumulation and clipping, bf16
-autocast on GPU (fp32 on CPU), optional ``torch.compile``, evaluation every N
+AdamW (fused on CUDA) with LambdaLR schedules, gradient accumulation and clipping, bf16
+autocast on GPU (fp32 on CPU), ``torch.compile`` (by default on CUDA), evaluation every N
 steps with early stopping, atomic checkpoints with exact resume, SIGINT/SIGTERM
 handling, DDP under ``torchrun`` with the same global batch as one process.
 The run's state lives in one :class:`~mhe.training.state.TrainerState`.
+
+On a GPU a step never waits for the device: the next batch is prepared during the step
+(:mod:`mhe.training.prefetch`), and the loss and gradient norm are read, and checked for
+finiteness, once per log interval (:class:`~mhe.training.step.StepWindow`). The vocabulary
+matrices are padded for the tensor cores (:mod:`mhe.models.vocab_padding`).
 """
 
 from __future__ import annotations
@@ -21,18 +26,21 @@ import torch
 
 from mhe.accounting import count_attention_params
 from mhe.errors import MheError
+from mhe.models.vocab_padding import pad_optimizer_state, pad_vocabulary, padding_numel
 from mhe.output_paths import free_name
 from mhe.progress import note
 from mhe.training import checkpoint as ckpt
 from mhe.training import distributed
 from mhe.training.atomic import remove_temporaries, write_json_atomic
 from mhe.training.batches import BatchOrder
-from mhe.training.config import RunConfig
+from mhe.training.config import RunConfig, compile_wanted
 from mhe.training.optim import build_optimizer
+from mhe.training.prefetch import Prefetcher
 from mhe.training.run_files import (CONFIG, METRICS, RESULTS, is_run_dir, read_results, read_run_config,
                                     truncate_metrics)
 from mhe.training.run_log import RunLog, SignalWatch
 from mhe.training.state import TrainerState, seed_all
+from mhe.training.step import StepModule, StepWindow, train_step
 from mhe.training.task import Task
 from mhe.training.weights import BEST, has_best, load_best, save_best
 
@@ -55,14 +63,17 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 class Trainer:
-    """Trains ``task`` as ``cfg`` says into the run folder ``out`` (``resume``: continue it)."""
+    """Trains ``task`` as ``cfg`` says into the run folder ``out`` (``resume``: continue it).
+    ``prefetch``: prepare each batch during the step before it (default: on CUDA)."""
 
     def __init__(self, cfg: RunConfig, task: Task, out: str | Path, *, resume: bool = False,
-                 log=print) -> None:
+                 log=print, prefetch: bool | None = None) -> None:
         self.cfg, self.task, self.out, self.resume, self.log = cfg, task, Path(out), resume, log
         self.original = copy.deepcopy(cfg)  # what the user asked for: hashed and saved
         self.cfg_hash = self.original.hash()
         self.last_saved: Path | None = None
+        self.prefetch = prefetch
+        self.window = StepWindow()
 
     def fit(self) -> dict:
         """Set up (or resume), train until the schedule ends, the run stops early or a signal
@@ -72,7 +83,10 @@ class Trainer:
         if self.resume and (self.out / RESULTS).is_file():
             return self._already_finished(dist)
         model, state = self._build(dist)
-        net = self._wrap(model, dist)
+        step = StepModule(model, dist, compiled=compile_wanted(t, dist.device),
+                          note=self.log if dist.main else lambda _: None)
+        ahead = dist.device.type == "cuda" if self.prefetch is None else self.prefetch
+        data = Prefetcher(state.data, self.task.collate, dist.device, ahead=ahead)
         stop = min(t.stop_at, t.steps) if t.stop_at else t.steps
         status = "finished"
         with SignalWatch() as watch, contextlib.closing(RunLog(
@@ -82,19 +96,23 @@ class Trainer:
                 if watch.signal is not None:
                     status = "interrupted"
                     break
-                loss, tokens, gnorm = self._train_step(net, model, state, dist)
-                metrics = self._evaluate_if_due(model, state, dist)
-                log.step(state.step, loss=loss, tokens=tokens, grad_norm=gnorm,
-                         lr=state.scheduler.get_last_lr()[0], metrics=metrics)
+                tokens = train_step(step, data, state, self.task, t, dist, self.window)
+                saving = bool(t.save_every and state.step % t.save_every == 0 and state.step < stop)
+                evaluating = bool(t.eval_every and state.step % t.eval_every == 0)
+                values = self._settle(dist) if log.due(state.step) or saving or evaluating else None
+                metrics = self._evaluate_if_due(model, state, data, dist)
+                log.step(state.step, tokens=tokens, lr=state.scheduler.get_last_lr()[0], values=values,
+                         metrics=metrics, memory=_peak_memory(dist.device))
                 if t.patience and state.bad_evals >= t.patience:
                     status = "early_stopped"
                     break
-                if t.save_every and state.step % t.save_every == 0 and state.step < stop:
-                    self._save(model, state, dist)
+                if saving:
+                    self._save(model, state, data, dist)
             if status == "finished" and state.step < t.steps:
                 status = "stopped"
             if t.keep_checkpoints or status not in DONE:
-                self._save(model, state, dist)
+                self._save(model, state, data, dist)
+        self._settle(dist)
         return self._finish(model, state, status, watch.signal, dist)
 
     # ------------------------------------------------------------------ setup
@@ -133,6 +151,8 @@ class Trainer:
         t = self.cfg.train
         seed_all(t.seed)
         model = self.task.setup(self.cfg, self.out, dist).to(dist.device)
+        if dist.device.type == "cuda":  # full tensor-core tiles; the state dicts keep the real vocabulary
+            pad_vocabulary(model)
         if t.epochs > 0:  # the schedule follows the data: epochs x batches per epoch
             per_epoch = max(1, self.task.n_train_items() // t.batch_size)
             t.steps = max(1, math.ceil(t.epochs * per_epoch))
@@ -140,6 +160,7 @@ class Trainer:
         if dist.main:
             self._write_config(model)
         opt, sched = build_optimizer(model, t)
+        pad_optimizer_state(opt, model)
         order = BatchOrder(self.task.n_train_items(), t.batch_size, seed=t.seed, rank=dist.rank, world=dist.world)
         state = TrainerState(opt, sched, order, config_hash=self.cfg_hash)
         if self.resume:
@@ -169,52 +190,18 @@ class Trainer:
             "device": _device_name(next(model.parameters()).device),
         })
 
-    def _wrap(self, model, dist):
-        """The module the steps run through: compiled and/or DDP-wrapped ``model``."""
-        net = torch.compile(model) if self.cfg.train.compile else model
-        if dist.world > 1:
-            ids = [dist.local_rank] if dist.device.type == "cuda" else None
-            net = torch.nn.parallel.DistributedDataParallel(net, device_ids=ids)
-        return net
+    def _settle(self, dist) -> dict | None:
+        """Read the steps since the last read: the last loss and gradient norm, or the stop
+        at the first non-finite one."""
+        return self.window.read(dist, lambda step, what, value: self._nonfinite(step, what, value))
 
-    def _precision(self, device: torch.device) -> torch.dtype | None:
-        p = self.cfg.train.precision
-        if p == "bf16" or (p == "auto" and device.type == "cuda"):
-            return torch.bfloat16
-        return None
-
-    # ------------------------------------------------------------------ steps
-    def _train_step(self, net, model, state: TrainerState, dist) -> tuple[float, int, float]:
-        """One optimiser step over ``grad_accum`` micro-batches: (mean loss, tokens, gradient norm)."""
-        t = self.cfg.train
-        amp = self._precision(dist.device)
-        model.train()
-        loss_sum, n_tok = 0.0, 0
-        for micro in range(t.grad_accum):
-            batch = self.task.to(self.task.collate(state.data.next()), dist.device)
-            defer_sync = dist.world > 1 and micro < t.grad_accum - 1
-            with (net.no_sync() if defer_sync else contextlib.nullcontext()), \
-                    torch.autocast(dist.device.type, dtype=amp, enabled=amp is not None):
-                loss, n = self.task.loss(net, batch)
-            if not torch.isfinite(loss):
-                raise self._nonfinite(state.step + 1, "loss", loss.item())
-            (loss / t.grad_accum).backward()
-            loss_sum += loss.item() / t.grad_accum
-            n_tok += n
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm if t.clip_norm > 0 else float("inf"))
-        if not torch.isfinite(gnorm):
-            raise self._nonfinite(state.step + 1, "gradient norm", gnorm.item())
-        state.optimizer.step()
-        state.scheduler.step()
-        state.optimizer.zero_grad(set_to_none=True)
-        state.step += 1
-        return dist.all_mean(loss_sum), n_tok * dist.world, float(gnorm)
-
-    def _evaluate_if_due(self, model, state: TrainerState, dist) -> dict | None:
+    def _evaluate_if_due(self, model, state: TrainerState, data: Prefetcher, dist) -> dict | None:
         """Evaluate every ``eval_every`` steps; a new best score seals its weights in ``best/``."""
         every = self.cfg.train.eval_every
         if not every or state.step % every:
             return None
+        self._settle(dist)  # nothing past a non-finite step is evaluated
+        data.rewind()
         metrics = self._evaluate(model)
         if state.improved(metrics[self.task.metric], self.task.higher_is_better) and dist.main:
             save_best(self.out, model, state.step, state.best)
@@ -225,7 +212,9 @@ class Trainer:
         with torch.no_grad():
             return self.task.evaluate(model)
 
-    def _save(self, model, state: TrainerState, dist) -> None:
+    def _save(self, model, state: TrainerState, data: Prefetcher, dist) -> None:
+        self._settle(dist)  # nothing past a non-finite step is saved
+        data.rewind()  # the data position and random generators as the steps left them
         if dist.main:
             self.last_saved = ckpt.save_checkpoint(self.out / "checkpoints", model=model, state=state.state_dict(),
                                                    keep_last=self.cfg.train.keep_last)
@@ -264,8 +253,14 @@ class Trainer:
         return {"task": self.task.name, "metric": self.task.metric, "higher_is_better": self.task.higher_is_better,
                 "attention": self.cfg.model.attention, "preset": self.cfg.preset, "seed": self.cfg.train.seed,
                 "attention_params": count_attention_params(model),
-                "total_params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
+                "total_params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+                - padding_numel(model),
                 "steps": step, "status": status, "config_hash": self.cfg_hash}
+
+
+def _peak_memory(device: torch.device) -> float | None:
+    """GiB the allocator has held at most on a CUDA device (a host-side counter: no sync)."""
+    return torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
 
 
 def _device_name(device: torch.device) -> str:

@@ -23,20 +23,28 @@ class RunLog:
         self.path, self.main, self.log_every, self.stop = out / METRICS, main, log_every, stop
         self.tb = _tensorboard(out) if (tensorboard and main) else None
         self.bar = _progress(start, stop) if (progress and main) else None
-        self.tokens, self.t0 = 0, time.perf_counter()
+        self.tokens, self.steps, self.t0 = 0, 0, time.perf_counter()
 
-    def step(self, step: int, *, loss: float, tokens: int, grad_norm: float, lr: float,
-             metrics: dict | None) -> None:
-        """Account one optimiser step; ``metrics`` are the evaluation's when one ran."""
-        self.tokens += tokens
+    def due(self, step: int) -> bool:
+        """Whether ``step`` ends a log interval (the trainer reads the loss there)."""
+        return step % self.log_every == 0 or step == self.stop
+
+    def step(self, step: int, *, tokens: int, lr: float, values: dict | None, metrics: dict | None,
+             memory: float | None = None) -> None:
+        """Account one optimiser step; ``values`` (loss, grad_norm) are given where the trainer
+        read them (every :meth:`due` step), ``metrics`` where an evaluation ran, ``memory`` the
+        peak GiB of a CUDA device."""
+        self.tokens, self.steps = self.tokens + tokens, self.steps + 1
         record = None
-        if self.main and (step % self.log_every == 0 or step == self.stop):
+        if self.main and self.due(step):
             dt = time.perf_counter() - self.t0
-            record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                      "tokens_per_s": self.tokens / dt if dt > 0 else 0.0}
-            self.tokens, self.t0 = 0, time.perf_counter()
+            record = {"step": step, **(values or {}), "lr": lr, "tokens_per_s": self.tokens / dt if dt > 0 else 0.0,
+                      "step_s": dt / self.steps}
+            if memory is not None:
+                record["max_mem_gib"] = memory
+            self.tokens, self.steps, self.t0 = 0, 0, time.perf_counter()
         if metrics is not None:
-            record = {**(record or {"step": step, "loss": loss}), **metrics}
+            record = {**(record or {"step": step, **(values or {})}), **metrics}
         if record is not None and self.main:
             append_metrics(self.path, record)
             if self.tb is not None:
@@ -45,8 +53,9 @@ class RunLog:
                         self.tb.add_scalar(k, v, step)
         if self.bar is not None:
             self.bar.update(1)
-            rate = self.bar.format_dict.get("rate") or 0.0  # steps per second
-            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rate * tokens:,.0f}", refresh=False)
+            if values is not None:
+                rate = self.bar.format_dict.get("rate") or 0.0  # steps per second
+                self.bar.set_postfix(loss=f"{values['loss']:.4f}", tok_s=f"{rate * tokens:,.0f}", refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:

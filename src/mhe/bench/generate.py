@@ -11,37 +11,28 @@ each row names the kernel its decode steps ran.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
+from mhe.bench.common import SMOKE_SIZES, timed
 from mhe.models import build_model
 from mhe.models.decode_step import split_kernel, view_kernels
 
 
-def _settings(args, small: bool) -> list[tuple[int, int, int]]:
-    """(batch, prompt, new tokens)."""
+def generate_settings(batches: str, long: str, small: bool) -> list[tuple[int, int, int]]:
+    """(batch, prompt, new tokens): ``batches`` (e.g. ``1,64``) at prompt 256 + 256 new tokens,
+    ``long`` (e.g. ``64x4096``) BATCHxCONTEXT runs with 256 new tokens."""
     if small:
         return [(1, 8, 8), (2, 8, 8)]
-    out = [(int(b), 256, 256) for b in args.gen_batches.split(",") if b.strip()]
-    for spec in (s for s in args.gen_long.split(",") if s.strip()):
+    out = [(int(b), 256, 256) for b in batches.split(",") if b.strip()]
+    for spec in (s for s in long.split(",") if s.strip()):
         b, ctx = (int(x) for x in spec.split("x"))
         out.append((b, ctx - 256, 256))
     return out
 
 
 def _time(fn, *, cuda: bool, reps: int) -> float:
-    """Median seconds of ``fn()``."""
-    times = []
-    for _ in range(reps):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    """Median seconds of ``fn()`` (the bench's one timer)."""
+    return timed(fn, warmup=0, reps=reps, cuda=cuda) / 1000
 
 
 def _ours(kind, batch, prompt, new, *, dev, dtype, small, kernel, mode, reps):
@@ -49,7 +40,7 @@ def _ours(kind, batch, prompt, new, *, dev, dtype, small, kernel, mode, reps):
     configured, requested = split_kernel(kernel)
     over = dict(max_len=prompt + new, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=configured)
     if small:
-        over.update(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
+        over.update(SMOKE_SIZES)
     model = build_model("gpt2-base", attention=kind, **over).to(dev, dtype).eval()
     ids = torch.randint(0, model.cfg.vocab_size, (batch, prompt), device=dev)
     run = dict(step_mode=mode, decode_kernel=requested)
@@ -86,20 +77,23 @@ def _peer(batch, prompt, new, *, dev, dtype, small, reps):
     return sec
 
 
-def run_generate_section(kinds, args, *, dev, dtype, small) -> list[dict]:
+def run_generate_section(kinds, settings, *, dev, dtype, small, kernel="auto", graphs=True,
+                         peer=True) -> list[dict]:
+    """Rows per (batch, prompt, new) of ``settings``: Hugging Face's generate (``peer``), then
+    each kind's ``model.generate`` (``graphs``: the decode step as a CUDA graph on a GPU)."""
     cuda = dev.type == "cuda"
-    mode = "graph" if cuda and not args.no_graphs else "eager"
+    mode = "graph" if cuda and graphs else "eager"
     reps = 1 if small else 3
     rows = []
-    for batch, prompt, new in _settings(args, small):
-        if not args.no_peer:
+    for batch, prompt, new in settings:
+        if peer:
             sec = _peer(batch, prompt, new, dev=dev, dtype=dtype, small=small, reps=reps)
             if sec is not None:
                 rows.append(dict(batch=batch, prompt=prompt, new=new, path="HF GPT2LMHeadModel.generate",
                                  kind="mha", kernel="sdpa (HF)", seconds=sec, kv_bytes=None, kv_mib=None, prefill_ms=None))
         for kind in kinds:
             sec, kv, prefill, ran = _ours(kind, batch, prompt, new, dev=dev, dtype=dtype, small=small,
-                                          kernel=args.kernel, mode=mode, reps=reps)
+                                          kernel=kernel, mode=mode, reps=reps)
             rows.append(dict(batch=batch, prompt=prompt, new=new, path=f"model.generate ({mode})", kind=kind,
                              kernel=ran, seconds=sec, kv_bytes=kv, kv_mib=kv / 2**20, prefill_ms=1000 * prefill))
             if cuda:

@@ -1,0 +1,135 @@
+"""``mhe bench`` sections ``attn`` and ``decode``: one attention sublayer, forward and
+forward+backward (GPT-2 sizes: m=768, 12 heads of 64, B=16, T=1024, causal, bf16), and one
+generation step against a filled KV cache, of one sublayer and of gpt2-base, at (batch 64,
+context 4096) and (batch 1, context 1024): tokens/s and KV bytes.
+
+``kernel`` picks the attention kernel (``mhe.attention.kernels.KERNELS``) through the model
+configuration; nothing global is switched. ``auto`` is ``sdpa``, except that the decode
+sections decode as a user's ``generate`` call does: on a GPU, sublayers with a one-K/V-head
+cache use ``flash-decode`` (``decode_step.decode_kernel``); every decode row names the kernel
+that ran.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mhe.attention import build_attention
+from mhe.attention.folding import fold_mhe, fold_model
+from mhe.bench.common import SMOKE_SIZES, model_shape, timed
+from mhe.models import build_model
+from mhe.models.decode_step import decode_kernel, inference_view, split_kernel, view_kernels
+
+
+def _variants(kinds):
+    out = []
+    for k in kinds:
+        opts = {"n_kv_heads": 4} if k == "gqa" else {}
+        out.append((k, k, opts))
+        if k == "mhe-mul":
+            out.append(("mhe-mul (act. fold)", k, {"query_fold": "activation"}))
+            out.append(("mhe-mul (reference)", k, {"impl": "reference"}))
+        if k == "mhe-add":
+            out.append(("mhe-add (reference)", k, {"impl": "reference"}))
+    return out
+
+
+def bench_attention(kinds, *, dev, dtype, B, T, m, n, warmup, reps, compile_model=False,
+                    kernel="sdpa") -> list[dict]:
+    """Each variant compiled on its own (dynamo reset between them, so eight variants never
+    reach dynamo's recompile limit); ``graphs`` counts the graphs dynamo built for it
+    (1 = no recompilation; fwd and fwd+bwd share one graph)."""
+    cuda = dev.type == "cuda"
+    rows = []
+    for label, kind, opts in _variants(kinds):
+        mod = build_attention(kind, d_model=m, n_heads=n, causal=True, kernel=kernel, **opts).to(dev, dtype)
+        if compile_model:
+            torch._dynamo.reset()
+            torch._dynamo.utils.counters.clear()
+            mod = torch.compile(mod)
+        x = torch.randn(B, T, m, device=dev, dtype=dtype, requires_grad=True)
+        g = torch.randn(B, T, m, device=dev, dtype=dtype)
+
+        def fwd():
+            with torch.no_grad():
+                mod(x)
+
+        def fwd_bwd():
+            mod(x).backward(g)
+
+        row = {"kind": label, "fwd_ms": timed(fwd, warmup=warmup, reps=reps, cuda=cuda),
+               "fwd_bwd_ms": timed(fwd_bwd, warmup=warmup, reps=reps, cuda=cuda)}
+        if compile_model:
+            row["graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        rows.append(row)
+        del mod, x, g
+    return rows
+
+
+def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, graphs=False,
+                           kernel="auto") -> list[dict]:
+    """One attention sublayer decoding one token against a filled cache (MHE folded to MQA)."""
+    cuda = dev.type == "cuda"
+    configured, requested = split_kernel(kernel)
+    rows = []
+    for batch, ctx in settings:
+        for kind in kinds:
+            opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
+            mod = build_attention(kind, d_model=m, n_heads=n, causal=True, kernel=configured, **opts).to(dev, dtype).eval()
+            if kind.startswith("mhe-"):
+                mod = fold_mhe(mod)
+            mod = inference_view(mod, lambda a: decode_kernel(a, dev, requested))
+            cache = mod.new_cache(batch, ctx + 1)
+            cache.k.normal_()
+            cache.v.normal_()
+            x = torch.randn(batch, 1, m, device=dev, dtype=dtype)
+
+            def step():
+                cache.pos = ctx
+                with torch.no_grad():
+                    mod(x, cache=cache)
+
+            ms = timed(step, warmup=warmup, reps=reps, cuda=cuda, graph=graphs)
+            kv = cache.nbytes() * ctx // (ctx + 1)  # the filled part (the buffer holds one more slot)
+            rows.append({"batch": batch, "context": ctx, "kind": kind, "kernel": mod.cfg.kernel, "step_ms": ms,
+                         "kv_cache_bytes": kv, "kv_cache_mib": kv / 2**20, "cache_gb_per_s": kv / ms / 1e6})
+    return rows
+
+
+def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False, kernel="auto") -> list[dict]:
+    cuda = dev.type == "cuda"
+    configured, requested = split_kernel(kernel)
+    rows = []
+    for batch, ctx in settings:
+        for kind in kinds:
+            opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
+            overrides = dict(max_len=ctx + 1, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=configured)
+            if small:
+                overrides.update(SMOKE_SIZES)
+            model = build_model("gpt2-base", attention=kind, **overrides).to(dev, dtype).eval()
+            if kind.startswith("mhe-"):
+                fold_model(model)  # decode exactly as a multi-query model
+            model = inference_view(model, lambda a: decode_kernel(a, dev, requested))
+            caches = model.new_caches(batch, ctx + 1)
+            for c in caches:  # a filled cache of ctx positions
+                c.k.normal_()
+                c.v.normal_()
+            tok = torch.randint(0, model.cfg.vocab_size, (batch, 1), device=dev)
+
+            def step():
+                for c in caches:
+                    c.pos = ctx
+                with torch.no_grad():
+                    model(tok, caches=caches)
+
+            ms = timed(step, warmup=warmup, reps=reps, cuda=cuda, graph=graphs)
+            layer = caches[0].nbytes() * ctx // (ctx + 1)  # the filled part of each layer's cache
+            total = sum(c.nbytes() for c in caches) * ctx // (ctx + 1)
+            rows.append({"batch": batch, "context": ctx, "kind": kind, "kernel": view_kernels(model),
+                         "shape": model_shape(model.cfg), "step_ms": ms, "tokens_per_s": batch / (ms / 1000),
+                         "kv_cache_bytes_per_layer": layer, "kv_cache_bytes_total": total,
+                         "kv_cache_mib_per_layer": layer / 2**20, "kv_cache_mib_total": total / 2**20})
+            del model, caches
+            if cuda:
+                torch.cuda.empty_cache()
+    return rows

@@ -1,0 +1,125 @@
+"""What a training step runs through and what it leaves for the log, without waiting on the GPU.
+
+:class:`StepModule` is the module the steps call: the model, wrapped for DDP when several
+processes train (wrapped first, then compiled, so that dynamo's DDP optimiser splits the
+graph at the gradient buckets and each bucket's all-reduce overlaps the rest of the backward
+pass), and compiled where :func:`~mhe.training.config.compile_wanted` says so. A
+configuration that torch.compile cannot handle trains eagerly after a one-line note.
+
+:class:`StepWindow` keeps each step's loss and gradient norm as device tensors and reads them
+once per log interval (one host synchronisation instead of four per step). A non-finite value
+still stops the run with the step it happened at: the first one in the window is reported
+when the window is read, which the trainer does at every log boundary and before anything
+is evaluated or saved, so no checkpoint or best weights come from past a bad step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+from mhe.errors import MheError
+from mhe.training.config import TrainConfig
+from mhe.training.distributed import Dist
+from mhe.training.prefetch import Prefetcher
+from mhe.training.state import TrainerState
+from mhe.training.task import Task
+
+
+class StepModule:
+    """The (DDP-wrapped, compiled) module of a run; ``net`` is what the steps call."""
+
+    def __init__(self, model: torch.nn.Module, dist: Dist, *, compiled: bool, note: Callable[[str], None]) -> None:
+        self.model, self.note = model, note
+        self.eager = model
+        if dist.world > 1:
+            ids = [dist.local_rank] if dist.device.type == "cuda" else None
+            self.eager = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        self.net = torch.compile(self.eager) if compiled else self.eager
+        self.proven = not compiled  # a compiled module is proven by its first micro-step
+
+    def run(self, micro_step: Callable[[torch.nn.Module], object]):
+        """``micro_step(net)`` (forward and backward of one micro-batch); if compiling fails on the
+        first one, note it and run it (and every later one) eagerly. An error the eager module
+        raises as well is the configuration's own and is raised."""
+        if self.proven:
+            return micro_step(self.net)
+        try:
+            out = micro_step(self.net)
+        except MheError:
+            raise
+        except Exception as e:  # noqa: BLE001  dynamo, inductor or a missing compiler
+            self.net = self.eager
+            out = micro_step(self.net)
+            first = (str(e).strip().splitlines() or [""])[0][:160]
+            self.note(f"torch.compile cannot compile this configuration ({type(e).__name__}: {first}); "
+                      "training eagerly")
+        self.proven = True
+        return out
+
+
+class StepWindow:
+    """Each step's loss and gradient norm since the last read, as device tensors."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.values: list[torch.Tensor] = []  # [loss, grad norm] per step
+
+    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        self.steps.append(step)
+        self.values.append(torch.stack([loss.detach().float(), grad_norm.detach().float()]))
+
+    def read(self, dist: Dist, stopped: Callable[[int, str, float], Exception]) -> dict | None:
+        """The last step's loss (mean over processes) and gradient norm; raises
+        ``stopped(step, what, value)`` for the first step whose loss or norm is not finite
+        (on every process alike). None when no step ran since the last read."""
+        if not self.steps:
+            return None
+        rows = torch.stack(self.values)  # [steps, 2]
+        if dist.world > 1:  # the losses of every process; a NaN on one reaches all
+            loss = rows[:, 0].to(torch.float64)
+            torch.distributed.all_reduce(loss)
+            rows = torch.stack([loss / dist.world, rows[:, 1].to(torch.float64)], 1)
+        values = rows.tolist()  # the one synchronisation
+        steps, self.steps, self.values = self.steps, [], []
+        for step, (loss, norm) in zip(steps, values):
+            for what, v in (("loss", loss), ("gradient norm", norm)):
+                if v != v or v in (float("inf"), float("-inf")):
+                    raise stopped(step, what, v)
+        return {"loss": values[-1][0], "grad_norm": values[-1][1]}
+
+
+def precision(setting: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of ``train.precision`` (auto: bf16 on CUDA), None for float32."""
+    return torch.bfloat16 if setting == "bf16" or (setting == "auto" and device.type == "cuda") else None
+
+
+def train_step(step: StepModule, data: Prefetcher, state: TrainerState, task: Task, t: TrainConfig, dist: Dist,
+               window: StepWindow) -> int:
+    """One optimiser step over ``grad_accum`` micro-batches, queued without waiting for the
+    device; its loss and gradient norm go to ``window``. Returns the tokens it scored."""
+    amp = precision(t.precision, dist.device)
+    step.model.train()
+    loss_sum, n_tok = 0.0, 0
+
+    def micro_step(net, batch, last):
+        with (net.no_sync() if dist.world > 1 and not last else contextlib.nullcontext()), \
+                torch.autocast(dist.device.type, dtype=amp, enabled=amp is not None):
+            loss, n = task.loss(net, batch)
+        (loss / t.grad_accum).backward()
+        return loss.detach(), n
+
+    for micro in range(t.grad_accum):
+        batch = data.next()
+        loss, n = step.run(lambda net: micro_step(net, batch, micro == t.grad_accum - 1))
+        data.prepare()  # the next batch, while the device runs this one's backward pass
+        loss_sum, n_tok = loss_sum + loss / t.grad_accum, n_tok + n
+    gnorm = torch.nn.utils.clip_grad_norm_(step.model.parameters(), t.clip_norm if t.clip_norm > 0 else float("inf"))
+    state.optimizer.step()
+    state.scheduler.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    window.add(state.step, loss_sum, gnorm)
+    return int(n_tok) * dist.world
