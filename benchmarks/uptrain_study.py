@@ -81,7 +81,9 @@ def parse_args(argv=None):
                    help="convert without head alignment (default: aligned fit)")
     p.add_argument("--workers", type=int, default=12, help="training processes at a time (default 12)")
     p.add_argument("--budget-s", type=float, default=540, help="wall-time budget in seconds (default 540)")
-    p.add_argument("--compile", action="store_true", help="torch.compile every training run")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile every training run (default: eager; a dozen processes compiling at once "
+                        "would spend more time compiling than the short uptraining runs train)")
     p.add_argument("--limit-lines", type=int, default=0, help="data.limit_lines of every run (0: all)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="a tiny model for a few steps on the CPU (checks the whole pipeline in about a minute)")
@@ -111,8 +113,7 @@ def common_sets(args, kind: str = "", *, model: bool = True) -> list[str]:
             items.append(f"model.attn_options.n_kv_heads={args.n_kv_heads}")
     if args.limit_lines:
         items.append(f"data.limit_lines={args.limit_lines}")
-    if args.compile:
-        items.append("train.compile=true")
+    items.append(f"train.compile={'true' if args.compile else 'false'}")  # eager unless asked (RUN.md says why)
     if args.cpu_smoke:
         items.append("train.device=cpu")
     return items
@@ -452,8 +453,8 @@ def write_run_md(args, out: Path, study: dict, summary: dict, sw: dict, command:
              f"Card: {sw['card']}; torch {sw['torch']} (CUDA {sw['cuda']}), Python {sw['python']}, "
              f"{sw['cpus']} CPU cores, commit {sw['commit']}. Started {started} UTC; wall time "
              f"{study['wall_s'] / 60:.1f} min (tokenizer {study['tokenizer_s']:.0f} s, conversions "
-             f"{study['conversions'].get('_seconds', 0):.0f} s; torch.compile {'on' if args.compile else 'off'}). Up to "
-             f"{args.workers} training processes shared the machine at once, so times are not comparable "
+             f"{study['conversions'].get('_seconds', 0):.0f} s; torch.compile {'on' if args.compile else 'off'}). "
+             f"Up to {args.workers} training processes shared the machine at once, so times are not comparable "
              "between runs.",
              "", "## What ran", "",
              f"An MHA decoder (preset `{args.preset}` with {', '.join(args.model_set) or 'its own sizes'}) "
@@ -465,6 +466,8 @@ def write_run_md(args, out: Path, study: dict, summary: dict, sw: dict, command:
              f"{', '.join(f'{100 * f:g}% ({round(f * n)} steps)' for f in args.fractions)} of N, "
              f"seeds {'0' if args.seeds == 1 else f'0-{args.seeds - 1}'} as the budget allowed (the table says "
              "how many finished).",
+             "" if args.compile else "Every run trains eagerly (`train.compile=false`, `--compile` turns it on): with a "
+             "dozen processes sharing the card, compiling each would take about as long as an uptraining run trains.",
              "", f"**Same total steps.** Each kind is also trained from scratch for N + {longest} = {n + longest} "
              f"optimiser steps of the same batch and schedule: as many steps and tokens as the model uptrained "
              f"for the longest fraction has seen in all ({n} as MHA, then {longest} as the kind). The compute is "

@@ -163,9 +163,11 @@ def test_a_hugging_face_gpt2_directory_converts_with_its_tokenizer(tmp_path, cap
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--attention", "linear"], "cannot convert to attention kind 'linear'; valid targets: mhe-mul, mhe-add, mqa, gqa, sha"),
+    (["--attention", "linear"],
+     "cannot convert to attention kind 'linear'; valid targets: mhe-mul, mhe-add, mqa, gqa, sha"),
     (["--attention", "gqa", "--n-kv-heads", "3"], "n_kv_heads=3 must be a positive divisor of n_heads=4"),
     (["--attention", "mqa", "--calibration", "-1"], "--calibration must be a number of sequences >= 0, got -1"),
+    (["--attention", "mqa", "--device", "gpu"], "--device 'gpu' is not allowed; it takes auto, cpu, cuda or cuda:N"),
 ])
 def test_bad_input_is_one_line_and_exit_2(mha_run, tmp_path, capsys, args, match):
     assert main(["convert", "--checkpoint", str(mha_run), "--out", str(tmp_path / "x"), *args]) == 2

@@ -61,7 +61,7 @@ def cmd_convert(args) -> int:
     if report.scores:
         src, conv = report.scores["source"], report.scores["converted"]
         print(f"\n{src['metric']} on the {src['split']} split, before any training:")
-        print_table(["model", "attention", src["metric"]],
-                    [["source", report.source, f"{src['score']:.4g}"], ["converted", report.kind, f"{conv['score']:.4g}"]])
+        print_table(["model", "attention", src["metric"]], [["source", report.source, f"{src['score']:.4g}"],
+                                                             ["converted", report.kind, f"{conv['score']:.4g}"]])
     print(f"\nwrote {out}")
     return 0
