@@ -114,8 +114,8 @@ def common_sets(args, kind: str = "", *, model: bool = True) -> list[str]:
     if args.limit_lines:
         items.append(f"data.limit_lines={args.limit_lines}")
     items.append(f"train.compile={'true' if args.compile else 'false'}")  # eager unless asked (RUN.md says why)
-    if args.cpu_smoke:
-        items.append("train.device=cpu")
+    if args.cpu_smoke:  # one sliding window at the score's stride (half the window), not a second one at 256
+        items += ["train.device=cpu", "data.eval_stride=16"]
     return items
 
 

@@ -40,7 +40,7 @@ def test_the_plan_is_valid_mhe_commands(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_cpu_smoke_runs_end_to_end(tmp_path):
-    root = require_data("wikitext-2/wiki.train.tokens.gz", "ptb/ptb.train.txt.gz", "glue/RTE/train.tsv.gz")
+    root = require_data("wikitext-2/wiki.valid.tokens.gz", "ptb/ptb.train.txt.gz", "glue/RTE/train.tsv.gz")
     out = tmp_path / "smoke"
     assert study().main(["--cpu-smoke", "--data-dir", str(root), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
