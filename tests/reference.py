@@ -85,3 +85,76 @@ def reference_forward(mod, x, *, context=None, mask=None):
             w = torch.tril(w)
         return _lin(w @ xm, mod.hidden_mix)
     raise KeyError(kind)
+
+
+# --- decoding oracles: every step re-reads the whole sequence, no cache ---------------------------
+@torch.no_grad()
+def generate_uncached(model, input_ids, max_new_tokens, *, attention_mask=None, return_logits=False):
+    """Greedy continuation of left-padded prompts ``[B, P]``, re-running the whole sequence each
+    step (positions counted from each row's first real token); the tokens ``[B, P + n]`` and,
+    with ``return_logits``, the logits each new token was chosen from ``[B, n, V]``."""
+    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    seq = input_ids
+    seen = []
+    for _ in range(max_new_tokens):
+        positions = (mask.long().cumsum(1) - 1).clamp_min(0)
+        logits = model(seq, attention_mask=mask, position_ids=positions).logits[:, -1]
+        seen.append(logits)
+        tok = logits.argmax(-1)[:, None]
+        seq = torch.cat([seq, tok], 1)
+        mask = torch.cat([mask, torch.ones_like(tok, dtype=torch.bool)], 1)
+    return (seq, torch.stack(seen, 1)) if return_logits else seq
+
+
+@torch.no_grad()
+def seq2seq_greedy(model, src_ids, src_mask=None, *, bos_id, eos_id, max_len, use_cache=True):
+    """Greedy decoding of an encoder-decoder, one token at a time through its caches
+    (``use_cache``) or re-reading the whole prefix; ``[B, <= max_len]`` tokens from ``bos_id``."""
+    memory = model.encode(src_ids, src_mask)
+    b = src_ids.shape[0]
+    out = torch.full((b, 1), bos_id, dtype=torch.long, device=src_ids.device)
+    caches = model.new_caches(b, max_len) if use_cache else None
+    done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
+    for _ in range(max_len - 1):
+        step = out[:, -1:] if use_cache else out
+        nxt = model.decode(step, memory, src_mask, caches=caches)[:, -1].argmax(-1)
+        nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+        out = torch.cat([out, nxt[:, None]], dim=1)
+        done |= nxt == eos_id
+        if bool(done.all()):
+            break
+    return out
+
+
+@torch.no_grad()
+def beam_search_uncached(model, src, src_mask=None, *, bos_id, eos_id, beam, max_len, alpha=0.6,
+                         return_scores=False):
+    """Beam search re-reading the whole prefix each step: the same ranking as
+    ``mhe.models.beam_search.beam_search`` (finished hypotheses only extend with EOS at no cost,
+    top-k over beam x vocabulary), the same final choice (``best_hypotheses``)."""
+    from mhe.models.beam_search import best_hypotheses
+
+    b, dev = src.shape[0], src.device
+    src_mask = torch.ones_like(src, dtype=torch.bool) if src_mask is None else src_mask
+    memory = model.encode(src, src_mask).repeat_interleave(beam, 0)  # [B*k, S, m]
+    smask = src_mask.repeat_interleave(beam, 0)
+    tokens = torch.full((b * beam, 1), bos_id, dtype=torch.long, device=dev)
+    scores = torch.zeros(b, beam, device=dev)
+    scores[:, 1:] = float("-inf")
+    finished = torch.zeros(b * beam, dtype=torch.bool, device=dev)
+    base = (torch.arange(b, device=dev) * beam)[:, None]
+    for _ in range(max_len - 1):
+        logp = torch.log_softmax(model.decode(tokens, memory, smask)[:, -1].float(), -1)  # [B*k, V]
+        vocab = logp.shape[-1]
+        eos_only = torch.full_like(logp[0], float("-inf"))
+        eos_only[eos_id] = 0.0
+        logp = torch.where(finished[:, None], eos_only, logp)
+        scores, idx = (scores.reshape(-1, 1) + logp).view(b, beam * vocab).topk(beam, dim=1)  # [B, k]
+        sel = (base + idx // vocab).view(-1)
+        tok = (idx % vocab).view(-1, 1)
+        tokens = torch.cat([tokens[sel], tok], 1)
+        finished = finished[sel] | (tok.view(-1) == eos_id)
+        if bool(finished.all()):
+            break
+    out, best = best_hypotheses(tokens, scores, eos_id=eos_id, alpha=alpha)
+    return (out, best) if return_scores else out

@@ -47,7 +47,7 @@ def test_one_kv_head_stays_on_flash_attention(kind):
 def test_graph_decode_equals_eager_on_cuda(kind):
     """A replayed CUDA graph runs the eager kernels: tokens and logits are bit-identical."""
     from mhe.models import build_model
-    from mhe.models.generation import beam_search
+    from mhe.models.beam_search import beam_search
 
     torch.manual_seed(0)
     opts = {"n_kv_heads": 2} if kind == "gqa" else {}
@@ -58,8 +58,9 @@ def test_graph_decode_equals_eager_on_cuda(kind):
     mask[0, :4] = 0
     for m in (None, mask):
         a, la = model.generate(ids, 20, attention_mask=m, step_mode="eager", return_logits=True)
-        b, lb = model.generate(ids, 20, attention_mask=m, step_mode="graph", return_logits=True)
-        c, lc = model.generate(ids, 20, attention_mask=m, step_mode="graph", return_logits=True)  # replayed again
+        session = model.generator(3, 29, step_mode="graph")
+        b, lb = model.generate(ids, 20, attention_mask=m, session=session, return_logits=True)
+        c, lc = model.generate(ids, 20, attention_mask=m, session=session, return_logits=True)  # replayed again
         assert torch.equal(a, b) and torch.equal(la, lb) and torch.equal(b, c) and torch.equal(lb, lc)
     s2s = build_model("tiny-encoder-decoder", attention=kind, attn_options=opts, dropout=0.0,
                       attn_dropout=0.0).cuda().eval()

@@ -4,7 +4,8 @@ The folded weights are the MHE module's own (``folded_query``, ``folded_output``
 :mod:`mhe.attention.mhe`, from the identities in docs/paper-notes.md), the ones its fast
 path computes with; the value offsets of MHE-Add become an output bias, exact without
 attention dropout, i.e. at inference. The folded module is an ``mqa`` sublayer, so generation
-uses its one-head KV cache and nothing else changes.
+uses its one-head KV cache and nothing else changes; it shares the key and value projections
+with the MHE module and holds only its folded query and output weights.
 """
 
 from __future__ import annotations
@@ -20,19 +21,17 @@ from mhe.attention.registry import build_attention
 def fold_mhe(mod: _MHEBase) -> nn.Module:
     """The multi-query sublayer that computes what ``mod`` computes in eval mode: the query and
     output weights are the module's own folded ones (``folded_query``, ``folded_output``), the
-    key and value projections are copied."""
+    key and value projections are ``mod``'s own modules, shared (nothing is copied)."""
     c = mod.cfg
     w_q, b_q = mod.folded_query()  # [n*d, m], [n*d] or None
     w_o, b_o = mod.folded_output()  # [m, n*d], [m] or None
-    needs_bias = c.bias or b_q is not None or b_o is not None
-    mqa = build_attention("mqa", d_model=c.d_model, n_heads=c.n_heads, head_dim=c.head_dim, dropout=c.dropout,
-                          causal=c.causal, bias=needs_bias, kernel=c.kernel).to(w_q.device, w_q.dtype)
-    pairs = [(mqa.q_proj, w_q, b_q), (mqa.out_proj, w_o, b_o),
-             (mqa.k_proj, mod.k_proj.weight, mod.k_proj.bias), (mqa.v_proj, mod.v_proj.weight, mod.v_proj.bias)]
-    for dst, weight, bias in pairs:
-        dst.weight.copy_(weight)
-        if needs_bias:
-            dst.bias.copy_(bias if bias is not None else torch.zeros_like(dst.bias))
+    with torch.device("meta"):  # shapes only: every weight is set below, so skip the random init
+        mqa = build_attention("mqa", d_model=c.d_model, n_heads=c.n_heads, head_dim=c.head_dim, dropout=c.dropout,
+                              causal=c.causal, bias=c.bias or b_q is not None or b_o is not None, kernel=c.kernel)
+    mqa.k_proj, mqa.v_proj = mod.k_proj, mod.v_proj
+    for lin, weight, bias in ((mqa.q_proj, w_q, b_q), (mqa.out_proj, w_o, b_o)):
+        lin.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        lin.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
     return mqa.train(mod.training)
 
 

@@ -113,12 +113,14 @@ class _MHEBase(Attention):
         return a * (e + 1) if self.multiplicative else a + e
 
     # --- reference: Eqs. 4-6 literally ---------------------------------------
-    def _queries(self, x):
+    # ``positions`` reach both paths between the shared projection (Eq. 4) and the head
+    # embeddings (psi), where a position-dependent embedding (rotary) acts.
+    def _queries(self, x, positions):
         if self.reference:
             return self._psi(self.q_proj(x), self.head_embed[0])  # [B, n, T, d]
-        return self._fast_queries(x)
+        return self._fast_queries(x, positions)
 
-    def _keys_values(self, src):
+    def _keys_values(self, src, positions):
         if self.reference:
             return (self._psi(self.k_proj(src), self.head_embed[1]),   # [B, n, S, d]
                     self._psi(self.v_proj(src), self.head_embed[2]))
@@ -157,7 +159,7 @@ class _MHEBase(Attention):
         the heads' outputs over the shared V to this module's output (see the subclasses)."""
         raise NotImplementedError
 
-    def _fast_queries(self, x: torch.Tensor) -> torch.Tensor:
+    def _fast_queries(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         c = self.cfg
         n, d = c.n_heads, c.head_dim
         b, t, _ = x.shape
@@ -202,12 +204,12 @@ class MHEAdd(_MHEBase):
     def _expands_values(self) -> bool:
         return self.training and self.cfg.dropout > 0
 
-    def _attend(self, q, k, v, **kw):
+    def _attend(self, q, k, v, mask):
         if not self.reference and self._expands_values():
             n = self.cfg.n_heads
             v = v + self.head_embed[2][None, :, None, :]  # [B, n, S, d]
             k = k.expand(-1, n, -1, -1)
-        return super()._attend(q, k, v, **kw)
+        return super()._attend(q, k, v, mask)
 
     def folded_output(self):
         """A_i (V + 1 eV_i^T) = A_i V + eV_i^T when attention rows sum to one (no attention

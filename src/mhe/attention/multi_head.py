@@ -86,10 +86,10 @@ class GroupedQueryAttention(Attention):
     def cache_heads(self) -> int:
         return self.n_kv_heads
 
-    def _queries(self, x):
+    def _queries(self, x, positions):
         return self._split_heads(self.q_proj(x), self.cfg.n_heads)  # [B, n, T, d]
 
-    def _keys_values(self, src):
+    def _keys_values(self, src, positions):
         g = self.n_kv_heads
         return self._split_heads(self.k_proj(src), g), self._split_heads(self.v_proj(src), g)  # [B, g, S, d]
 
@@ -108,6 +108,6 @@ class SharedKeyValueAttention(GroupedQueryAttention):
     def _make_kv(self, cfg: AttentionConfig) -> None:
         self.kv_proj = nn.Linear(cfg.d_model, cfg.inner_dim, bias=cfg.bias)
 
-    def _keys_values(self, src):
+    def _keys_values(self, src, positions):
         kv = self._split_heads(self.kv_proj(src), self.cfg.n_heads)  # [B, n, S, d]
         return kv, kv

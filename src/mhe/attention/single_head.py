@@ -36,10 +36,10 @@ class SingleHeadAttention(Attention):
     def cache_heads(self) -> int:
         return 1
 
-    def _queries(self, x):
+    def _queries(self, x, positions):
         return self.q_proj(x).unsqueeze(1)  # [B, 1, T, d]
 
-    def _keys_values(self, src):
+    def _keys_values(self, src, positions):
         return self.k_proj(src).unsqueeze(1), self.v_proj(src).unsqueeze(1)  # [B, 1, S, d]
 
     def _output(self, h):

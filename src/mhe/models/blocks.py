@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from mhe.attention import build_attention
-from mhe.attention.kv_cache import KVCache
+from mhe.attention.kv_cache import CrossCache, KVCache
 from mhe.errors import MheError
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_ids
@@ -65,12 +65,15 @@ class Block(nn.Module):
             return x + self.drop(fn(norm(x)))
         return norm(x + self.drop(fn(x)))
 
-    def forward(self, x, *, mask=None, context=None, context_mask=None,
-                cache: KVCache | None = None, cross_cache: KVCache | None = None):
-        x = self._residual(x, self.self_norm, lambda h: self.self_attn(h, mask=mask, cache=cache))
+    def forward(self, x, *, positions=None, mask=None, context=None, context_mask=None,
+                cache: KVCache | None = None, cross_cache: CrossCache | None = None):
+        """``positions``: x's absolute positions (``[B, T]`` or ``[T]``); ``mask`` and
+        ``context_mask``: the :class:`~mhe.attention.masks.AttentionMask` the model built once for
+        every layer (or key-padding masks, as a sublayer takes them)."""
+        x = self._residual(x, self.self_norm, lambda h: self.self_attn(h, positions=positions, mask=mask, cache=cache))
         if self.cross_attn is not None:
             x = self._residual(x, self.cross_norm, lambda h: self.cross_attn(
-                h, context=context, mask=context_mask, cache=cross_cache))
+                h, positions=positions, context=context, mask=context_mask, cache=cross_cache))
         return self._residual(x, self.ffn_norm, self.ffn)
 
 
@@ -94,15 +97,25 @@ class Embeddings(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.max_len = cfg.max_len
 
-    def forward(self, ids: torch.Tensor, *, start: int = 0, token_types: torch.Tensor | None = None,
-                name: str = "input_ids", positions: torch.Tensor | None = None):
-        """``ids`` [B, T] (``name`` is the argument an error names) -> [B, T, m]. ``positions``
-        (``[T]`` or ``[B, T]`` tensor, e.g. a KV cache's write positions, or positions that skip
-        left padding) replace ``start .. start + T - 1``."""
-        check_ids(name, ids, self.tokens.num_embeddings)
+    def token_positions(self, ids: torch.Tensor, *, start: int | torch.Tensor = 0,
+                        name: str = "input_ids") -> torch.Tensor:
+        """``[T]``: the positions ``start .. start + T - 1`` of ``ids`` [B, T] (``start`` a cache's
+        write position, a tensor, or an int checked against ``max_len``)."""
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            check_ids(name, ids, self.tokens.num_embeddings)  # names the misuse
         t = ids.shape[1]
-        if positions is None and start + t > self.max_len:
+        if isinstance(start, int) and start + t > self.max_len:
             raise MheError(f"{name}: sequence of {start + t} positions exceeds the model's max_len {self.max_len}")
+        return start + torch.arange(t, device=ids.device)
+
+    def forward(self, ids: torch.Tensor, *, positions: torch.Tensor | None = None,
+                token_types: torch.Tensor | None = None, name: str = "input_ids"):
+        """``ids`` [B, T] (``name`` is the argument an error names) -> [B, T, m] at ``positions``
+        (``[T]`` or ``[B, T]``; default :meth:`token_positions`, i.e. 0 .. T - 1; e.g. a KV
+        cache's write positions, or positions that skip left padding)."""
+        check_ids(name, ids, self.tokens.num_embeddings)
+        if positions is None:
+            positions = self.token_positions(ids, name=name)
         if token_types is not None and self.types is not None:
             check_ids("token_type_ids", token_types, self.types.num_embeddings)
             if token_types.shape != ids.shape:
@@ -113,10 +126,9 @@ class Embeddings(nn.Module):
             table = self._pos_table
             if table is None or table.device != x.device:
                 table = self._pos_table = sinusoid_table(self.max_len, x.shape[-1]).to(x.device)
-            x = x + (table[start:start + t] if positions is None else table[positions]).to(x.dtype)
+            x = x + table[positions].to(x.dtype)
         else:
-            x = x + self.positions(torch.arange(start, start + t, device=ids.device) if positions is None
-                                   else positions)
+            x = x + self.positions(positions)
         if self.types is not None:
             x = x + self.types(token_types if token_types is not None else torch.zeros_like(ids))
         if self.norm is not None:
