@@ -91,7 +91,7 @@ def test_compare_follows_the_rule(tmp_path, capsys):
     ("lm-on-an-encoder", ["train", "--task", "lm", "--preset", "tiny-encoder", "--data", "ptb"],
      "causal language modelling needs a decoder preset"),
     ("init-from-missing", ["pretrain", "--preset", "tiny-decoder", "--data", "ptb", "--init-from", "{tmp}/none"],
-     "train.init_from {tmp}/none does not exist"),
+     "--init-from {tmp}/none does not exist"),
     ("compare-typo-in-data", ["compare", "--preset", "tiny-decoder", "--task", "lm", "--data", "wikitext2"],
      "unknown dataset 'wikitext2'"),
 ])

@@ -9,7 +9,8 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
 
 * ``sdpa`` (default): ``torch.nn.functional.scaled_dot_product_attention`` with grouped
   heads through ``enable_gqa``; one new token over a grouped cache stacks the query heads
-  of a group as query rows of one head.
+  of a group as query rows of one head. A CUDA call with a dropout rate cuDNN would round
+  (no multiple of 1/16) runs on the other backends (:func:`exact_dropout_backends`).
 * ``sdpa-expand``: as ``sdpa`` but key/value heads are repeated to the query heads first.
 * ``eager``: the softmax written out (tests, attention maps).
 * ``matmul-decode``: as ``sdpa``, except one-token grouped decoding is an explicit
@@ -18,8 +19,10 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
   one-K/V-head cache ``[B, 1, S, d]`` on CUDA in fp16/bf16 runs FlashAttention-2's split-KV
   ("flash-decoding") forward; the mask must allow one contiguous run of keys per batch row.
   Generation chooses it on a GPU for MQA, SHA and folded MHE (``decode_step.decode_kernel``).
+  It registers ``reads_key_range``: for one causal query the model hands it a run of keys
+  per row instead of a mask (:mod:`mhe.attention.masks`).
 * ``eager-one-token``: ``eager`` for one-token queries (a decode step), ``sdpa`` otherwise;
-  beam search picks it for fp32 decoding on CUDA, where SDPA has no fast fp32 one-query
+  generation picks it for fp32 decoding on CUDA, where SDPA has no fast fp32 one-query
   kernel (docs/benchmarks.md section 6).
 """
 
@@ -30,19 +33,31 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
+from torch.nn.attention import sdpa_kernel as restrict_backends
 
 from mhe.errors import MheError, one_of
 
 Kernel = Callable[..., torch.Tensor]
 KERNELS: dict[str, Kernel] = {}
+_READS_KEY_RANGE: set[str] = set()
 
 
-def register_kernel(name: str):
-    """Function decorator adding an attention kernel under ``name``."""
+def register_kernel(name: str, *, reads_key_range: bool = False):
+    """Function decorator adding an attention kernel under ``name``. ``reads_key_range``: for one
+    causal query the kernel takes a run of keys per row (``key_range``) in place of a mask, and
+    the model builds that instead (:func:`mhe.attention.masks.self_attention_mask`)."""
     def deco(fn: Kernel) -> Kernel:
         KERNELS[name] = fn
+        if reads_key_range:
+            _READS_KEY_RANGE.add(name)
         return fn
     return deco
+
+
+def reads_key_range(name: str) -> bool:
+    """Whether kernel ``name`` reads a one-query step's keys as a run per row (``flash-decode``)."""
+    return name in _READS_KEY_RANGE
 
 
 def get_kernel(name: str) -> Kernel:
@@ -87,14 +102,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch
            key_range: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Attend ``q: [B, h_q, T, d]`` over ``k, v: [B, h_kv, S, d]`` with the named kernel.
 
-    Either ``mask`` (a full boolean mask, as a static KV cache builds it) or ``key_mask``
-    ``[B, S]`` with ``causal``/``offset`` describes what each query may see; for the
-    ``flash-decode`` kernel, ``key_range`` (one contiguous run of keys per row,
-    ``KVCache.decode_range``) may stand in for the mask.
+    Either ``mask`` (a full boolean mask, as :mod:`mhe.attention.masks` builds it) or
+    ``key_mask`` ``[B, S]`` with ``causal``/``offset`` describes what each query may see; for a
+    kernel that reads key ranges (``flash-decode``), ``key_range`` (one contiguous run of keys
+    per row, :func:`mhe.attention.masks.decode_key_range`) may stand in for the mask.
     """
     fn = get_kernel(kernel)
     if key_range is not None:
-        if kernel != "flash-decode":
+        if not reads_key_range(kernel):
             raise MheError(f"key_range is read by the flash-decode kernel only, not by {kernel!r}")
         return fn(q, k, v, mask=None, is_causal=False, dropout_p=dropout_p, scale=scale, key_range=key_range)
     t, s = q.shape[2], k.shape[2]
@@ -123,21 +138,48 @@ def _rows(q, k, mask):
     return rows, mask
 
 
+# SDPA's backends that apply any dropout rate exactly: cuDNN's kernels resolve it only in steps
+# of 1/16 (PyTorch pull request 174245, after which SDPA no longer routes other rates to cuDNN)
+EXACT_DROPOUT_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_BACKENDS_TRACEABLE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 6)
+
+
+def exact_dropout_backends(device_type: str, dropout_p: float) -> list | None:
+    """The SDPA backends a CUDA call with attention dropout ``dropout_p`` may use, or None for
+    SDPA's own choice: a rate that is no multiple of 1/16 (the paper's 0.1) keeps the call off
+    cuDNN, which would apply a rounded rate; torch releases that already refuse such rates on
+    cuDNN choose the same backend either way. Dynamo traces the restriction from torch 2.6 on;
+    a compiled call on an older torch keeps SDPA's own choice."""
+    if not dropout_p or device_type != "cuda" or float(dropout_p * 16).is_integer():
+        return None
+    if not _BACKENDS_TRACEABLE and torch.compiler.is_compiling():
+        return None
+    return EXACT_DROPOUT_BACKENDS
+
+
+def _sdpa(q, k, v, **kw):
+    """``F.scaled_dot_product_attention`` on the backends :func:`exact_dropout_backends` allows."""
+    backends = exact_dropout_backends(q.device.type, kw.get("dropout_p", 0.0))
+    if backends is None:
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+    with restrict_backends(backends):
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
 @register_kernel("sdpa")
 def sdpa_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
     if _one_token_grouped(q, k, mask, dropout_p):
         rows, rmask = _rows(q, k, mask)
         out = F.scaled_dot_product_attention(rows, k, v, attn_mask=rmask, scale=scale)
         return out.reshape(q.shape)  # [B, h_q, 1, d]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
-                                          scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    return _sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+                 enable_gqa=k.shape[1] != q.shape[1])
 
 
 @register_kernel("sdpa-expand")
 def sdpa_expand_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
     k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])  # [B, h_q, S, d]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
-                                          scale=scale)
+    return _sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale)
 
 
 @register_kernel("matmul-decode")
@@ -168,14 +210,6 @@ def eager_one_token_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
     """``eager`` for a one-token query (a decode step), ``sdpa`` for longer ones."""
     fn = eager_kernel if q.shape[2] == 1 else sdpa_kernel
     return fn(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale)
-
-
-def attention_weights(q: torch.Tensor, k: torch.Tensor, *, key_mask: torch.Tensor | None = None,
-                      causal: bool = False, offset: int = 0, scale: float | None = None) -> torch.Tensor:
-    """Softmax attention probabilities ``[B, h_q, T, S]`` (for inspection)."""
-    mask = build_mask(key_mask, causal=causal, q_len=q.shape[2], k_len=k.shape[2], offset=offset,
-                      device=q.device)
-    return _probabilities(q, k, mask, scale)
 
 
 def _probabilities(q, k, mask, scale):

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mhe.errors import one_of
+from mhe.models.config import preset as get_preset
 from mhe.tasks.finetune import FinetuneTask
 from mhe.tasks.lm import CausalLMTask
 from mhe.tasks.mlm import MaskedLMTask
@@ -48,8 +49,10 @@ def build_run(task: str, preset: str, *, attention: str = "mha", data: str = "",
               seed: int | None = None, overrides: Sequence[str] = (), task_options: dict | None = None) -> RunConfig:
     """A run's typed configuration as the training commands build it: the task's defaults, then
     the attention kind, the data folder, the seed, the task options and every ``--set`` item
-    (in that order, so a ``--set`` item wins), all checked before anything is read or written."""
-    cfg = default_run(task, preset, "mha", data)
+    (in that order, so a ``--set`` item wins), all checked before anything is read or written.
+    The run starts from the preset's own kind, so a kind of the same family keeps the preset's
+    options (``--preset llama-135m --attention gqa``: its 3 K/V heads)."""
+    cfg = default_run(task, preset, get_preset(preset).attention, data)
     items = [f"model.attention={attention}"]
     if data_dir:
         cfg.data.data_dir = data_dir

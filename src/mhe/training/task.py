@@ -4,7 +4,7 @@ A task also owns its settings: the class of its ``data.task_options`` (``options
 default run for a model preset (:meth:`Task.default_config`). Full-size presets keep the
 paper's Appendix B values (pre-training: lr 1e-4, linear schedule, 10k warm-up, betas
 0.9/0.9999, eps 1e-8, weight decay 0.01, dropout 0.1); ``tiny-*`` presets get short
-schedules sized for a CPU.
+schedules sized for a CPU, as does ``llama-tiny``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from mhe.models.config import cpu_sized
 from mhe.models.config import preset as get_preset
 from mhe.training.config import DataConfig, NoTaskOptions, RunConfig, TrainConfig
 from mhe.training.distributed import Dist
@@ -23,8 +24,8 @@ TINY_TRAIN = dict(steps=600, batch_size=32, lr=1e-3, warmup_steps=60, schedule="
 
 
 def is_tiny(preset: str) -> bool:
-    """The CPU-sized presets (``tiny-encoder``, ``tiny-decoder``, ``tiny-encoder-decoder``)."""
-    return preset.startswith("tiny-")
+    """The CPU-sized presets (``tiny-*``, ``llama-tiny``: :func:`mhe.models.config.cpu_sized`)."""
+    return cpu_sized(preset)
 
 
 class Task:
