@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
+from mhe.attention import attention_class  # noqa: E402
 from mhe.bench.common import bench_config  # noqa: E402
 from mhe.bench.profiling import CATEGORIES, dropout_rates, model_attention_inputs, sdpa_backend_rows  # noqa: E402
 from mhe.bench.step_profile import measure  # noqa: E402
@@ -76,7 +77,8 @@ def attention_section(a, presets: list[str], kinds: list[str]) -> dict:
     causal = sorted({model_preset(p).arch != "encoder" for p in presets}, reverse=True)
     rates = sorted({model_preset(p).attn_dropout for p in presets} | {0.0}, reverse=True)
     inputs = {k: (lambda k=k: model_attention_inputs(bench_config(presets[0], k, small=False, max_len=a.seq),
-                                                     a.batch, a.seq, dev)) for k in kinds}
+                                                     a.batch, a.seq, dev))
+              for k in kinds if attention_class(k).supports_cache}  # kinds with queries and keys
     out = {"shape": f"B={a.batch}, {base.n_heads} heads, T={a.seq}, d={base.resolved_head_dim}",
            "backends": sdpa_backend_rows(dev, a.seq, inputs, [(c, p) for c in causal for p in rates])}
     if any(rates):

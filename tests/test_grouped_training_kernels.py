@@ -119,3 +119,17 @@ def test_rotary_mhe_queries_in_the_projection_layout_are_the_same_numbers(kind, 
     monkeypatch.setattr(_MHEBase, "_psi_factor", before)
     was = loss_and_grads()
     assert all(torch.equal(a, b) for a, b in zip(now, was))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ("gqa", "mqa", "mhe-mul"))
+def test_grouped_training_attention_runs_on_flash_attention_on_a_gpu(kind):
+    from mhe.bench.profiling import sdpa_calls
+
+    model = build_model("llama-tiny", attention=kind, **{**LLAMA, "d_model": 256},
+                        **({"attn_options": {"n_kv_heads": 2}} if kind == "gqa" else {})).cuda().train()
+    ids = torch.randint(0, VOCAB, (B, 64), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16), torch.profiler.profile() as prof:
+        model(ids, labels=ids).loss.backward()
+    assert sdpa_calls(prof, 1) == f"flash {LLAMA['n_layers']} fwd / {LLAMA['n_layers']} bwd"
