@@ -1,40 +1,43 @@
 """Where the time of `mhe pretrain`'s training step goes, kernel by kernel, on one GPU.
 
     python benchmarks/profile_train_step.py OUT [--presets gpt2-base,bert-base] [--kinds mha,mhe-mul,mqa]
-        [--no-dropout-kinds mha,mhe-mul] [--data wikitext-2 --data-dir DIR] [--deadline 215] [--cpu-smoke]
+        [--no-dropout-kinds mha,mhe-mul] [--batch 32] [--layers N] [--sdpa-both]
+        [--data wikitext-2 --data-dir DIR] [--deadline 215] [--cpu-smoke]
 
-For each preset (gpt2-base: causal LM; bert-base: masked LM) and attention kind, the step exactly as
-``mhe pretrain`` runs it with its defaults (batch 32 x 512, bf16 autocast, compiled on CUDA, padded
-vocabulary, chunked cross-entropy, fused AdamW, clipping, prefetched batches): the trainer's own
-:class:`~mhe.training.step.StepModule`, :class:`~mhe.training.prefetch.Prefetcher`,
-:class:`~mhe.training.step.StepWindow` and :func:`~mhe.training.step.train_step`, set up as
-:class:`~mhe.training.loop.Trainer` sets them up, on random token blocks (the task's own collate
-and loss; ``--data``: a corpus instead). After warm-up (which holds the compilation) it times 10
-steps (wall time per step, as the trainer logs it, and the host's time to queue a step), then
-profiles 3 steps with ``torch.profiler``: GPU time per step by category
+For each preset (gpt2-base: causal LM; bert-base: masked LM; a Llama-style one such as
+llama-135m: causal LM) and attention kind, the step exactly as ``mhe pretrain`` runs it with its
+defaults (batch ``--batch`` x 512, bf16 autocast, compiled on CUDA, padded vocabulary, chunked
+cross-entropy, fused AdamW, clipping, prefetched batches; :mod:`mhe.bench.step_profile`), on
+random token blocks (``--data``: a corpus instead). After warm-up (which holds the compilation) it
+times 10 steps (wall time per step, as the trainer logs it, and the host's time to queue a step),
+then profiles 3 steps with ``torch.profiler``: GPU time per step by category
 (:mod:`mhe.bench.profiling`), GPU-busy time, kernels per step, the SDPA backend every attention
 call ran on, dynamo's graphs, graph breaks and recompiles, and the top kernels. Variants named in
 ``--no-dropout-kinds`` run again with ``model.dropout=0 model.attn_dropout=0`` to measure what
-dropout costs (a measurement, not a default: the paper trains with 0.1 and 0.1).
+dropout costs (presets that train with dropout only). ``--sdpa-both``: every kind with grouped
+K/V heads (gqa, mqa, mhe-mul, mhe-add) runs a second time with SDPA's own backend choice
+(``mhe.attention.kernels.GROUPED_GRAD_OFF_CUDNN`` off: the step as it ran before grouped training
+calls were kept off cuDNN), right after the first. ``--layers N`` trains N of the preset's layers
+(the same per-layer work, less to compile; multiply a per-step difference by layers/N).
 
-A first section times the SDPA backends at the training shapes (MHA, MQA and MHE-Mul's key/value
-layouts; causal and not; dropout 0.1 and 0), names the backend SDPA picks and the one mhe's
-``sdpa`` kernel runs on, and measures the dropout rate each backend really applies at 0.1.
+A first section times the SDPA backends at the first preset's shapes (batch, heads, T=512, d)
+with q, k and v as each kind's own projections lay them out (rotary positions and MHE's per-head
+factors included; causal for a decoder; the preset's dropout and 0), names the backend SDPA picks
+and the one mhe's ``sdpa`` kernel runs on, and (GPT-2/BERT) the dropout rate each backend really
+applies at 0.1.
 
-Configurations run in the order of importance (gpt2 mha, gpt2 mhe-mul, bert mha, bert mhe-mul,
-the MQA rows, then the dropout-free ones); one that would start past ``--deadline`` seconds
-(default 215: the script stays under 4 minutes on one H100, compilation included) is skipped
-and listed as such. Out: ``OUT/profile-train-step.md`` (card, torch, tables) and
-``OUT/profile-train-step.json``. ``--cpu-smoke`` runs it all on a CPU with the tiny presets
-(eager, as ``mhe pretrain`` there; the GPU categories stay empty).
+Configurations run in the order of importance (MHA, MQA, MHE-Mul, the other kinds, each followed by
+its ``--sdpa-both`` twin, then the dropout-free ones); one that would start past ``--deadline``
+seconds (default 215) is skipped and listed as such. Out: ``OUT/profile-train-step.md`` (card,
+torch, tables) and ``OUT/profile-train-step.json``. ``--cpu-smoke`` runs it all on a CPU with
+tiny presets (``--presets`` if given, shrunk; eager, as ``mhe pretrain`` there; the GPU columns
+stay empty).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -44,118 +47,43 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from mhe.bench.common import SMOKE_SIZES, device_peak, flops_per_token  # noqa: E402
-from mhe.bench.profiling import (CATEGORIES, by_category, dropout_rates, kernel_times, sdpa_backend_rows,  # noqa: E402
-                                 sdpa_calls)
-from mhe.bench.training import RandomLM, RandomMLM, real_params  # noqa: E402
+from mhe.attention import attention_class  # noqa: E402
+from mhe.bench.common import bench_config  # noqa: E402
+from mhe.bench.profiling import CATEGORIES, dropout_rates, model_attention_inputs, sdpa_backend_rows  # noqa: E402
+from mhe.bench.step_profile import measure  # noqa: E402
 from mhe.models import preset as model_preset  # noqa: E402
-from mhe.models.vocab_padding import pad_optimizer_state, pad_vocabulary  # noqa: E402
-from mhe.tasks import build_task  # noqa: E402
-from mhe.training import distributed  # noqa: E402
-from mhe.training.batches import BatchOrder  # noqa: E402
-from mhe.training.config import compile_wanted  # noqa: E402
-from mhe.tasks import build_run  # noqa: E402
-from mhe.training.optim import build_optimizer  # noqa: E402
-from mhe.training.prefetch import Prefetcher  # noqa: E402
-from mhe.training.state import TrainerState, seed_all  # noqa: E402
-from mhe.training.step import StepModule, StepWindow, train_step  # noqa: E402
+
+GROUPED = ("gqa", "mqa", "mhe-mul", "mhe-add")  # kinds whose training calls read fewer K/V heads than queries
 
 
-
-def plan(presets: list[str], kinds: list[str], no_dropout: list[str]) -> list[tuple[str, str, bool]]:
-    """(preset, kind, dropout on) in the order they are worth running: MHA and MHE-Mul first (the
-    issue's comparison), then the other kinds, MQA, and the dropout-free variants."""
-    main = [k for k in ("mha", "mhe-mul") if k in kinds] + [k for k in kinds if k not in ("mha", "mhe-mul", "mqa")]
-    runs = [(p, k, True) for p in presets for k in main]
-    runs += [(p, "mqa", True) for p in presets if "mqa" in kinds]
-    return runs + [(p, k, False) for k in no_dropout for p in presets]
-
-
-def build(preset: str, kind: str, dropout: bool, a, out: Path):
-    """The trainer's step objects for one configuration, set up as ``Trainer._build`` does."""
-    task_name = "lm" if model_preset(preset).arch == "decoder" else "mlm"  # as mhe pretrain chooses
-    items = [f"train.batch_size={a.batch}", f"data.seq_len={a.seq}", "train.progress=false",
-             f"model.max_len={max(a.seq, 512) if not a.cpu_smoke else 128}", f"train.device={a.device}"]
-    items += [] if dropout else ["model.dropout=0", "model.attn_dropout=0"]
-    items += [f"model.{k}={v}" for k, v in SMOKE_SIZES.items()] if a.cpu_smoke else []
-    cfg = build_run(task_name, preset, attention=kind, data=a.data, data_dir=a.data_dir, overrides=items)
-    task = build_task(task_name) if a.data else (RandomLM() if task_name == "lm" else RandomMLM())
-    t, dist = cfg.train, distributed.setup(cfg.train.device)
-    seed_all(t.seed)
-    model = task.setup(cfg, out, dist).to(dist.device)
-    cuda = dist.device.type == "cuda"
-    if cuda:
-        pad_vocabulary(model)
-    opt, sched = build_optimizer(model, t)
-    pad_optimizer_state(opt, model)
-    order = BatchOrder(task.n_train_items(), t.batch_size, seed=t.seed, rank=dist.rank, world=dist.world)
-    state = TrainerState(opt, sched, order)
-    step = StepModule(model, dist, compiled=compile_wanted(t, dist.device), note=print)
-    data = Prefetcher(order, task.collate, dist.device, ahead=cuda)
-    return dict(cfg=cfg, task=task, dist=dist, model=model, state=state, step=step, data=data, window=StepWindow())
+def plan(presets: list[str], kinds: list[str], no_dropout: list[str], both: bool) -> list[tuple[str, str, bool, bool]]:
+    """(preset, kind, dropout on, grouped calls off cuDNN) in the order they are worth running."""
+    first = [k for k in ("mha", "mqa", "mhe-mul") if k in kinds]
+    order = first + [k for k in kinds if k not in first]
+    runs = []
+    for p in presets:
+        for k in order:
+            runs += [(p, k, True, True)] + ([(p, k, True, False)] if both and k in GROUPED else [])
+    return runs + [(p, k, False, True) for k in no_dropout for p in presets if model_preset(p).attn_dropout > 0]
 
 
-def _steps(h, n: int) -> list[float]:
-    """Run ``n`` trainer steps; the host's seconds to queue each one."""
-    host = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        train_step(h["step"], h["data"], h["state"], h["task"], h["cfg"].train, h["dist"], h["window"])
-        host.append(time.perf_counter() - t0)
-    return host
-
-
-def _sync(h) -> None:
-    if h["dist"].device.type == "cuda":
-        torch.cuda.synchronize()
-    h["window"].read(h["dist"], lambda step, what, v: RuntimeError(f"non-finite {what} {v} at step {step}"))
-
-
-def measure(preset: str, kind: str, dropout: bool, a, out: Path) -> dict:
-    """Compile and warm up, time ``a.timed`` steps, profile ``a.profiled``."""
-    torch._dynamo.reset()  # no configuration inherits another's graphs
-    torch._dynamo.utils.counters.clear()
-    gc.collect()
-    cuda = a.device == "cuda"
-    if cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    h = build(preset, kind, dropout, a, out)
-    _steps(h, a.warmup)
-    _sync(h)
-    compile_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    host = _steps(h, a.timed)
-    _sync(h)
-    wall = (time.perf_counter() - t1) / a.timed
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=acts) as prof:
-        _steps(h, a.profiled)
-        _sync(h)
-    times = kernel_times(prof, a.profiled)
-    c = torch._dynamo.utils.counters
-    cfg, model = h["cfg"].model, h["model"]
-    tok_s = a.batch * a.seq / wall
-    peak = device_peak(torch.cuda.get_device_name()) if cuda else None
-    row = {"preset": preset, "kind": kind, "dropout": dropout, "wall_ms": 1000 * wall,
-           "host_ms": 1000 * statistics.median(host), "busy_ms": sum(ms for ms, _ in times.values()),
-           "kernels": sum(n for _, n in times.values()), "tokens_per_s": tok_s,
-           "mfu": flops_per_token(real_params(model), cfg, a.seq) * tok_s / peak if peak else None,
-           "peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None,
-           "sdpa": sdpa_calls(prof, a.profiled), "categories": by_category(times), "compile_s": compile_s,
-           "graphs": int(c["stats"]["unique_graphs"]), "graph_breaks": int(sum(c["graph_break"].values())),
-           "top": sorted(((ms, n, k) for k, (ms, n) in times.items()), reverse=True)[:10]}
-    del h, model, prof
-    return row
-
-
-def attention_section(dev) -> dict:
+def attention_section(a, presets: list[str], kinds: list[str]) -> dict:
+    """SDPA's backends at the first preset's shapes and layouts (CUDA only)."""
+    dev = torch.device(a.device)
     if dev.type != "cuda":
         return {}
-    return {"backends": sdpa_backend_rows(dev), "dropout_rates": dropout_rates(dev)}
+    base = model_preset(presets[0])
+    causal = sorted({model_preset(p).arch != "encoder" for p in presets}, reverse=True)
+    rates = sorted({model_preset(p).attn_dropout for p in presets} | {0.0}, reverse=True)
+    inputs = {k: (lambda k=k: model_attention_inputs(bench_config(presets[0], k, small=False, max_len=a.seq),
+                                                     a.batch, a.seq, dev))
+              for k in kinds if attention_class(k).supports_cache}  # kinds with queries and keys
+    out = {"shape": f"B={a.batch}, {base.n_heads} heads, T={a.seq}, d={base.resolved_head_dim}",
+           "backends": sdpa_backend_rows(dev, a.seq, inputs, [(c, p) for c in causal for p in rates])}
+    if any(rates):
+        out["dropout_rates"] = dropout_rates(dev)
+    return out
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
@@ -168,7 +96,8 @@ def _f(x, spec=".2f") -> str:
 
 
 def _label(r: dict) -> str:
-    return f"{r['preset']} {r['kind']}" + ("" if r["dropout"] else " (no dropout)")
+    return (f"{r['preset']} {r['kind']}" + ("" if r["dropout"] else " (no dropout)")
+            + ("" if r.get("grouped_off_cudnn", True) else " (SDPA's backend)"))
 
 
 def attention_lines(att: dict) -> list[str]:
@@ -178,11 +107,14 @@ def attention_lines(att: dict) -> list[str]:
             + [_f(r[f"{b}_ms"], ".3f") for b in ("mhe", "expand", "flash", "efficient", "cudnn", "math")]
             for r in att["backends"]]
     lines = ["## SDPA backends at the training shapes", "",
-             "B=32, 12 heads, T=512, d=64, bf16, forward+backward ms; K/V laid out as each kind's projections "
-             "give them; `mhe` = mhe's `sdpa` kernel (`mhe.attention.kernels.attend`); `expand`: the same on the one "
-             "K/V head expanded to 12 (stride 0, no copy); the backends forced; - = refused or not applicable.", ""]
+             f"{att['shape']}, bf16, forward+backward ms; q, k, v as each kind's attention sublayer lays them out; "
+             "`mhe` = mhe's `sdpa` kernel (`mhe.attention.kernels.attend`, under autograd); `expand`: the same on "
+             "the K/V heads repeated to every query head (one head: stride 0, no copy); the backends forced "
+             "(grouped K/V through `enable_gqa`); - = refused or not applicable.", ""]
     lines += _table(["K/V of", "causal", "dropout", "SDPA picks", "mhe runs on", "mhe ms", "expand ms", "flash ms",
                      "efficient ms", "cudnn ms", "math ms"], rows)
+    if "dropout_rates" not in att:
+        return lines
     rates = [[b, "refuses" if v is None else _f(v["dropped"], ".4f"), "-" if v is None else _f(v["scale_rate"], ".4f")]
              for b, v in att["dropout_rates"].items()]
     lines += ["", "Dropout each backend applies when asked for 0.1 (fraction of dropped attention weights; the "
@@ -191,31 +123,44 @@ def attention_lines(att: dict) -> list[str]:
 
 
 def step_lines(rows: list[dict]) -> list[str]:
-    main = [[_label(r), _f(r["wall_ms"], ".1f"), _f(r["host_ms"], ".1f"), _f(r["busy_ms"], ".1f"),
+    main = [[_label(r), r["layers"], _f(r["wall_ms"], ".1f"), _f(r["host_ms"], ".1f"), _f(r["busy_ms"], ".1f"),
              f"{r['kernels']:.0f}", f"{r['tokens_per_s']:,.0f}", _f(r["mfu"] and 100 * r["mfu"], ".1f"),
-             _f(r["peak_gib"]), r["sdpa"], r["graphs"], r["graph_breaks"], f"{r['compile_s']:.0f}"] for r in rows]
+             _f(r["peak_gib"]), r["sdpa"], r["graphs"], r["graph_breaks"], r["recompiles"], f"{r['compile_s']:.0f}"]
+            for r in rows]
     lines = ["## The step", "", "wall: trainer steps in a row, synchronised at the end (as the trainer logs "
-             "them); host: median time to queue one step; GPU busy: kernel time per step.", ""]
-    lines += _table(["configuration", "wall ms", "host ms", "GPU busy ms", "kernels/step", "tokens/s", "MFU %",
-                     "peak GiB", "SDPA backend per step", "graphs", "graph breaks", "set-up+compile s"], main)
+             "them); host: median time to queue one step; GPU busy: kernel time per step; recompiles: dynamo's "
+             "guard failures.", ""]
+    lines += _table(["configuration", "layers", "wall ms", "host ms", "GPU busy ms", "kernels/step", "tokens/s",
+                     "MFU %", "peak GiB", "SDPA backend per step", "graphs", "graph breaks", "recompiles",
+                     "set-up+compile s"], main)
     cats = [[_label(r)] + [_f(r["categories"][c]) for c in CATEGORIES] for r in rows]
     lines += ["", "## GPU ms per step by category", "", "A fused kernel counts once, in the first category "
-              "its name matches (`mhe.bench.profiling`); dropout's cost is the dropout-free rows' difference.", ""]
+              "its name matches (`mhe.bench.profiling`; layernorm includes RMSNorm); dropout's cost is the "
+              "dropout-free rows' difference.", ""]
     return lines + _table(["configuration", *CATEGORIES], cats)
 
 
-def diff_lines(rows: list[dict]) -> list[str]:
-    by = {(r["preset"], r["kind"], r["dropout"]): r for r in rows}
-    pairs = ((("mhe-mul", True), ("mqa", True)), (("mhe-mul", True), ("mha", True)))
+def _pairs(rows: list[dict]) -> list[tuple[dict, dict]]:
+    """(x, y) to print as x minus y: each kind against MHA, MHE-Mul against MQA, the default against
+    SDPA's own backend, with dropout against without."""
+    by = {(r["preset"], r["kind"], r["dropout"], r["grouped_off_cudnn"]): r for r in rows}
     out = []
-    for preset in dict.fromkeys(r["preset"] for r in rows):
-        cmp = [(by.get((preset, *a)), by.get((preset, *b))) for a, b in pairs]
-        cmp += [(by.get((preset, k, True)), by.get((preset, k, False))) for k in ("mha", "mhe-mul", "mqa")]
-        for x, y in cmp:
-            if x and y:
-                d = [_f(x["categories"][c] - y["categories"][c], "+.2f") for c in CATEGORIES]
-                out.append([f"{_label(x)} minus {_label(y)}", _f(x["wall_ms"] - y["wall_ms"], "+.1f"),
-                            _f(x["busy_ms"] - y["busy_ms"], "+.1f"), *d])
+    for r in rows:
+        p, k = r["preset"], r["kind"]
+        if r["dropout"] and r["grouped_off_cudnn"]:
+            others = [by.get((p, "mha", True, True)) if k != "mha" else None,
+                      by.get((p, "mqa", True, True)) if k == "mhe-mul" else None,
+                      by.get((p, k, True, False)), by.get((p, k, False, True))]
+            out += [(r, o) for o in others if o is not None]
+    return out
+
+
+def diff_lines(rows: list[dict]) -> list[str]:
+    out = []
+    for x, y in _pairs(rows):
+        d = [_f(x["categories"][c] - y["categories"][c], "+.2f") for c in CATEGORIES]
+        out.append([f"{_label(x)} minus {_label(y)}", _f(x["wall_ms"] - y["wall_ms"], "+.1f"),
+                    _f(x["busy_ms"] - y["busy_ms"], "+.1f"), *d])
     if not out:
         return []
     return ["", "## Differences (ms per step)", ""] + _table(["", "wall", "GPU busy", *CATEGORIES], out)
@@ -234,7 +179,8 @@ def report(out: Path, a, att: dict, rows: list[dict], skipped: list[str]) -> Non
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     head = ["# Training step profile (one GPU)", "",
             f"Card: {card}; torch {torch.__version__}; cuDNN {cudnn}; `{' '.join(['python'] + sys.argv)}`; "
-            f"batch {a.batch} x {a.seq}{', random tokens' if not a.data else ', ' + a.data}.", ""]
+            f"batch {a.batch} x {a.seq}{', random tokens' if not a.data else ', ' + a.data}"
+            f"{f'; {a.layers} layers of each preset' if a.layers else ''}.", ""]
     lines = head + attention_lines(att) + [""] + step_lines(rows) + diff_lines(rows) + top_lines(rows)
     if skipped:
         lines += ["Skipped (past the deadline): " + ", ".join(skipped), ""]
@@ -245,12 +191,15 @@ def report(out: Path, a, att: dict, rows: list[dict], skipped: list[str]) -> Non
     print("\n".join(lines))
 
 
-def main() -> None:
+def _args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--presets", default="gpt2-base,bert-base")
+    ap.add_argument("--presets", default="", help="default gpt2-base,bert-base (tiny-decoder,tiny-encoder in smoke)")
     ap.add_argument("--kinds", default="mha,mhe-mul,mqa")
     ap.add_argument("--no-dropout-kinds", default="mha,mhe-mul")
+    ap.add_argument("--batch", type=int, default=0, help="default 32 (4 in smoke)")
+    ap.add_argument("--layers", type=int, default=0, help="train this many layers of each preset (default: all)")
+    ap.add_argument("--sdpa-both", action="store_true", help="grouped kinds also with SDPA's own backend choice")
     ap.add_argument("--data", default="", help="a corpus (wikitext-2, ...) instead of random tokens")
     ap.add_argument("--data-dir", default="")
     ap.add_argument("--deadline", type=float, default=215.0, help="seconds; later configurations are skipped")
@@ -258,19 +207,28 @@ def main() -> None:
     a = ap.parse_args()
     smoke = a.cpu_smoke
     a.device = "cpu" if smoke or not torch.cuda.is_available() else "cuda"
-    a.batch, a.seq, a.warmup, a.timed, a.profiled = (4, 32, 1, 3, 2) if smoke else (32, 512, 3, 10, 3)
-    presets = ["tiny-decoder", "tiny-encoder"] if smoke else a.presets.split(",")
+    a.seq, a.warmup, a.timed, a.profiled = (32, 1, 3, 2) if smoke else (512, 3, 10, 3)
+    a.batch = a.batch or (4 if smoke else 32)
+    return a
+
+
+def main() -> None:
+    a = _args()
+    presets = a.presets.split(",") if a.presets else ["tiny-decoder", "tiny-encoder"] if a.cpu_smoke \
+        else ["gpt2-base", "bert-base"]
+    kinds = a.kinds.split(",")
     start = time.perf_counter()
-    att = attention_section(torch.device(a.device))
+    att = attention_section(a, presets, kinds)
     rows, skipped, cost = [], [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        for preset, kind, dropout in plan(presets, a.kinds.split(","), [k for k in a.no_dropout_kinds.split(",") if k]):
-            label = f"{preset} {kind}" + ("" if dropout else " (no dropout)")
+        for preset, kind, dropout, off_cudnn in plan(presets, kinds, [k for k in a.no_dropout_kinds.split(",") if k],
+                                                     a.sdpa_both):
+            label = _label(dict(preset=preset, kind=kind, dropout=dropout, grouped_off_cudnn=off_cudnn))
             if time.perf_counter() - start + cost.get(preset, 0.0) > a.deadline:
                 skipped.append(label)
                 continue
             t0 = time.perf_counter()
-            rows.append(measure(preset, kind, dropout, a, Path(tmp) / preset))
+            rows.append(measure(preset, kind, dropout, a, Path(tmp) / preset, grouped_off_cudnn=off_cudnn))
             cost[preset] = time.perf_counter() - t0
             print(f"[{time.perf_counter() - start:.0f} s] {label}: {rows[-1]['wall_ms']:.1f} ms/step", flush=True)
     report(a.out, a, att, rows, skipped)

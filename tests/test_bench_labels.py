@@ -46,3 +46,52 @@ def test_smoke_bench_of_a_llama_preset_generates_beside_hf_llama(capsys, tmp_pat
     assert {r["path"] for r in rows} == {"HF LlamaForCausalLM.generate", "model.generate (eager)"}
     kv = {(r["batch"], r["kind"]): r["kv_bytes"] for r in rows if r["kv_bytes"] is not None}
     assert kv[(1, "gqa")] == 2 * kv[(1, "mhe-mul")] > 0  # 2 K/V heads against MHE's one
+
+
+class _CountingPeer:
+    """Stands in for a Hugging Face model: records how many new tokens each generate call asked for."""
+
+    class config:
+        vocab_size = 99
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, ids, *, max_new_tokens, **kw):
+        self.calls.append(max_new_tokens)
+
+
+def test_the_peer_times_a_prefill_and_some_tokens_and_counts_the_rest_at_their_rate(monkeypatch):
+    import torch
+
+    from mhe.bench import generate as gen
+
+    peer = _CountingPeer()
+    seconds = {1: 1.0, 4: 2.5, 8: 9.0}  # a call's seconds by its new tokens
+    monkeypatch.setattr(gen, "_time", lambda fn, cuda, reps: (fn(), seconds[peer.calls[-1]])[1])
+    sec, timed = gen._peer(peer, 2, 5, 8, dev=torch.device("cpu"), tokens=4)
+    assert (sec, timed) == (1.0 + 1.5 * 7 / 3, 4)  # prefill 1.0, then 0.5 s per token for 7 more
+    assert peer.calls == [8, 1, 4]  # warm-up, prefill-only, 4 new tokens
+    assert gen._peer(peer, 2, 5, 8, dev=torch.device("cpu"), tokens=0) == (9.0, 8)  # every token timed
+
+
+def test_generate_rows_past_the_deadline_are_skipped_and_listed(monkeypatch):
+    import time
+
+    import torch
+
+    from mhe.bench import generate as gen
+
+    monkeypatch.setattr(gen, "_our_model", lambda *a, **k: torch.nn.Linear(1, 1))
+    monkeypatch.setattr(gen, "_ours", lambda *a, **k: (time.sleep(0.2), (1.0, 64, 0.01, "sdpa"))[1])
+    rows, skipped = gen.run_generate_section(["mha", "mqa"], [(1, 8, 8), (2, 8, 8)], dev=torch.device("cpu"),
+                                             dtype=torch.float32, small=True, peer=True, deadline=0.1)
+    assert [(r["batch"], r["kind"]) for r in rows] == [(1, "mha")]  # the first row started before the deadline
+    assert skipped == ["mqa 1 x 8+8", "mha 2 x 8+8", "mqa 2 x 8+8", "HF 1 x 8+8", "HF 2 x 8+8"]
+
+
+@pytest.mark.parametrize("option,value", [("--peer-tokens", "1"), ("--peer-tokens", "-2"), ("--gen-deadline", "-1")])
+def test_bad_generate_caps_exit_2_in_one_line(option, value, capsys):
+    assert main(["bench", "--smoke", "--sections", "generate", option, value]) == 2
+    err = capsys.readouterr().err
+    assert option in err and len(err.strip().splitlines()) == 1

@@ -10,7 +10,8 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
 * ``sdpa`` (default): ``torch.nn.functional.scaled_dot_product_attention`` with grouped
   heads through ``enable_gqa``; one new token over a grouped cache stacks the query heads
   of a group as query rows of one head. A CUDA call with a dropout rate cuDNN would round
-  (no multiple of 1/16) runs on the other backends (:func:`exact_dropout_backends`).
+  (no multiple of 1/16) runs on the other backends (:func:`exact_dropout_backends`), and so
+  does a training call over grouped K/V heads (:func:`grouped_grad_backends`).
 * ``sdpa-expand``: as ``sdpa`` but key/value heads are repeated to the query heads first.
 * ``eager``: the softmax written out (tests, attention maps).
 * ``matmul-decode``: as ``sdpa``, except one-token grouped decoding is an explicit
@@ -157,9 +158,42 @@ def exact_dropout_backends(device_type: str, dropout_p: float) -> list | None:
     return EXACT_DROPOUT_BACKENDS
 
 
+GROUPED_GRAD_OFF_CUDNN = True
+"""Whether :func:`grouped_grad_backends` keeps grouped training calls off cuDNN (the profile script
+turns it off to measure the step both ways in one run; it never changes the function)."""
+
+
+def grouped_grad_backends(device_type: str, *, grouped: bool, grad: bool, masked: bool, square: bool) -> list | None:
+    """The SDPA backends a CUDA call over grouped K/V heads (``h_kv < h_q``, ``enable_gqa``) that
+    autograd records may use, or None for SDPA's own choice: off cuDNN, so on FlashAttention-2,
+    which reads grouped heads natively and sums each group's dK/dV after computing them per
+    query head (Dao 2023; PyTorch's ``mha_bwd``), as parallel as multi-head attention. Only where
+    FlashAttention takes the call: no mask, and causal only over as many keys as queries
+    (``square``); a masked call keeps SDPA's choice. Why: on one H100 (torch 2.11) the compiled
+    llama-135m step at dropout 0, where SDPA prefers cuDNN, ran 21% (GQA) and 24% (MQA) slower
+    than its MHA, while GPT-2's MQA, kept on FlashAttention by its dropout rate, ran as fast as
+    its MHA; ``benchmarks/profile_train_step.py --preset llama-135m`` times the step both ways.
+    Off with :data:`GROUPED_GRAD_OFF_CUDNN`."""
+    if not (GROUPED_GRAD_OFF_CUDNN and device_type == "cuda" and grouped and grad and not masked and square):
+        return None
+    if not _BACKENDS_TRACEABLE and torch.compiler.is_compiling():
+        return None
+    return EXACT_DROPOUT_BACKENDS
+
+
+def sdpa_backends(q, k, v, kw: dict, device_type: str | None = None) -> list | None:
+    """The backends of :func:`_sdpa`'s call (``kw``: its keywords), or None for SDPA's choice;
+    ``device_type`` (default q's) asks what the same call would get on another device."""
+    dev = device_type or q.device.type
+    return exact_dropout_backends(dev, kw.get("dropout_p", 0.0)) or grouped_grad_backends(
+        dev, grouped=bool(kw.get("enable_gqa")) and k.shape[1] != q.shape[1],
+        grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+        masked=kw.get("attn_mask") is not None, square=not kw.get("is_causal") or q.shape[2] == k.shape[2])
+
+
 def _sdpa(q, k, v, **kw):
-    """``F.scaled_dot_product_attention`` on the backends :func:`exact_dropout_backends` allows."""
-    backends = exact_dropout_backends(q.device.type, kw.get("dropout_p", 0.0))
+    """``F.scaled_dot_product_attention`` on the backends :func:`sdpa_backends` allows."""
+    backends = sdpa_backends(q, k, v, kw)
     if backends is None:
         return F.scaled_dot_product_attention(q, k, v, **kw)
     with restrict_backends(backends):

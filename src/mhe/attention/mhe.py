@@ -211,9 +211,12 @@ class _MHEBase(Attention):
         return F.linear(x, w_all, b_all).view(b, t, n, d).transpose(1, 2)  # [B, n, T, d]
 
     def _psi_factor(self, a: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-        """``a [B, 1, T, d]`` with the per-head factor or offset ``f [n, d]`` -> ``[B, n, T, d]``."""
-        f = f[:, None, :]  # [n, 1, d]
-        return a * f if self.multiplicative else a + f
+        """``a [B, 1, T, d]`` with the per-head factor or offset ``f [n, d]`` -> ``[B, n, T, d]``,
+        laid out ``[B, T, n, d]`` in memory as every kind's split query heads are (``_split_heads``),
+        so the attention kernel reads, and writes its output, as it does for MQA, and the heads merge
+        without a copy."""
+        a = a.transpose(1, 2)  # [B, T, 1, d]
+        return (a * f if self.multiplicative else a + f).transpose(1, 2)  # [B, T, n, d] -> [B, n, T, d]
 
     def _fast_output(self, h: torch.Tensor) -> torch.Tensor:
         w, bias = self.folded_output()

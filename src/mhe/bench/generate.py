@@ -5,8 +5,10 @@ random prompt and a fixed number of new tokens (no stop token), timed from the c
 return (prefill included, CUDA synchronised), after one warm-up call that captures the decode
 step; median of 3 calls, each passing the same ``session`` (``model.generator(batch, prompt +
 new)``), as a caller that generates repeatedly does (the session keeps the caches and the
-captured step). Hugging Face's ``generate`` (SDPA attention, its default dynamic cache) on the
-same sizes is the peer, in the same run (one call after a short warm-up: it is slow):
+captured step). Each kind's model is built once, for the longest setting. Hugging Face's
+``generate`` (SDPA attention, its default dynamic cache) on the same sizes is the peer, in the
+same run, after every ``model.generate`` row (it is slow: one call after a short warm-up, and
+with ``peer_tokens`` only that many of its new tokens timed, the rest counted at their rate):
 ``GPT2LMHeadModel`` for the GPT-2 presets, ``LlamaForCausalLM`` with the preset's own K/V
 grouping for the Llama-style ones. ``--kernel auto``
 (the default) leaves the kernel to ``generate``'s automatic choice, as a user's call does;
@@ -14,6 +16,8 @@ each row names the kernel its decode steps ran.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -40,11 +44,8 @@ def _time(fn, *, cuda: bool, reps: int) -> float:
     return timed(fn, warmup=0, reps=reps, cuda=cuda) / 1000
 
 
-def _ours(kind, batch, prompt, new, *, dev, dtype, small, kernel, mode, reps, preset="gpt2-base"):
-    configured, requested = split_kernel(kernel)
-    cfg = bench_config(preset, kind, small=small, gqa_heads=4, max_len=prompt + new, dropout=0.0, attn_dropout=0.0,
-                       attn_kernel=configured)
-    model = build_model(cfg).to(dev, dtype).eval()
+def _ours(model, batch, prompt, new, *, dev, kernel, mode, reps):
+    _, requested = split_kernel(kernel)
     ids = torch.randint(0, model.cfg.vocab_size, (batch, prompt), device=dev)
     session = model.generator(batch, prompt + new, step_mode=mode, kernel=requested)
     model.generate(ids, new, session=session)  # warm-up: captures the step
@@ -55,8 +56,13 @@ def _ours(kind, batch, prompt, new, *, dev, dtype, small, kernel, mode, reps, pr
     first = model.generator(batch, prompt + 1, step_mode="eager", kernel=requested)
     model.generate(ids, 1, session=first)
     prefill = _time(lambda: model.generate(ids, 1, session=first), cuda=dev.type == "cuda", reps=reps)
-    del model, first
     return sec, kv, prefill, ran
+
+
+def _our_model(preset, kind, *, small, kernel, max_len):
+    cfg = bench_config(preset, kind, small=small, gqa_heads=4, max_len=max_len, dropout=0.0, attn_dropout=0.0,
+                       attn_kernel=split_kernel(kernel)[0])
+    return build_model(cfg)
 
 
 def _peer_model(preset: str, length: int, small: bool):
@@ -75,47 +81,59 @@ def _peer_model(preset: str, length: int, small: bool):
     return transformers.GPT2LMHeadModel(cfg)
 
 
-def _peer(batch, prompt, new, *, dev, dtype, small, reps, preset="gpt2-base"):
-    model = _peer_model(preset, prompt + new, small)
-    if model is None:
-        return None
-    model = model.to(dev, dtype).eval()
+def _peer(model, batch, prompt, new, *, dev, tokens):
+    """Seconds of Hugging Face's ``generate`` for ``new`` tokens and how many it timed: every one
+    (``tokens`` 0 or at least ``new``; one call), or a prefill-only call and one of ``tokens``
+    new tokens, the rest counted at their per-token rate (its steps are host-bound; the cache that
+    grows makes a later step no cheaper, so the estimate never favours ``model.generate``)."""
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device=dev)
-    mask = torch.ones_like(ids)
-    kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
-              eos_token_id=None)
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def call(n: int) -> float:
+        return _time(lambda: model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw), cuda=dev.type == "cuda",
+                     reps=1)
     with torch.no_grad():
-        model.generate(ids, **{**kw, "max_new_tokens": 8, "min_new_tokens": 8})  # warm-up
-        sec = _time(lambda: model.generate(ids, **kw), cuda=dev.type == "cuda", reps=1)
-    del model
-    return sec
+        model.generate(ids, max_new_tokens=8, min_new_tokens=8, **kw)  # warm-up
+        if not tokens or tokens >= new:
+            return call(new), new
+        first, part = call(1), call(tokens)
+    return first + (part - first) * (new - 1) / (tokens - 1), tokens
 
 
-def run_generate_section(kinds, settings, *, dev, dtype, small, kernel="auto", graphs=True,
-                         peer=True, preset="gpt2-base") -> list[dict]:
-    """Rows per (batch, prompt, new) of ``settings``: Hugging Face's generate (``peer``), then
-    each kind's ``model.generate`` (``graphs``: the decode step as a CUDA graph on a GPU), of
-    ``preset``."""
-    cuda = dev.type == "cuda"
-    mode = "graph" if cuda and graphs else "eager"
-    reps = 1 if small else 3
-    rows = []
-    for batch, prompt, new in settings:
-        if peer:
-            sec = _peer(batch, prompt, new, dev=dev, dtype=dtype, small=small, reps=reps, preset=preset)
-            if sec is not None:
-                rotary = model_preset(preset).positions == "rotary"
-                rows.append(dict(batch=batch, prompt=prompt, new=new, kernel="sdpa (HF)", seconds=sec, kv_bytes=None,
-                                 path=f"HF {'LlamaForCausalLM' if rotary else 'GPT2LMHeadModel'}.generate",
-                                 kind=model_preset(preset).attention, kv_mib=None, prefill_ms=None))
-        for kind in kinds:
-            sec, kv, prefill, ran = _ours(kind, batch, prompt, new, dev=dev, dtype=dtype, small=small,
-                                          kernel=kernel, mode=mode, reps=reps, preset=preset)
-            rows.append(dict(batch=batch, prompt=prompt, new=new, path=f"model.generate ({mode})", kind=kind,
-                             kernel=ran, seconds=sec, kv_bytes=kv, kv_mib=kv / 2**20, prefill_ms=1000 * prefill))
-            if cuda:
-                torch.cuda.empty_cache()
+def run_generate_section(kinds, settings, *, dev, dtype, small, kernel="auto", graphs=True, peer=True,
+                         preset="gpt2-base", peer_tokens=0, deadline=0.0) -> tuple[list[dict], list[str]]:
+    """Rows per (batch, prompt, new) of ``settings``: each kind's ``model.generate`` of ``preset``
+    (``graphs``: the decode step as a CUDA graph on a GPU; each kind's model built once), then
+    Hugging Face's generate (``peer``; ``peer_tokens``: see :func:`_peer`). No row starts after
+    ``deadline`` seconds (0: no limit); the rows skipped are returned beside the measured ones."""
+    mode = "graph" if dev.type == "cuda" and graphs else "eager"
+    reps, longest = 1 if small else 3, max(p + n for _, p, n in settings)
+    jobs = [(s, k) for s in settings for k in kinds] + ([(s, None) for s in settings] if peer else [])
+    rows, skipped, models, start = [], [], {}, time.perf_counter()
+    for (batch, prompt, new), kind in jobs:
+        if deadline and time.perf_counter() - start > deadline:
+            skipped.append(f"{kind or 'HF'} {batch} x {prompt}+{new}")
+            continue
+        if kind not in models:  # built once, for the longest setting
+            models[kind] = (_peer_model(preset, longest, small) if kind is None else
+                            _our_model(preset, kind, small=small, kernel=kernel, max_len=longest))
+            models[kind] = models[kind] if models[kind] is None else models[kind].to(dev, dtype).eval()
+        row = dict(batch=batch, prompt=prompt, new=new)
+        if kind is None and models[None] is not None:
+            sec, timed_new = _peer(models[None], batch, prompt, new, dev=dev, tokens=peer_tokens)
+            rotary = model_preset(preset).positions == "rotary"
+            rows.append(dict(row, kernel="sdpa (HF)", seconds=sec, kv_bytes=None, kv_mib=None, prefill_ms=None,
+                             path=f"HF {'LlamaForCausalLM' if rotary else 'GPT2LMHeadModel'}.generate",
+                             kind=model_preset(preset).attention, timed_new=timed_new))
+        elif kind is not None:
+            sec, kv, prefill, ran = _ours(models[kind], batch, prompt, new, dev=dev, kernel=kernel, mode=mode, reps=reps)
+            rows.append(dict(row, path=f"model.generate ({mode})", kind=kind, kernel=ran, seconds=sec, kv_bytes=kv,
+                             kv_mib=kv / 2**20, prefill_ms=1000 * prefill, timed_new=new))
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     for r in rows:
         r["ms_per_token"] = 1000 * r["seconds"] / r["new"]
         r["tokens_per_s"] = r["batch"] * r["new"] / r["seconds"]
-    return rows
+    order = {s: i for i, s in enumerate(settings)}
+    rows.sort(key=lambda r: (order[(r["batch"], r["prompt"], r["new"])], not r["path"].startswith("HF")))
+    return rows, skipped

@@ -1,6 +1,7 @@
 """Reading a ``torch.profiler`` trace of training steps (``benchmarks/profile_train_step.py``):
 GPU time per step by kind of kernel, which SDPA backend each attention call ran on, and the SDPA
-backends side by side at the training shapes.
+backends side by side at the training shapes (GPT-2's, or a preset's own with the layouts its
+attention sublayers give them: :func:`model_attention_inputs`).
 
 Kernels are sorted by name into :data:`CATEGORIES`. A kernel torch.compile fused from several
 operations is counted once, in the first category of :data:`CATEGORIES` its name matches
@@ -29,7 +30,7 @@ _RULES = (  # (category, name fragments), tried in this order
     ("matmul/GEMM", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "wgmma", "splitk", "triton_tem")),
     ("cross-entropy/loss", ("logsumexp", "nll_loss", "log_softmax", "cross_entropy")),
     ("copies/casts", ("memcpy", "memset", "copy_kernel")),
-    ("layernorm", ("layer_norm", "layernorm")),
+    ("layernorm", ("layer_norm", "layernorm", "rsqrt")),  # LayerNorm, or RMSNorm fused by Inductor
     ("dropout/RNG", ("dropout", "inductor_random", "inductor_seeds", "philox", "bernoulli")),
 )
 _COPY_WORDS = {"", "to", "copy", "t", "clone", "cat", "permute", "transpose", "view", "slice", "select", "unsqueeze",
@@ -104,41 +105,64 @@ def _attention_inputs(kind: str, seq: int, dev, batch: int = 32, heads: int = 12
     return [t.detach().requires_grad_() for t in (q, *kv)]
 
 
-def sdpa_backend_rows(dev, seq: int = 512) -> list[dict]:
-    """For MHA, MQA and MHE-Mul's K/V layouts, causal (GPT-2) and not (BERT), dropout 0.1 and 0:
-    the backend SDPA picks, the one mhe's ``sdpa`` kernel runs on, and forward+backward ms of
-    mhe's kernel, of mhe's kernel on K/V expanded to every head (one K/V head only), and of each
-    backend forced (None where it refuses the inputs)."""
+def model_attention_inputs(cfg, batch: int, seq: int, dev) -> list[torch.Tensor]:
+    """q, k, v of the first attention sublayer of a one-layer model of ``cfg``, from its own
+    projection hooks under bf16 autocast (rotary positions and MHE's per-head factors included),
+    with the strides the model gives them; leaves that require grad."""
+    from mhe.attention import Attention
+    from mhe.models import build_model
+
+    attn = next(m for m in build_model(cfg.replace(n_layers=1)).to(dev).modules() if isinstance(m, Attention))
+    x, pos = torch.randn(batch, seq, cfg.d_model, device=dev), torch.arange(seq, device=dev)
+    with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+        q, (k, v) = attn._queries(x, pos), attn._keys_values(x, pos)  # [B, h_q, T, d], 2 x [B, h_kv, T, d]
+    return [t.detach().requires_grad_() for t in (q, k, v)]
+
+
+GPT2_SETTINGS = ((True, 0.1), (True, 0.0), (False, 0.1), (False, 0.0))
+
+
+def sdpa_backend_rows(dev, seq: int = 512, inputs: dict | None = None, settings=GPT2_SETTINGS) -> list[dict]:
+    """For each K/V layout of ``inputs`` (label -> a function returning q, k, v; default: MHA's,
+    MQA's and MHE-Mul's at GPT-2's shapes) and each (causal, dropout) of ``settings``: the backend
+    SDPA picks, the one mhe's ``sdpa`` kernel runs on, and forward+backward ms of mhe's kernel, of
+    mhe's kernel on K/V expanded to every head (grouped K/V only), and of each backend forced
+    (None where it refuses the inputs)."""
+    inputs = inputs or {k: (lambda k=k: _attention_inputs(k, seq, dev)) for k in ("mha", "mqa", "mhe-mul")}
     rows = []
-    for kind in ("mha", "mqa", "mhe-mul"):
-        for causal in (True, False):
-            for p in (0.1, 0.0):
-                q, k, v = _attention_inputs(kind, seq, dev)
-                gqa = k.shape[1] != q.shape[1]
-                choice = torch._fused_sdp_choice(q, k, v, None, p, causal, scale=None, enable_gqa=gqa)
-                ours = kernels.exact_dropout_backends(dev.type, p)
-                row = {"kind": kind, "causal": causal, "dropout": p, "sdpa_choice": _backend_name(choice)}
-                if ours is not None:
-                    with sdpa_kernel(ours):
-                        row["mhe_choice"] = _backend_name(torch._fused_sdp_choice(q, k, v, None, p, causal, scale=None,
-                                                                                  enable_gqa=gqa))
-                else:
-                    row["mhe_choice"] = row["sdpa_choice"]
-                step = lambda: kernels.attend(q, k, v, causal=causal, dropout_p=p).sum().backward()  # noqa: E731
-                row["mhe_ms"] = timed(step, warmup=3, reps=10, cuda=True)
-                row["expand_ms"] = _expanded_ms(q, k, v, causal, p) if gqa else None
-                for name, backend in BACKENDS.items():
-                    row[f"{name}_ms"] = _forced_ms(backend, q, k, v, causal, p, gqa)
-                rows.append(row)
+    for kind, make in inputs.items():
+        for causal, p in settings:
+            q, k, v = make()
+            gqa = k.shape[1] != q.shape[1]
+            choice = torch._fused_sdp_choice(q, k, v, None, p, causal, scale=None, enable_gqa=gqa)
+            ours = kernels.sdpa_backends(q, k, v, dict(dropout_p=p, is_causal=causal, enable_gqa=gqa))
+            row = {"kind": kind, "causal": causal, "dropout": p, "sdpa_choice": _backend_name(choice)}
+            if ours is not None:
+                with sdpa_kernel(ours):
+                    row["mhe_choice"] = _backend_name(torch._fused_sdp_choice(q, k, v, None, p, causal, scale=None,
+                                                                              enable_gqa=gqa))
+            else:
+                row["mhe_choice"] = row["sdpa_choice"]
+            step = lambda: kernels.attend(q, k, v, causal=causal, dropout_p=p).sum().backward()  # noqa: E731
+            row["mhe_ms"] = timed(step, warmup=3, reps=10, cuda=True)
+            row["expand_ms"] = _expanded_ms(q, k, v, causal, p) if gqa else None
+            for name, backend in BACKENDS.items():
+                row[f"{name}_ms"] = _forced_ms(backend, q, k, v, causal, p, gqa)
+            rows.append(row)
     return rows
 
 
 def _expanded_ms(q, k, v, causal, p) -> float:
-    """mhe's kernel with the one K/V head expanded to every query head (a stride-0 view, no copy)."""
+    """mhe's kernel with the K/V heads repeated to every query head (one head: a stride-0 view, no
+    copy; g heads: each repeated n/g times, a copy)."""
+    b, g, s, d = k.shape
     n = q.shape[1]
 
+    def repeat(t):
+        return t.expand(-1, n, -1, -1) if g == 1 else t[:, :, None].expand(b, g, n // g, s, d).reshape(b, n, s, d)
+
     def step():
-        ke, ve = k.expand(-1, n, -1, -1), v.expand(-1, n, -1, -1)  # [B, n, S, d]
+        ke, ve = repeat(k), repeat(v)  # [B, n, S, d]
         kernels.attend(q, ke, ve, causal=causal, dropout_p=p).sum().backward()
     return timed(step, warmup=3, reps=10, cuda=True)
 

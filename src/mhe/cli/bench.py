@@ -50,6 +50,12 @@ def bench_args(p):
     p.add_argument("--gen-long", default="64x4096", help="generate section: BATCHxCONTEXT runs (256 new tokens)")
     p.add_argument("--no-peer", action="store_true",
                    help="generate section: skip Hugging Face's generate (GPT-2, or Llama for llama-* presets)")
+    p.add_argument("--peer-tokens", type=int, default=64,
+                   help="generate section: new tokens of Hugging Face's generate timed (beside a prefill-only call), "
+                        "the rest counted at their rate (default 64; 0: time them all)")
+    p.add_argument("--gen-deadline", type=float, default=150.0,
+                   help="generate section: seconds after which no row starts; the rest are listed as skipped "
+                        "(default 150; 0: no limit)")
     p.add_argument("--no-pad-vocab", action="store_true", help="isolated training step: keep the vocabulary unpadded")
 
 
@@ -66,6 +72,10 @@ def _check(args) -> tuple[list[str], set[str]]:
                           ("--trainer-steps", args.trainer_steps)):
         if value is not None and value <= 0:
             raise MheError(f"{option} must be a positive integer, got {value}")
+    if args.peer_tokens < 0 or args.peer_tokens == 1:
+        raise MheError(f"--peer-tokens must be 0 (every token) or at least 2, got {args.peer_tokens}")
+    if args.gen_deadline < 0:
+        raise MheError(f"--gen-deadline must be 0 (no limit) or a positive number of seconds, got {args.gen_deadline}")
     if args.json:  # its folder is made now: a path that cannot be written fails before the timings
         make_folder(check_output_file(args.json, "--json").parent, "--json")
     if args.kernel != "auto" and args.kernel not in kernels.KERNELS:
@@ -166,11 +176,19 @@ def decode_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
 
 
 def generate_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
-    rows = run_generate_section(kinds, generate_settings(args.gen_batches, args.gen_long, small), dev=dev,
-                                dtype=dtype, small=small, kernel=args.kernel, graphs=not args.no_graphs,
-                                peer=not args.no_peer, preset=args.preset or "gpt2-base")
+    rows, skipped = run_generate_section(kinds, generate_settings(args.gen_batches, args.gen_long, small), dev=dev,
+                                         dtype=dtype, small=small, kernel=args.kernel, graphs=not args.no_graphs,
+                                         peer=not args.no_peer, preset=args.preset or "gpt2-base",
+                                         peer_tokens=0 if small else args.peer_tokens,
+                                         deadline=0.0 if small else args.gen_deadline)
     print_generate_table(rows, dtype, SMOKE if small else args.preset or "gpt2-base")
-    return {"generate": rows}
+    partial = sorted({(r["timed_new"], r["new"]) for r in rows if r["timed_new"] < r["new"]})
+    for timed_new, new in partial:
+        print(f"HF rows of {new} new tokens: a prefill-only call and one of {timed_new} new tokens timed, the other "
+              f"{new - timed_new} counted at those tokens' rate (--peer-tokens 0 times every token)")
+    if skipped:
+        print(f"skipped (past --gen-deadline {args.gen_deadline:g} s): {', '.join(skipped)}")
+    return {"generate": rows, "generate_skipped": skipped}
 
 
 def print_generate_table(rows: list[dict], dtype, shape: str) -> None:
@@ -178,7 +196,8 @@ def print_generate_table(rows: list[dict], dtype, shape: str) -> None:
     base = {(r["batch"], r["prompt"]): r for r in rows if r["path"].startswith("HF")}
     mha = {(r["batch"], r["prompt"]): r for r in rows if r["kind"] == "mha" and not r["path"].startswith("HF")}
     print(f"\ngenerate end to end ({shape}, random weights, greedy, {_dtype_name(dtype)}; "
-          "prefill included; MHE folded to MQA, or one K/V head as it is under RoPE)")
+          "prefill included; MHE folded to MQA, or one K/V head as it is under RoPE; model.generate: median of "
+          "3 calls after a warm-up (1 in smoke sizes), HF: one call after a short warm-up)")
     unit, scale = byte_unit(max([r["kv_bytes"] for r in rows if r["kv_bytes"] is not None], default=0))
     print_table(["batch", "prompt+new", "path", "kind", "kernel", "ms/token", "tokens/s", "vs HF", "tok/s vs MHA", f"KV {unit}",
                  "prefill ms"],
