@@ -127,3 +127,17 @@ def append_metrics(path: str | Path, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
+
+
+def config_diff(a: dict, b: dict, prefix="") -> str:
+    """Where two configurations (``RunConfig.identity()``) differ: ``key: A there, B now; ...``."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            d = config_diff(va, vb, f"{prefix}{k}.")
+            if d:
+                out.append(d)
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} there, {vb!r} now")
+    return "; ".join(out)

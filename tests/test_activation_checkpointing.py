@@ -1,0 +1,85 @@
+"""Activation checkpointing changes what is kept, never what is computed; ``train.parallel`` is
+a checked setting, refused in one line where it cannot apply, and neither setting changes which
+run a configuration is.
+
+The gradients with checkpointing must equal those without bit for bit (the recomputation repeats
+the same operations, dropout included: the random state is restored before it). The count of
+sublayer calls shows the recomputation happens: a checkpointed block runs its forward twice.
+"""
+
+import pytest
+import torch
+
+from conftest import B, D_MODEL, N_HEADS, T, VOCAB
+from mhe.errors import MheError
+from mhe.models import build_model
+from mhe.tasks.recall import RecallTask
+from mhe.training.activation_checkpointing import apply_activation_checkpointing, transformer_blocks
+from mhe.training.config import apply_overrides
+from mhe.training.defaults import default_run
+from mhe.training.distributed import Dist
+from mhe.training.loop import Trainer
+
+N_LAYERS = 3
+
+
+def model():
+    torch.manual_seed(0)
+    return build_model("tiny-decoder", attention="mhe-mul", vocab_size=VOCAB, d_model=D_MODEL, n_heads=N_HEADS,
+                       d_ff=2 * D_MODEL, n_layers=N_LAYERS, dropout=0.1, attn_dropout=0.1)
+
+
+def grads_and_calls(mode: str):
+    m = model().train()
+    assert apply_activation_checkpointing(m, mode) == {"none": 0, "full": N_LAYERS, "selective": 2}[mode]
+    calls = [0]
+    for block in transformer_blocks(m):
+        block.self_attn.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    ids = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(2)  # the dropout masks
+    loss = m(ids, labels=ids, return_logits=False).loss
+    loss.backward()
+    return loss.detach(), {k: p.grad.clone() for k, p in m.named_parameters()}, calls[0], m
+
+
+def test_checkpointing_changes_no_loss_or_gradient_and_recomputes_the_blocks_it_names():
+    loss, grads, calls, plain = grads_and_calls("none")
+    assert calls == N_LAYERS
+    for mode, recomputed in (("full", N_LAYERS), ("selective", 2)):  # selective: blocks 0 and 2
+        loss_m, grads_m, calls_m, m = grads_and_calls(mode)
+        assert calls_m == N_LAYERS + recomputed  # the checkpointed blocks ran their forward again
+        assert torch.equal(loss_m, loss)
+        assert grads_m.keys() == grads.keys()
+        for k in grads:
+            assert torch.equal(grads_m[k], grads[k]), (mode, k)
+        assert m.state_dict().keys() == plain.state_dict().keys()  # names unchanged: checkpoints load either way
+    m = model()
+    apply_activation_checkpointing(m, "full")
+    with torch.no_grad():  # evaluation: one forward per block
+        calls = [0]
+        transformer_blocks(m)[0].self_attn.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        m.eval()(torch.randint(0, VOCAB, (B, T)))
+    assert calls == [1]
+
+
+def test_parallel_and_checkpointing_are_checked_settings_outside_the_run_identity():
+    base = default_run("recall", "tiny-decoder", "mha")
+    other = apply_overrides(default_run("recall", "tiny-decoder", "mha"),
+                            ["train.parallel=fsdp", "train.activation_checkpointing=selective"])
+    assert other.hash() == base.hash()  # how a run is carried out, not what it computes: resumable either way
+    with pytest.raises(MheError, match=r"train.parallel='zero' is not allowed; train.parallel takes one of auto, ddp, fsdp"):
+        apply_overrides(default_run("recall", "tiny-decoder", "mha"), ["train.parallel=zero"])
+    with pytest.raises(MheError, match="train.activation_checkpointing='some' is not allowed"):
+        apply_overrides(default_run("recall", "tiny-decoder", "mha"), ["train.activation_checkpointing=some"])
+
+
+def test_fsdp_on_one_process_is_refused_before_anything_is_written(tmp_path):
+    cfg = apply_overrides(default_run("recall", "tiny-decoder", "mha"), ["train.parallel=fsdp", "train.device=cpu"])
+    with pytest.raises(MheError, match=r"train.parallel=fsdp shards the model over several processes and this run "
+                                       r"has one; launch it with torchrun --nproc_per_node N"):
+        Trainer(cfg, RecallTask(), tmp_path / "run").fit()
+    assert not (tmp_path / "run").exists()
+
+
+def test_one_process_agrees_with_itself_on_a_signal():
+    assert Dist().agreed_signal(None) is None and Dist().agreed_signal(15) == 15
