@@ -141,10 +141,21 @@ def decode_run(saved: dict, a, dev) -> None:
         torch.save({"hyps": out[-1], "refs": saved["references"], "seconds": sec[0], "warm": sec[-1]}, a.out)
 
 
+def _beam_search():
+    """``beam_search`` and the searcher class of the tree on the path (older trees: no searcher)."""
+    try:
+        from mhe.models.beam_search import BeamSearcher, beam_search
+        return beam_search, BeamSearcher
+    except ImportError:
+        from mhe.models.generation import beam_search
+        return beam_search, None
+
+
 # ---------------------------------------------------------------------------------------- random weights
 def decode_random(saved, a, dev) -> None:
     from mhe.models import build_model
-    from mhe.models.generation import beam_search
+
+    beam_search, searcher = _beam_search()
 
     torch.manual_seed(0)
     kernel = {"attn_kernel": a.kernel} if a.kernel else {}
@@ -160,6 +171,8 @@ def decode_random(saved, a, dev) -> None:
     srcs = sources(a.sentences, 8000)
     order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
     extra = {"step_mode": a.step_mode} if "step_mode" in inspect.signature(beam_search).parameters else {}
+    if searcher is not None:  # this tree's searcher keeps the captured steps across batches (older trees: the model)
+        extra["searcher"] = searcher(model, step_mode=a.step_mode)
     hyps: list[torch.Tensor] = [torch.empty(0)] * len(srcs)
     sec = [timed(lambda: decode_all(model, srcs, order, hyps, dev, extra), dev) for _ in range(a.passes)]
     print(f"{len(srcs)} sentences, beam 4, {a.dtype}{', kernel ' + a.kernel if a.kernel else ''}: "
@@ -170,7 +183,7 @@ def decode_random(saved, a, dev) -> None:
 
 def decode_all(model, srcs, order, hyps, dev, extra) -> None:
     """Decode every source in batches of 64 (hypotheses written into ``hyps``)."""
-    from mhe.models.generation import beam_search
+    beam_search, _ = _beam_search()
 
     for k in range(0, len(order), 64):
         chunk = order[k:k + 64]

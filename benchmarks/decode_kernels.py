@@ -59,7 +59,7 @@ def agreement(kind: str, dev, dtype, *, batch: int = 8, ctx: int = 1024) -> dict
         res = {}
         for kernel in ("sdpa", "flash-decode"):
             mod.cfg = dataclasses.replace(mod.cfg, kernel=kernel)
-            cache.pos = pos
+            cache.index.fill_(pos)
             with torch.no_grad():
                 res[kernel] = mod(x, mask=mask, cache=cache).float()
         out[case] = (res["flash-decode"] - res["sdpa"]).abs().max().item()

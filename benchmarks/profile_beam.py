@@ -10,7 +10,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from mhe.models import build_model
-from mhe.models.beam_step import beam_session
+from mhe.models.beam_search import BeamSearcher
 
 
 def main() -> None:
@@ -22,8 +22,7 @@ def main() -> None:
         src = torch.randint(4, 8000, (64, 20), device=dev)
         mask = torch.ones_like(src, dtype=torch.bool)
         with torch.no_grad():
-            s = beam_session(model, b=64, beam=4, src_len=24, max_len=100, eos_id=2, dtype=dtype, device=dev,
-                             mode="eager", compile_options=None)
+            s = BeamSearcher(model, step_mode="eager").session(b=64, beam=4, src_len=24, max_len=100, eos_id=2)
             s.start(model.encode(src, mask).repeat_interleave(4, 0), mask.repeat_interleave(4, 0), 1)
             for t in range(5):
                 s.advance(t)

@@ -7,13 +7,14 @@ import copy
 import pytest
 import torch
 
-from mhe.attention.kv_cache import KVCache
+from mhe.attention import masks
 from mhe.data.tokenize import train_tokenizer
 from mhe.errors import MheError
 from mhe.models import build_model
-from mhe.models.beam_step import decode_kernel
-from mhe.models.generation import beam_search
+from mhe.models.beam_search import BeamSearcher, beam_search
+from mhe.models.decode_step import decode_kernel
 from mhe.tasks.translation import TranslationTask, decode_batches
+from reference import beam_search_uncached
 
 EOS = 2
 
@@ -42,16 +43,21 @@ def search(model, src, mask, **kw):
     return beam_search(model, src, mask, bos_id=1, eos_id=EOS, beam=3, max_len=40, return_scores=True, **kw)
 
 
+def search_uncached(model, src, mask):
+    return beam_search_uncached(model, src, mask, bos_id=1, eos_id=EOS, beam=3, max_len=40, return_scores=True)
+
+
 def test_mostly_finished_batch_moves_to_a_smaller_session_with_the_same_answer():
     model = ending_model()
     src, mask = sources()
-    got, got_scores = search(model, src, mask)
-    sizes = sorted(k[0] for k in model.__dict__["_beam_sessions"]["by_shape"])
+    searcher = BeamSearcher(model)
+    got, got_scores = search(model, src, mask, searcher=searcher)
+    sizes = sorted(k[0] for k in searcher.sessions)
     assert sizes == [4, 16]  # the last sources went on in a session of 4
     lengths = ((got[:, 1:] != EOS).cumprod(1)).sum(1)
     assert lengths.max() < 39 and got.shape[1] == lengths.max() + 2  # stopped when every hypothesis ended
     assert lengths.min() < lengths.max()
-    want, want_scores = search(model, src, mask, use_cache=False)
+    want, want_scores = search_uncached(model, src, mask)
     assert torch.equal(got, want)
     torch.testing.assert_close(got_scores, want_scores, rtol=1e-12, atol=1e-12)
 
@@ -81,22 +87,26 @@ def test_windowed_cache_step_equals_the_whole_buffer():
     layer = model.decoder_layers[0].self_attn
     x = torch.randn(3, 5, 32, dtype=torch.float64)
     caches = [layer.new_cache(3, 24, dtype=torch.float64) for _ in range(2)]
-    caches[1].window = 16
-    outs = [torch.cat([layer(x[:, i:i + 1], cache=c) for i in range(5)], 1) for c in caches]
+    window = [None, 16]  # the whole buffer (the sublayer's own mask), or a window of its first 16 positions
+
+    def step(x_t, cache, keys):
+        mask = None if keys is None else masks.self_attention_mask(x_t, None, start=cache.index, keys=keys)
+        return layer(x_t, mask=mask, cache=cache)
+    outs = [torch.cat([step(x[:, i:i + 1], c, w) for i in range(5)], 1) for c, w in zip(caches, window)]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-12, atol=1e-12)
-    assert caches[1].span == 16 and caches[0].span == 24
-    small = KVCache(1, 1, 8, 4, dtype=torch.float64)
-    small.window = 2
-    small.update(torch.zeros(1, 1, 2, 4, dtype=torch.float64), torch.zeros(1, 1, 2, 4, dtype=torch.float64))
+    narrow = masks.self_attention_mask(x[:, :1], None, start=caches[1].index, keys=16)
+    assert narrow.keys == 16 and narrow.dense.shape[-1] == 16  # it reads 16 positions of 24
+    small = layer.new_cache(1, 8, dtype=torch.float64)
+    small.update(torch.zeros(1, 4, 2, 8, dtype=torch.float64), torch.zeros(1, 4, 2, 8, dtype=torch.float64))
     with pytest.raises(MheError, match="window 2 too small"):
-        small.update(torch.zeros(1, 1, 1, 4, dtype=torch.float64), torch.zeros(1, 1, 1, 4, dtype=torch.float64))
+        masks.self_attention_mask(x[:1, :1], None, start=small.index, keys=2)
 
 
 def test_fp32_cuda_decoding_picks_the_explicit_one_token_kernel():
     model = ending_model(torch.float32)
-    assert decode_kernel(model, torch.float32, "cuda") == "eager-one-token"
-    assert decode_kernel(model, torch.bfloat16, "cuda") is None
-    assert decode_kernel(model, torch.float32, "cpu") is None
+    assert decode_kernel(model, "cuda", torch.float32) == "eager-one-token"
+    assert decode_kernel(model, "cuda", torch.bfloat16) == "sdpa"  # the configured kernel, kept
+    assert decode_kernel(model, "cpu", torch.float32) == "sdpa"
 
 
 def test_decode_batches_respect_sentences_and_budget():

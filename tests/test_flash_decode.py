@@ -5,10 +5,10 @@ output against the literal reference and under CUDA graphs and torch.compile."""
 import pytest
 import torch
 
-from mhe.attention import KERNELS, build_attention
+from mhe.attention import KERNELS, build_attention, masks
 from mhe.attention.flash_decode import fast_path, key_offsets, mask_range, range_mask
 from mhe.attention.kernels import attend
-from mhe.attention.kv_cache import cache_mask
+from mhe.attention.kv_cache import KVCache
 from mhe.models import build_model
 from mhe.models.config import preset
 from mhe.models.decode_step import decode_kernel, inference_view, view_kernels
@@ -16,6 +16,12 @@ from reference import softmax_attention
 
 CUDA = torch.device("cuda")  # only its type is read on a CPU-only machine
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
+
+
+def cache_mask(key_mask, t, start, length, *, causal, device=torch.device("cpu")):
+    """The dense mask a model builds for ``t`` new queries at ``start`` over a cache of ``length``."""
+    tokens = torch.zeros(key_mask.shape[0] if key_mask is not None else 1, t, dtype=torch.long, device=device)
+    return masks.self_attention_mask(tokens, key_mask, causal=causal, start=start, keys=length).dense
 
 
 def run_of(start: torch.Tensor, used: torch.Tensor, length: int) -> torch.Tensor:
@@ -61,22 +67,20 @@ def test_range_without_mask_and_key_offsets():
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("eager_width", [False, True])
 def test_cache_decode_range_is_the_run_of_its_mask(padded, eager_width):
-    """``KVCache.decode_range`` (what a decode step passes) equals the run read from the mask
-    the cache would build, and ``range_mask`` turns it back into that mask."""
-    from mhe.attention.kv_cache import KVCache
-
+    """The key range a decode step's model builds for ``flash-decode`` equals the run read from
+    the dense mask it would build otherwise, and ``range_mask`` turns it back into that mask."""
     cache = KVCache(3, 1, 12, 8, dtype=torch.float32)
-    cache.update(*(torch.randn(3, 1, 7, 8) for _ in range(2)))  # a prompt of 7
-    start = cache.index.clone()
-    cache.update(*(torch.randn(3, 1, 1, 8) for _ in range(2)))  # the new token, at position 7
+    cache.update(*(torch.randn(3, 1, 7, 8) for _ in range(2)))  # a prompt of 7; the new token goes at 7
     key_mask = None
     if padded:
         key_mask = torch.ones(3, 8 if eager_width else 12, dtype=torch.bool)  # [B, start + 1] or [B, L]
         key_mask[0, :3] = False
         key_mask[2, :6] = False
-    mask = cache.self_attention_mask(key_mask, 1, start, causal=True)
+    token = torch.zeros(3, 1, dtype=torch.long)
+    mask = masks.self_attention_mask(token, key_mask, start=cache.index, keys=12).dense
     begin, used = check_contiguous_range(mask, 3)
-    offsets, got_used = cache.decode_range(key_mask)
+    offsets, got_used = masks.self_attention_mask(token, key_mask, start=cache.index, keys=12,
+                                                  kernel="flash-decode").key_range
     assert offsets.dtype == got_used.dtype == torch.int32
     assert torch.equal(got_used, used) and torch.equal(offsets, key_offsets(begin, 12))
     assert torch.equal(range_mask((offsets, got_used), 12), mask.expand(3, 1, 1, 12))
@@ -116,16 +120,17 @@ def test_decode_kernel_is_flash_decode_only_on_cuda_for_one_kv_head(kind, heads)
     opts = {"n_kv_heads": 2} if kind == "gqa" else {}
     attn = build_attention(kind, d_model=32, n_heads=4, **opts)
     assert attn.cache_heads == heads  # fast MHE caches one K/V head
-    assert decode_kernel(attn, CUDA) == ("flash-decode" if heads == 1 else "sdpa")
-    assert decode_kernel(attn, torch.device("cpu")) == "sdpa"
-    assert decode_kernel(attn, CUDA, "matmul-decode") == "matmul-decode"  # the caller's choice wins
+    assert decode_kernel(attn, CUDA, torch.bfloat16) == ("flash-decode" if heads == 1 else "sdpa")
+    assert decode_kernel(attn, torch.device("cpu"), torch.bfloat16) == "sdpa"
+    assert decode_kernel(attn, CUDA, requested="matmul-decode") == "matmul-decode"  # the caller's choice wins
+    assert decode_kernel(attn, CUDA, torch.float32) == "eager-one-token"  # no fast fp32 one-query SDPA
 
 
 def test_a_configured_kernel_is_kept_and_the_model_left_unchanged():
     mqa = build_attention("mqa", d_model=32, n_heads=4, kernel="sdpa-expand")
-    assert decode_kernel(mqa, CUDA) == "sdpa-expand"
+    assert decode_kernel(mqa, CUDA, torch.bfloat16) == "sdpa-expand"
     model = build_model("tiny-decoder", attention="mqa", **SMALL)
-    view = inference_view(model, lambda a: decode_kernel(a, CUDA))
+    view = inference_view(model, decode_kernel(model, CUDA, torch.bfloat16))
     assert view_kernels(view) == "flash-decode" and view_kernels(model) == "sdpa"
     assert all(p is q for p, q in zip(view.parameters(), model.parameters()))  # weights shared, not copied
 
@@ -137,9 +142,10 @@ def test_generate_with_flash_decode_on_cpu_equals_sdpa(padded):
     ids = torch.randint(3, 99, (2, 6))
     mask = torch.ones(2, 6, dtype=torch.long)
     mask[1, :3] = 0 if padded else 1
-    a, la = model.generate(ids, 6, attention_mask=mask, decode_kernel="sdpa", return_logits=True)
-    b, lb = model.generate(ids, 6, attention_mask=mask, decode_kernel="flash-decode", return_logits=True)
-    assert view_kernels(model.__dict__["_generation_session"].view) == "flash-decode"
+    a, la = model.generate(ids, 6, attention_mask=mask, kernel="sdpa", return_logits=True)
+    session = model.generator(2, 12, kernel="flash-decode")
+    b, lb = model.generate(ids, 6, attention_mask=mask, session=session, return_logits=True)
+    assert view_kernels(session.view) == "flash-decode"
     assert torch.equal(a, b) and torch.equal(la, lb)
 
 
@@ -210,10 +216,10 @@ def test_graph_and_compiled_decode_equal_eager_with_flash_decode(kind):
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
     for m in (None, mask):
-        a, la = model.generate(ids, 20, attention_mask=m, step_mode="eager", return_logits=True)
-        assert view_kernels(model.__dict__["_generation_session"].view) == "flash-decode"
-        s, ls = model.generate(ids, 20, attention_mask=m, step_mode="eager", decode_kernel="sdpa",
-                               return_logits=True)
+        session = model.generator(3, 29, step_mode="eager")
+        a, la = model.generate(ids, 20, attention_mask=m, session=session, return_logits=True)
+        assert view_kernels(session.view) == "flash-decode"
+        s, ls = model.generate(ids, 20, attention_mask=m, step_mode="eager", kernel="sdpa", return_logits=True)
         # the first decode step (logits 1; logits 0 are the prefill's) after the same token:
         # the same function as sdpa's, in another bf16 rounding
         assert torch.equal(a[:, 9], s[:, 9])

@@ -5,7 +5,7 @@ import json
 import torch
 
 from mhe.cli import main
-from mhe.models.lm_generate import left_pad
+from mhe.models.generate import left_pad
 
 
 def test_left_pad_puts_every_prompt_at_the_right_edge():
@@ -59,3 +59,17 @@ def test_generate_needs_only_the_run_folder(lm_run, tmp_path, monkeypatch, capsy
     captured = capsys.readouterr()
     assert captured.out == beside and captured.out.startswith("the company said ")
     assert "not found" not in captured.err
+
+
+def test_generate_says_why_each_prompt_stopped(lm_run, capsys):
+    """One line per prompt on standard error; ``--min-new-tokens`` holds the end token back, so
+    with it at ``--max-new-tokens`` every prompt runs to the length."""
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(lm_run), "--prompt", "the company said", "--prompt", "it",
+                 "--max-new-tokens", "4", "--min-new-tokens", "4"]) == 0
+    captured = capsys.readouterr()
+    why = [line for line in captured.err.splitlines() if line.startswith("prompt ")]
+    assert why == [f"prompt {i}: 4 new tokens, stopped by --max-new-tokens 4" for i in (1, 2)]
+    assert len(captured.out.strip().splitlines()) == 2
+    assert main(["generate", "--checkpoint", str(lm_run), "--prompt", "it", "--min-new-tokens", "-1"]) == 2
+    assert "min_new_tokens must be a non-negative integer, got -1" in capsys.readouterr().err

@@ -7,8 +7,9 @@ import torch
 from mhe.attention import KINDS, attention_class
 from mhe.errors import MheError
 from mhe.models import build_model
-from mhe.models.generation import beam_search
-from mhe.models.sampling import SamplingConfig, filter_logits
+from mhe.models.beam_search import beam_search
+from mhe.models.generate import SamplingConfig, filter_logits
+from reference import generate_uncached
 
 CACHE_KINDS = [k for k in KINDS if attention_class(k).supports_cache]
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
@@ -58,6 +59,7 @@ def test_compiled_beam_search_equals_eager(kind):
     src = torch.randint(3, 99, (2, 6))
     smask = torch.ones(2, 6, dtype=torch.bool)
     smask[1, 4:] = False
+    attributes = set(vars(model))
     a, sa = beam_search(model, src, smask, bos_id=1, eos_id=2, beam=3, max_len=18, step_mode="eager",
                         return_scores=True)
     torch._dynamo.reset()
@@ -67,6 +69,7 @@ def test_compiled_beam_search_equals_eager(kind):
     assert graphs_built() == 1
     assert torch.equal(a, b)
     torch.testing.assert_close(sb, sa, rtol=1e-12, atol=1e-12)
+    assert set(vars(model)) == attributes  # the captured steps were the searcher's, not the model's
 
 
 @pytest.mark.slow
@@ -87,7 +90,7 @@ def test_left_padded_batch_equals_one_by_one(kind):
     model = small("tiny-decoder", kind)
     ids, mask = left_padded()
     _, batch = model.generate(ids, 8, attention_mask=mask, return_logits=True)
-    _, full = model.generate(ids, 8, attention_mask=mask, use_cache=False, return_logits=True)
+    _, full = generate_uncached(model, ids, 8, attention_mask=mask, return_logits=True)
     torch.testing.assert_close(batch, full, rtol=1e-10, atol=1e-10)
     for row, start in ((0, 0), (1, 3)):
         _, alone = model.generate(ids[row:row + 1, start:], 8, return_logits=True)
@@ -151,10 +154,70 @@ def test_stop_tokens_streaming_and_limits():
 def test_generation_reuses_the_captured_step_until_weights_change():
     model = small("tiny-decoder", "mhe-mul")
     ids = torch.randint(3, 99, (2, 4))
-    a = model.generate(ids, 5)
-    session = model.__dict__["_generation_session"]
-    assert torch.equal(model.generate(ids, 5), a) and model.__dict__["_generation_session"] is session
+    session = model.generator(2, 9)
+    a, la = model.generate(ids, 5, session=session, return_logits=True)
+    view, step = session.view, session._runners[False]
+    assert torch.equal(model.generate(ids, 5, session=session), a)
+    assert session.view is view and session._runners[False] is step  # the same view and step, reused
     with torch.no_grad():
         model.decoder.final_norm.weight.mul_(3.0)
-    model.generate(ids, 5)
-    assert model.__dict__["_generation_session"] is not session  # folded weights rebuilt
+    _, lb = model.generate(ids, 5, session=session, return_logits=True)
+    assert session.view is not view  # folded weights rebuilt
+    _, fresh = model.generate(ids, 5, return_logits=True)
+    assert torch.equal(lb, fresh) and not torch.allclose(la, lb)  # the new weights', as a fresh session's
+
+
+def test_why_each_row_stopped():
+    model = small("tiny-decoder", "mhe-mul")
+    ids = torch.randint(3, 99, (2, 4))
+    free = model.generate(ids, 10)
+    stop = int(free[0, 6])  # row 0 ends at its third new token at the latest
+    res = model.generate(ids, 10, stop_ids=[stop], pad_id=0, return_dict=True)
+    for r in range(2):
+        hits = (free[r, 4:] == stop).nonzero().flatten().tolist()
+        assert res.finish_reasons()[r] == ("stop" if hits else "length")
+        assert int(res.new_tokens[r]) == (hits[0] + 1 if hits else 10)
+    assert res.finish_reasons()[0] == "stop" and int(res.new_tokens[0]) <= 3
+    plain = model.generate(ids, 10, return_dict=True)
+    assert torch.equal(plain.tokens, free) and plain.finish_reasons() == ["length", "length"]
+    assert plain.new_tokens.tolist() == [10, 10] and plain.logits is None
+
+
+def test_min_new_tokens_holds_back_the_stop_tokens():
+    """As transformers' ``min_new_tokens``: a stop token cannot be chosen before a row has that
+    many new tokens; the logits returned are the model's own."""
+    model = small("tiny-decoder", "mhe-mul")
+    ids = torch.randint(3, 99, (2, 4))
+    free, logits = model.generate(ids, 6, return_logits=True)
+    stop = int(free[0, 4])  # row 0's greedy first token
+    res = model.generate(ids, 6, stop_ids=[stop], min_new_tokens=2, return_dict=True, return_logits=True)
+    assert torch.equal(res.logits[:, 0], logits[:, 0])  # the same prompt: the same logits
+    second = logits[0, 0].clone()
+    second[stop] = float("-inf")
+    assert int(res.tokens[0, 4]) == int(second.argmax()) != stop  # the best token that is not a stop token
+    assert stop not in res.tokens[:, 4:6].flatten().tolist()
+    never = model.generate(ids, 6, stop_ids=[stop], min_new_tokens=6, return_dict=True)
+    assert never.finish_reasons() == ["length", "length"] and stop not in never.tokens[:, 4:].flatten().tolist()
+    with pytest.raises(MheError, match="min_new_tokens must be a non-negative integer, got -1"):
+        model.generate(ids, 3, min_new_tokens=-1)
+
+
+def test_a_held_session_is_reused_checked_and_nothing_is_kept_on_the_model():
+    model = small("tiny-decoder", "mqa")
+    ids, mask = left_padded()
+    attributes = set(vars(model))
+    session = model.generator(2, 20)
+    a = model.generate(ids, 8, attention_mask=mask, session=session)
+    assert torch.equal(a, model.generate(ids, 8, attention_mask=mask))  # as a session of the exact size
+    b = model.generate(ids[:, 3:], 5, session=session)  # another length, no padding: the same session
+    assert torch.equal(b, model.generate(ids[:, 3:], 5))
+    assert set(session._runners) == {False, True}  # one step with a key mask, one without
+    with pytest.raises(MheError, match="holds 2 rows of 20 positions; got 1 prompts"):
+        model.generate(ids[:1], 3, session=session)
+    with pytest.raises(MheError, match="got 2 prompts of 6 tokens \\+ 15 new"):
+        model.generate(ids, 15, session=session)
+    with pytest.raises(MheError, match="belong to the session"):
+        model.generate(ids, 3, session=session, step_mode="eager")
+    with pytest.raises(MheError, match="was built for torch.float64"):
+        model.float().generate(ids, 3, session=session)
+    assert set(vars(model)) == attributes  # the caller holds the state, not the model

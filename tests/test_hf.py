@@ -7,6 +7,7 @@ transformers = pytest.importorskip("transformers")
 import mhe.hf  # noqa: E402  (registers the Auto classes)
 from mhe.hf import from_hf, to_hf, to_hf_tokenizer  # noqa: E402
 from mhe.models import build_model  # noqa: E402
+from reference import seq2seq_greedy  # noqa: E402
 
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, n_layers=2, max_len=32)
 
@@ -87,11 +88,26 @@ def test_generation_cache_has_the_kinds_kv_heads(kind, heads):
     assert torch.equal(hf.generate(ids, max_new_tokens=7, do_sample=False, pad_token_id=0), ours)
 
 
+@pytest.mark.parametrize("least", [0, 3])
+def test_min_and_max_new_tokens_as_in_transformers(least):
+    """``model.generate``'s stop tokens, ``max_new_tokens`` and ``min_new_tokens`` give the tokens
+    transformers' ``generate`` gives with the same end token (after a row stops, both pad)."""
+    m = core("tiny-decoder", "mhe-mul")
+    ids = torch.randint(7, 99, (2, 4))
+    stop = int(m.generate(ids, 8)[0, 5])  # row 0's second greedy token
+    hf = to_hf(m, eos_token_id=stop).eval()
+    want = hf.generate(ids, max_new_tokens=8, min_new_tokens=least, do_sample=False, pad_token_id=0)
+    got = m.generate(ids, 8, stop_ids=[stop], pad_id=0, min_new_tokens=least, return_dict=True)
+    n = want.shape[1]
+    assert torch.equal(got.tokens[:, :n], want) and bool((got.tokens[:, n:] == 0).all())
+    assert got.finish_reasons() == ["stop" if stop in row[4:].tolist() else "length" for row in want]
+
+
 @pytest.mark.parametrize("kind", ["mhe-mul", "mha"])
 def test_seq2seq_generation_cached_equals_uncached(kind):
     m = core("tiny-encoder-decoder", kind)
     src = torch.randint(7, 99, (2, 6))
-    ours = m.greedy(src, bos_id=1, eos_id=2, max_len=9)  # before wrapping
+    ours = seq2seq_greedy(m, src, bos_id=1, eos_id=2, max_len=9)  # before wrapping
     hf = to_hf(m, decoder_start_token_id=1, bos_token_id=1, eos_token_id=2).eval()
     for beams in (1, 3):
         a = hf.generate(src, max_new_tokens=8, do_sample=False, num_beams=beams, use_cache=True, pad_token_id=0)

@@ -12,8 +12,9 @@ from mhe.data.tokenize import train_tokenizer
 from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
-from mhe.models.generation import beam_search
+from mhe.models.beam_search import beam_search
 from mhe.tasks.translation import token_batches
+from reference import beam_search_uncached, seq2seq_greedy
 
 
 def test_bleu_hand_computed():
@@ -63,10 +64,10 @@ def test_beam_search_cached_equals_uncached(kind):
     mask = torch.ones(3, 7, dtype=torch.bool)
     mask[2, 5:] = False
     for beam in (1, 3):
-        a = beam_search(model, src, mask, bos_id=1, eos_id=2, beam=beam, max_len=12, use_cache=True)
-        b = beam_search(model, src, mask, bos_id=1, eos_id=2, beam=beam, max_len=12, use_cache=False)
+        a = beam_search(model, src, mask, bos_id=1, eos_id=2, beam=beam, max_len=12)
+        b = beam_search_uncached(model, src, mask, bos_id=1, eos_id=2, beam=beam, max_len=12)
         assert torch.equal(a, b), (kind, beam)
-    greedy = model.greedy(src, mask, bos_id=1, eos_id=2, max_len=12)
+    greedy = seq2seq_greedy(model, src, mask, bos_id=1, eos_id=2, max_len=12)
     g1 = beam_search(model, src, mask, bos_id=1, eos_id=2, beam=1, max_len=12, alpha=0.0)
     assert torch.equal(g1[:, :greedy.shape[1]], greedy)
 

@@ -1,9 +1,10 @@
 """The attention zoo: every kind behind one contract (see :mod:`mhe.attention.base`), listed by
 name in :mod:`mhe.attention.registry`."""
 
-from mhe.attention.base import Attention, AttentionConfig, NoOptions
+from mhe.attention.base import Attention, AttentionConfig, NoOptions, set_kernel
 from mhe.attention.kernels import KERNELS, register_kernel
-from mhe.attention.kv_cache import KVCache
+from mhe.attention.kv_cache import CrossCache, KVCache
+from mhe.attention.masks import AttentionMask
 from mhe.attention.mhe import MHEOptions
 from mhe.attention.mixing import LinearOptions
 from mhe.attention.multi_head import GroupedQueryOptions
@@ -18,6 +19,7 @@ from mhe.attention.registry import (
     parse_kinds,
 )
 
-__all__ = ["ATTENTION_CLASSES", "Attention", "AttentionConfig", "GroupedQueryOptions", "KERNELS", "KVCache", "KINDS",
-           "LinearOptions", "MHEOptions", "NoOptions", "PAPER_KINDS", "attention_class", "build_attention",
-           "make_config", "options_class", "parse_kinds", "register_kernel"]
+__all__ = ["ATTENTION_CLASSES", "Attention", "AttentionConfig", "AttentionMask", "CrossCache", "GroupedQueryOptions",
+           "KERNELS", "KVCache", "KINDS", "LinearOptions", "MHEOptions", "NoOptions", "PAPER_KINDS",
+           "attention_class", "build_attention", "make_config", "options_class", "parse_kinds", "register_kernel",
+           "set_kernel"]

@@ -3,27 +3,34 @@
 Shapes follow the paper's notation (section 3): ``d_model`` is m (written d_m in
 the paper), ``n_heads`` is n and ``head_dim`` is d (d_h). Every kind maps
 ``x: [B, T, m] -> [B, T, m]`` through
-``forward(x, *, context=None, mask=None, cache=None)``:
+``forward(x, *, positions=None, context=None, mask=None, cache=None)``:
 
+* ``positions`` ``[B, T]`` or ``[T]`` (long): the absolute positions of x's tokens, computed
+  once per forward by the model and handed to the kind's projections (``_queries``,
+  ``_keys_values``), where a position-dependent embedding (rotary) would act;
 * ``context`` ``[B, S, m]`` turns the sublayer into cross-attention
   (keys and values come from the encoder output);
-* ``mask`` is a boolean key-padding mask ``[B, S]``, True for real tokens, over
-  every key the call attends to (with a cache: every position cached so far);
-* ``cache`` is a :class:`~mhe.attention.kv_cache.KVCache` from :meth:`Attention.new_cache`.
+* ``mask`` is the :class:`~mhe.attention.masks.AttentionMask` the model built once for every
+  layer, or (a sublayer called on its own) a boolean key-padding mask ``[B, S]``, True for
+  real tokens, over every key the call attends to (with a cache: the cache, or every
+  position so far);
+* ``cache`` is a :class:`~mhe.attention.kv_cache.KVCache` from :meth:`Attention.new_cache`
+  (self-attention) or a :class:`~mhe.attention.kv_cache.CrossCache` (cross-attention).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from mhe.attention import kernels
-from mhe.attention.kv_cache import KVCache
+from mhe.attention import kernels, masks
+from mhe.attention.kv_cache import CrossCache, KVCache
+from mhe.attention.masks import AttentionMask
+from mhe.attention.rotary import RotaryEmbedding
 from mhe.errors import MheError, one_of, require_positive
 
 
@@ -43,6 +50,8 @@ class AttentionConfig:
         dropout: dropout on the attention probabilities (training only).
         causal: mask future positions in self-attention.
         bias: give every projection a bias (the paper's counts exclude biases).
+        qkv_bias: give the query, key and value projections biases even where ``bias`` is
+            False (Qwen2: biased Q/K/V, unbiased output).
         kernel: how the attention step is computed, a name in
             :data:`mhe.attention.kernels.KERNELS` (``sdpa``, ``eager``, ...); it never
             changes the function, only how it runs.
@@ -56,6 +65,7 @@ class AttentionConfig:
     dropout: float = 0.0
     causal: bool = False
     bias: bool = False
+    qkv_bias: bool = False
     kernel: str = "sdpa"
     options: object = NoOptions()
 
@@ -72,13 +82,18 @@ class AttentionConfig:
                 )
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         require_positive(head_dim=self.head_dim)
-        for name in ("causal", "bias"):
+        for name in ("causal", "bias", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise MheError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
             raise MheError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise MheError(f"dropout must be in [0, 1), got {self.dropout!r}")
+
+    @property
+    def in_bias(self) -> bool:
+        """Whether the query, key and value projections carry biases."""
+        return self.bias or self.qkv_bias
 
     @property
     def inner_dim(self) -> int:
@@ -89,10 +104,15 @@ class AttentionConfig:
 class Attention(nn.Module):
     """Base class: projections differ per kind, the attention step is shared.
 
-    Subclasses implement ``_queries`` (``[B, T, m] -> [B, h_q, T, d]``),
-    ``_keys_values`` (``[B, S, m] -> 2 x [B, h_kv, S, d]``) and ``_output``
-    (``[B, h_q, T, d] -> [B, T, m]``), set ``cache_heads`` and name the kinds they build
-    in ``kind_options``; an instance knows its ``kind`` (the registry passes it).
+    Subclasses implement ``_queries(x, positions)`` (``[B, T, m] -> [B, h_q, T, d]``),
+    ``_keys_values(src, positions)`` (``[B, S, m] -> 2 x [B, h_kv, S, d]``) and ``_output``
+    (``[B, h_q, T, d] -> [B, T, m]``), set ``cache_heads`` and name the kinds they build in
+    ``kind_options``; an instance knows its ``kind`` (the registry passes it). The projection
+    hooks receive the tokens' absolute positions, so a position-dependent embedding (rotary)
+    acts there, before keys are cached: with a rotary embedding attached (:meth:`attach_rotary`)
+    each kind rotates where it needs to (:meth:`_rotate`; MHE before or after its head
+    embeddings), values never. ``forward`` has one self-attention path: the new keys
+    and values go through the cache when there is one, and the kernel reads what the mask covers.
     """
 
     kind_options: ClassVar[dict[str, type]] = {}
@@ -109,6 +129,7 @@ class Attention(nn.Module):
         if type(cfg.options) is not want:
             raise MheError(f"attention kind {self.kind!r} takes {want.__name__}, got {type(cfg.options).__name__}")
         self.cfg = cfg
+        self.rotary: RotaryEmbedding | None = None
 
     # --- the contract ---------------------------------------------------
     @property
@@ -126,47 +147,83 @@ class Attention(nn.Module):
         device = device if device is not None else (p.device if p is not None else None)
         return KVCache(batch, self.cache_heads, max_len, self.cfg.head_dim, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor, *, context: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, positions: torch.Tensor | None = None,
+                context: torch.Tensor | None = None, mask: AttentionMask | torch.Tensor | None = None,
+                cache: KVCache | CrossCache | None = None) -> torch.Tensor:
         self._check_input(x, context)
-        q = self._queries(x)  # [B, h_q, T, d]
-        cross = context is not None
-        if cache is not None and not cross:
-            if getattr(cache, "fresh", False) and mask is None and self.cfg.causal:
-                # a prompt into an empty cache: plain causal SDPA over its own keys (flash), as without a cache
-                k, v = self._keys_values(x)
-                cache.update(k, v)
-                return self._output(self._attend(q, k, v, key_mask=None, causal=True))
-            k, v, start = cache.update(*self._keys_values(x))  # the whole buffers [B, h_kv, L, d]
-            if mask is not None:
-                self._check_mask(mask, x.shape[0], mask.shape[1])
-            if self.cfg.kernel == "flash-decode" and x.shape[1] == 1 and self.cfg.causal \
-                    and hasattr(cache, "decode_range"):  # one new token: the run of keys, no mask
-                return self._output(self._attend(q, k, v, key_range=cache.decode_range(mask)))
-            full = cache.self_attention_mask(mask, x.shape[1], start, causal=self.cfg.causal)
-            return self._output(self._attend(q, k, v, mask=full))
-        if cache is None:
-            k, v = self._keys_values(context if cross else x)  # [B, h_kv, S, d]
+        if positions is None:
+            positions = self._positions(x, cache if context is None else None)
+        if not isinstance(mask, AttentionMask):
+            mask = self._own_mask(x, mask, context, cache)  # called on its own: the mask a model would build
+        q = self._queries(x, positions)  # [B, h_q, T, d]
+        if context is None:
+            k, v = self._keys_values(x, positions)  # [B, h_kv, T, d]
+            if cache is not None:
+                k, v = cache.update(k, v)  # [B, h_kv, L, d]: every position the cache holds
+        elif cache is not None and cache.k is not None:
+            k, v = cache.k, cache.v  # the encoder's keys, stored at the first step
         else:
-            k, v = cache.cached() if cache.filled else cache.fill(*self._keys_values(context))
-        key_mask = self._check_mask(mask, x.shape[0], k.shape[2])
-        h = self._attend(q, k, v, key_mask=key_mask, causal=self.cfg.causal and not cross)
-        return self._output(h)
+            k, v = self.cross_keys_values(context)  # [B, h_kv, S, d]
+            if cache is not None:
+                k, v = cache.store(k, v)
+        if mask.keys is not None:
+            k, v = k[:, :, :mask.keys], v[:, :, :mask.keys]  # the positions the mask covers
+        return self._output(self._attend(q, k, v, mask))
+
+    def cross_keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values cross-attention reads from ``context`` ``[B, S, m]``,
+        ``2 x [B, h_kv, S, d]`` (what a :class:`CrossCache` stores)."""
+        return self._keys_values(context, None)
+
+    # --- rotary positions ---------------------------------------------------------
+    def attach_rotary(self, rotary: RotaryEmbedding) -> None:
+        """Rotate this sublayer's self-attention queries and keys by their positions (RoPE; the
+        model builds one :class:`RotaryEmbedding` and gives it to every layer)."""
+        if not self.supports_cache:
+            raise MheError(f"attention kind {self.kind!r} mixes whole sequences without queries and keys; "
+                           "it takes no rotary positions (use a kind with a KV cache)")
+        if rotary.head_dim != self.cfg.head_dim:
+            raise MheError(f"rotary embedding for head_dim={rotary.head_dim} given to a sublayer with "
+                           f"head_dim={self.cfg.head_dim}")
+        self.rotary = rotary
+
+    def _rotate(self, t: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """``t: [B, h, T, d]`` rotated by ``positions``; unchanged without a rotary embedding
+        (or for cross-attention keys, which get ``positions=None``)."""
+        if self.rotary is None or positions is None:
+            return t
+        return self.rotary(t, positions)
 
     # --- hooks -------------------------------------------------------------
-    def _queries(self, x: torch.Tensor) -> torch.Tensor:
+    def _queries(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """``[B, T, m] -> [B, h_q, T, d]``; ``positions`` (``[B, T]`` or ``[T]``) are x's."""
         raise NotImplementedError
 
-    def _keys_values(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _keys_values(self, src: torch.Tensor, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, S, m] -> 2 x [B, h_kv, S, d]``; ``positions`` are src's (None for an encoder's
+        output read by cross-attention)."""
         raise NotImplementedError
 
     def _output(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _attend(self, q, k, v, **kw):
-        """``kw``: ``key_mask`` and ``causal``, or a full boolean ``mask`` (static KV cache)."""
-        return kernels.attend(q, k, v, dropout_p=self.cfg.dropout if self.training else 0.0,
-                              kernel=self.cfg.kernel, **kw)
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+        return kernels.attend(q, k, v, mask=mask.dense, causal=mask.causal, key_range=mask.key_range,
+                              dropout_p=self.cfg.dropout if self.training else 0.0, kernel=self.cfg.kernel)
+
+    def _positions(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """``[T]``: x's positions when the caller gave none (after what the cache holds)."""
+        pos = torch.arange(x.shape[1], device=x.device)
+        return pos if cache is None else cache.index + pos
+
+    def _own_mask(self, x, mask, context, cache) -> AttentionMask:
+        b, t = x.shape[0], x.shape[1]
+        if context is not None or (cache is None and not self.cfg.causal):
+            return masks.padding_mask(self._check_mask(mask, b, t if context is None else context.shape[1]))
+        if cache is None:
+            return masks.self_attention_mask(x, self._check_mask(mask, b, t))
+        return masks.self_attention_mask(x, mask, causal=self.cfg.causal, start=cache.index, keys=cache.max_len,
+                                         kernel=self.cfg.kernel)
 
     # --- helpers -------------------------------------------------------------
     @staticmethod
@@ -217,6 +274,11 @@ def _check_floating(name: str, t, module: nn.Module) -> None:
         raise MheError(f"{name} is {t.dtype} but the weights are {w.dtype}; cast one to the other or use autocast")
 
 
-def default_scale(head_dim: int) -> float:
-    """1/sqrt(d_h), the scaled dot-product of the paper's Eq. 3."""
-    return 1.0 / math.sqrt(head_dim)
+def set_kernel(module: nn.Module, name: str) -> nn.Module:
+    """Point every attention sublayer of ``module`` at kernel ``name`` (in place; a kernel never
+    changes the function, only how it runs). The one place kernels are set after building."""
+    kernels.check_kernel(name)
+    for m in module.modules():
+        if isinstance(m, Attention) and m.cfg.kernel != name:
+            m.cfg = dataclasses.replace(m.cfg, kernel=name)
+    return module

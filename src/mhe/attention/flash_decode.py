@@ -13,18 +13,19 @@ blocks, merging the partial softmaxes by their log-sum-exp.
 The cache is passed as ``(B*S, 1, d)`` views (no copy). Each batch row may see one
 contiguous run of cache positions, ``[start_b, start_b + used_b)``: left padding at the
 front, positions not yet written at the back, given to FlashAttention as
-``cum_seq_k[b] = b*S + start_b`` and ``seqused_k[b] = used_b``. A decode step of the static
-cache passes that run directly (``key_range``, from :meth:`KVCache.decode_range
-<mhe.attention.kv_cache.KVCache.decode_range>`: a few elementwise kernels, where building the
-mask and reading the run back from it costs more than the attention saves); called with a
-boolean mask instead, the kernel reads the run from the mask (:func:`mask_range`). Every
-shape is static and nothing reads the device, so the step stays capturable as a CUDA graph.
+``cum_seq_k[b] = b*S + start_b`` and ``seqused_k[b] = used_b``. The kernel registers
+``reads_key_range``, so a decode step's model builds that run once per forward and hands it
+to every layer (``key_range``, from :func:`mhe.attention.masks.decode_key_range`: a few
+elementwise kernels, where building the mask and reading the run back from it costs more
+than the attention saves); called with a boolean mask instead, the kernel reads the run from
+the mask (:func:`mask_range`). Every shape is static and nothing reads the device, so the
+step stays capturable as a CUDA graph.
 
 Precondition: the mask allows ONE contiguous run of keys per batch row. Every mask the
 static cache builds from a left-padded key mask is such a run (causal decoding, left
 padding, a partially filled buffer); a mask with holes would be read as a run as long as its
 count of allowed keys from its first one, which is wrong, so generation only chooses this
-kernel for left-padded prompts (:func:`mhe.models.lm_generate.generate`). Every case outside the
+kernel for left-padded prompts (:func:`mhe.models.generate.generate`). Every case outside the
 fast path (CPU, fp32, dropout, several query tokens, several K/V heads, a head size not a
 multiple of 8, a torch without ``seqused_k``) runs the ``sdpa`` kernel unchanged.
 """
@@ -118,7 +119,7 @@ def fast_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
             and varlen_has_seqused_k() and _flash_capable(q.device.index or 0))
 
 
-@register_kernel("flash-decode")
+@register_kernel("flash-decode", reads_key_range=True)
 def flash_decode_kernel(q, k, v, *, mask, is_causal, dropout_p, scale, key_range=None):
     """``key_range``: ``(cum_seq_k [B + 1], used [B])`` int32, in place of ``mask``."""
     s = k.shape[2]

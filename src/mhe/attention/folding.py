@@ -4,7 +4,13 @@ The folded weights are the MHE module's own (``folded_query``, ``folded_output``
 :mod:`mhe.attention.mhe`, from the identities in docs/paper-notes.md), the ones its fast
 path computes with; the value offsets of MHE-Add become an output bias, exact without
 attention dropout, i.e. at inference. The folded module is an ``mqa`` sublayer, so generation
-uses its one-head KV cache and nothing else changes.
+uses its one-head KV cache and nothing else changes; it shares the key and value projections
+with the MHE module and holds only its folded query and output weights.
+
+Only a sublayer whose identity makes it a plain MQA sublayer folds (``foldable``: the fast path
+without rotary positions). Under rotary positions MHE applies its per-head query factors after
+the rotation, which no (n*d) x m query weight can express; such a sublayer is left as it is
+(its fast path already caches one K/V head) and :func:`fold_mhe` refuses it.
 """
 
 from __future__ import annotations
@@ -14,35 +20,38 @@ from torch import nn
 
 from mhe.attention.mhe import _MHEBase
 from mhe.attention.registry import build_attention
+from mhe.errors import MheError
 
 
 @torch.no_grad()
 def fold_mhe(mod: _MHEBase) -> nn.Module:
     """The multi-query sublayer that computes what ``mod`` computes in eval mode: the query and
     output weights are the module's own folded ones (``folded_query``, ``folded_output``), the
-    key and value projections are copied."""
+    key and value projections are ``mod``'s own modules, shared (nothing is copied)."""
+    if mod.rotary is not None:
+        raise MheError(f"an {mod.kind} sublayer under rotary positions has no folded multi-query form "
+                       "(its per-head factors act after the rotation); run it as it is")
     c = mod.cfg
     w_q, b_q = mod.folded_query()  # [n*d, m], [n*d] or None
     w_o, b_o = mod.folded_output()  # [m, n*d], [m] or None
-    needs_bias = c.bias or b_q is not None or b_o is not None
-    mqa = build_attention("mqa", d_model=c.d_model, n_heads=c.n_heads, head_dim=c.head_dim, dropout=c.dropout,
-                          causal=c.causal, bias=needs_bias, kernel=c.kernel).to(w_q.device, w_q.dtype)
-    pairs = [(mqa.q_proj, w_q, b_q), (mqa.out_proj, w_o, b_o),
-             (mqa.k_proj, mod.k_proj.weight, mod.k_proj.bias), (mqa.v_proj, mod.v_proj.weight, mod.v_proj.bias)]
-    for dst, weight, bias in pairs:
-        dst.weight.copy_(weight)
-        if needs_bias:
-            dst.bias.copy_(bias if bias is not None else torch.zeros_like(dst.bias))
+    with torch.device("meta"):  # shapes only: every weight is set below, so skip the random init
+        mqa = build_attention("mqa", d_model=c.d_model, n_heads=c.n_heads, head_dim=c.head_dim, dropout=c.dropout,
+                              causal=c.causal, bias=c.bias or b_q is not None or b_o is not None, kernel=c.kernel)
+    mqa.k_proj, mqa.v_proj = mod.k_proj, mod.v_proj
+    for lin, weight, bias in ((mqa.q_proj, w_q, b_q), (mqa.out_proj, w_o, b_o)):
+        lin.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        lin.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
     return mqa.train(mod.training)
 
 
 def fold_model(model: nn.Module) -> nn.Module:
-    """Replace every fast MHE sublayer of ``model`` (in place) by its folded MQA form.
+    """Replace every foldable MHE sublayer of ``model`` (in place) by its folded MQA form; fast MHE
+    under rotary positions stays (see the module docstring).
 
     Computes the same function in eval mode; every weight outside the folded sublayers is
     kept bit for bit (the same tensors)."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, _MHEBase) and not child.reference:
+            if isinstance(child, _MHEBase) and child.foldable:
                 setattr(parent, name, fold_mhe(child))
     return model

@@ -18,8 +18,10 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
   one-K/V-head cache ``[B, 1, S, d]`` on CUDA in fp16/bf16 runs FlashAttention-2's split-KV
   ("flash-decoding") forward; the mask must allow one contiguous run of keys per batch row.
   Generation chooses it on a GPU for MQA, SHA and folded MHE (``decode_step.decode_kernel``).
+  It registers ``reads_key_range``: for one causal query the model hands it a run of keys
+  per row instead of a mask (:mod:`mhe.attention.masks`).
 * ``eager-one-token``: ``eager`` for one-token queries (a decode step), ``sdpa`` otherwise;
-  beam search picks it for fp32 decoding on CUDA, where SDPA has no fast fp32 one-query
+  generation picks it for fp32 decoding on CUDA, where SDPA has no fast fp32 one-query
   kernel (docs/benchmarks.md section 6).
 """
 
@@ -35,14 +37,24 @@ from mhe.errors import MheError, one_of
 
 Kernel = Callable[..., torch.Tensor]
 KERNELS: dict[str, Kernel] = {}
+_READS_KEY_RANGE: set[str] = set()
 
 
-def register_kernel(name: str):
-    """Function decorator adding an attention kernel under ``name``."""
+def register_kernel(name: str, *, reads_key_range: bool = False):
+    """Function decorator adding an attention kernel under ``name``. ``reads_key_range``: for one
+    causal query the kernel takes a run of keys per row (``key_range``) in place of a mask, and
+    the model builds that instead (:func:`mhe.attention.masks.self_attention_mask`)."""
     def deco(fn: Kernel) -> Kernel:
         KERNELS[name] = fn
+        if reads_key_range:
+            _READS_KEY_RANGE.add(name)
         return fn
     return deco
+
+
+def reads_key_range(name: str) -> bool:
+    """Whether kernel ``name`` reads a one-query step's keys as a run per row (``flash-decode``)."""
+    return name in _READS_KEY_RANGE
 
 
 def get_kernel(name: str) -> Kernel:
@@ -87,14 +99,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch
            key_range: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Attend ``q: [B, h_q, T, d]`` over ``k, v: [B, h_kv, S, d]`` with the named kernel.
 
-    Either ``mask`` (a full boolean mask, as a static KV cache builds it) or ``key_mask``
-    ``[B, S]`` with ``causal``/``offset`` describes what each query may see; for the
-    ``flash-decode`` kernel, ``key_range`` (one contiguous run of keys per row,
-    ``KVCache.decode_range``) may stand in for the mask.
+    Either ``mask`` (a full boolean mask, as :mod:`mhe.attention.masks` builds it) or
+    ``key_mask`` ``[B, S]`` with ``causal``/``offset`` describes what each query may see; for a
+    kernel that reads key ranges (``flash-decode``), ``key_range`` (one contiguous run of keys
+    per row, :func:`mhe.attention.masks.decode_key_range`) may stand in for the mask.
     """
     fn = get_kernel(kernel)
     if key_range is not None:
-        if kernel != "flash-decode":
+        if not reads_key_range(kernel):
             raise MheError(f"key_range is read by the flash-decode kernel only, not by {kernel!r}")
         return fn(q, k, v, mask=None, is_causal=False, dropout_p=dropout_p, scale=scale, key_range=key_range)
     t, s = q.shape[2], k.shape[2]
@@ -168,14 +180,6 @@ def eager_one_token_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
     """``eager`` for a one-token query (a decode step), ``sdpa`` for longer ones."""
     fn = eager_kernel if q.shape[2] == 1 else sdpa_kernel
     return fn(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale)
-
-
-def attention_weights(q: torch.Tensor, k: torch.Tensor, *, key_mask: torch.Tensor | None = None,
-                      causal: bool = False, offset: int = 0, scale: float | None = None) -> torch.Tensor:
-    """Softmax attention probabilities ``[B, h_q, T, S]`` (for inspection)."""
-    mask = build_mask(key_mask, causal=causal, q_len=q.shape[2], k_len=k.shape[2], offset=offset,
-                      device=q.device)
-    return _probabilities(q, k, mask, scale)
 
 
 def _probabilities(q, k, mask, scale):

@@ -13,6 +13,7 @@ from torch import nn
 
 from mhe.attention.base import Attention, AttentionConfig, NoOptions
 from mhe.attention.kv_cache import KVCache
+from mhe.attention.masks import AttentionMask
 from mhe.errors import MheError, require_positive
 from mhe.settings import setting
 
@@ -25,12 +26,15 @@ class _Mixing(Attention):
     def cache_heads(self) -> int:
         return 0
 
-    def forward(self, x, *, context=None, mask=None, cache: KVCache | None = None):
+    def forward(self, x, *, positions=None, context=None, mask=None, cache: KVCache | None = None):
+        """``positions`` are accepted and unused: mixing has no queries or keys to rotate."""
         if context is not None:
             raise MheError(f"attention kind {self.kind!r} mixes tokens of one sequence and cannot cross-attend")
         if cache is not None:
             raise MheError(f"attention kind {self.kind!r} mixes whole sequences and has no KV cache")
         self._check_input(x, None)
+        if isinstance(mask, AttentionMask):  # built by the model: mix by the key-padding mask it came from
+            mask = mask.padding
         key_mask = self._check_mask(mask, x.shape[0], x.shape[1])
         if key_mask is not None:
             x = x * key_mask[..., None].to(x.dtype)  # padding does not leak into real tokens

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from mhe.attention import build_attention
+from mhe.attention import build_attention, masks
 from mhe.attention.folding import fold_mhe, fold_model
-from mhe.bench.common import SMOKE_SIZES, model_shape, timed
+from mhe.bench.common import bench_config, model_shape, timed
 from mhe.models import build_model
 from mhe.models.decode_step import decode_kernel, inference_view, split_kernel, view_kernels
 
@@ -78,16 +78,19 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
             mod = build_attention(kind, d_model=m, n_heads=n, causal=True, kernel=configured, **opts).to(dev, dtype).eval()
             if kind.startswith("mhe-"):
                 mod = fold_mhe(mod)
-            mod = inference_view(mod, lambda a: decode_kernel(a, dev, requested))
+            mod = inference_view(mod, decode_kernel(mod, dev, dtype, requested))
             cache = mod.new_cache(batch, ctx + 1)
             cache.k.normal_()
             cache.v.normal_()
             x = torch.randn(batch, 1, m, device=dev, dtype=dtype)
+            # what a model builds once per forward for all its layers: the new token's position and mask
+            at = torch.tensor(ctx, device=dev)
+            pos, mask = at[None], masks.self_attention_mask(x, None, start=at, keys=ctx + 1, kernel=mod.cfg.kernel)
 
             def step():
-                cache.pos = ctx
+                cache.index.fill_(ctx)
                 with torch.no_grad():
-                    mod(x, cache=cache)
+                    mod(x, positions=pos, mask=mask, cache=cache)
 
             ms = timed(step, warmup=warmup, reps=reps, cuda=cuda, graph=graphs)
             kv = cache.nbytes() * ctx // (ctx + 1)  # the filled part (the buffer holds one more slot)
@@ -96,20 +99,19 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
     return rows
 
 
-def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False, kernel="auto") -> list[dict]:
+def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False, kernel="auto",
+                 preset="gpt2-base") -> list[dict]:
     cuda = dev.type == "cuda"
     configured, requested = split_kernel(kernel)
     rows = []
     for batch, ctx in settings:
         for kind in kinds:
-            opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
-            overrides = dict(max_len=ctx + 1, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=configured)
-            if small:
-                overrides.update(SMOKE_SIZES)
-            model = build_model("gpt2-base", attention=kind, **overrides).to(dev, dtype).eval()
+            cfg = bench_config(preset, kind, small=small, max_len=ctx + 1, dropout=0.0, attn_dropout=0.0,
+                               attn_kernel=configured)
+            model = build_model(cfg).to(dev, dtype).eval()
             if kind.startswith("mhe-"):
-                fold_model(model)  # decode exactly as a multi-query model
-            model = inference_view(model, lambda a: decode_kernel(a, dev, requested))
+                fold_model(model)  # decode exactly as a multi-query model (under RoPE: as it is, one head)
+            model = inference_view(model, decode_kernel(model, dev, dtype, requested))
             caches = model.new_caches(batch, ctx + 1)
             for c in caches:  # a filled cache of ctx positions
                 c.k.normal_()
@@ -118,7 +120,7 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
 
             def step():
                 for c in caches:
-                    c.pos = ctx
+                    c.index.fill_(ctx)
                 with torch.no_grad():
                     model(tok, caches=caches)
 

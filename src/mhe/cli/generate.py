@@ -4,7 +4,8 @@ Loads the run's model and tokenizer from the run folder alone (``tasks.runs.load
 ``inference=True``), left-pads the prompts into one batch and calls the fast generation path
 (``DecoderForCausalLM.generate``: static KV cache, CUDA-graph decode step on a GPU, MHE folded
 to MQA). Each prompt starts a new line of the training stream (after ``[EOS]``); a
-continuation ends at ``[EOS]`` (the end of a line).
+continuation ends at ``[EOS]`` (the end of a line). Why each continuation ended (the end
+token, or ``--max-new-tokens``) goes to standard error, one line per prompt.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from mhe.data.tokenize import special_id
 from mhe.errors import MheError
-from mhe.models.lm_generate import left_pad
+from mhe.models.generate import left_pad
 from mhe.tasks.runs import load_run
 
 
@@ -24,7 +25,10 @@ def generate_args(p):
     p.add_argument("--checkpoint", required=True, help="a language-model run directory (or one of its checkpoints)")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     p.add_argument("--input", default="", help="a file of prompts, one a line ('-' = stdin)")
-    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate after each prompt (default 50)")
+    p.add_argument("--max-new-tokens", type=int, default=50,
+                   help="at most this many tokens after each prompt (default 50)")
+    p.add_argument("--min-new-tokens", type=int, default=0,
+                   help="the end token cannot end a continuation before this many new tokens (default 0)")
     p.add_argument("--sample", action="store_true", help="sample (default: greedy)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (default 0: all)")
@@ -64,13 +68,17 @@ def cmd_generate(args) -> int:
     if args.stream:
         print(prompts[0], end="", flush=True)
         streamer = lambda new: new[0] != eos and print(" " + tok.decode([new[0]]), end="", flush=True)  # noqa: E731
-    out = model.generate(ids.to(dev), args.max_new_tokens, attention_mask=mask.to(dev), stop_ids=[eos], pad_id=pad,
-                         do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                         seed=args.seed, streamer=streamer)
+    res = model.generate(ids.to(dev), args.max_new_tokens, attention_mask=mask.to(dev), stop_ids=[eos], pad_id=pad,
+                         min_new_tokens=args.min_new_tokens, do_sample=args.sample, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, streamer=streamer, return_dict=True)
     if args.stream:
         print()
+    for i, (reason, n) in enumerate(zip(res.finish_reasons(), res.new_tokens.tolist())):
+        why = "the end token" if reason == "stop" else f"--max-new-tokens {args.max_new_tokens}"
+        print(f"prompt {i + 1}: {n} new tokens, stopped by {why}", file=sys.stderr)
+    if args.stream:
         return 0
-    for prompt, row in zip(prompts, out[:, ids.shape[1]:].tolist()):
+    for prompt, row in zip(prompts, res.tokens[:, ids.shape[1]:].tolist()):
         row = row[:row.index(eos)] if eos in row else row
         print(f"{prompt} {tok.decode(row, skip_special_tokens=True)}".strip())
     return 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import (
@@ -19,8 +18,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 
-from mhe.attention.base import AttentionConfig
-from mhe.attention.kv_cache import cache_mask
+from mhe.attention.base import set_kernel
 from mhe.hf.configuration import MheDecoderConfig, MheEncoderConfig, MheSeq2SeqConfig
 from mhe.models import (
     DecoderForCausalLM,
@@ -38,13 +36,19 @@ CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLM
 
 
 class LayerCache:
-    """One layer's view of a transformers ``Cache`` (dynamic or static), with the core
-    KV-cache interface. A static cache (``cache_implementation="static"``) allocates its
-    buffers from the first keys it sees, so it holds the kind's real K/V head count."""
+    """One layer's view of a transformers ``Cache`` (dynamic or static) with the core cache
+    interface: ``index``, ``max_len`` and ``update`` as a :class:`~mhe.attention.kv_cache.KVCache`
+    for self-attention; ``k``, ``v`` and ``store`` as a :class:`~mhe.attention.kv_cache.CrossCache`
+    for cross-attention. A static cache (``cache_implementation="static"``) allocates its buffers
+    from the first keys it sees, so it holds the kind's real K/V head count.
 
-    def __init__(self, cache, layer: int) -> None:
+    Args:
+        new_tokens: the tokens of the forward it serves (a dynamic cache's length grows by them).
+    """
+
+    def __init__(self, cache, layer: int, new_tokens: int) -> None:
         self.cache, self.layer = cache, layer
-        self._length = 0
+        self.max_len = int(cache.get_mask_sizes(new_tokens, layer)[0])  # the positions update() returns
 
     def _layer(self):
         layers = getattr(self.cache, "layers", [])
@@ -52,46 +56,23 @@ class LayerCache:
 
     @property
     def index(self):
-        """Positions written so far (a tensor for a static cache, so a compiled step is reused)."""
-        layer = self._layer()
-        length = getattr(layer, "cumulative_length", None)
-        if length is not None:
-            return length.clone()
-        return self.cache.get_seq_length(self.layer)
-
-    @property
-    def pos(self) -> int:
-        return int(self.cache.get_seq_length(self.layer))
-
-    @property
-    def filled(self) -> bool:  # cross-attention: the encoder's keys are stored once
-        return self.cache.get_seq_length(self.layer) > 0
+        """Where the new tokens go: a tensor for a static cache (so a compiled step is reused)."""
+        length = getattr(self._layer(), "cumulative_length", None)
+        return length.clone() if length is not None else self.cache.get_seq_length(self.layer)
 
     def update(self, k, v):
-        start = self.index
-        keys, values = self.cache.update(k, v, self.layer)
-        self._length = keys.shape[2]
-        return keys, values, start
+        return self.cache.update(k, v, self.layer)
 
-    def self_attention_mask(self, key_mask, t, start, *, causal):
-        length = self._length
-        if key_mask is not None and key_mask.shape[1] != length:  # Hugging Face's 2D mask covers the steps so far
-            key_mask = F.pad(key_mask, (0, length - key_mask.shape[1]), value=False) \
-                if key_mask.shape[1] < length else key_mask[:, :length]
-        return cache_mask(key_mask, t, start, length, causal=causal, device=key_mask.device
-                          if key_mask is not None else self.cache_device())
+    @property
+    def k(self):  # cross-attention: the encoder's keys once stored, else None
+        return self._layer().keys if self.cache.get_seq_length(self.layer) > 0 else None
 
-    def cache_device(self):
-        layer = self._layer()
-        return layer.keys.device
+    @property
+    def v(self):
+        return self._layer().values
 
-    def fill(self, k, v):
-        self.cache.update(k, v, self.layer)
-        return self.cached()
-
-    def cached(self):
-        layer = self._layer()
-        return layer.keys, layer.values
+    def store(self, k, v):
+        return self.cache.update(k, v, self.layer)
 
 
 KERNEL_OF_HF = {"eager": "eager", "sdpa": "sdpa"}
@@ -100,17 +81,13 @@ KERNEL_OF_HF = {"eager": "eager", "sdpa": "sdpa"}
 
 def apply_attn_implementation(core: torch.nn.Module, implementation: str | None) -> None:
     """Point every attention sublayer of ``core`` at the kernel matching ``implementation``."""
-    kernel = KERNEL_OF_HF.get(implementation or "sdpa", "sdpa")
-    for mod in core.modules():
-        cfg = getattr(mod, "cfg", None)
-        if isinstance(cfg, AttentionConfig) and cfg.kernel != kernel:
-            mod.cfg = dataclasses.replace(cfg, kernel=kernel)
+    set_kernel(core, KERNEL_OF_HF.get(implementation or "sdpa", "sdpa"))
 
 
 def key_padding_mask(mask):
     """Our key-padding mask ``[B, S]`` from Hugging Face's 2D mask, or from the 4D mask
     ``[B, 1, T, S]`` that ``generate`` builds for a static cache (its last query row sees every
-    real key so far; causality is added by the cache's own mask)."""
+    real key so far; the model adds causality)."""
     if mask is None or mask.dim() == 2:
         return mask
     row = mask[:, 0, -1, :]  # [B, S]
@@ -249,7 +226,8 @@ class MheDecoderForCausalLM(MhePreTrainedModel, GenerationMixin):
         self._sync_kernel()
         pkv = self._cache_to_fill(use_cache, kwargs, DynamicCache)
         n = self.config.num_hidden_layers
-        caches = None if pkv is None else [LayerCache(pkv, i) for i in range(n)]
+        t = input_ids.shape[1]
+        caches = None if pkv is None else [LayerCache(pkv, i, t) for i in range(n)]
         out = self.mhe(input_ids, key_padding_mask(attention_mask), caches=caches, position_ids=position_ids)
         items = kwargs.get("num_items_in_batch")  # HF Trainer: average over tokens across accumulation
         loss = None if labels is None else causal_lm_loss(out.logits, labels, num_items=items)
@@ -292,7 +270,8 @@ class MheSeq2SeqLM(MhePreTrainedModel, GenerationMixin):
             decoder_input_ids = torch.cat([start, labels[:, :-1].clamp_min(0)], 1)
         caches = None
         if pkv is not None:
-            caches = [(LayerCache(pkv.self_attention_cache, i), LayerCache(pkv.cross_attention_cache, i))
+            t, s = decoder_input_ids.shape[1], memory.shape[1]
+            caches = [(LayerCache(pkv.self_attention_cache, i, t), LayerCache(pkv.cross_attention_cache, i, s))
                       for i in range(self.config.num_hidden_layers)]
         logits = core.decode(decoder_input_ids, memory, attention_mask, decoder_attention_mask, caches=caches)
         loss = None if labels is None else token_loss(logits, labels)

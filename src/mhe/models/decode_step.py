@@ -1,32 +1,29 @@
-"""One decode step, run eagerly, replayed as a CUDA graph, or compiled once.
+"""The decode step's machinery: the view of the model it runs, the kernel policy, and the
+runner that replays it as a CUDA graph or compiles it once.
 
 A step reads and writes only tensors (a static :class:`~mhe.attention.kv_cache.KVCache`, a token
-tensor), so the same graph serves every token. :class:`StepRunner` owns the step's input and
-output tensors: ``graph`` captures the step once with ``torch.cuda.graph`` and replays it (the
-same kernels as eager, so the output is bit-identical); ``compile`` wraps it in
-``torch.compile`` (``mode="reduce-overhead"`` on CUDA), compiled once for every token. ``auto``
-is ``graph`` on CUDA and ``eager`` elsewhere.
+tensor, a mask built from the cache's write position), so the same graph serves every token.
+:class:`StepRunner` owns the step's input and output tensors: ``graph`` captures the step once
+with ``torch.cuda.graph`` and replays it (the same kernels as eager, so the output is
+bit-identical); ``compile`` wraps it in ``torch.compile`` (``mode="reduce-overhead"`` on CUDA),
+compiled once for every token. ``auto`` is ``graph`` on CUDA and ``eager`` elsewhere.
 
-:func:`inference_view` is what generation runs: the model with every fast MHE sublayer folded
-into the multi-query sublayer it equals at inference (paper-notes; ``attention/folding.py``),
-sharing every other weight, so MHE decodes exactly like MQA with no per-step folding work.
-It also picks each sublayer's decode kernel (:func:`decode_kernel`): on a GPU a sublayer whose
-cache holds one K/V head (MQA, SHA, folded MHE) and runs the default ``sdpa`` kernel decodes
-with ``flash-decode`` (split-K FlashAttention, ``attention/flash_decode.py``) unless the
-caller names a kernel.
+:func:`inference_view` is what generation and beam search run: the model with every fast MHE
+sublayer folded into the multi-query sublayer it equals at inference (paper-notes;
+``attention/folding.py``), sharing every other weight, so MHE decodes exactly like MQA with no
+per-step folding work, and with the decode kernel of :func:`decode_kernel`, the one kernel
+policy, set on it (:func:`mhe.attention.set_kernel`).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
-from mhe.attention import kernels
-from mhe.attention.base import Attention
+from mhe.attention.base import Attention, set_kernel
 from mhe.attention.folding import fold_model
 from mhe.attention.mhe import _MHEBase
 from mhe.errors import one_of
@@ -45,22 +42,34 @@ def resolve_mode(mode: str, device: torch.device) -> str:
 
 
 def weights_version(model: nn.Module) -> tuple:
-    """Changes whenever a parameter is modified in place (an optimiser step, a load)."""
-    return tuple(p._version for p in model.parameters())
+    """Changes whenever a parameter is modified in place (an optimiser step, a load) or replaced
+    (``model.to(...)``)."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def decode_kernel(attn: Attention, device: torch.device, requested: str | None = None) -> str:
-    """The kernel one attention sublayer decodes with.
+def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dtype | None = None,
+                  requested: str | None = None) -> str:
+    """The kernel ``module``'s attention sublayers decode one-token steps with: the generation
+    policy, for ``generate`` and beam search alike.
 
-    ``requested`` when given (the caller chose); else ``flash-decode`` on CUDA for a sublayer
-    whose cache holds one K/V head and whose configured kernel is the default ``sdpa``; else
-    the sublayer's own kernel (a kernel the model was configured with is kept).
+    ``requested`` when given (the caller chose). Else, on CUDA, for sublayers configured with the
+    default ``sdpa``: ``eager-one-token`` in fp32 (SDPA has no fast fp32 one-query kernel,
+    docs/benchmarks.md section 6); ``flash-decode`` where every cache holds one K/V head (MQA,
+    SHA, fast MHE: split-K FlashAttention, ``attention/flash_decode.py``). Else the configured
+    kernel, which a model configured with another kernel keeps. ``dtype``: the decoding dtype
+    (default: the weights').
     """
     if requested is not None:
         return requested
-    if device.type == "cuda" and attn.cfg.kernel == "sdpa" and attn.supports_cache and attn.cache_heads == 1:
+    attns = _attention(module)
+    configured = attns[0].cfg.kernel if attns else "sdpa"
+    if torch.device(device).type != "cuda" or any(a.cfg.kernel != "sdpa" for a in attns):
+        return configured
+    if (dtype or next(module.parameters()).dtype) == torch.float32:
+        return "eager-one-token"
+    if all(a.cache_heads == 1 for a in attns if a.supports_cache):
         return "flash-decode"
-    return attn.cfg.kernel
+    return configured
 
 
 def split_kernel(kernel: str) -> tuple[str, str | None]:
@@ -69,22 +78,23 @@ def split_kernel(kernel: str) -> tuple[str, str | None]:
     return ("sdpa", None) if kernel == "auto" else (kernel, kernel)
 
 
-def inference_view(model: nn.Module, kernel_of: Callable[[Attention], str] | None = None) -> nn.Module:
-    """``model`` with fast MHE sublayers folded to MQA and, with ``kernel_of``, each attention
-    sublayer set to the kernel ``kernel_of(sublayer)`` names (e.g. ``lambda a: decode_kernel(a,
-    device)``); shares all parameters and buffers with ``model``, which is left unchanged.
-    Computes the same function as ``model`` (the folded sublayers by the identities above)."""
-    fold = any(isinstance(m, _MHEBase) and not m.reference for m in model.modules())
-    if not fold and (kernel_of is None or all(kernel_of(a) == a.cfg.kernel for a in _attention(model))):
+def inference_view(model: nn.Module, kernel: str | None = None,
+                   scope: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
+    """``model`` with foldable MHE sublayers folded to MQA (fast MHE under rotary positions runs as it
+    is, with its one-head cache) and, with ``kernel``, the attention
+    sublayers of ``scope(view)`` (default: all) set to it; shares all parameters and buffers with
+    ``model``, which is left unchanged (``model`` itself when nothing changes). Computes the same
+    function as ``model`` (the folded sublayers by the identities above)."""
+    part = scope or (lambda m: m)
+    fold = any(isinstance(m, _MHEBase) and m.foldable for m in model.modules())
+    if not fold and (kernel is None or all(a.cfg.kernel == kernel for a in _attention(part(model)))):
         return model
     memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
     view = copy.deepcopy(model, memo)
     if fold:
         view = fold_model(view).eval()
-    for attn in _attention(view) if kernel_of is not None else ():
-        kernel = kernel_of(attn)
-        if kernel != attn.cfg.kernel:
-            attn.cfg = dataclasses.replace(attn.cfg, kernel=kernels.check_kernel(kernel))
+    if kernel is not None:
+        set_kernel(part(view), kernel)
     return view
 
 
@@ -154,15 +164,10 @@ class StepRunner:
         self._graph = graph
 
 
-def cache_positions(caches) -> list[torch.Tensor]:
-    """The write positions of a flat or paired list of caches (to restore after a warm-up)."""
-    flat = [c for pair in caches for c in (pair if isinstance(pair, tuple) else (pair,))]
-    return [c.index for c in flat]
-
-
-def restorer(caches) -> Callable[[], None]:
-    """A function that puts every cache's write position back where it is now."""
-    idx = cache_positions(caches)
+def restorer(caches: Sequence) -> Callable[[], None]:
+    """A function that puts every cache's write position back where it is now (after a warm-up
+    run of a step that advanced them)."""
+    idx = [c.index for c in caches]
     saved = [i.clone() for i in idx]
 
     def restore() -> None:

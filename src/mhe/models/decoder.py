@@ -6,11 +6,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mhe.attention import masks
 from mhe.attention.kv_cache import KVCache
+from mhe.attention.rotary import RotaryEmbedding
+from mhe.attention.masks import AttentionMask
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
+from mhe.models.generate import Generator, generate
 from mhe.models.inputs import check_labels, check_mask
-from mhe.models.lm_generate import generate
+from mhe.models.layers import build_norm
 from mhe.models.losses import IGNORE, causal_lm_loss, chunked_loss_wanted, classification_loss, head_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
@@ -20,27 +24,44 @@ def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
 
 
 class Decoder(nn.Module):
-    """Pre-LN GPT-2 stack: learned positions, causal self-attention, final LayerNorm."""
+    """Pre-LN decoder stack: causal self-attention, final normalisation. GPT-2 (learned positions,
+    LayerNorm, GELU feed-forward) or Llama-style (rotary positions, RMSNorm, SwiGLU), as ``cfg``
+    says (:class:`~mhe.models.config.ModelConfig`)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = Embeddings(cfg, norm=False)
         self.layers = nn.ModuleList(Block(cfg, causal=True, cross=False) for _ in range(cfg.n_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.final_norm = build_norm(cfg)
+        self.rotary = None
+        if cfg.positions == "rotary":  # one table for every layer
+            self.rotary = RotaryEmbedding(cfg.resolved_head_dim, base=cfg.rope_base, fraction=cfg.rope_fraction,
+                                          max_len=cfg.max_len)
+            for layer in self.layers:
+                layer.self_attn.attach_rotary(self.rotary)
 
     def forward(self, input_ids, attention_mask=None, caches: list[KVCache] | None = None,
                 position_ids: torch.Tensor | None = None):
-        """With ``caches`` the new tokens sit at the caches' write positions (or ``position_ids``)
-        and ``attention_mask`` covers the cache (``[B, L]``) or every position so far."""
-        if position_ids is None and caches:
-            position_ids = caches[0].index + torch.arange(input_ids.shape[1], device=input_ids.device)  # [T]
-        x = self.embed(input_ids, positions=position_ids)
-        if not caches:  # with a cache the mask may cover the whole buffer; the attention checks it
-            check_mask("attention_mask", attention_mask, *input_ids.shape)
-        mask = as_bool_mask(attention_mask)
+        """Hidden states ``[B, T, m]`` of ``input_ids`` ``[B, T]``.
+
+        The positions (``position_ids``, else the caches' write position onwards) and the mask
+        are made once here and handed to every layer. ``attention_mask``: ``[B, T]`` (1 = real
+        token); with ``caches`` ``[B, L]`` over the cache or ``[B, start + T]`` over every
+        position so far; or an :class:`~mhe.attention.masks.AttentionMask` built by the caller
+        (generation's prefill, beam search's window).
+        """
+        start = caches[0].index if caches else 0  # where the new tokens go in the caches
+        positions = position_ids if position_ids is not None else self.embed.token_positions(input_ids, start=start)
+        x = self.embed(input_ids, positions=positions)
+        mask = attention_mask
+        if not isinstance(mask, AttentionMask):
+            check_mask("attention_mask", mask, input_ids.shape[0], None if caches else input_ids.shape[1])
+            mask = masks.self_attention_mask(input_ids, as_bool_mask(mask), start=start,
+                                             keys=caches[0].max_len if caches else None,
+                                             kernel=self.layers[0].self_attn.cfg.kernel)
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask=mask, cache=caches[i] if caches else None)
+            x = layer(x, positions=positions, mask=mask, cache=caches[i] if caches else None)
         return self.final_norm(x)
 
     def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None, device=None) -> list[KVCache]:
@@ -56,9 +77,11 @@ class _DecoderModel(nn.Module):
         self.decoder = Decoder(cfg)
 
     def reset_parameters(self) -> None:
-        """(Re)draw every weight by GPT-2's scheme (:func:`mhe.models.blocks.init_model`); run when
-        built, and by the Hugging Face adapter when it builds its own core."""
-        init_model(self, "gpt2", n_layers=self.cfg.n_layers)
+        """(Re)draw every weight by the family's scheme (:func:`mhe.models.blocks.init_model`); run
+        when built, and by the Hugging Face adapter when it builds its own core. GPT-2's scheme;
+        the Llama family's is N(0, 0.02) everywhere (transformers' LlamaPreTrainedModel,
+        initializer_range 0.02), without GPT-2's residual scaling."""
+        init_model(self, "bert" if self.cfg.positions == "rotary" else "gpt2", n_layers=self.cfg.n_layers)
 
     def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None, device=None):
         return self.decoder.new_caches(batch, max_len, dtype=dtype, device=device)
@@ -127,13 +150,19 @@ class DecoderForCausalLM(_DecoderModel):
             return self.adaptive(_at_least_fp32(h.flatten(0, 1)), target.flatten()).output.view(target.shape)
         return F.log_softmax(_at_least_fp32(self._logits(h)), -1).gather(-1, target[..., None]).squeeze(-1)
 
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, use_cache: bool = True,
-                 eos_id: int | None = None, **options) -> torch.Tensor:
-        """Continue ``input_ids`` (see :func:`mhe.models.lm_generate.generate` for the options:
-        sampling, stop tokens, left-padded batches, streaming, compiled decode steps)."""
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, eos_id: int | None = None, **options):
+        """Continue ``input_ids`` (see :func:`mhe.models.generate.generate` for the options:
+        sampling, stop tokens, left-padded batches, streaming, a reusable ``session``, compiled
+        decode steps); ``eos_id`` adds a stop token."""
         stop = options.pop("stop_ids", ())
         stop = tuple(stop) + ((eos_id,) if eos_id is not None else ())
-        return generate(self, input_ids, max_new_tokens, use_cache=use_cache, stop_ids=stop, **options)
+        return generate(self, input_ids, max_new_tokens, stop_ids=stop, **options)
+
+    def generator(self, batch: int, max_len: int, **options) -> Generator:
+        """The caches and decode step for ``batch`` prompts of up to ``max_len`` positions (prompt +
+        new tokens), for the caller to hold and pass as ``generate(..., session=...)``; options:
+        ``step_mode``, ``kernel``, ``compile_options`` (:class:`Generator`)."""
+        return Generator(self, batch, max_len, **options)
 
 
 class DecoderForSequenceClassification(_DecoderModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from mhe.attention import masks
 from mhe.models.blocks import Block, Embeddings, activation, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_labels, check_mask
@@ -22,11 +23,12 @@ class Encoder(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
-        x = self.embed(input_ids, token_types=token_type_ids)  # [B, T, m]
+        positions = self.embed.token_positions(input_ids)  # [T], for every layer
+        x = self.embed(input_ids, positions=positions, token_types=token_type_ids)  # [B, T, m]
         check_mask("attention_mask", attention_mask, *input_ids.shape)
-        mask = as_bool_mask(attention_mask)
+        mask = masks.padding_mask(as_bool_mask(attention_mask))  # once, for every layer
         for layer in self.layers:
-            x = layer(x, mask=mask)
+            x = layer(x, positions=positions, mask=mask)
         return self.final_norm(x) if self.final_norm is not None else x
 
 

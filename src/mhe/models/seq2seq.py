@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mhe.attention.kv_cache import KVCache
+from mhe.attention import masks
+from mhe.attention.kv_cache import CrossCache, KVCache
+from mhe.attention.masks import AttentionMask
 from mhe.attention.registry import attention_class
 from mhe.errors import MheError
 from mhe.models.blocks import Block, Embeddings, init_model
@@ -46,29 +48,40 @@ class EncoderDecoder(nn.Module):
         init_model(self, "transformer", d_model=self.cfg.d_model)
 
     def encode(self, src_ids, src_mask=None):
-        x = self.embed(src_ids, name="src_ids")
+        positions = self.embed.token_positions(src_ids, name="src_ids")  # [S], for every layer
+        x = self.embed(src_ids, positions=positions, name="src_ids")
         check_mask("src_mask", src_mask, *src_ids.shape)
-        mask = as_bool_mask(src_mask)
+        mask = masks.padding_mask(as_bool_mask(src_mask))  # once, for every layer
         for layer in self.encoder_layers:
-            x = layer(x, mask=mask)
+            x = layer(x, positions=positions, mask=mask)
         return self.encoder_norm(x) if self.encoder_norm is not None else x  # [B, S, m]
 
     def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None,
-               caches: list[tuple[KVCache, KVCache]] | None = None, *, head: bool = True):
-        """The logits ``[B, T, V]`` of each target position (``head=False``: its hidden state)."""
-        positions = None
-        if caches:  # the new tokens sit at the self-attention caches' write positions
-            positions = caches[0][0].index + torch.arange(tgt_ids.shape[1], device=tgt_ids.device)  # [T]
+               caches: list[tuple[KVCache, CrossCache]] | None = None, *, head: bool = True):
+        """The logits ``[B, T, V]`` of ``tgt_ids`` ``[B, T]`` reading ``memory`` ``[B, S, m]``
+        (``head=False``: the hidden states).
+
+        With ``caches`` (:meth:`new_caches`) the new tokens sit at the self-attention caches'
+        write position and ``tgt_mask`` covers the cache (``[B, L]``) or every position so far,
+        or is an :class:`~mhe.attention.masks.AttentionMask` built by the caller (beam search's
+        window). Positions and both masks are made once and handed to every layer.
+        """
+        start = caches[0][0].index if caches else 0  # where the new tokens go in the caches
+        positions = self.embed.token_positions(tgt_ids, start=start, name="tgt_ids")
         x = self.embed(tgt_ids, positions=positions, name="tgt_ids")
         if memory.shape[0] != tgt_ids.shape[0]:
             raise MheError(f"tgt_ids has batch {tgt_ids.shape[0]}, the source (memory) has {memory.shape[0]}")
         check_mask("src_mask", src_mask, *memory.shape[:2])
-        if not caches:  # with a cache the mask may cover the whole buffer; the attention checks it
-            check_mask("tgt_mask", tgt_mask, *tgt_ids.shape)
-        src_mask, tgt_mask = as_bool_mask(src_mask), as_bool_mask(tgt_mask)
+        self_mask = tgt_mask
+        if not isinstance(self_mask, AttentionMask):
+            check_mask("tgt_mask", tgt_mask, tgt_ids.shape[0], None if caches else tgt_ids.shape[1])
+            self_mask = masks.self_attention_mask(tgt_ids, as_bool_mask(tgt_mask), start=start,
+                                                  keys=caches[0][0].max_len if caches else None,
+                                                  kernel=self.decoder_layers[0].self_attn.cfg.kernel)
+        cross_mask = masks.padding_mask(as_bool_mask(src_mask))
         for i, layer in enumerate(self.decoder_layers):
             self_cache, cross_cache = caches[i] if caches else (None, None)
-            x = layer(x, mask=tgt_mask, context=memory, context_mask=src_mask,
+            x = layer(x, positions=positions, mask=self_mask, context=memory, context_mask=cross_mask,
                       cache=self_cache, cross_cache=cross_cache)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
@@ -90,30 +103,17 @@ class EncoderDecoder(nn.Module):
         loss = None if labels is None else token_loss(logits, labels, label_smoothing=label_smoothing)
         return ModelOutput(logits, loss, memory)
 
-    def new_caches(self, batch: int, max_len: int | None = None, src_len: int | None = None,
-                   *, dtype=None, device=None) -> list[tuple[KVCache, KVCache]]:
-        """(self-attention, cross-attention) caches per decoder layer, sized for the kind."""
+    def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None,
+                   device=None) -> list[tuple[KVCache, CrossCache]]:
+        """(self-attention, cross-attention) caches per decoder layer: a static cache sized for the
+        kind, and a store for the encoder's keys and values (filled at the first step, or by
+        :meth:`fill_cross_caches`)."""
         max_len = max_len or self.cfg.max_len
-        src_len = src_len or self.cfg.max_len
-        return [(layer.self_attn.new_cache(batch, max_len, dtype=dtype, device=device),
-                 layer.cross_attn.new_cache(batch, src_len, dtype=dtype, device=device))
+        return [(layer.self_attn.new_cache(batch, max_len, dtype=dtype, device=device), CrossCache())
                 for layer in self.decoder_layers]
 
-    @torch.no_grad()
-    def greedy(self, src_ids, src_mask=None, *, bos_id: int, eos_id: int, max_len: int,
-               use_cache: bool = True) -> torch.Tensor:
-        """Greedy decoding; returns ``[B, <= max_len]`` tokens starting with ``bos_id``."""
-        memory = self.encode(src_ids, src_mask)
-        b = src_ids.shape[0]
-        out = torch.full((b, 1), bos_id, dtype=torch.long, device=src_ids.device)
-        caches = self.new_caches(b, max_len, memory.shape[1]) if use_cache else None
-        done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
-        for _ in range(max_len - 1):
-            step = out[:, -1:] if use_cache else out
-            nxt = self.decode(step, memory, src_mask, caches=caches)[:, -1].argmax(-1)
-            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-            out = torch.cat([out, nxt[:, None]], dim=1)
-            done |= nxt == eos_id
-            if bool(done.all()):
-                break
-        return out
+    def fill_cross_caches(self, memory: torch.Tensor, caches: list[tuple[KVCache, CrossCache]]) -> None:
+        """Store every decoder layer's cross-attention keys and values of ``memory`` ``[B, S, m]``
+        (in place where the stores already hold tensors of that shape)."""
+        for layer, (_, cross) in zip(self.decoder_layers, caches):
+            cross.store(*layer.cross_attn.cross_keys_values(memory))

@@ -26,9 +26,8 @@ from mhe.data.tokenize import load_tokenizer, special_id
 from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
-from mhe.models.beam_step import source_bucket
+from mhe.models.beam_search import BeamSearcher, beam_search, source_bucket
 from mhe.models.decode_step import weights_version
-from mhe.models.generation import beam_search
 from mhe.models.losses import IGNORE
 from mhe.progress import bar
 from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
@@ -141,7 +140,7 @@ class TranslationTask(Task):
 
     # ------------------------------------------------------------------ decoding
     def translate(self, model, sources: list[str], *, beam: int | None = None, alpha: float | None = None,
-                  use_cache: bool = True, progress: bool = False, dtype: str | None = None) -> list[str]:
+                  progress: bool = False, dtype: str | None = None) -> list[str]:
         """Detokenised translations, in input order; ``progress``: count the sentences decoded on
         a bar (standard error); ``dtype``: ``float32`` or ``bfloat16`` (default: the run's
         ``decode_dtype``). Sources are sorted by length and decoded in large batches
@@ -158,17 +157,26 @@ class TranslationTask(Task):
         batches = decode_batches([len(x) for x in ids], order, sentences=int(self.o["eval_batch"]), beam=beam,
                                  max_len=self.max_len, max_tokens=int(self.o.get("decode_tokens", 262144)))
         out: list[str] = [""] * len(ids)
+        searcher = self._searcher(run)
         with bar(len(order), desc=f"decoding (beam {beam})", unit="sentence", enabled=progress) as shown:
             for chunk in batches:
                 src = pad_rows([ids[i] or [self.tok.token_to_id("[UNK]")] for i in chunk], self.pad).to(dev)
                 hyp = beam_search(run, src, src != self.pad, bos_id=self.bos, eos_id=self.eos, beam=beam,
-                                  max_len=self.max_len, alpha=alpha, use_cache=use_cache).tolist()
+                                  max_len=self.max_len, alpha=alpha, searcher=searcher).tolist()
                 for row, i in enumerate(chunk):
                     toks = hyp[row][1:]
                     toks = toks[: toks.index(self.eos)] if self.eos in toks else toks
                     out[i] = self.tok.decode(toks, skip_special_tokens=True).strip()
                 shown.update(len(chunk))
         return out
+
+    def _searcher(self, model) -> BeamSearcher:
+        """The beam searcher of ``model``, kept across calls: batches of one shape share its captured
+        steps (it rebuilds them when the weights change)."""
+        kept = self.__dict__.get("_beam_searcher")
+        if kept is None or kept.model is not model:
+            kept = self.__dict__["_beam_searcher"] = BeamSearcher(model)
+        return kept
 
     def _decoding_model(self, model, dtype: str):
         """``model`` itself for float32; a bfloat16 copy (kept while the weights do not change) otherwise.
@@ -181,12 +189,7 @@ class TranslationTask(Task):
         key = (id(model), weights_version(model), dtype)
         kept = self.__dict__.get("_cast")
         if kept is None or kept[0] != key:
-            sessions = model.__dict__.pop("_beam_sessions", None)  # captured steps are not copied
-            try:
-                kept = self.__dict__["_cast"] = (key, copy.deepcopy(model).to(want).eval())
-            finally:
-                if sessions is not None:
-                    model.__dict__["_beam_sessions"] = sessions
+            kept = self.__dict__["_cast"] = (key, copy.deepcopy(model).to(want).eval())
         return kept[1]
 
     def evaluate(self, model):

@@ -1,0 +1,129 @@
+"""What each query may see: built once per forward by the model and handed to every layer.
+
+The model (``Decoder.forward``, ``EncoderDecoder.encode/decode``, ``Encoder.forward``) turns
+its key-padding mask and, with a cache, the cache's write position into one
+:class:`AttentionMask`, as Hugging Face's ``create_causal_mask`` does; an attention sublayer
+called on its own builds the same mask from the same functions. Attention modules never look
+at a kernel's name: a kernel that reads a run of keys instead of a mask (``flash-decode``)
+says so in the kernel registry (:func:`mhe.attention.kernels.reads_key_range`), and
+:func:`self_attention_mask` builds that run for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mhe.attention import kernels
+from mhe.attention.kv_cache import tracing
+from mhe.errors import MheError
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    """What every query of one forward may see.
+
+    Attributes:
+        keys: how many leading key positions attention reads (a cache's first ``keys``
+            positions; beam search's window); None: every key it is given.
+        dense: boolean, broadcastable to ``[B, h, T, keys]``, True = attend; None: every key
+            (or, with ``causal``, query i sees keys 0..i).
+        causal: with no ``dense`` mask, query i sees keys 0..i (SDPA's ``is_causal``; T == keys).
+        key_range: for a kernel that reads runs of keys: ``(cum_seq_k [B + 1], used [B])``
+            int32, row b seeing its cache's positions ``[start_b, start_b + used_b)``
+            (:mod:`mhe.attention.flash_decode`).
+        padding: the boolean key-padding mask ``[B, keys]`` it was built from (token-mixing
+            layers, which have no keys, read this), None without padding.
+    """
+
+    keys: int | None = None
+    dense: torch.Tensor | None = None
+    causal: bool = False
+    key_range: tuple[torch.Tensor, torch.Tensor] | None = None
+    padding: torch.Tensor | None = None
+
+
+def padding_mask(key_mask: torch.Tensor | None) -> AttentionMask:
+    """Every query sees every real key: encoder self-attention and cross-attention.
+    ``key_mask``: boolean ``[B, S]``, True for real tokens (None: no padding)."""
+    return AttentionMask(dense=None if key_mask is None else key_mask[:, None, None, :],  # [B, 1, 1, S]
+                         padding=key_mask)
+
+
+def self_attention_mask(tokens: torch.Tensor, key_mask: torch.Tensor | None, *, causal: bool = True,
+                        start: int | torch.Tensor = 0, keys: int | None = None,
+                        kernel: str | None = None) -> AttentionMask:
+    """The mask of the T new queries ``tokens`` (``[B, T]`` ids or ``[B, T, m]``) at positions
+    ``start ..`` over ``keys`` key positions.
+
+    Args:
+        key_mask: boolean ``[B, keys]`` (True = real token), or ``[B, start + T]`` over the
+            positions so far (padded with False to ``keys``); None: no padding.
+        causal: a query sees no later key (else every key written so far).
+        start: position of the first new query in the keys: 0 without a cache, the cache's write
+            position (a 0-d tensor, so a decode step is one graph for every position) with one.
+        keys: key positions read (a cache's length, or a window of it); default ``start + q_len``.
+        kernel: the kernel that reads the mask; one that reads key ranges gets one for a
+            single causal query (the precondition, one contiguous run of keys per row, holds for
+            left padding: :mod:`mhe.attention.flash_decode`).
+
+    A prompt into an empty cache (``start`` the int 0) with no padding reads only its own
+    keys under SDPA's plain causal path, the fast prefill.
+    """
+    b, q_len, dev = tokens.shape[0], tokens.shape[1], tokens.device
+    static_start = isinstance(start, int)
+    if keys is None:
+        if not static_start:
+            raise MheError("self_attention_mask needs keys= when start is a tensor")
+        keys = start + q_len
+    if causal and key_mask is None and static_start and start == 0:
+        return AttentionMask(keys=q_len, causal=True)
+    if not tracing() and int(start) + q_len > keys:
+        raise MheError(f"KV cache overflow: attention window {keys} too small for position {int(start)} + "
+                       f"{q_len} new tokens")
+    given, key_mask = key_mask, _cover(key_mask, q_len, start, keys)
+    if causal and q_len == 1 and kernel is not None and kernels.reads_key_range(kernel):
+        return AttentionMask(keys=keys, key_range=decode_key_range(given, start, keys, batch=b, device=dev),
+                             padding=key_mask)
+    if causal:
+        dense = kernels.build_mask(key_mask, causal=True, q_len=q_len, k_len=keys, offset=start, device=dev)
+        return AttentionMask(keys=keys, dense=dense, padding=key_mask)
+    written = torch.arange(keys, device=dev) < start + q_len  # [keys]
+    dense = written[None, None, None, :]  # [1, 1, 1, keys]
+    return AttentionMask(keys=keys, dense=dense if key_mask is None else dense & key_mask[:, None, None, :],
+                         padding=key_mask)
+
+
+def decode_key_range(key_mask: torch.Tensor | None, start: int | torch.Tensor, keys: int, *, batch: int,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys the one causal query at ``start`` sees, as a run per row: ``(cum_seq_k [B + 1],
+    used [B])`` int32 over the ``(B*keys, h, d)`` view of the cache (row b's run begins at
+    ``b*keys + first_b``, after its left padding, and ends at the query).
+
+    ``key_mask`` ``[B, keys]``, or ``[B, start + 1]`` over the positions so far (None: no
+    padding), must be left padding (False then True in every row). A few elementwise kernels,
+    where building the dense mask and reading the run back from it costs more than the split-K
+    attention saves.
+    """
+    offsets = torch.arange(0, (batch + 1) * keys, keys, dtype=torch.int32, device=device)  # [B + 1]: row starts
+    if key_mask is None:  # every written position: the int32 [B] tensor decides the sum's dtype
+        return offsets, torch.ones(batch, dtype=torch.int32, device=device) + start
+    first = key_mask.shape[1] - key_mask.sum(-1, dtype=torch.int32)  # [B]: each row's left padding
+    return offsets + F.pad(first, (0, 1)), (start + 1 - first).to(torch.int32)
+
+
+def _cover(key_mask: torch.Tensor | None, q_len: int, start, keys: int) -> torch.Tensor | None:
+    """``key_mask`` over all ``keys`` positions: one over the positions so far gets False after them."""
+    if key_mask is None:
+        return None
+    width = key_mask.shape[-1]
+    if width == keys and key_mask.dtype == torch.bool and key_mask.dim() == 2:
+        return key_mask
+    if key_mask.dtype != torch.bool or key_mask.dim() != 2 or width > keys or (
+            not tracing() and width != int(start) + q_len):
+        so_far = "" if tracing() else f" or [B, {int(start) + q_len}] (positions so far)"
+        raise MheError(f"mask must be a boolean key-padding mask of shape [B={key_mask.shape[0]}, S={keys}] "
+                       f"(the cache){so_far}, got {key_mask.dtype} {tuple(key_mask.shape)}")
+    return F.pad(key_mask, (0, keys - width), value=False)
