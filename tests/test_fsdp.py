@@ -128,3 +128,26 @@ def test_an_fsdp_checkpoint_resumes_on_one_process(runs):
     wa, wm = final_weights(root / "one"), final_weights(root / "moved")
     for name in wa:
         torch.testing.assert_close(wm[name], wa[name], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def _broken_compile_worker(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+    def broken(fn, **kw):
+        def run(*a, **k):
+            raise RuntimeError("no working C compiler\nsecond line")
+        return run
+
+    torch.compile = broken  # this process only
+    Trainer(config("train.parallel=fsdp", "train.compile=true"), RecallTask(), out, log=lambda *_: None).fit()
+
+
+@pytest.mark.slow
+def test_a_compile_failure_under_fsdp_is_one_line_naming_the_way_out(tmp_path):
+    """Under FSDP a pass cut short cannot be retried eagerly (the shards' gather state stays
+    behind): the run stops with one line instead of training on wrong gradients."""
+    with pytest.raises(mp.ProcessRaisedException, match=r"MheError: torch.compile cannot compile this configuration "
+                       r"under FSDP \(RuntimeError: no working C compiler\); set train.compile=false"):
+        mp.spawn(_broken_compile_worker, args=(2, _free_port(), str(tmp_path / "run")), nprocs=2, join=True)

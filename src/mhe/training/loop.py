@@ -248,6 +248,7 @@ class Trainer:
                 self.log(f"interrupted at step {state.step}; checkpoint saved to {self.last_saved}; "
                          "continue with --resume")
         if status in DONE:
+            state.optimizer.state.clear()  # the moments are saved or done with: room for FSDP's gathered copy
             with self.parallel.full(model) as full:  # FSDP: the gathered weights
                 if state.best is not None and has_best(self.out):
                     load_best(self.out, full)

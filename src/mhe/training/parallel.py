@@ -63,7 +63,9 @@ class Parallel:
         if n and self.dist.main:
             log(f"activation checkpointing ({t.activation_checkpointing}): {n} block(s) recompute their activations")
         if self.mode == "fsdp":
-            fsdp.shard(model, self.dist, param_dtype=precision(t.precision, self.dist.device))
+            blocks = fsdp.shard(model, self.dist, param_dtype=precision(t.precision, self.dist.device))
+            if self.dist.main:
+                log(f"FSDP: {len(blocks)} blocks and the rest of the model sharded over {self.dist.world} processes")
 
     def optimizer(self, opt: torch.optim.Optimizer) -> None:
         """FSDP: the optimiser's state dicts gathered and sharded (after the padding's hooks)."""

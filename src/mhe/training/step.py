@@ -6,7 +6,8 @@ graph at the gradient buckets and each bucket's all-reduce overlaps the rest of 
 pass), and compiled where :func:`~mhe.training.config.compile_wanted` says so. Under FSDP the
 model is already sharded (:mod:`mhe.training.fsdp`) and each transformer block's forward is
 compiled on its own, as torchtitan does, between the hooks that gather and free its weights.
-A configuration that torch.compile cannot handle trains eagerly after a one-line note.
+A configuration that torch.compile cannot handle trains eagerly after a one-line note (under
+FSDP it stops with a one-line error: a pass cut short leaves the shards' state behind).
 
 :class:`StepWindow` keeps each step's loss and gradient norm as device tensors and reads them
 once per log interval (one host synchronisation instead of four per step). A non-finite value
@@ -60,7 +61,8 @@ class StepModule:
     def run(self, micro_step: Callable[[torch.nn.Module], object]):
         """``micro_step(net)`` (forward and backward of one micro-batch); if compiling fails on the
         first one, note it and run it (and every later one) eagerly. An error the eager module
-        raises as well is the configuration's own and is raised."""
+        raises as well is the configuration's own and is raised. Under FSDP a compile failure is
+        a one-line error naming ``train.compile=false``."""
         if self.proven:
             return micro_step(self.net)
         try:
@@ -68,11 +70,13 @@ class StepModule:
         except MheError:
             raise
         except Exception as e:  # noqa: BLE001  dynamo, inductor or a missing compiler
-            self.net = self.eager
-            for block, forward in self.blocks:
-                block.forward = forward
-            out = micro_step(self.net)
             first = (str(e).strip().splitlines() or [""])[0][:160]
+            if self.blocks:  # FSDP's gather/free state cannot be rewound from a pass cut short
+                raise MheError(f"torch.compile cannot compile this configuration under FSDP ({type(e).__name__}: "
+                               f"{first}); set train.compile=false to train it eagerly") from e
+            self.net = self.eager
+            self.model.zero_grad(set_to_none=True)  # a backward pass cut short leaves partial gradients
+            out = micro_step(self.net)
             self.note(f"torch.compile cannot compile this configuration ({type(e).__name__}: {first}); "
                       "training eagerly")
         self.proven = True
