@@ -137,3 +137,18 @@ def test_measured_equals_analytic_for_every_preset(name, bias):
         want = model_attention_params(kind, arch=cfg.arch, n_layers=cfg.n_layers, d_model=cfg.d_model,
                                       n_heads=cfg.n_heads, head_dim=cfg.head_dim, bias=bias, **extra)
         assert count_attention_params(model, include_bias=bias) == want, (name, kind)
+
+
+@pytest.mark.parametrize("kind, heads", [("mha", 4), ("gqa", 2), ("mqa", 1), ("mhe-mul", 1), ("mhe-add", 1),
+                                          ("sha", 1)])
+def test_kv_cache_bytes_per_token_counts_the_cached_heads(kind, heads):
+    from mhe.accounting import kv_cache_bytes_per_token
+
+    opts = {"n_kv_heads": 2} if kind == "gqa" else None
+    model = build_model("tiny-decoder", attention=kind, attn_options=opts, d_model=32, n_heads=4, n_layers=3,
+                        d_ff=64, vocab_size=99, max_len=16)
+    # 3 layers x (keys + values) x heads x head size 8 x 2 bytes (bf16)
+    assert kv_cache_bytes_per_token(model) == 3 * 2 * heads * 8 * 2
+    assert kv_cache_bytes_per_token(model, bytes_per_value=4) == 3 * 2 * heads * 8 * 4
+    caches = model.new_caches(1, 5)
+    assert sum(c.k.numel() + c.v.numel() for c in caches) * 2 == kv_cache_bytes_per_token(model) * 5

@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
+from torch import nn
 
 from mhe.accounting.params import attention_params, decoder_params
 from mhe.attention import build_attention
+from mhe.attention.base import Attention
 from mhe.attention.rotary import RotaryEmbedding
 from mhe.errors import require_positive
 
@@ -103,3 +105,12 @@ def decoder_memory(cfg, *, cache_bytes: int = 2) -> dict[str, int]:
     heads = attn.cache_heads if attn.supports_cache else 0
     return {"params": params, "training_state_bytes": params * TRAINING_BYTES_PER_PARAM, "kv_heads": heads,
             "kv_cache_bytes_per_token": 2 * cfg.n_layers * heads * cfg.resolved_head_dim * cache_bytes}
+
+
+def kv_cache_bytes_per_token(model: nn.Module, *, bytes_per_value: int = 2) -> int:
+    """Bytes a model's KV cache holds per cached token: for every attention sublayer that
+    caches, its keys and values (2 x its cache heads x head size; one head for MQA and fast
+    MHE, g for GQA, n for MHA) at ``bytes_per_value`` each (2: bf16/fp16). Cross-attention
+    counts once per source token; FNet/Linear sublayers hold no cache."""
+    return sum(2 * mod.cache_heads * mod.cfg.head_dim * bytes_per_value
+               for mod in model.modules() if isinstance(mod, Attention) and mod.supports_cache)

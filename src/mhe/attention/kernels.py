@@ -9,7 +9,8 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
 
 * ``sdpa`` (default): ``torch.nn.functional.scaled_dot_product_attention`` with grouped
   heads through ``enable_gqa``; one new token over a grouped cache stacks the query heads
-  of a group as query rows of one head.
+  of a group as query rows of one head. A CUDA call with a dropout rate cuDNN would round
+  (no multiple of 1/16) runs on the other backends (:func:`exact_dropout_backends`).
 * ``sdpa-expand``: as ``sdpa`` but key/value heads are repeated to the query heads first.
 * ``eager``: the softmax written out (tests, attention maps).
 * ``matmul-decode``: as ``sdpa``, except one-token grouped decoding is an explicit
@@ -32,6 +33,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
+from torch.nn.attention import sdpa_kernel as restrict_backends
 
 from mhe.errors import MheError, one_of
 
@@ -135,21 +138,48 @@ def _rows(q, k, mask):
     return rows, mask
 
 
+# SDPA's backends that apply any dropout rate exactly: cuDNN's kernels resolve it only in steps
+# of 1/16 (PyTorch pull request 174245, after which SDPA no longer routes other rates to cuDNN)
+EXACT_DROPOUT_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_BACKENDS_TRACEABLE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 6)
+
+
+def exact_dropout_backends(device_type: str, dropout_p: float) -> list | None:
+    """The SDPA backends a CUDA call with attention dropout ``dropout_p`` may use, or None for
+    SDPA's own choice: a rate that is no multiple of 1/16 (the paper's 0.1) keeps the call off
+    cuDNN, which would apply a rounded rate; torch releases that already refuse such rates on
+    cuDNN choose the same backend either way. Dynamo traces the restriction from torch 2.6 on;
+    a compiled call on an older torch keeps SDPA's own choice."""
+    if not dropout_p or device_type != "cuda" or float(dropout_p * 16).is_integer():
+        return None
+    if not _BACKENDS_TRACEABLE and torch.compiler.is_compiling():
+        return None
+    return EXACT_DROPOUT_BACKENDS
+
+
+def _sdpa(q, k, v, **kw):
+    """``F.scaled_dot_product_attention`` on the backends :func:`exact_dropout_backends` allows."""
+    backends = exact_dropout_backends(q.device.type, kw.get("dropout_p", 0.0))
+    if backends is None:
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+    with restrict_backends(backends):
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
 @register_kernel("sdpa")
 def sdpa_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
     if _one_token_grouped(q, k, mask, dropout_p):
         rows, rmask = _rows(q, k, mask)
         out = F.scaled_dot_product_attention(rows, k, v, attn_mask=rmask, scale=scale)
         return out.reshape(q.shape)  # [B, h_q, 1, d]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
-                                          scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    return _sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+                 enable_gqa=k.shape[1] != q.shape[1])
 
 
 @register_kernel("sdpa-expand")
 def sdpa_expand_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
     k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])  # [B, h_q, S, d]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
-                                          scale=scale)
+    return _sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale)
 
 
 @register_kernel("matmul-decode")

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Callable, NamedTuple
 
-from mhe.cli import accounting, bench, compare, evaluation, generate, training
+from mhe.cli import accounting, bench, compare, convert, evaluation, generate, training
 from mhe.errors import MheError
 from mhe.runtime import configure_threads
 from mhe.training.distributed import launched_rank
@@ -84,6 +84,11 @@ COMMANDS: dict[str, Command] = {
                            "with an RTE run", evaluation.diagnostics_args, evaluation.cmd_diagnostics,
                            "mhe diagnostics --checkpoint runs/finetune-rte-mlm-wikitext-2-tiny-encoder-mha "
                            "--out submission"),
+    "convert": Command("convert a trained multi-head model (run folder or Hugging Face directory) to MQA, GQA, "
+                       "MHE or SHA, fitted, as a run folder to uptrain",
+                       convert.convert_args, convert.cmd_convert,
+                       "mhe convert --checkpoint runs/lm-ptb-tiny-decoder-mha --attention mhe-mul "
+                       "--out runs/ptb-mhe-mul"),
     # speed
     "bench": Command("time every attention kind side by side on this device",
                      bench.bench_args, bench.cmd_bench,

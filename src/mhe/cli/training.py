@@ -13,6 +13,7 @@ from mhe.experiments.summary import metric_means
 from mhe.models import preset
 from mhe.output_paths import check_output_dir, default_run_dir
 from mhe.tasks.finetune_config import finetune_config
+from mhe.tasks.init_from import continued_run, source_config
 from mhe.tasks.runs import exit_status, run_training
 from mhe.training.checkpoint import write_json_atomic
 from mhe.training.config import check_device
@@ -34,15 +35,21 @@ def add_set_args(p) -> None:
 
 def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, data_default: str = "",
                  data_help: str = "dataset: ptb, wikitext-2, wikitext-103",
-                 out_help: str = "runs/TASK-DATA-PRESET-KIND") -> None:
-    """The options every single-run training command shares."""
+                 out_help: str = "runs/TASK-DATA-PRESET-KIND", from_source: bool = False) -> None:
+    """The options every single-run training command shares (``from_source``: preset and kind
+    may come from the run given by ``--init-from``)."""
     if task_choice:
         p.add_argument("--task", required=True, help="lm, mlm or recall")
-    if preset_default is None:
+    if from_source:
+        p.add_argument("--preset", default=None, help="model preset (tiny-decoder, gpt2-base, bert-base, ...); "
+                                                      "with --init-from: default the source run's")
+    elif preset_default is None:
         p.add_argument("--preset", required=True, help="model preset (tiny-decoder, gpt2-base, bert-base, ...)")
     else:
         p.add_argument("--preset", default=preset_default, help=f"model preset (default {preset_default})")
-    p.add_argument("--attention", default="mha", help="attention kind (mha, mhe-mul, ...): sets model.attention")
+    p.add_argument("--attention", default=None if from_source else "mha",
+                   help="attention kind (mha, mhe-mul, ...): sets model.attention (default mha"
+                        + ("; with --init-from: the source run's kind)" if from_source else ")"))
     p.add_argument("--data", default=data_default, help=data_help)
     p.add_argument("--data-dir", default="", help="data folder (default: $MHE_DATA or ../shared/data)")
     p.add_argument("--out", default="", help=f"run directory (default {out_help})")
@@ -72,12 +79,23 @@ def cmd_train(args) -> int:
 
 
 def pretrain_args(p):
-    add_run_args(p, task_choice=False)
+    add_run_args(p, task_choice=False, from_source=True)
     p.add_argument("--init-from", default="", metavar="RUN",
-                   help="continue pre-training: start from RUN's weights and tokenizer, with a fresh optimiser")
+                   help="continue pre-training (or uptrain a converted run, mhe convert): start from RUN's weights, "
+                        "tokenizer and model settings, with a fresh optimiser and a warm-up of 5%% of the steps "
+                        "unless train.warmup_* is set")
 
 
 def cmd_pretrain(args) -> int:
+    source = source_config(args.init_from) if args.init_from else None
+    args.preset = args.preset or (source.preset if source else None)
+    if args.preset is None:
+        raise MheError("pretrain needs --preset (tiny-decoder, gpt2-base, bert-base, ...) or --init-from RUN")
+    args.attention = args.attention or (source.kind if source else "mha")
+    if source is not None and args.attention != source.kind:
+        raise MheError(f"--attention {args.attention} differs from the kind of --init-from {args.init_from} "
+                       f"({source.kind}), whose weights it starts from; convert it first: mhe convert "
+                       f"--checkpoint {args.init_from} --attention {args.attention}")
     task = PRETRAIN_TASK.get(preset(args.preset).arch)
     if task is None:
         raise MheError(f"pretrain takes an encoder or decoder preset; {args.preset!r} is an encoder-decoder "
@@ -85,7 +103,8 @@ def cmd_pretrain(args) -> int:
     if not args.data:
         raise MheError("pretrain needs --data (ptb, wikitext-2 or wikitext-103)")
     cfg = _run_from_args(task, args)
-    if args.init_from:
+    if source is not None:
+        cfg = continued_run(cfg, source, args.set)
         cfg.train.init_from = str(args.init_from)
     res = run_training(cfg, args.out, args.resume)
     print_result(res)

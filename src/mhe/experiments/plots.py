@@ -9,6 +9,15 @@ from mhe.accounting.scaling import LABELS as _SCALING_LABELS
 from mhe.training.run_files import read_metrics
 
 LABELS = {**_SCALING_LABELS, "mhe-mul": "MHE-Mul"}  # both MHE variants appear side by side here
+KIND_COLORS = {"mha": "#1f77b4", "sha": "#7f7f7f", "mqa": "#2ca02c", "gqa": "#17becf", "skv": "#9467bd",
+               "el-att": "#8c564b", "mhe-add": "#ff7f0e", "mhe-mul": "#d62728", "fnet": "#bcbd22",
+               "linear": "#e377c2"}
+"""One colour per attention kind (matplotlib's tab10), for every plot that shows kinds."""
+
+
+def kind_color(kind: str) -> str:
+    """The plot colour of an attention kind (:data:`KIND_COLORS`; black for anything else)."""
+    return KIND_COLORS.get(kind, "black")
 
 
 def _plt():

@@ -113,8 +113,8 @@ class Embeddings(nn.Module):
             x = x + table[positions].to(x.dtype)
         elif self.positions is not None:
             x = x + self.positions(positions)
-        if self.types is not None:
-            x = x + self.types(token_types if token_types is not None else torch.zeros_like(ids))
+        if self.types is not None:  # no token types: every position has type 0 (row 0, without a lookup)
+            x = x + (self.types(token_types) if token_types is not None else self.types.weight[0])
         if self.norm is not None:
             x = self.norm(x)
         return self.drop(x)

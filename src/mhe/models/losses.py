@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 IGNORE = -100  # label of a position that is not scored (padding, unmasked MLM tokens)
-CHUNK_BYTES = 2 ** 28  # float32 scores of one chunk of rows: 256 MiB
+CHUNK_BYTES = 2 ** 28  # scores of one chunk of rows, in the matrix products' dtype: 256 MiB
 _chunked: bool | None = None  # None: chunked under reduced precision (see head_loss)
 
 
@@ -98,20 +98,23 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
     ``vocab_size`` columns, computed ``chunk_rows`` rows at a time: each chunk's scores are
     made, turned into the loss and into the gradients of ``hidden``, ``weight`` and ``bias``
     (softmax minus the smoothed one-hot target, Szegedy et al. 2016), then freed. Only one
-    chunk's scores exist at once, in float32; the backward pass only scales the stored
-    gradients (the loss is a scalar). The matrix products run in the autocast dtype, as the
+    chunk's scores exist at once (as the matrix product gives them; loss and gradient are
+    computed from them in float32); the backward pass only scales the stored gradients (the
+    loss is a scalar). The matrix products run in the autocast dtype, as the
     plain ``head(hidden)`` would; rows of ``weight`` past ``vocab_size`` (padding) get no score.
 
     Args:
         hidden: ``[..., m]``; weight: ``[V_pad, m]``; bias: ``[V_pad]`` or None; labels: ``[...]``.
-        chunk_rows: rows per chunk (default: 256 MiB of float32 scores; one chunk when the
-            number of rows is symbolic, as under ``torch.compile`` with dynamic shapes).
+        chunk_rows: rows per chunk (default: 256 MiB of scores in the products' dtype: in bf16
+            twice the rows of float32, so half as many passes adding a chunk's ``weight``
+            gradient to the float32 sum; one chunk when the number of rows is symbolic, as
+            under ``torch.compile`` with dynamic shapes).
     """
     flat, target = hidden.flatten(0, -2), labels.flatten()  # [N, m], [N]
     divisor = (target != IGNORE).sum() if num_items is None else num_items
     dtype = _compute_dtype(hidden, weight)
     n = flat.shape[0]
-    rows = chunk_rows or max(1, CHUNK_BYTES // (4 * weight.shape[0]))
+    rows = chunk_rows or max(1, CHUNK_BYTES // (dtype.itemsize * weight.shape[0]))
     if not isinstance(n, int):
         rows = n
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
@@ -132,30 +135,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
         acc = torch.promote_types(dtype, torch.float32)
         with torch.autocast(hidden.device.type, enabled=False):
             w, b = weight.to(dtype), None if bias is None else bias.to(acc)
+            cols = torch.arange(weight.shape[0], device=hidden.device)  # [V_pad]
             total = hidden.new_zeros((), dtype=acc)
             gh = torch.empty_like(hidden) if grads else None
             gw = torch.zeros_like(weight, dtype=acc) if grads else None
             gb = torch.zeros_like(bias, dtype=acc) if grads and bias is not None else None
             for s in range(0, hidden.shape[0], rows):
-                h, y = hidden[s:s + rows].to(dtype), target[s:s + rows]
-                z = (h @ w.t()).to(acc)  # [n, V_pad] scores
-                if b is not None:
-                    z = z + b
-                if z.shape[1] > vocab:
-                    z[:, vocab:] = float("-inf")  # padding rows: never a score
-                lse = z.logsumexp(-1)  # [n]
-                keep = y != IGNORE
-                safe = torch.where(keep, y, 0)[:, None]  # [n, 1]
-                row = lse - (1 - eps) * z.gather(1, safe).squeeze(1)
-                if eps:
-                    row = row - eps * z[:, :vocab].sum(-1) / vocab
-                total = total + torch.where(keep, row, 0).sum()
+                h = hidden[s:s + rows].to(dtype)
+                loss, g = _chunk_loss(h @ w.t(), b, target[s:s + rows], cols, vocab=vocab, eps=eps, acc=acc,
+                                      divisor=divisor if grads else None)
+                total = total + loss
                 if grads:
-                    g = (z - lse[:, None]).exp_()  # softmax [n, V_pad]; 0 on the padding
-                    g.scatter_add_(1, safe, torch.full_like(safe, eps - 1, dtype=acc))
-                    if eps:
-                        g[:, :vocab] -= eps / vocab
-                    g = (g * (keep.to(acc) / divisor)[:, None]).to(dtype)  # d loss / d scores
+                    g = g.to(dtype)  # d loss / d scores, in the matrix products' dtype
                     gh[s:s + rows] = (g @ w).to(hidden.dtype)
                     gw.add_(g.t() @ h)
                     if gb is not None:
@@ -171,3 +162,33 @@ class _LinearCrossEntropy(torch.autograd.Function):
         w_dtype, b_dtype = ctx.dtypes
         return (gh * grad.to(gh.dtype), (gw * grad).to(w_dtype), None if gb is None else (gb * grad).to(b_dtype),
                 None, None, None, None, None, None, None)
+
+
+def _chunk_loss(scores, bias, y, cols, *, vocab, eps, acc, divisor):
+    """One chunk's summed loss and, when ``divisor`` is given, its gradient with respect to the
+    scores ``[n, V_pad]`` (softmax minus the smoothed one-hot target, over ``divisor``; 0 on the
+    padding columns), in ``acc`` precision.
+
+    Every step is an elementwise expression of the scores or a reduction along their rows, none
+    in place, so that ``torch.compile`` fuses them into one reduction and one elementwise pass
+    over the chunk's scores as the matrix product left them (no float32 copy is materialised);
+    eagerly the values are the same, bit for bit, as filling the padding with -inf in place and
+    scatter-adding the target's -(1 - eps)."""
+    z = scores.to(acc)  # [n, V_pad]
+    if bias is not None:
+        z = z + bias
+    z = z.masked_fill(cols >= vocab, float("-inf"))  # padding rows: never a score
+    lse = z.logsumexp(-1)  # [n]
+    keep = y != IGNORE
+    safe = torch.where(keep, y, 0)[:, None]  # [n, 1]
+    row = lse - (1 - eps) * z.gather(1, safe).squeeze(1)
+    if eps:
+        row = row - eps * z[:, :vocab].sum(-1) / vocab
+    loss = torch.where(keep, row, 0).sum()
+    if divisor is None:
+        return loss, None
+    p = (z - lse[:, None]).exp()  # softmax [n, V_pad]; 0 on the padding
+    g = torch.where(cols == safe, p - (1 - eps), p)
+    if eps:
+        g = g - (cols < vocab).to(acc) * (eps / vocab)
+    return loss, g * (keep.to(acc) / divisor)[:, None]

@@ -3,7 +3,9 @@
 The new run takes the source run's tokenizer (so the embeddings mean the same ids) and
 its newest complete checkpoint's model weights, as fine-tuning does; the optimiser,
 schedule and step count start afresh. The model shape must match the source's: the same
-preset and the same ``model.*`` settings.
+preset and the same ``model.*`` settings. ``mhe pretrain --init-from`` takes them from the
+source (:func:`continued_run`), so a converted run (``mhe convert``) is uptrained as the kind
+it was converted to, with a warm-up suited to continued training.
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ from mhe.errors import MheError
 from mhe.tasks.text import tokenizer_for
 from mhe.training.averaging import model_weights
 from mhe.training.checkpoint import latest_checkpoint
+from mhe.training.config import RunConfig, apply_overrides
+from mhe.training.run_files import read_run_config
 from mhe.training.weights import load_state_strict
+
+CONTINUED_WARMUP_RATIO = 0.05
+"""Warm-up of continued training, as a share of its steps, unless ``train.warmup_*`` is set: the
+weights are trained but the optimiser's moment estimates start from zero, so a short ramp
+(5% of the run) protects them from the first, badly scaled updates; the pre-training default
+(10,000 steps) would outlast an uptraining of a few percent of the original steps."""
 
 
 def starts_from(cfg, out: Path) -> str:
@@ -81,3 +91,21 @@ def init_weights(model: nn.Module, run_dir: str | Path) -> Path:
                            "here; use the source's preset and model.* settings")
     load_state_strict(model, state, source=point)
     return point
+
+
+def source_config(run_dir: str | Path) -> RunConfig:
+    """The configuration of the run to start from (a one-line error when it is not a run)."""
+    if not (Path(run_dir) / "config.json").is_file():
+        raise MheError(f"--init-from {run_dir} is not a run directory (no config.json)")
+    return read_run_config(run_dir)
+
+
+def continued_run(cfg: RunConfig, source: RunConfig, overrides: list[str]) -> RunConfig:
+    """``cfg`` with the source run's model (kind and its options included) and the run's own
+    ``model.*`` items on top; the continued warm-up unless ``overrides`` set one."""
+    cfg.model = source.model.replace()
+    items = [o for o in overrides if o.split("=", 1)[0].strip().startswith("model.")]
+    keys = {o.split("=", 1)[0].strip() for o in overrides}
+    if not keys & {"train.warmup_steps", "train.warmup_ratio"}:
+        items.append(f"train.warmup_ratio={CONTINUED_WARMUP_RATIO}")
+    return apply_overrides(cfg, items)

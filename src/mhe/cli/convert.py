@@ -1,0 +1,67 @@
+"""``mhe convert``: a trained multi-head model (a run folder or a Hugging Face checkpoint
+directory) as another attention kind, written as a run folder that ``mhe eval``, ``generate``,
+``finetune`` and ``pretrain --init-from`` take (:mod:`mhe.convert`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from mhe.convert import TARGETS
+from mhe.convert.targets import MINIMISES
+from mhe.convert.runs import SPLITS, ConvertOptions, convert_run
+from mhe.experiments.tables import print_table
+from mhe.output_paths import default_run_dir
+
+
+def convert_args(p):
+    p.add_argument("--checkpoint", required=True,
+                   help="the model to convert: a run folder (with config.json) or a Hugging Face checkpoint "
+                        "directory (GPT-2 LM or BERT MLM, as mhe.hf.import_hf reads)")
+    p.add_argument("--attention", required=True, help=f"the kind to convert to: {', '.join(TARGETS)}")
+    p.add_argument("--n-kv-heads", type=int, default=0,
+                   help="K/V heads of a gqa target (default: n/4, the largest divisor of the head count not above it)")
+    p.add_argument("--out", default="", help="the run folder to write (default runs/convert-SOURCE-KIND); "
+                                             "must not exist or be empty")
+    p.add_argument("--no-align", dest="align", action="store_false",
+                   help="fit the heads as they are; by default each head's query/key and value/output dimensions "
+                        "are first rotated towards the fit (Procrustes: the source's function is unchanged and the "
+                        "fit's error can only fall; MQA/GQA without it is Ainslie et al.'s mean pooling)")
+    p.add_argument("--naive", action="store_true",
+                   help="write the naive initialisation instead of the fit: the mean of the heads, head "
+                        "embeddings zero (the baseline the report compares with)")
+    p.add_argument("--no-eval", dest="evaluate", action="store_false",
+                   help="skip scoring the source and the converted model (no corpus is read unless calibrating)")
+    p.add_argument("--split", default="valid", choices=SPLITS,
+                   help="the held-out split scored before and after conversion (default valid)")
+    p.add_argument("--calibration", type=int, default=32,
+                   help="training sequences whose attention inputs fit MHE-Add's head offsets and measure the "
+                        "error on projected outputs (default 32; 0: weight space only)")
+    p.add_argument("--data", default="",
+                   help="the corpus to score and calibrate on (default: the run's own; needed for a Hugging Face "
+                        "directory: ptb, wikitext-2, wikitext-103, offline-english)")
+    p.add_argument("--data-dir", default="", help="data folder (default: $MHE_DATA or ../shared/data)")
+    p.add_argument("--device", default="auto", help="where scoring and calibration run: auto (a GPU if any), cpu, cuda")
+
+
+def cmd_convert(args) -> int:
+    out = args.out or str(default_run_dir("convert", Path(args.checkpoint).resolve().name, args.attention))
+    opts = ConvertOptions(kind=args.attention, n_kv_heads=args.n_kv_heads, align=args.align, naive=args.naive,
+                          evaluate=args.evaluate, split=args.split, calibration=args.calibration, data=args.data,
+                          data_dir=args.data_dir, device=args.device)
+    report = convert_run(args.checkpoint, out, opts, log=lambda m: print(m, file=sys.stderr))
+    what = "naive initialisation" if args.naive else "fit"
+    print(f"{report.source} -> {report.kind}: relative reconstruction error per sublayer, the {what} beside the "
+          "mean of the heads (logits: each head's query-key form; value-output: its value-to-output map); "
+          f"the fit minimises the {MINIMISES[report.kind]}")
+    print_table(*report.error_table("weight"))
+    if report.has_output_errors():
+        print(f"\nthe same on the projected outputs of {report.options['calibration_tokens']:,} calibration tokens:")
+        print_table(*report.error_table("output"))
+    if report.scores:
+        src, conv = report.scores["source"], report.scores["converted"]
+        print(f"\n{src['metric']} on the {src['split']} split, before any training:")
+        print_table(["model", "attention", src["metric"]], [["source", report.source, f"{src['score']:.4g}"],
+                                                             ["converted", report.kind, f"{conv['score']:.4g}"]])
+    print(f"\nwrote {out}")
+    return 0

@@ -1,0 +1,213 @@
+"""``convert_run``: a source (run folder or Hugging Face directory) in, a converted run folder
+out, with the score of both models on a held-out split before any training.
+
+The converted folder is a normal run folder at step 0: ``config.json`` (the source run's
+configuration with the new kind), ``tokenizer.json`` (the source's), ``checkpoints/step-00000000``
+(the weights and a fresh trainer state) and ``conversion.json`` (the report). It is written in a
+temporary folder and renamed into place, so it exists whole or not at all.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mhe.accounting import count_attention_params
+from mhe.convert.model import check_conversion, convert_model, input_stats
+from mhe.convert.report import ConversionReport
+from mhe.convert.sources import Source, data_task, load_source
+from mhe.data.tokenize import save_tokenizer
+from mhe.errors import MheError
+from mhe.output_paths import check_output_dir, free_name
+from mhe.training.atomic import new_temp_folder, write_json_atomic
+from mhe.training.batches import BatchOrder
+from mhe.training.checkpoint import save_checkpoint
+from mhe.training.config import RunConfig, check_device
+from mhe.training.optim import build_optimizer
+from mhe.training.run_files import CONFIG
+from mhe.training.state import TrainerState
+
+SPLITS = ("valid", "test")
+
+
+@dataclass
+class ConvertOptions:
+    """What ``mhe convert`` asks for: the target (``kind``, ``n_kv_heads``, ``align``,
+    ``naive``: see :func:`mhe.convert.convert_model`) and the source's options (:class:`Converter`)."""
+
+    kind: str
+    n_kv_heads: int = 0
+    align: bool = True
+    naive: bool = False
+    evaluate: bool = True
+    split: str = "valid"
+    calibration: int = 32
+    data: str = ""
+    data_dir: str = ""
+    device: str = "auto"
+
+
+class Converter:
+    """One source loaded once (its model, data, calibration statistics and score), converted to
+    any number of kinds: ``mhe convert`` converts to one, ``benchmarks/uptrain_study.py`` to five.
+
+    Args:
+        source_path: a run folder or a Hugging Face checkpoint directory.
+        data, data_dir: the corpus to score and calibrate on (default: the run's own).
+        device: where scoring and calibration run (``auto``: a GPU when there is one).
+        split: the held-out split scored (``valid`` or ``test``).
+        calibration: training sequences whose attention inputs calibrate the fit (0: none).
+        evaluate: score the source and every converted model on ``split``.
+    """
+
+    def __init__(self, source_path: str | Path, *, data: str = "", data_dir: str = "", device: str = "auto",
+                 split: str = "valid", calibration: int = 32, evaluate: bool = True, log=print) -> None:
+        if split not in SPLITS:
+            raise MheError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if calibration < 0:
+            raise MheError(f"--calibration must be a number of sequences >= 0, got {calibration}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+            raise MheError(f"--device {device!r} is not allowed; it takes auto, cpu, cuda or cuda:N")
+        try:
+            check_device(device)
+        except MheError as e:  # the same check as train.device, said of this option
+            raise MheError(str(e).replace(f"train.device={device!r}", f"--device {device}")) from None
+        self.device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+        self.split, self.calibration, self.evaluate = split, calibration, evaluate
+        self.src = load_source(source_path, data=data, data_dir=data_dir)
+        for note in self.src.notes:
+            log(note)
+        self._work = tempfile.TemporaryDirectory(prefix="mhe-convert-")
+        self._task, self._stats, self._source_score = None, None, None
+
+    def close(self) -> None:
+        self._work.cleanup()
+
+    def __enter__(self) -> "Converter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def task(self):
+        """The source's task set up on its data (read on first use)."""
+        if self._task is None:
+            self._task = data_task(self.src, Path(self._work.name), self.device)
+        return self._task
+
+    def stats(self) -> dict | None:
+        """The calibration statistics of every attention sublayer's input (None: no calibration)."""
+        if self._stats is None and self.calibration:
+            batches = calibration_batches(self.task, self.calibration, self.device)
+            self._stats = input_stats(self.src.model.to(self.device), batches)
+            self.src.model.cpu()
+        return self._stats
+
+    def source_score(self) -> dict | None:
+        if self.evaluate and self._source_score is None:
+            self._source_score = score(self.task, self.src, self.src.model, self.split, self.device)
+        return self._source_score
+
+    def convert(self, kind: str, out: str | Path | None, *, n_kv_heads: int = 0, align: bool = True,
+                naive: bool = False) -> tuple[nn.Module, ConversionReport]:
+        """The converted model and its report (scores included when evaluating); with ``out``,
+        also written there as a run folder."""
+        check_conversion(self.src.model.cfg, kind, n_kv_heads)  # before any data is read
+        out = _check_out(Path(out)) if out is not None else None
+        model, report = convert_model(self.src.model, kind, n_kv_heads=n_kv_heads, calibration=self.stats(),
+                                      align=align, naive=naive)
+        report.options.update({"source": str(self.src.path), "origin": self.src.origin, "notes": self.src.notes})
+        if self.evaluate:
+            report.scores = {"source": self.source_score(),
+                             "converted": score(self.task, self.src, model, self.split, self.device)}
+        if out is not None:
+            write_run(out, self.src, model, report)
+        return model, report
+
+
+def convert_run(source_path: str | Path, out: str | Path, opts: ConvertOptions, *, log=print) -> ConversionReport:
+    """Convert the model at ``source_path`` as ``opts`` says and write the run folder ``out``;
+    returns the report (also in ``out/conversion.json``)."""
+    _check_out(Path(out))
+    with Converter(source_path, data=opts.data, data_dir=opts.data_dir, device=opts.device, split=opts.split,
+                   calibration=opts.calibration, evaluate=opts.evaluate, log=log) as conv:
+        return conv.convert(opts.kind, out, n_kv_heads=opts.n_kv_heads, align=opts.align, naive=opts.naive)[1]
+
+
+def _check_out(out: Path) -> Path:
+    check_output_dir(out)
+    if out.exists() and any(out.iterdir()):
+        raise MheError(f"--out {out} is not empty; choose another --out ({free_name(out)} is free)")
+    return out
+
+
+def calibration_batches(task, n: int, device: torch.device, batch: int = 8) -> list:
+    """The first ``n`` training sequences of the task (contiguous blocks of the training split,
+    in order), in batches on ``device``: fixed, so a conversion is reproducible."""
+    if n == 0:
+        return []
+    blocks = getattr(task, "blocks", None)
+    if blocks is not None:
+        return [blocks[i:i + batch].to(device) for i in range(0, min(n, blocks.shape[0]), batch)]
+    items = list(range(min(n, task.n_train_items())))
+    batches = []
+    for i in range(0, len(items), batch):
+        inputs = task.to(task.collate(items[i:i + batch]), device)
+        batches.append({k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "token_type_ids")})
+    return batches
+
+
+@torch.no_grad()
+def score(task, src: Source, model: nn.Module, split: str, device: torch.device) -> dict:
+    """The held-out score of ``model``: the sliding-window perplexity of ``split`` for a language
+    model (as ``mhe eval``), else the task's own evaluation (its validation data)."""
+    model = model.to(device).eval()
+    try:
+        if src.cfg.task == "lm":
+            res = task.split_perplexity(model, split)
+            return {"metric": "perplexity", "score": res["perplexity"], **res}
+        res = task.evaluate(model)
+        return {"metric": task.metric, "score": res[task.metric], "split": "valid", **res}
+    finally:
+        model.cpu()
+
+
+def run_record(cfg: RunConfig, model: nn.Module, src: Source, report: ConversionReport) -> dict:
+    """``config.json`` of the converted run, as the trainer writes one, with where it came from."""
+    return {"run": cfg.to_dict(), "resolved_train": copy.deepcopy(cfg.to_dict()["train"]),
+            "model": model.cfg.to_dict(), "config_hash": cfg.hash(),
+            "attention_params": count_attention_params(model), "torch": torch.__version__, "device": "cpu",
+            "converted_from": {"path": str(src.path), "origin": src.origin, "attention": src.model.cfg.attention,
+                               "kind": report.kind, "options": report.options}}
+
+
+def write_run(out: Path, src: Source, model: nn.Module, report: ConversionReport) -> Path:
+    """Write the converted run folder atomically (module docstring)."""
+    cfg = copy.deepcopy(src.cfg)
+    cfg.model = cfg.model.replace(attention=model.cfg.attention, attn_options=model.cfg.attn_options)
+    cfg = RunConfig(task=cfg.task, preset=cfg.preset, model=cfg.model, train=cfg.train, data=cfg.data)  # checked
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = new_temp_folder(out.parent, out.name)
+    try:
+        save_tokenizer(src.tokenizer, tmp)
+        write_json_atomic(tmp / CONFIG, run_record(cfg, model, src, report))
+        opt, sched = build_optimizer(model, cfg.train)
+        state = TrainerState(opt, sched, BatchOrder(1, 1, seed=cfg.train.seed), config_hash=cfg.hash())
+        save_checkpoint(tmp / "checkpoints", model=model, state=state.state_dict())
+        write_json_atomic(tmp / "conversion.json", report.to_dict())
+        if out.exists():
+            out.rmdir()  # empty (checked before any work)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
