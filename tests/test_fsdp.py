@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from test_ddp import RUN, STEPS, _free_port, final_weights, records
 from mhe.models.vocab_padding import pad_vocabulary, vocab_padding
 from mhe.tasks.recall import RecallTask
+from mhe.tasks.runs import load_run
 from mhe.training import checkpoint as ckpt
 from mhe.training.config import apply_overrides
 from mhe.training.defaults import default_run
@@ -103,6 +104,10 @@ def test_fsdp_at_half_batch_per_process_equals_one_process_at_full_batch(runs):
         torch.testing.assert_close(ob[name], oa[name], rtol=1e-4, atol=1e-8, msg=lambda m, n=name: f"{n}: {m}")
     score = json.loads((root / "one" / "results.json").read_text())["score"]
     assert json.loads((root / "whole" / "results.json").read_text())["score"] == pytest.approx(score)
+    model, cfg, _ = load_run(root / "whole")  # what mhe eval / generate / convert read: an ordinary run folder
+    assert cfg.train.parallel == "fsdp"
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, wb[name]), name
 
 
 @pytest.mark.slow
