@@ -1,6 +1,8 @@
-"""Activation checkpointing changes what is kept, never what is computed; ``train.parallel`` is
-a checked setting, refused in one line where it cannot apply, and neither setting changes which
-run a configuration is.
+"""What several processes share, checked on one: activation checkpointing changes what is kept,
+never what is computed; ``train.parallel`` is a checked setting, refused in one line where it
+cannot apply, and neither setting changes which run a configuration is; a signal is agreed on
+(one process alone is its own agreement), and torchrun's forwarded copy of Ctrl-C is not a
+second signal. (Two processes: tests/test_fsdp.py, tests/test_ddp.py.)
 
 The gradients with checkpointing must equal those without bit for bit (the recomputation repeats
 the same operations, dropout included: the random state is restored before it). The count of
@@ -83,3 +85,24 @@ def test_fsdp_on_one_process_is_refused_before_anything_is_written(tmp_path):
 
 def test_one_process_agrees_with_itself_on_a_signal():
     assert Dist().agreed_signal(None) is None and Dist().agreed_signal(15) == 15
+
+
+def test_a_forwarded_copy_of_the_first_signal_is_not_a_second_one(monkeypatch):
+    """Ctrl-C reaches torchrun's workers twice (terminal and torchrun): within a second, the same
+    signal counts once; a later or different one stops at once."""
+    import signal
+
+    from mhe.training import run_log
+
+    now = [100.0]
+    monkeypatch.setattr(run_log.time, "monotonic", lambda: now[0])
+    watch = run_log.SignalWatch()
+    watch._on_signal(signal.SIGINT, None)
+    now[0] += 0.2
+    watch._on_signal(signal.SIGINT, None)  # the forwarded copy
+    assert watch.signal == signal.SIGINT
+    with pytest.raises(KeyboardInterrupt):
+        watch._on_signal(signal.SIGTERM, None)
+    now[0] += 2.0
+    with pytest.raises(KeyboardInterrupt):
+        watch._on_signal(signal.SIGINT, None)
