@@ -1,7 +1,7 @@
 """DDP against FSDP on the GPUs of one host, and a model that only FSDP can train, through `mhe`'s trainer.
 
     python benchmarks/fsdp_speed.py OUT [--gpus 2|4] [--gpt2] [--data wikitext-2 --data-dir DIR]
-                                        [--deadline SECONDS] [--ddp-oom] [--cpu-smoke]
+                                        [--deadline SECONDS] [--ddp-oom] [--only STAGE,...] [--cpu-smoke]
 
 Runs, each under ``torchrun --standalone --nproc_per_node GPUS`` with the trainer's defaults
 (compiled, bf16; under FSDP bf16 gathers with float32 gradient reduction, each block compiled):
@@ -20,8 +20,9 @@ Figures: tokens/s are the median logged step times after the first third of the 
 holds the compilation), as input tokens per second over all GPUs and per GPU; peak GiB is rank
 0's ``torch.cuda.max_memory_allocated``. Runs are short (random tokens, no evaluation, no
 checkpoint) and start in the order above; once ``--deadline`` seconds (default 400) have passed
-the rest are skipped and a running one stopped, and the table says so. About 6 to 7 minutes on
-two H100s, compilation included.
+the rest are skipped and a running one stopped, and the table says so (``--only`` runs the named
+stages, e.g. the ones skipped, into another OUT). About 6 to 7 minutes on two H100s, compilation
+included.
 
 Out: ``OUT/fsdp-speed.md`` (cards, torch, commands, table), ``OUT/logs/STAGE.log`` and
 ``OUT/runs/STAGE/`` (config and metrics). Data: random tokens, or ``--data NAME`` read from
@@ -171,14 +172,17 @@ def figures(run: Path, stage: dict, gpus: int) -> dict | None:
     late = [r for r in records if r["step"] > stage["steps"] // 3] or records[-1:]
     tok_s = stage["per_gpu"] * gpus * stage["seq"] / statistics.median(r["step_s"] for r in late)
     memory = [r["max_mem_gib"] for r in records if "max_mem_gib" in r]
-    return {"tokens_per_s": tok_s, "per_gpu": tok_s / gpus, "peak_gib": max(memory) if memory else None}
+    results = run / "results.json"  # the built model's count (a corpus's tokenizer sets the vocabulary)
+    params = json.loads(results.read_text()).get("total_params") if results.exists() else None
+    return {"tokens_per_s": tok_s, "per_gpu": tok_s / gpus, "peak_gib": max(memory) if memory else None,
+            "params": params}
 
 
 def table(results: list[tuple[dict, str, dict | None]], gpus: int, card_gib: float | None) -> list[str]:
     lines = ["| run | parameters | parallel | act. ckpt | tokens/s (all GPUs) | tokens/s per GPU | peak GiB (rank 0) "
              "| 16 B/param (DDP's state) |", "|---|---:|---|---|---:|---:|---:|---:|"]
     for stage, status, f in results:
-        params = n_params(stage["preset"], stage["kind"], stage["model"])
+        params = (f or {}).get("params") or n_params(stage["preset"], stage["kind"], stage["model"])
         bound = 16 * params / GIB
         over = f" > {card_gib:.0f} GiB card" if card_gib and bound > card_gib else ""
         label = f"{stage['name']}: {stage['kind']}, {stage['per_gpu']} x {stage['seq']} per GPU"
@@ -206,6 +210,7 @@ def main() -> int:
     ap.add_argument("--data-dir", default=os.environ.get("MHE_DATA", ""))
     ap.add_argument("--deadline", type=float, default=400.0)
     ap.add_argument("--ddp-oom", action="store_true", help="also try the big model under DDP")
+    ap.add_argument("--only", default="", help="comma-separated stage names to run (default: all)")
     ap.add_argument("--cpu-smoke", action="store_true", help="two gloo processes, tiny presets, a few steps")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -225,7 +230,8 @@ def main() -> int:
     print(f"cards: {gpus} x {card}; torch {torch.__version__}", flush=True)
     runner = Runner(out, gpus, a.deadline)
     results = []
-    for stage in stages(a, card_gib):
+    chosen = [s for s in stages(a, card_gib) if not a.only or s["name"] in a.only.split(",")]
+    for stage in chosen:
         first = out / "runs" / "base-mha-ddp" / "tokenizer.json"  # a corpus: every run reuses the first's tokenizer
         if a.data and first.is_file() and not (out / "runs" / stage["name"]).exists():
             (out / "runs" / stage["name"]).mkdir(parents=True)

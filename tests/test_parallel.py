@@ -106,3 +106,23 @@ def test_a_forwarded_copy_of_the_first_signal_is_not_a_second_one(monkeypatch):
     now[0] += 2.0
     with pytest.raises(KeyboardInterrupt):
         watch._on_signal(signal.SIGINT, None)
+
+
+def test_the_weightless_copy_holds_the_full_weights_while_filled_and_none_after():
+    """FSDP's readers (evaluation, best/, checkpoints, results) see this copy: the same module with
+    the same weights, tied ones tied (one parameter), and no memory of its own outside the block."""
+    from mhe.training.fsdp import FullCopy
+
+    m = model().eval()
+    copy = FullCopy(m, torch.device("cpu"))
+    assert all(p.is_meta for p in copy.module.parameters())
+    ids = torch.randint(0, VOCAB, (B, T))
+    with copy.filled(m) as full:
+        assert full.lm_head.weight is full.decoder.embed.tokens.weight
+        assert sum(p.numel() for p in full.parameters()) == sum(p.numel() for p in m.parameters())
+        assert full.state_dict().keys() == m.state_dict().keys()
+        for k, v in m.state_dict().items():
+            assert torch.equal(full.state_dict()[k], v), k
+        assert torch.equal(full.eval()(ids).logits, m(ids).logits)
+    assert all(p.is_meta for p in copy.module.parameters())
+    assert copy.module.lm_head.weight is copy.module.decoder.embed.tokens.weight

@@ -91,16 +91,17 @@ class FullCopy:
         a collective, so every process enters it at the same point), emptied again on exit."""
         with torch.no_grad():
             for name, p in model.named_parameters():
-                full = plain(p.detach())
-                for owner, key in self.slots[name]:
-                    owner._parameters[key] = nn.Parameter(full, requires_grad=False)
+                self._place(name, nn.Parameter(plain(p.detach()), requires_grad=False))
         try:
             yield self.module
         finally:
-            for owners in self.slots.values():
-                for owner, key in owners:
-                    p = owner._parameters[key]
-                    owner._parameters[key] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
+            for name, owners in self.slots.items():
+                p = owners[0][0]._parameters[owners[0][1]]
+                self._place(name, nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False))
+
+    def _place(self, name: str, param: nn.Parameter) -> None:
+        for owner, key in self.slots[name]:  # tied weights: one parameter in every place
+            owner._parameters[key] = param
 
 
 def full_optimizer_state(optimizer: torch.optim.Optimizer, dist: Dist) -> None:
