@@ -165,33 +165,29 @@ class Trainer:
             t.eval_every = t.eval_every or per_epoch
         if dist.main:
             self._write_config(model, dist)
-        snapshot = self._read_checkpoint(model) if self.resume else None  # into the whole model
-        self.parallel.prepare(model, t, log=self.log)
         opt, sched = build_optimizer(model, t)
         pad_optimizer_state(opt, model)
-        self.parallel.optimizer(opt)
         order = BatchOrder(self.task.n_train_items(), t.batch_size, seed=t.seed, rank=dist.rank, world=dist.world)
         state = TrainerState(opt, sched, order, config_hash=self.cfg_hash)
-        if snapshot is not None:
-            state.load_state_dict(snapshot)
-            if dist.main:
-                self.log(f"resuming from {self.last_saved} (step {state.step})")
+        if self.resume:
+            self._resume(model, state, dist)
+        self.parallel.prepare(model, state, t, log=self.log)  # FSDP: sharded, the optimiser moved onto the shards
         if dist.main and truncate_metrics(self.out / METRICS, state.step):  # a killed attempt's records
             self.log(f"cut {self.out / METRICS} back to step {state.step}")
         return model, state
 
-    def _read_checkpoint(self, model) -> dict | None:
-        """Load the newest complete checkpoint's weights into the (not yet sharded) model; its
-        trainer state, or None when there is none."""
+    def _resume(self, model, state: TrainerState, dist) -> None:
         last = ckpt.latest_checkpoint(self.out / "checkpoints", report=self.log)
         if last is None:
             self.log(f"no complete checkpoint in {self.out / 'checkpoints'}; starting from step 0")
-            return None
-        snapshot = ckpt.load_checkpoint(last, model=model, map_location=self.parallel.home)
-        if snapshot.get("config_hash") != self.cfg_hash:
-            raise MheError(f"checkpoint {last} belongs to a different configuration")
-        self.last_saved = last
-        return snapshot
+        else:
+            snapshot = ckpt.load_checkpoint(last, model=model, map_location=self.parallel.home)
+            if snapshot.get("config_hash") != self.cfg_hash:
+                raise MheError(f"checkpoint {last} belongs to a different configuration")
+            state.load_state_dict(snapshot)
+            self.last_saved = last
+            if dist.main:
+                self.log(f"resuming from {last} (step {state.step})")
 
     def _write_config(self, model, dist) -> None:
         write_json_atomic(self.out / CONFIG, {

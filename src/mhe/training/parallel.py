@@ -7,7 +7,10 @@
   weights, 4 for the gradients, 8 for the two moments) and the gradients are averaged
   (:class:`~mhe.training.step.StepModule` wraps the model);
 * ``fsdp``: every process holds 1/N of those and gathers each block's weights just in time
-  (:mod:`mhe.training.fsdp`), for models whose training state does not fit on one card.
+  (:mod:`mhe.training.fsdp`), for models whose training state does not fit on one card. The
+  model is built, and a resumed checkpoint loaded into it and its optimiser, whole on the
+  host, as without FSDP; :meth:`Parallel.prepare` then shards it onto the devices and moves
+  the optimiser (and its loaded moments) onto the shards.
 
 Activation checkpointing (:mod:`mhe.training.activation_checkpointing`) applies in every mode.
 :meth:`Parallel.full` is the model every reader of weights sees (evaluation, ``best/``,
@@ -23,10 +26,13 @@ import torch
 from torch import nn
 
 from mhe.errors import MheError
+from mhe.models.vocab_padding import pad_optimizer_state
 from mhe.training import fsdp
 from mhe.training.activation_checkpointing import apply_activation_checkpointing
 from mhe.training.config import TrainConfig
 from mhe.training.distributed import Dist
+from mhe.training.optim import build_optimizer
+from mhe.training.state import TrainerState
 from mhe.training.step import precision
 
 
@@ -54,9 +60,10 @@ class Parallel:
         device; the whole model never sits on one card), else on the run's device."""
         return torch.device("cpu") if self.mode == "fsdp" else self.dist.device
 
-    def prepare(self, model: nn.Module, t: TrainConfig, log=print) -> None:
-        """Activation checkpointing, then (FSDP) the weightless copy and the sharding, in place;
-        before the optimiser is built on the parameters."""
+    def prepare(self, model: nn.Module, state: TrainerState, t: TrainConfig, log=print) -> None:
+        """Activation checkpointing, then (FSDP) the weightless copy, the sharding and the
+        optimiser rebuilt on the shards, carrying what ``state`` holds (a resumed checkpoint's
+        moments and schedule, loaded into the whole model's optimiser first)."""
         if self.mode == "fsdp":
             self.copy = fsdp.FullCopy(model, self.dist.device)
         n = apply_activation_checkpointing(model, t.activation_checkpointing)
@@ -64,13 +71,24 @@ class Parallel:
             log(f"activation checkpointing ({t.activation_checkpointing}): {n} block(s) recompute their activations")
         if self.mode == "fsdp":
             blocks = fsdp.shard(model, self.dist, param_dtype=precision(t.precision, self.dist.device))
+            self._rebuild_optimizer(model, state, t)
             if self.dist.main:
                 log(f"FSDP: {len(blocks)} blocks and the rest of the model sharded over {self.dist.world} processes")
 
-    def optimizer(self, opt: torch.optim.Optimizer) -> None:
-        """FSDP: the optimiser's state dicts gathered and sharded (after the padding's hooks)."""
-        if self.mode == "fsdp":
-            fsdp.full_optimizer_state(opt, self.dist)
+    def _rebuild_optimizer(self, model: nn.Module, state: TrainerState, t: TrainConfig) -> None:
+        """AdamW and its schedule on the sharded parameters (fused on CUDA), their state dicts
+        gathered and sharded (:func:`~mhe.training.fsdp.full_optimizer_state`), loaded with the
+        state of the optimiser built on the whole model (its moments: sharded here)."""
+        opt, sched = build_optimizer(model, t)
+        pad_optimizer_state(opt, model)
+        fsdp.full_optimizer_state(opt, self.dist)
+        if state.step > 0:  # resumed: carry the moments and the schedule (the new optimiser keeps its kernels)
+            kernels = [{k: g[k] for k in ("fused", "foreach", "capturable") if k in g} for g in opt.param_groups]
+            opt.load_state_dict(state.optimizer.state_dict())
+            for group, own in zip(opt.param_groups, kernels):
+                group.update(own)
+            sched.load_state_dict(state.scheduler.state_dict())
+        state.optimizer, state.scheduler = opt, sched
 
     @contextlib.contextmanager
     def full(self, model: nn.Module):
