@@ -7,13 +7,17 @@ As in tests/test_ddp.py, only floating-point summation order may differ from one
 gradient norms and weights agree to float32 rounding. The FSDP side also pads its vocabulary
 (as every GPU run does; here through the task, the trainer pads only on CUDA), so the padding's
 state-dict hooks are crossed with the sharded state: checkpoints must still hold the real rows.
-A resumed run repeats the same operations on the same numbers: its losses are identical.
+A resumed run repeats the same operations on the same numbers: its losses are identical. One
+run compiles each block (dynamo and AOT autograd with the aot_eager backend: the traced graphs
+run without inductor's C++ build, minutes on a CPU) under FSDP's hooks and activation
+checkpointing; bf16 gathers are the GPU's (tests/test_fsdp_gpu.py).
 """
 
 import json
 import os
 import shutil
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,8 +64,14 @@ def _worker(rank: int, world: int, port: int, out: str, extra: list, interrupt: 
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if "train.compile=true" in extra:  # dynamo and AOT autograd for real, without inductor's C++ build
+        compile_ = torch.compile
+        torch.compile = lambda fn, **kw: compile_(fn, backend="aot_eager", **kw)
     task = PaddedRecall(interrupt=interrupt and rank == 0)
     Trainer(config("train.parallel=fsdp", *extra), task, out, resume=resume, log=lambda *_: None).fit()
+    if "train.compile=true" in extra and rank == 0:
+        from torch._dynamo.utils import counters
+        (Path(out) / "graphs.json").write_text(json.dumps(counters["stats"]["unique_graphs"]))
 
 
 def fsdp(out, *extra, interrupt=False, resume=False):
@@ -71,11 +81,13 @@ def fsdp(out, *extra, interrupt=False, resume=False):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """one: one process, full batch; whole: FSDP, 6 steps, selective activation checkpointing;
-    resumed: FSDP stopped by a signal at step 3, then resumed on two processes; moved: the same
-    checkpoint resumed on one process."""
+    compiled: FSDP with each block compiled (dynamo, aot_eager) and fully checkpointed; resumed:
+    FSDP stopped by a signal at step 3, then resumed on two processes; moved: the same checkpoint
+    resumed on one process."""
     root = tmp_path_factory.mktemp("fsdp")
     Trainer(config(), RecallTask(), root / "one", log=lambda *_: None).fit()
     fsdp(root / "whole", "train.activation_checkpointing=selective")
+    fsdp(root / "compiled", "train.compile=true", "train.activation_checkpointing=full")
     fsdp(root / "resumed", interrupt=True)
     stopped = {p.name for p in ckpt.list_checkpoints(root / "resumed" / "checkpoints")}
     shutil.copytree(root / "resumed", root / "moved")
@@ -109,6 +121,22 @@ def test_fsdp_at_half_batch_per_process_equals_one_process_at_full_batch(runs):
     assert cfg.train.parallel == "fsdp"
     for name, value in model.state_dict().items():
         assert torch.equal(value, wb[name]), name
+
+
+@pytest.mark.slow
+def test_each_block_compiled_under_fsdp_trains_as_eager_fsdp(runs):
+    """torch.compile traces each sharded block between FSDP's gather and free hooks (and through
+    the activation checkpoint): the same losses and weights as the eager run."""
+    root, _ = runs
+    assert json.loads((root / "compiled" / "graphs.json").read_text()) >= 1  # compiled, not eager
+    a, b = records(root / "whole"), records(root / "compiled")
+    assert [r["step"] for r in b] == list(range(1, STEPS + 1))
+    for ra, rb in zip(a, b):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-6)
+        assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-6)
+    wa, wb = final_weights(root / "whole"), final_weights(root / "compiled")
+    for name in wa:
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.slow
