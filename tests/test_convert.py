@@ -179,7 +179,7 @@ def test_mhe_add_fit_is_the_least_squares_optimum_on_calibration_outputs():
 
 
 def input_stats_of(x):
-    from mhe.convert.sublayer import InputStats
+    from mhe.convert.stats import InputStats
 
     return InputStats(mean=x.mean(0), second=x.T @ x / x.shape[0], count=x.shape[0])
 
@@ -301,10 +301,12 @@ def test_rotary_pairs_share_scales_and_are_not_rotated():
     MHE-Mul form with pair-shared scales converts back exactly, with or without alignment."""
     from types import SimpleNamespace
 
-    from mhe.convert.model import rotary_groups
+    from mhe.attention.mhe import MHEOptions
+    from mhe.convert.rotary import rotary_fit
 
-    assert rotary_groups(SimpleNamespace(positions="learned"), 8) is None
-    groups = rotary_groups(SimpleNamespace(positions="rotary", rope_fraction=0.5), 8)
+    assert rotary_fit(SimpleNamespace(positions="learned"), 8, "mhe-mul", MHEOptions()) is None
+    rotary = rotary_fit(SimpleNamespace(positions="rotary", rope_fraction=0.5), 8, "mhe-mul", MHEOptions())
+    groups = rotary.scale_groups()
     assert groups == [[0, 2], [1, 3], [4], [5], [6], [7]]  # rotate_half pairs over the first 4 dimensions
     g = torch.Generator().manual_seed(7)
     w = torch.randn(D_MODEL + 1, D, generator=g, dtype=torch.float64)
@@ -315,13 +317,13 @@ def test_rotary_pairs_share_scales_and_are_not_rotated():
     exact = type(h)(q=w[None] * scale[:, None], k=w[None] * scale.flip(0)[:, None], v=h.v, out=h.out,
                     out_bias=h.out_bias, kv_heads=h.kv_heads, bias=True)
     for align in (False, True):
-        res = convert_sublayer(exact, "mhe-mul", align=align, qk_groups=groups)
+        res = convert_sublayer(exact, "mhe-mul", align=align, rotary=rotary)
         for r in "qk":
             assert res.errors[r]["weight"][0] < 1e-12
         emb = res.state["head_embed"]
         for grp in groups:
             assert torch.equal(emb[0][:, grp], emb[0][:, grp[:1]].expand(-1, len(grp)))
-    plain = convert_sublayer(h, "mhe-mul", qk_groups=groups, align=False)
-    turned = convert_sublayer(h, "mhe-mul", qk_groups=groups, align=True)
+    plain = convert_sublayer(h, "mhe-mul", rotary=rotary, align=False)
+    turned = convert_sublayer(h, "mhe-mul", rotary=rotary, align=True)
     assert torch.equal(plain.state["q_proj.weight"], turned.state["q_proj.weight"])  # queries/keys left alone
     assert turned.errors["v"]["weight"][0] < plain.errors["v"]["weight"][0]  # values still aligned

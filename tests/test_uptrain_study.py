@@ -1,5 +1,6 @@
 """``benchmarks/uptrain_study.py``: its plan is made of commands the ``mhe`` parser takes, with
-the documented uptraining recipe; the CPU smoke run end to end is a slow test."""
+the documented uptraining recipe, for the GPT-2-shaped and the Llama-style decoder; the CPU
+smoke run end to end (every stage, in one process) is a slow test."""
 
 import importlib.util
 import json
@@ -13,39 +14,71 @@ from conftest import require_data
 from mhe.cli import build_parser
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "uptrain_study.py"
+KINDS = ["mqa", "gqa", "mhe-mul", "mhe-add", "sha"]
 
 
 def study():
     spec = importlib.util.spec_from_file_location("uptrain_study", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["uptrain_study"] = mod  # its dataclasses look their module up
+    sys.modules["uptrain_study"] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-def test_the_plan_is_valid_mhe_commands(tmp_path, capsys):
-    assert study().main(["--out", str(tmp_path / "s"), "--data-dir", "data", "--dry-run"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1 + 5 + 5 * 2 * 3  # pre-training, scratch, kinds x fractions x seeds
+def plan(tmp_path, capsys, *extra):
+    assert study().main(["--out", str(tmp_path / "s"), "--data-dir", "data", "--dry-run", *extra]) == 0
+    out = capsys.readouterr()
     parser = build_parser()
-    for line in lines:
-        args = parser.parse_args(shlex.split(line)[1:])
-        assert args.command == "pretrain"
-    pre, scratch, up = (parser.parse_args(shlex.split(lines[i])[1:]) for i in (0, 1, 6))
-    assert pre.attention == "mha" and "train.steps=2000" in pre.set
+    return [parser.parse_args(shlex.split(line)[1:]) for line in out.out.splitlines()], out.err
+
+
+def test_the_plan_is_valid_mhe_commands(tmp_path, capsys):
+    cmds, _ = plan(tmp_path, capsys)
+    assert len(cmds) == 1 + 5 + 5 * 2 * 3  # pre-training, scratch, kinds x fractions x seeds
+    assert all(c.command == "pretrain" for c in cmds)
+    pre, scratch, up = cmds[0], cmds[1], cmds[6]
+    assert pre.attention == "mha" and "train.steps=2000" in pre.set and pre.data == "offline-english"
     assert scratch.attention == "mqa" and "train.steps=2200" in scratch.set  # N + the longest uptraining
     assert up.init_from.endswith("convert-mqa") and up.attention is None and "train.steps=100" in up.set
     assert not any(s.startswith(("model.", "train.warmup")) for s in up.set)  # the recipe's own defaults
 
 
+def test_the_llama_plan_builds_and_keeps_the_presets_kv_heads(tmp_path, capsys):
+    """``--preset llama-135m``: every run's configuration and conversion is checked, GQA has the preset's 3 K/V heads from scratch and converted alike, and
+    MHE keeps one K/V head (rope-then-psi)."""
+    cmds, err = plan(tmp_path, capsys, "--preset", "llama-135m", "--seeds", "1")
+    assert len(cmds) == 1 + 5 + 5 * 2
+    assert cmds[0].preset == "llama-135m" and "model.max_len=256" in cmds[0].set
+    gqa = next(c for c in cmds if c.attention == "gqa")
+    assert "model.attn_options.n_kv_heads=3" in gqa.set
+    lines = dict(line.split(": ", 1) for line in err.splitlines())
+    assert set(lines) == {"mha", *KINDS}
+    assert "n_kv_heads=3" in lines["gqa"] and "23,040 B of KV cache" in lines["gqa"]  # 30 layers x 2 x 3 x 64 x 2 B
+    for kind in ("mhe-mul", "mhe-add"):
+        assert "rope_order='rope-then-psi'" in lines[kind] and "7,680 B of KV cache" in lines[kind]
+
+
 @pytest.mark.slow
-def test_cpu_smoke_runs_end_to_end(tmp_path):
-    root = require_data("wikitext-2/wiki.valid.tokens.gz", "ptb/ptb.train.txt.gz", "glue/RTE/train.tsv.gz")
+@pytest.mark.parametrize("preset", ["tiny-decoder", "llama-tiny"])
+def test_cpu_smoke_runs_end_to_end(tmp_path, preset):
+    root = require_data("wikitext-2/wiki.train.tokens.xz", "wikitext-2/wiki.valid.tokens.gz",
+                        "wikitext-2/wiki.test.tokens.gz")
     out = tmp_path / "smoke"
-    assert study().main(["--cpu-smoke", "--data-dir", str(root), "--out", str(out)]) == 0
+    assert study().main(["--cpu-smoke", "--preset", preset, "--data-dir", str(root), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    kinds = [r["kind"] for r in summary["rows"]]
-    assert kinds == ["mha", "mqa", "gqa", "mhe-mul", "mhe-add", "sha"]
-    for r in summary["rows"][1:]:
-        assert r["ppl_converted"] > 1 and r["ppl_scratch"] > 1 and r["seeds_up_25pct"] == 1
-    assert (out / "uptrain.png").stat().st_size > 0 and "Same total steps" in (out / "RUN.md").read_text()
+    assert [r["kind"] for r in summary["rows"]] == ["mha", *KINDS]
+    assert summary["rows"][0]["ppl_converted"] > 1  # the source, scored
+    for r in summary["rows"][1:]:  # every stage ran for every kind
+        assert r["ppl_converted"] > 1 and r["ppl_naive"] > 1 and r["ppl_scratch"] > 1
+        assert r["ppl_up_25pct"] > 1 and r["seeds_up_25pct"] == 1
+    assert all(v is not None for v in summary["scores"].values()) and len(summary["scores"]) == 1 + 5 + 5
+    assert (out / "uptrain.png").stat().st_size > 0
+    assert (out / "summary.md").read_text().count("\n") == 2 + 6
+    run_md = (out / "RUN.md").read_text()
+    for part in ("## Reproduce", "## This run", "## What ran", "Same total steps", "| uptrain-sha-25pct-seed0 |"):
+        assert part in run_md
+    assert str(root) not in run_md and '--data-dir "$MHE_DATA"' in run_md  # no path of this machine
+    assert ("rope_order=rope-then-psi" in run_md) == (preset == "llama-tiny")
+    record = json.loads((out / "runs" / "convert-mhe-mul" / "config.json").read_text())
+    assert record["model"]["positions"] == ("rotary" if preset == "llama-tiny" else "learned")
+    assert record["model"]["attn_options"]["rope_order"] == "rope-then-psi"

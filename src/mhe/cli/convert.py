@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 from mhe.convert import TARGETS
-from mhe.convert.targets import MINIMISES
+from mhe.convert.options import parse_option_sets
 from mhe.convert.runs import SPLITS, ConvertOptions, convert_run
+from mhe.convert.targets import MINIMISES
 from mhe.experiments.tables import print_table
 from mhe.output_paths import default_run_dir
 
@@ -17,10 +18,15 @@ from mhe.output_paths import default_run_dir
 def convert_args(p):
     p.add_argument("--checkpoint", required=True,
                    help="the model to convert: a run folder (with config.json) or a Hugging Face checkpoint "
-                        "directory (GPT-2 LM or BERT MLM, as mhe.hf.import_hf reads)")
+                        "directory (GPT-2 LM, BERT MLM, or a Llama, Qwen2 or Mistral causal LM, as mhe.hf.import_hf "
+                        "reads)")
     p.add_argument("--attention", required=True, help=f"the kind to convert to: {', '.join(TARGETS)}")
     p.add_argument("--n-kv-heads", type=int, default=0,
                    help="K/V heads of a gqa target (default: n/4, the largest divisor of the head count not above it)")
+    p.add_argument("--set", action="append", default=[], metavar="model.attn_options.KEY=VALUE",
+                   help="an option of the target kind (repeatable), e.g. model.attn_options.rope_order=psi-then-rope "
+                        "for MHE under rotary positions (default rope-then-psi: the head embeddings act after the "
+                        "rotation, one K/V head cached); the fit honours it")
     p.add_argument("--out", default="", help="the run folder to write (default runs/convert-SOURCE-KIND); "
                                              "must not exist or be empty")
     p.add_argument("--no-align", dest="align", action="store_false",
@@ -46,14 +52,18 @@ def convert_args(p):
 
 def cmd_convert(args) -> int:
     out = args.out or str(default_run_dir("convert", Path(args.checkpoint).resolve().name, args.attention))
-    opts = ConvertOptions(kind=args.attention, n_kv_heads=args.n_kv_heads, align=args.align, naive=args.naive,
-                          evaluate=args.evaluate, split=args.split, calibration=args.calibration, data=args.data,
-                          data_dir=args.data_dir, device=args.device)
+    options = parse_option_sets(args.attention, args.set)  # before anything is read
+    opts = ConvertOptions(kind=args.attention, n_kv_heads=args.n_kv_heads, options=options, align=args.align,
+                          naive=args.naive, evaluate=args.evaluate, split=args.split, calibration=args.calibration,
+                          data=args.data, data_dir=args.data_dir, device=args.device)
     report = convert_run(args.checkpoint, out, opts, log=lambda m: print(m, file=sys.stderr))
     what = "naive initialisation" if args.naive else "fit"
     print(f"{report.source} -> {report.kind}: relative reconstruction error per sublayer, the {what} beside the "
           "mean of the heads (logits: each head's query-key form; value-output: its value-to-output map); "
           f"the fit minimises the {MINIMISES[report.kind]}")
+    if report.options.get("rotary"):
+        print(report.options["rotary"] + " (under RoPE the logits and weight-space errors are those at zero relative "
+              "distance)")
     print_table(*report.error_table("weight"))
     if report.has_output_errors():
         print(f"\nthe same on the projected outputs of {report.options['calibration_tokens']:,} calibration tokens:")

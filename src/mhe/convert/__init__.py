@@ -7,7 +7,8 @@
   with the score of the source and of the converted model before any training.
 """
 
-from mhe.convert.model import SOURCES, attention_modules, convert_model, input_stats
+from mhe.convert.model import SOURCES, convert_model
+from mhe.convert.stats import attention_modules, input_stats
 from mhe.convert.report import ConversionReport
 from mhe.convert.targets import TARGETS
 

@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from mhe.accounting import count_attention_params
-from mhe.convert.model import check_conversion, convert_model, input_stats
+from mhe.convert.model import check_conversion, convert_model
 from mhe.convert.report import ConversionReport
 from mhe.convert.sources import Source, data_task, load_source
+from mhe.convert.stats import input_stats
 from mhe.data.tokenize import save_tokenizer
 from mhe.errors import MheError
 from mhe.output_paths import check_output_dir, free_name
@@ -40,11 +41,12 @@ SPLITS = ("valid", "test")
 
 @dataclass
 class ConvertOptions:
-    """What ``mhe convert`` asks for: the target (``kind``, ``n_kv_heads``, ``align``,
+    """What ``mhe convert`` asks for: the target (``kind``, ``n_kv_heads``, ``options``, ``align``,
     ``naive``: see :func:`mhe.convert.convert_model`) and the source's options (:class:`Converter`)."""
 
     kind: str
     n_kv_heads: int = 0
+    options: dict | None = None
     align: bool = True
     naive: bool = False
     evaluate: bool = True
@@ -117,14 +119,14 @@ class Converter:
             self._source_score = score(self.task, self.src, self.src.model, self.split, self.device)
         return self._source_score
 
-    def convert(self, kind: str, out: str | Path | None, *, n_kv_heads: int = 0, align: bool = True,
-                naive: bool = False) -> tuple[nn.Module, ConversionReport]:
+    def convert(self, kind: str, out: str | Path | None, *, n_kv_heads: int = 0, options: dict | None = None,
+                align: bool = True, naive: bool = False) -> tuple[nn.Module, ConversionReport]:
         """The converted model and its report (scores included when evaluating); with ``out``,
-        also written there as a run folder."""
-        check_conversion(self.src.model.cfg, kind, n_kv_heads)  # before any data is read
+        also written there as a run folder. ``options``: the target's ``model.attn_options``."""
+        check_conversion(self.src.model.cfg, kind, n_kv_heads, options)  # before any data is read
         out = _check_out(Path(out)) if out is not None else None
-        model, report = convert_model(self.src.model, kind, n_kv_heads=n_kv_heads, calibration=self.stats(),
-                                      align=align, naive=naive)
+        model, report = convert_model(self.src.model, kind, n_kv_heads=n_kv_heads, options=options,
+                                      calibration=self.stats(), align=align, naive=naive)
         report.options.update({"source": str(self.src.path), "origin": self.src.origin, "notes": self.src.notes})
         if self.evaluate:
             report.scores = {"source": self.source_score(),
@@ -140,7 +142,8 @@ def convert_run(source_path: str | Path, out: str | Path, opts: ConvertOptions, 
     _check_out(Path(out))
     with Converter(source_path, data=opts.data, data_dir=opts.data_dir, device=opts.device, split=opts.split,
                    calibration=opts.calibration, evaluate=opts.evaluate, log=log) as conv:
-        return conv.convert(opts.kind, out, n_kv_heads=opts.n_kv_heads, align=opts.align, naive=opts.naive)[1]
+        return conv.convert(opts.kind, out, n_kv_heads=opts.n_kv_heads, options=opts.options, align=opts.align,
+                            naive=opts.naive)[1]
 
 
 def _check_out(out: Path) -> Path:

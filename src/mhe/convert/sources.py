@@ -23,6 +23,7 @@ from torch import nn
 from mhe.data.tokenize import SPECIALS, load_tokenizer, save_tokenizer
 from mhe.errors import MheError
 from mhe.models import PRESETS, build_model
+from mhe.models.config import cpu_sized
 from mhe.tasks import build_task
 from mhe.tasks.runs import load_run
 from mhe.training.checkpoint import latest_checkpoint
@@ -92,12 +93,19 @@ def _hf_source(path: Path, data: str, data_dir: str) -> Source:
     if tok.get_vocab_size() > model.cfg.vocab_size:
         model = grow_vocab(model, tok.get_vocab_size())
     task = PRETRAINING_TASKS[head]
-    preset_name = next(name for name, make in PRESETS.items()
-                       if not name.startswith("tiny-") and make().arch == model.cfg.arch)
+    preset_name = family_preset(model.cfg)
     run = default_run(task, preset_name, "mha", data)
     run.data.data_dir = data_dir
     cfg = RunConfig(task=task, preset=preset_name, model=model.cfg.replace(), train=run.train, data=run.data)
     return Source(model, cfg, tok, path, "huggingface", notes)
+
+
+def family_preset(cfg) -> str:
+    """The full-sized preset of the imported model's family, the one its run records (its model
+    settings are the checkpoint's own): ``gpt2-base``, ``bert-base`` or, for a Llama-style
+    decoder (rotary positions), ``llama-135m``."""
+    return next(name for name, make in PRESETS.items() if not cpu_sized(name) and make().arch == cfg.arch
+                and (make().positions == "rotary") == (cfg.positions == "rotary"))
 
 
 def hf_tokenizer(path: Path, vocab_size: int) -> tuple[Tokenizer, list[str]]:

@@ -11,10 +11,19 @@ fit is the unaligned one, so the aligned error is never larger (head alignment b
 rotation is used for merging heads in the literature, e.g. before averaging). Query heads that
 share a K/V head (GQA, MQA sources) share its rotation. Under rotary positions a rotation of the
 query/key dimensions does not commute with RoPE, so only values are aligned there.
+
+Errors under rotary positions. RoPE is orthogonal and acts alike on a source head's and a fitted
+head's projections, so the query/key errors on projected outputs are those of the unrotated
+projections, except for MHE-Add's offsets under ``rope-then-psi``, which act after the rotation:
+their output error, E||R_t C_i^T x~_t - e_i||^2 = tr(C_i^T G C_i) - 2 e_i . E[R_t C_i^T x~_t] +
+||e_i||^2 with C_i = A_i - W, is computed exactly from the rotated calibration means. The
+weight-space errors and the logits' bilinear form (``qk``), which RoPE makes position-dependent,
+are those at zero relative distance, with such offsets as at position 0.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,31 +31,9 @@ from torch import Tensor
 
 from mhe.convert.fit import procrustes, product_error, relative_error, sqrt_psd
 from mhe.convert.heads import ROLES, Heads
+from mhe.convert.rotary import RotaryFit
+from mhe.convert.stats import InputStats
 from mhe.convert.targets import Fitted, fit_target
-
-
-@dataclass(frozen=True)
-class InputStats:
-    """Calibration statistics of one sublayer's input: ``mean`` ``[m]`` and ``second`` E[x x^T]
-    ``[m, m]`` (float64) over ``count`` tokens."""
-
-    mean: Tensor
-    second: Tensor
-    count: int
-
-    def gram(self) -> Tensor:
-        """E[x~ x~^T] of the augmented input x~ = [x, 1] ``[m+1, m+1]``: output-space norms."""
-        m = self.mean.shape[0]
-        g = torch.empty(m + 1, m + 1, dtype=torch.float64)
-        g[:m, :m], g[:m, m], g[m, :m], g[m, m] = self.second, self.mean, self.mean, 1.0
-        return g
-
-    def centred_gram(self) -> Tensor:
-        """The covariance of x~ (zero in the bias row): MHE-Add's objective once offsets are fitted."""
-        m = self.mean.shape[0]
-        g = torch.zeros(m + 1, m + 1, dtype=torch.float64)
-        g[:m, :m] = self.second - torch.outer(self.mean, self.mean)
-        return g
 
 
 ERROR_ROLES = ("q", "k", "v", "qk", "vo")
@@ -68,7 +55,7 @@ class SublayerResult:
 
 
 def convert_sublayer(h: Heads, kind: str, *, kv_heads: int = 1, stats: InputStats | None = None,
-                     align: bool = False, align_iters: int = 20, qk_groups: list[list[int]] | None = None,
+                     align: bool = False, align_iters: int = 20, rotary: RotaryFit | None = None,
                      naive: bool = False) -> SublayerResult:
     """Convert one multi-head sublayer to ``kind`` (see :func:`mhe.convert.targets.fit_target`).
 
@@ -79,33 +66,35 @@ def convert_sublayer(h: Heads, kind: str, *, kv_heads: int = 1, stats: InputStat
         stats: calibration statistics of the sublayer's input (MHE-Add's fit, output errors).
         align: rotate the heads towards the fit first (module docstring).
         align_iters: alternations of fit and Procrustes.
-        qk_groups: query/key columns sharing one scale (rotary pairs); also turns off the
-            query/key alignment, which RoPE does not allow.
+        rotary: how rotary positions constrain the fit (:mod:`mhe.convert.rotary`; None:
+            absolute positions); it also turns off the query/key alignment.
         naive: write the naive initialisation (mean of the heads, zero embeddings) instead.
     """
-    x_mean = stats.mean if stats is not None else None
-
     def fit(heads: Heads, baseline: bool = False) -> Fitted:
-        return fit_target(heads, kind, kv_heads=kv_heads, naive=baseline, x_mean=x_mean, qk_groups=qk_groups)
+        return fit_target(heads, kind, kv_heads=kv_heads, naive=baseline, stats=stats, rotary=rotary)
 
     aligned = h
     if align and not naive and kind != "sha":  # SHA's fit does not depend on rotations
         metric = stats.centred_gram() if kind == "mhe-add" and stats is not None else None
-        aligned = _align(h, fit, metric, align_iters, rotate_qk=qk_groups is None)
+        aligned = _align(h, fit, metric, align_iters, rotate_qk=rotary is None)
     fitted = fit(aligned, baseline=naive)
     base = fit(h, baseline=True)
-    spaces = {"weight": (None, None)}
+    spaces = {"weight": (None, None, None)}
     if stats is not None:
-        spaces["output"] = (stats.gram(), sqrt_psd(stats.gram()))
+        spaces["output"] = (stats, stats.gram(), sqrt_psd(stats.gram()))
     errors = {r: {space: (_error(r, aligned, fitted, *g), _error(r, h, base, *g)) for space, g in spaces.items()}
               for r in ERROR_ROLES}
     return SublayerResult(fitted.state, errors)
 
 
-def _error(role: str, h: Heads, f: Fitted, gram: Tensor | None, root: Tensor | None) -> float:
+def _error(role: str, h: Heads, f: Fitted, stats: InputStats | None, gram: Tensor | None,
+           root: Tensor | None) -> float:
     """The relative error of ``role`` (:data:`ERROR_ROLES`) of the fit ``f`` to the heads ``h``
-    (``gram``/``root``: the calibration second moment and its square root; None: weights)."""
+    (``stats``, ``gram``, ``root``: the calibration statistics, second moment and its square
+    root; None: weights)."""
     eff = f.effective
+    if role in f.rotated_offsets and stats is not None:
+        return _rotated_error(h.role(role), eff[role], f.rotated_offsets[role], stats, gram)
     if role in ROLES:
         return relative_error(h.role(role), eff[role], gram)
     if role == "qk":
@@ -114,6 +103,17 @@ def _error(role: str, h: Heads, f: Fitted, gram: Tensor | None, root: Tensor | N
     if f.summed_outputs:  # sum_i A_i O_i^T as one product of the heads side by side: [1, *, n*d]
         parts = tuple(x.transpose(0, 1).reshape(1, x.shape[1], -1) for x in parts)
     return product_error(*parts, root, None)
+
+
+def _rotated_error(a: Tensor, eff: Tensor, e: Tensor, stats: InputStats, gram: Tensor) -> float:
+    """The output-space relative error of heads ``eff`` ``[n, p, d]`` whose offsets ``e``
+    ``[n, d]`` (in their bias row) act after RoPE, to the source heads ``a`` (module docstring)."""
+    shared = eff.clone()
+    shared[:, -1] -= e  # [n, p, d]: the shared projection, without the offsets
+    c = a - shared
+    num = torch.einsum("npd,pq,nqd->", c, gram, c) - 2 * (e * stats.rotated_mean(c)).sum() + e.pow(2).sum()
+    den = torch.einsum("npd,pq,nqd->", a, gram, a)
+    return math.sqrt(max(float(num), 0.0) / float(den)) if float(den) > 0 else 0.0
 
 
 def _align(h: Heads, fit, metric: Tensor | None, iters: int, *, rotate_qk: bool) -> Heads:

@@ -18,7 +18,10 @@ head embeddings zero, output projection kept.
   For fixed W the best offset is the column mean of the residual, b + e_i = b_i + x_bar (W_i - W);
   what is left is (X - 1 x_bar)(W_i - W), minimised by W = mean_i W_i. So W and b are the
   means of the heads and e_i = x_bar (W_i - W) + (b_i - b) = [x_bar, 1] (A_i - mean A); without
-  calibration (x_bar = 0) the offsets take only the bias differences.
+  calibration (x_bar = 0) the offsets take only the bias differences. Under rotary positions
+  with ``rope_order="rope-then-psi"`` the query/key offsets act after the rotation, and the best
+  ones are the means of the rotated residuals, e_i = mean_t R_t (A_i - W)^T x~_t, exactly
+  computable from calibration moments (:mod:`mhe.convert.rotary`); W is still the mean.
 * ``sha``: one head of width d whose output projection is tiled n times, i.e. projects with the
   sum of its column blocks (``attention/single_head.py``). One attention pattern serves every
   head, so what can be matched is the mean of the heads' logit forms, (1/n) sum_i A^Q_i A^K_i^T,
@@ -30,17 +33,23 @@ head embeddings zero, output projection kept.
   bilinear form of the inputs, so the queries and keys take the MHE-Mul fit folded to one
   pattern instead: W^Q diag(mean_i (1+eQ_i)(1+eK_i)) and W^K, with scales shared within rotary
   pairs.
+
+Under rotary positions, ``mhe-mul``'s query/key scales are shared within each rotary pair when
+the head embeddings act after the rotation (``rope-then-psi``) and free under ``psi-then-rope``
+(:class:`~mhe.convert.rotary.RotaryFit`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from mhe.convert.fit import expand_groups, group_means, low_rank_factors, rank1_scales
 from mhe.convert.heads import ROLES, Heads, linear_state, out_state
+from mhe.convert.rotary import RotaryFit
+from mhe.convert.stats import InputStats
 
 TARGETS = ("mhe-mul", "mhe-add", "mqa", "gqa", "sha")
 """The kinds a multi-head model converts to."""
@@ -63,10 +72,13 @@ class Fitted:
     effective: dict[str, Tensor]
     fitted_roles: tuple[str, ...]
     summed_outputs: bool = False  # SHA: its heads share one pattern, so only their summed output counts
+    rotated_offsets: dict[str, Tensor] = field(default_factory=dict)
+    """MHE-Add under ``rope-then-psi``: role -> the offsets ``[n, d]`` that act after the rotation
+    (``effective`` carries them in its bias row, i.e. as at position 0, where R_0 = I)."""
 
 
-def fit_target(h: Heads, kind: str, *, kv_heads: int = 1, naive: bool = False, x_mean: Tensor | None = None,
-               qk_groups: list[list[int]] | None = None) -> Fitted:
+def fit_target(h: Heads, kind: str, *, kv_heads: int = 1, naive: bool = False, stats: InputStats | None = None,
+               rotary: RotaryFit | None = None) -> Fitted:
     """The ``kind`` sublayer fitted to ``h``.
 
     Args:
@@ -74,16 +86,17 @@ def fit_target(h: Heads, kind: str, *, kv_heads: int = 1, naive: bool = False, x
         kind: one of :data:`TARGETS`.
         kv_heads: K/V heads of a ``gqa`` target (``mqa``: 1).
         naive: the mean of the heads and zero head embeddings instead of the fit.
-        x_mean: ``[m]``, the mean calibration input (``mhe-add``); None: zero.
-        qk_groups: query/key columns that share one MHE-Mul scale (rotary pairs).
+        stats: calibration statistics of the sublayer's input (``mhe-add``'s offsets); None: a
+            zero mean input.
+        rotary: how rotary positions constrain the fit (None: absolute positions).
     """
     if kind in ("mqa", "gqa"):
         return _pooled(h, 1 if kind == "mqa" else kv_heads)
     if kind == "mhe-add":
-        return _add(h, naive, x_mean)
+        return _add(h, naive, stats, rotary is not None and rotary.psi_after)
     if kind == "sha":
-        return _sha(h, naive, qk_groups)
-    return _mul(h, *_mul_fit(h, naive, qk_groups))
+        return _sha(h, naive, rotary.pairs if rotary else None)
+    return _mul(h, *_mul_fit(h, naive, rotary.scale_groups() if rotary else None))
 
 
 def _pooled(h: Heads, groups: int) -> Fitted:
@@ -137,19 +150,25 @@ def _sha(h: Heads, naive: bool, qk_groups) -> Fitted:
     return Fitted(state, eff, ROLES, summed_outputs=True)
 
 
-def _add(h: Heads, naive: bool, x_mean: Tensor | None) -> Fitted:
+def _add(h: Heads, naive: bool, stats: InputStats | None, rotated: bool) -> Fitted:
+    """MHE-Add (module docstring); ``rotated``: the query/key offsets act after RoPE."""
     xt = torch.zeros(h.m + 1, dtype=h.q.dtype)
     xt[-1] = 1.0
-    if x_mean is not None:
-        xt[:-1] = x_mean
-    w, e, eff = {}, [], {}
+    if stats is not None:
+        xt = stats.augmented_mean()
+    w, e, eff, after = {}, [], {}, {}
     for r in ROLES:
         a = h.role(r)
         w[r] = a.mean(0)  # [p, d]: W and b, the means of the heads
-        e_r = torch.zeros(h.n, h.d, dtype=a.dtype) if naive else torch.einsum("p,npd->nd", xt, a - w[r])
+        if naive:
+            e_r = torch.zeros(h.n, h.d, dtype=a.dtype)
+        elif rotated and r != "v" and stats is not None:
+            e_r = after[r] = stats.rotated_mean(a - w[r])  # the mean rotated residual
+        else:
+            e_r = torch.einsum("p,npd->nd", xt, a - w[r])
         e.append(e_r)
         eff_r = w[r][None].repeat(h.n, 1, 1)
-        eff_r[:, -1] += e_r  # the offset acts as a per-head bias
+        eff_r[:, -1] += e_r  # the offset as a per-head bias (after RoPE: as at position 0)
         eff[r] = eff_r
     state = {**_shared_state(w, h.bias), **out_state(h.out, h.out_bias), "head_embed": torch.stack(e)}
-    return Fitted(state, {**eff, "o": h.out}, ROLES)
+    return Fitted(state, {**eff, "o": h.out}, ROLES, rotated_offsets=after)

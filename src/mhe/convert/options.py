@@ -1,0 +1,52 @@
+"""The converted sublayers' options: the target kind's ``model.attn_options`` (GQA's K/V heads,
+MHE's ``rope_order``, ...), from ``--n-kv-heads`` and ``--set model.attn_options.KEY=VALUE``.
+
+A conversion changes the attention kind and nothing else, so ``--set`` takes only the target
+kind's own options; every other setting is the source's (its shapes are the fitted weights').
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mhe.attention.registry import options_class
+from mhe.convert.targets import TARGETS
+from mhe.errors import MheError
+from mhe.settings import set_path, typed_options
+
+PREFIX = "model.attn_options."
+
+
+def parse_option_sets(kind: str, items: list[str] | tuple[str, ...]) -> dict:
+    """``--set model.attn_options.KEY=VALUE`` items as ``{KEY: value}``, each parsed and checked by
+    the type of ``kind``'s option of that name (one-line errors name the item and what is allowed)."""
+    if kind not in TARGETS:
+        raise MheError(f"cannot convert to attention kind {kind!r}; valid targets: {', '.join(TARGETS)}")
+    cls = options_class(kind)
+    opts = cls()
+    given = []
+    for item in items or ():
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise MheError(f"--set takes KEY=VALUE, got {item!r}")
+        if not key.startswith(PREFIX) or key == PREFIX:
+            names = ", ".join(f.name for f in dataclasses.fields(cls)) or "none"
+            raise MheError(f"convert --set {key!r} is not allowed: a conversion keeps the source's model and takes "
+                           f"only {PREFIX}KEY of the target kind {kind!r} (keys: {names})")
+        path = key[len(PREFIX):].split(".")
+        opts = set_path(opts, path, raw, key)
+        given.append(path[0])
+    return {name: getattr(opts, name) for name in given}
+
+
+def target_options(kind: str, n_kv_heads: int = 0, options: dict | None = None):
+    """The options dataclass the ``kind`` sublayers are built with: ``options`` (a dict, as
+    :func:`parse_option_sets` gives) with ``n_kv_heads`` (gqa; 0: the kind's default)."""
+    values = dict(options or {})
+    if n_kv_heads:
+        given = values.get("n_kv_heads", n_kv_heads)
+        if given != n_kv_heads:
+            raise MheError(f"--n-kv-heads {n_kv_heads} and --set {PREFIX}n_kv_heads={given} disagree; give one")
+        values["n_kv_heads"] = n_kv_heads
+    return typed_options(options_class(kind), values, "model.attn_options", f"attention kind {kind!r}")
