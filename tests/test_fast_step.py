@@ -218,6 +218,35 @@ def test_compile_setting_and_the_eager_fallback(tmp_path, monkeypatch):
     assert [r["loss"] for r in compiled] == [r["loss"] for r in eager]
 
 
+def test_a_backward_pass_the_compiler_cuts_short_leaves_no_partial_gradient(tmp_path, monkeypatch):
+    """The compiled module fails in the backward pass after the blocks' gradients exist (at the
+    embedding): the eager retry starts from no gradients, so the run trains as eager does."""
+
+    class FailsLate(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *a, **kw):
+            def cut(module, args, out):
+                out.register_hook(lambda g: (_ for _ in ()).throw(RuntimeError("inductor failed in backward")))
+
+            handle = self.inner.decoder.embed.register_forward_hook(cut)
+            try:
+                return self.inner(*a, **kw)
+            finally:
+                handle.remove()
+
+    monkeypatch.setattr(step_module.torch, "compile", lambda m, **kw: FailsLate(m))
+    notes = []
+    Trainer(recall_run("train.compile=true", "train.log_every=1"), RecallTask(), tmp_path / "c", log=notes.append).fit()
+    Trainer(recall_run("train.log_every=1"), RecallTask(), tmp_path / "e", log=quiet).fit()
+    assert notes == ["torch.compile cannot compile this configuration (RuntimeError: inductor failed in backward); "
+                     "training eagerly"]
+    compiled, eager = (read_metrics(tmp_path / d / "metrics.jsonl") for d in "ce")
+    assert [(r["loss"], r["grad_norm"]) for r in compiled] == [(r["loss"], r["grad_norm"]) for r in eager]
+
+
 def test_only_rank_0_prints_under_torchrun(tmp_path, capsys, monkeypatch):
     args = ["params", "--preset", "bert-base"]
     assert main(args) == 0

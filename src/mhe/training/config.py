@@ -25,6 +25,8 @@ from mhe.settings import build, check_fields, field_types, nondefault, parse_tex
 
 Schedule = Literal["linear", "cosine", "cosine_restarts", "constant", "inverse_sqrt"]
 Precision = Literal["auto", "fp32", "bf16"]
+Parallel = Literal["auto", "ddp", "fsdp"]
+Checkpointing = Literal["none", "full", "selective"]
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
@@ -61,6 +63,9 @@ class TrainConfig:
     patience: int = setting(0, ge=0)           # early stopping: evaluations without improvement (0: off)
     precision: Precision = "auto"              # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     compile: bool | Literal["auto"] = "auto"   # torch.compile the model; auto: on CUDA (compile_wanted)
+    parallel: Parallel = "auto"                # several processes: ddp (auto) copies the model, fsdp shards it
+    activation_checkpointing: Checkpointing = "none"  # full: recompute every block's activations in the
+                                               # backward pass; selective: every other block (training/activation_checkpointing.py)
     progress: bool = True
     tensorboard: bool = False
     device: str = "auto"                       # auto | cpu | cuda | cuda:N | mps
@@ -68,7 +73,7 @@ class TrainConfig:
 
 # train.* settings that change how a run is carried out, not what it computes: outside the hash
 OPERATIONAL_TRAIN_KEYS = ("stop_at", "log_every", "eval_every", "save_every", "keep_last", "keep_checkpoints",
-                          "progress", "tensorboard", "device", "compile")
+                          "progress", "tensorboard", "device", "compile", "parallel", "activation_checkpointing")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 AdamW (fused on CUDA) with LambdaLR schedules, gradient accumulation and clipping, bf16
 autocast on GPU (fp32 on CPU), ``torch.compile`` (by default on CUDA), evaluation every N
 steps with early stopping, atomic checkpoints with exact resume, SIGINT/SIGTERM
-handling, DDP under ``torchrun`` with the same global batch as one process.
+handling, DDP or FSDP under ``torchrun`` with the same global batch as one process
+(:mod:`mhe.training.parallel`), activation checkpointing.
 The run's state lives in one :class:`~mhe.training.state.TrainerState`.
 
 On a GPU a step never waits for the device: the next batch is prepared during the step
@@ -18,7 +19,6 @@ import contextlib
 import copy
 import dataclasses
 import math
-import platform
 import shutil
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from mhe.training.atomic import remove_temporaries, write_json_atomic
 from mhe.training.batches import BatchOrder
 from mhe.training.config import RunConfig, compile_wanted
 from mhe.training.optim import build_optimizer
+from mhe.training.parallel import Parallel
 from mhe.training.prefetch import Prefetcher
 from mhe.training.run_files import (CONFIG, METRICS, RESULTS, differences, is_run_dir, read_results, read_run_record,
                                     run_config_from_dict, truncate_metrics)
@@ -86,7 +87,7 @@ class Trainer:
             return self._already_finished(dist)
         model, state = self._build(dist)
         step = StepModule(model, dist, compiled=compile_wanted(t, dist.device),
-                          note=self.log if dist.main else lambda _: None)
+                          note=self.log if dist.main else lambda _: None, mode=self.parallel.mode)
         ahead = dist.device.type == "cuda" if self.prefetch is None else self.prefetch
         data = Prefetcher(state.data, self.task.collate, dist.device, ahead=ahead)
         stop = min(t.stop_at, t.steps) if t.stop_at else t.steps
@@ -95,7 +96,7 @@ class Trainer:
                 self.out, main=dist.main, log_every=t.log_every, start=state.step, stop=stop,
                 progress=t.progress, tensorboard=t.tensorboard)) as log:
             while state.step < stop:
-                if watch.signal is not None:
+                if dist.agreed_signal(watch.signal) is not None:  # every process stops here
                     status = "interrupted"
                     break
                 tokens = train_step(step, data, state, self.task, t, dist, self.window)
@@ -104,7 +105,7 @@ class Trainer:
                 values = self._settle(dist) if log.due(state.step) or saving or evaluating else None
                 metrics = self._evaluate_if_due(model, state, data, dist)
                 log.step(state.step, tokens=tokens, lr=state.scheduler.get_last_lr()[0], values=values,
-                         metrics=metrics, memory=_peak_memory(dist.device))
+                         metrics=metrics, memory=distributed.peak_memory(dist.device))
                 if t.patience and state.bad_evals >= t.patience:
                     status = "early_stopped"
                     break
@@ -115,11 +116,16 @@ class Trainer:
             if t.keep_checkpoints or status not in DONE:
                 self._save(model, state, data, dist)
         self._settle(dist)
-        return self._finish(model, state, status, watch.signal, dist)
+        return self._finish(model, state, status, dist.agreed_signal(watch.signal), dist)
 
     # ------------------------------------------------------------------ setup
     def _start(self) -> distributed.Dist:
         dist = distributed.setup(self.cfg.train.device)
+        try:
+            self.parallel = Parallel.resolve(self.cfg.train, dist)
+        except MheError:
+            distributed.teardown()
+            raise
         if dist.main:
             self._prepare_dir()
         dist.barrier()
@@ -164,7 +170,7 @@ class Trainer:
     def _build(self, dist) -> tuple[torch.nn.Module, TrainerState]:
         t = self.cfg.train
         seed_all(t.seed)
-        model = self.task.setup(self.cfg, self.out, dist).to(dist.device)
+        model = self.task.setup(self.cfg, self.out, dist).to(self.parallel.home)
         if dist.device.type == "cuda":  # full tensor-core tiles; the state dicts keep the real vocabulary
             pad_vocabulary(model)
         if t.epochs > 0:  # the schedule follows the data: epochs x batches per epoch
@@ -172,13 +178,14 @@ class Trainer:
             t.steps = max(1, math.ceil(t.epochs * per_epoch))
             t.eval_every = t.eval_every or per_epoch
         if dist.main:
-            self._write_config(model)
+            self._write_config(model, dist)
         opt, sched = build_optimizer(model, t)
         pad_optimizer_state(opt, model)
         order = BatchOrder(self.task.n_train_items(), t.batch_size, seed=t.seed, rank=dist.rank, world=dist.world)
         state = TrainerState(opt, sched, order, config_hash=self.cfg_hash)
         if self.resume:
             self._resume(model, state, dist)
+        self.parallel.prepare(model, state, t, log=self.log)  # FSDP: sharded, the optimiser moved onto the shards
         if dist.main and truncate_metrics(self.out / METRICS, state.step):  # a killed attempt's records
             self.log(f"cut {self.out / METRICS} back to step {state.step}")
         return model, state
@@ -198,12 +205,12 @@ class Trainer:
         if dist.main:
             self.log(f"resuming from {last} (step {state.step})")
 
-    def _write_config(self, model) -> None:
+    def _write_config(self, model, dist) -> None:
         write_json_atomic(self.out / CONFIG, {
             "run": self.original.to_dict(), "resolved_train": dataclasses.asdict(self.cfg.train),
             "model": model.cfg.to_dict(), "config_hash": self.cfg_hash,
             "attention_params": count_attention_params(model), "torch": torch.__version__,
-            "device": _device_name(next(model.parameters()).device),
+            "device": distributed.device_name(dist.device),
         })
 
     def _settle(self, dist) -> dict | None:
@@ -218,9 +225,10 @@ class Trainer:
             return None
         self._settle(dist)  # nothing past a non-finite step is evaluated
         data.rewind()
-        metrics = self._evaluate(model)
-        if state.improved(metrics[self.task.metric], self.task.higher_is_better) and dist.main:
-            save_best(self.out, model, state.step, state.best)
+        with self.parallel.full(model) as full:
+            metrics = self._evaluate(full)
+            if state.improved(metrics[self.task.metric], self.task.higher_is_better) and dist.main:
+                save_best(self.out, full, state.step, state.best)
         return metrics
 
     def _evaluate(self, model) -> dict:
@@ -231,9 +239,11 @@ class Trainer:
     def _save(self, model, state: TrainerState, data: Prefetcher, dist) -> None:
         self._settle(dist)  # nothing past a non-finite step is saved
         data.rewind()  # the data position and random generators as the steps left them
-        if dist.main:
-            self.last_saved = ckpt.save_checkpoint(self.out / "checkpoints", model=model, state=state.state_dict(),
-                                                   keep_last=self.cfg.train.keep_last)
+        snapshot = state.state_dict()  # FSDP: the optimiser's shards gathered (on every process)
+        with self.parallel.full(model) as full:
+            if dist.main:
+                self.last_saved = ckpt.save_checkpoint(self.out / "checkpoints", model=full, state=snapshot,
+                                                       keep_last=self.cfg.train.keep_last)
         dist.barrier()
 
     def _nonfinite(self, step, what, value) -> TrainingStopped:
@@ -250,12 +260,14 @@ class Trainer:
                 self.log(f"interrupted at step {state.step}; checkpoint saved to {self.last_saved}; "
                          "continue with --resume")
         if status in DONE:
-            if state.best is not None and has_best(self.out):
-                load_best(self.out, model)
-            if dist.main:
-                which = f"the best weights (step {state.best_step})" if state.best is not None else f"step {state.step}"
-                note(f"final evaluation ({self.task.name}) of {which}", enabled=self.cfg.train.progress)
-            result = {"step": state.step, **self._summary(model, state.step, status), **self.task.final(model)}
+            state.optimizer.state.clear()  # the moments are saved or done with: room for FSDP's gathered copy
+            with self.parallel.full(model) as full:  # FSDP: the gathered weights
+                if state.best is not None and has_best(self.out):
+                    load_best(self.out, full)
+                if dist.main:
+                    which = f"the best weights (step {state.best_step})" if state.best is not None else f"step {state.step}"
+                    note(f"final evaluation ({self.task.name}) of {which}", enabled=self.cfg.train.progress)
+                result = {"step": state.step, **self._summary(full, state.step, status), **self.task.final(full)}
             if dist.main:
                 write_json_atomic(self.out / RESULTS, result)
                 if not self.cfg.train.keep_checkpoints:  # the results are safe: free the disk (sweeps of short runs)
@@ -272,16 +284,3 @@ class Trainer:
                 "total_params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
                 - padding_numel(model),
                 "steps": step, "status": status, "config_hash": self.cfg_hash}
-
-
-def _peak_memory(device: torch.device) -> float | None:
-    """GiB the allocator has held at most on a CUDA device (a host-side counter: no sync)."""
-    return torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
-
-
-def _device_name(device: torch.device) -> str:
-    """The card a run trained on, for the record (results must name it)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
-

@@ -66,10 +66,15 @@ class RunLog:
 
 class SignalWatch:
     """While active, the first SIGINT/SIGTERM is recorded (the loop stops at the next step,
-    saves and reports it); a second one stops at once with ``KeyboardInterrupt``."""
+    saves and reports it); a second one stops at once with ``KeyboardInterrupt``. The same
+    signal again within ``REPEAT_S`` seconds counts as the first: Ctrl-C in a terminal reaches
+    the processes of a ``torchrun`` from the terminal and again from torchrun, which forwards it."""
+
+    REPEAT_S = 1.0
 
     def __init__(self) -> None:
         self.signal: int | None = None
+        self._at = 0.0
         self._old: dict = {}
 
     def __enter__(self) -> "SignalWatch":
@@ -85,8 +90,10 @@ class SignalWatch:
 
     def _on_signal(self, signum, frame) -> None:
         if self.signal is not None:
+            if signum == self.signal and time.monotonic() - self._at < self.REPEAT_S:
+                return
             raise KeyboardInterrupt
-        self.signal = signum
+        self.signal, self._at = signum, time.monotonic()
 
 
 def _progress(start, total):

@@ -3,8 +3,11 @@
 :class:`StepModule` is the module the steps call: the model, wrapped for DDP when several
 processes train (wrapped first, then compiled, so that dynamo's DDP optimiser splits the
 graph at the gradient buckets and each bucket's all-reduce overlaps the rest of the backward
-pass), and compiled where :func:`~mhe.training.config.compile_wanted` says so. A
-configuration that torch.compile cannot handle trains eagerly after a one-line note.
+pass), and compiled where :func:`~mhe.training.config.compile_wanted` says so. Under FSDP the
+model is already sharded (:mod:`mhe.training.fsdp`) and each transformer block's forward is
+compiled on its own, as torchtitan does, between the hooks that gather and free its weights.
+A configuration that torch.compile cannot handle trains eagerly after a one-line note (under
+FSDP it stops with a one-line error: a pass cut short leaves the shards' state behind).
 
 :class:`StepWindow` keeps each step's loss and gradient norm as device tensors and reads them
 once per log interval (one host synchronisation instead of four per step). A non-finite value
@@ -21,29 +24,45 @@ from typing import Callable
 import torch
 
 from mhe.errors import MheError
+from mhe.training.activation_checkpointing import transformer_blocks
 from mhe.training.config import TrainConfig
 from mhe.training.distributed import Dist
+from mhe.training.fsdp import plain
 from mhe.training.prefetch import Prefetcher
 from mhe.training.state import TrainerState
 from mhe.training.task import Task
 
 
 class StepModule:
-    """The (DDP-wrapped, compiled) module of a run; ``net`` is what the steps call."""
+    """The (DDP-wrapped, compiled) module of a run; ``net`` is what the steps call. ``mode``:
+    ``none``, ``ddp`` or ``fsdp`` (:class:`~mhe.training.parallel.Parallel`)."""
 
-    def __init__(self, model: torch.nn.Module, dist: Dist, *, compiled: bool, note: Callable[[str], None]) -> None:
-        self.model, self.note = model, note
+    def __init__(self, model: torch.nn.Module, dist: Dist, *, compiled: bool, note: Callable[[str], None],
+                 mode: str = "ddp") -> None:
+        self.model, self.note, self.dist = model, note, dist
+        self.ddp = mode == "ddp" and dist.world > 1
         self.eager = model
-        if dist.world > 1:
+        self.blocks: list[tuple[torch.nn.Module, Callable]] = []  # FSDP: (block, its eager forward)
+        if self.ddp:
             ids = [dist.local_rank] if dist.device.type == "cuda" else None
             self.eager = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
-        self.net = torch.compile(self.eager) if compiled else self.eager
+        if compiled and mode == "fsdp":
+            self.blocks = [(block, block.forward) for block in transformer_blocks(model)]
+            for block, forward in self.blocks:
+                block.forward = torch.compile(forward)
+        self.net = torch.compile(self.eager) if compiled and mode != "fsdp" else self.eager
         self.proven = not compiled  # a compiled module is proven by its first micro-step
+
+    def sync(self, last: bool):
+        """The context of a micro-step: DDP's all-reduce waits for the last micro-batch of the step
+        (FSDP reduces every micro-batch's gradients into the shards)."""
+        return self.net.no_sync() if self.ddp and not last else contextlib.nullcontext()
 
     def run(self, micro_step: Callable[[torch.nn.Module], object]):
         """``micro_step(net)`` (forward and backward of one micro-batch); if compiling fails on the
         first one, note it and run it (and every later one) eagerly. An error the eager module
-        raises as well is the configuration's own and is raised."""
+        raises as well is the configuration's own and is raised. Under FSDP a compile failure is
+        a one-line error naming ``train.compile=false``."""
         if self.proven:
             return micro_step(self.net)
         try:
@@ -51,9 +70,13 @@ class StepModule:
         except MheError:
             raise
         except Exception as e:  # noqa: BLE001  dynamo, inductor or a missing compiler
-            self.net = self.eager
-            out = micro_step(self.net)
             first = (str(e).strip().splitlines() or [""])[0][:160]
+            if self.blocks:  # FSDP's gather/free state cannot be rewound from a pass cut short
+                raise MheError(f"torch.compile cannot compile this configuration under FSDP ({type(e).__name__}: "
+                               f"{first}); set train.compile=false to train it eagerly") from e
+            self.net = self.eager
+            self.model.zero_grad(set_to_none=True)  # a backward pass cut short leaves partial gradients
+            out = micro_step(self.net)
             self.note(f"torch.compile cannot compile this configuration ({type(e).__name__}: {first}); "
                       "training eagerly")
         self.proven = True
@@ -105,8 +128,7 @@ def train_step(step: StepModule, data: Prefetcher, state: TrainerState, task: Ta
     loss_sum, n_tok = 0.0, 0
 
     def micro_step(net, batch, last):
-        with (net.no_sync() if dist.world > 1 and not last else contextlib.nullcontext()), \
-                torch.autocast(dist.device.type, dtype=amp, enabled=amp is not None):
+        with step.sync(last), torch.autocast(dist.device.type, dtype=amp, enabled=amp is not None):
             loss, n = task.loss(net, batch)
         (loss / t.grad_accum).backward()
         return loss.detach(), n
@@ -116,7 +138,8 @@ def train_step(step: StepModule, data: Prefetcher, state: TrainerState, task: Ta
         loss, n = step.run(lambda net: micro_step(net, batch, micro == t.grad_accum - 1))
         data.prepare()  # the next batch, while the device runs this one's backward pass
         loss_sum, n_tok = loss_sum + loss / t.grad_accum, n_tok + n
-    gnorm = torch.nn.utils.clip_grad_norm_(step.model.parameters(), t.clip_norm if t.clip_norm > 0 else float("inf"))
+    max_norm = t.clip_norm if t.clip_norm > 0 else float("inf")
+    gnorm = plain(torch.nn.utils.clip_grad_norm_(step.model.parameters(), max_norm))  # FSDP: of every shard
     state.optimizer.step()
     state.scheduler.step()
     state.optimizer.zero_grad(set_to_none=True)
