@@ -6,6 +6,7 @@ hand-built causal mask; weights are read from the module under test.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -27,20 +28,60 @@ def softmax_attention(q, k, v, *, causal=False, key_mask=None, offset=0):
     return torch.softmax(scores, dim=-1) @ v
 
 
+@functools.lru_cache(maxsize=None)
+def rope_cos_sin(pos: int, i: int, width: int, base: float) -> tuple[float, float]:
+    """cos and sin of theta_i at ``pos`` for pair ``i`` of a rotary width ``width``, rounded as
+    Llama's code rounds them: every step in float32 (2i / r, base^that, its inverse, times the
+    position, then cos and sin)."""
+    f32 = torch.float32
+    exponent = torch.tensor(2 * i, dtype=f32) / width
+    inv = 1.0 / (torch.tensor(float(base), dtype=f32) ** exponent)
+    theta = torch.tensor(float(pos), dtype=f32) * inv
+    return float(torch.cos(theta)), float(torch.sin(theta))
+
+
+def rope_reference(x, positions, *, base, fraction=1.0):
+    """RoPE pair by pair (Su et al. 2021, Eq. 34, half-split pairs (i, i + r/2) as in Llama):
+    x [B, T, d] (one head), positions [B, T] -> [B, T, d]. The first r = int(fraction * d)
+    dimensions are rotated, the rest pass through (:func:`rope_cos_sin` for the constants)."""
+    d = x.shape[-1]
+    r = int(d * fraction)
+    h = r // 2
+    first, second = [], []
+    for i in range(h):
+        cs = [[rope_cos_sin(int(p), i, r, base) for p in row] for row in positions.tolist()]
+        c = torch.tensor([[v[0] for v in row] for row in cs], dtype=x.dtype)  # [B, T]
+        s = torch.tensor([[v[1] for v in row] for row in cs], dtype=x.dtype)
+        a, z = x[..., i], x[..., i + h]
+        first.append(a * c - z * s)
+        second.append(z * c + a * s)
+    return torch.cat([torch.stack(first, -1), torch.stack(second, -1), x[..., r:]], -1)
+
+
 def _lin(x, layer, rows=None):
     w = layer.weight if rows is None else layer.weight[rows]
     b = layer.bias if (layer.bias is None or rows is None) else layer.bias[rows]
     return x @ w.T + (0 if b is None else b)
 
 
-def reference_forward(mod, x, *, context=None, mask=None):
-    """The kind's equations head by head; returns [B, T, m]."""
+def reference_forward(mod, x, *, context=None, mask=None, positions=None):
+    """The kind's equations head by head; returns [B, T, m]. With rotary positions (the
+    module's ``rotary``; ``positions`` [B, T], default 0 .. T-1) every head's query and key are
+    rotated by :func:`rope_reference`; MHE's head embeddings act after the rotation
+    (``rope_order="rope-then-psi"``) or before it (``"psi-then-rope"``)."""
     kind = mod.kind
     cfg = mod.cfg
     n, d, m = cfg.n_heads, cfg.head_dim, cfg.d_model
     src = x if context is None else context
     causal = cfg.causal and context is None
     heads = []
+    rot = getattr(mod, "rotary", None)
+    if rot is None or context is not None:
+        rope = _no_rope
+    else:
+        if positions is None:
+            positions = torch.arange(x.shape[1]).expand(x.shape[0], -1)
+        rope = _rope_at(positions, rot.base, rot.fraction)
     if kind in ("mha", "gqa", "mqa", "skv", "el-att"):
         g = {"mha": n, "gqa": mod.n_kv_heads, "mqa": 1, "skv": n, "el-att": n}[kind]
         for i in range(n):
@@ -53,19 +94,23 @@ def reference_forward(mod, x, *, context=None, mask=None):
             else:
                 ki = _lin(src, mod.k_proj, slice(j * d, (j + 1) * d))
                 vi = _lin(src, mod.v_proj, slice(j * d, (j + 1) * d))
-            heads.append(softmax_attention(qi, ki, vi, causal=causal, key_mask=mask))
+            heads.append(softmax_attention(rope(qi), rope(ki), vi, causal=causal, key_mask=mask))
         return _lin(torch.cat(heads, -1), mod.out_proj)
     if kind == "sha":
-        h = softmax_attention(_lin(x, mod.q_proj), _lin(src, mod.k_proj), _lin(src, mod.v_proj),
+        h = softmax_attention(rope(_lin(x, mod.q_proj)), rope(_lin(src, mod.k_proj)), _lin(src, mod.v_proj),
                               causal=causal, key_mask=mask)
         return _lin(torch.cat([h] * n, -1), mod.out_proj)  # one head tiled n times
     if kind in ("mhe-add", "mhe-mul"):
         e = mod.head_embed
         q, k, v = _lin(x, mod.q_proj), _lin(src, mod.k_proj), _lin(src, mod.v_proj)  # Eq. 4
         psi = (lambda a, b: a * (b + 1)) if kind == "mhe-mul" else (lambda a, b: a + b)  # section 3.4
+        psi_first = cfg.options.rope_order == "psi-then-rope"
         for i in range(n):  # Eqs. 5-6
-            heads.append(softmax_attention(psi(q, e[0, i]), psi(k, e[1, i]), psi(v, e[2, i]),
-                                           causal=causal, key_mask=mask))
+            if psi_first:
+                qi, ki = rope(psi(q, e[0, i])), rope(psi(k, e[1, i]))
+            else:
+                qi, ki = psi(rope(q), e[0, i]), psi(rope(k), e[1, i])
+            heads.append(softmax_attention(qi, ki, psi(v, e[2, i]), causal=causal, key_mask=mask))
         return _lin(torch.cat(heads, -1), mod.out_proj)
     if kind == "fnet":
         xm = x if mask is None else x * mask[..., None]
@@ -85,6 +130,26 @@ def reference_forward(mod, x, *, context=None, mask=None):
             w = torch.tril(w)
         return _lin(w @ xm, mod.hidden_mix)
     raise KeyError(kind)
+
+
+def _no_rope(t):
+    return t
+
+
+def _rope_at(positions, base, fraction):
+    return lambda t: rope_reference(t, positions, base=base, fraction=fraction)
+
+
+def rms_norm_reference(x, gain, eps):
+    """Zhang & Sennrich (2019), Eq. 4, written out: x_i / sqrt(mean_j x_j^2 + eps) * g_i."""
+    ms = (x * x).sum(-1, keepdim=True) / x.shape[-1]
+    return x / torch.sqrt(ms + eps) * gain
+
+
+def swiglu_reference(x, gate, up, down):
+    """Shazeer (2020), Eq. 6 without biases: (Swish_1(x W) * (x V)) W_2, Swish_1(z) = z / (1 + e^-z)."""
+    a, b = x @ gate.T, x @ up.T
+    return (a / (1 + torch.exp(-a)) * b) @ down.T
 
 
 # --- decoding oracles: every step re-reads the whole sequence, no cache ---------------------------

@@ -93,7 +93,12 @@ BAD = [
     (["model.d_model=30"], "lm", "model.d_model", "30"),
     (["model.d_ff=NaN"], "lm", "model.d_ff", "nan"),
     (["model.attention=nope"], "lm", "model.attention", "nope"),
-    (["model.positions=rotary"], "lm", "model.positions", "rotary"),
+    (["model.positions=alibi"], "lm", "model.positions", "alibi"),
+    (["model.attention=linear", "model.positions=rotary"], "lm", "model.positions", "rotary"),
+    (["model.positions=rotary", "model.rope_fraction=0.01"], "lm", "rope_fraction", "0.01"),
+    (["model.rope_base=1"], "lm", "model.rope_base", "1"),
+    (["model.norm=batchnorm"], "lm", "model.norm", "batchnorm"),
+    (["model.mlp=geglu"], "lm", "model.mlp", "geglu"),
     (["model.layer_norm_eps=0"], "lm", "model.layer_norm_eps", "0"),
     (["model.tie_embeddings=yes"], "lm", "model.tie_embeddings", "yes"),
     (["model.head_dim=-4"], "lm", "model.head_dim", "-4"),
@@ -110,6 +115,8 @@ BAD = [
     (["model.attention=mhe-add", "model.attn_options.query_fold=sideways"], "lm", "model.attn_options.query_fold",
      "sideways"),
     (["model.attention=mhe-mul", "model.attn_options.init_std=-1"], "lm", "model.attn_options.init_std", "-1"),
+    (["model.attention=mhe-mul", "model.attn_options.rope_order=sideways"], "lm", "model.attn_options.rope_order",
+     "sideways"),
     (["model.attention=mhe-mul", "model.attn_options.init_std=inf"], "lm", "model.attn_options.init_std", "inf"),
     (["model.attention=linear", "model.attn_options.max_len=0"], "lm", "model.attn_options.max_len", "0"),
     (["model.attention=gqa", "model.attn_options=5"], "lm", "model.attn_options", "5"),
@@ -308,7 +315,8 @@ def test_empty_kind_list_is_refused(argv, capsys):
 
 
 # a value other than the default for every field of a kind's options
-OPTION_VALUES = {"n_kv_heads": 2, "impl": "reference", "init_std": 0.5, "query_fold": "activation", "max_len": 64}
+OPTION_VALUES = {"n_kv_heads": 2, "impl": "reference", "init_std": 0.5, "query_fold": "activation", "max_len": 64,
+                 "rope_order": "psi-then-rope"}
 
 
 @pytest.mark.parametrize("kind", ["mha", "mqa", "gqa", "mhe-mul", "mhe-add", "linear", "fnet"])

@@ -105,3 +105,28 @@ def test_training_with_the_gpu_defaults_trains_resumes_and_saves_the_real_vocabu
     assert run(tmp_path / "c", resume=True) == pytest.approx(compiled, rel=1e-3)
     weights = load_file(str(tmp_path / "a" / "checkpoints" / "step-00000012" / "model.safetensors"))
     assert weights["lm_head.weight"].shape == (99, 64)
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["gqa", "mhe-mul"])
+def test_llama_decoder_graph_decode_equals_eager_and_flash_decode_tracks_sdpa(kind):
+    """The Llama-style decoder (RoPE) in bf16: graph replays equal eager steps bit for bit; MHE-Mul
+    keeps one rotated K/V head, so it decodes with flash-decode, within bf16 of SDPA decoding."""
+    from mhe.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("llama-tiny", attention=kind).cuda().to(torch.bfloat16).eval()
+    ids = torch.randint(0, 1024, (3, 9), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    a, la = model.generate(ids, 20, attention_mask=mask, step_mode="eager", return_logits=True)
+    session = model.generator(3, 29, step_mode="graph")
+    b, lb = model.generate(ids, 20, attention_mask=mask, return_logits=True, session=session)
+    assert torch.equal(a, b) and torch.equal(la, lb)
+    assert {c.k.shape[1] for c in session.caches} == {1 if kind == "mhe-mul" else 2}
+    if kind == "mhe-mul":
+        assert {layer.self_attn.cfg.kernel for layer in session.view.decoder.layers} == {"flash-decode"}
+        _, ls = model.generate(ids, 20, attention_mask=mask, step_mode="eager", kernel="sdpa",
+                               return_logits=True)
+        assert torch.equal(la[:, 0], ls[:, 0])  # the prompt runs SDPA either way
+        assert rel(la[:, 1], ls[:, 1]) < 2e-2  # the first decode step, from the same token

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from mhe.accounting.params import attention_params
+import torch
+
+from mhe.accounting.params import attention_params, decoder_params
+from mhe.attention import build_attention
+from mhe.attention.rotary import RotaryEmbedding
 from mhe.errors import require_positive
 
 
@@ -59,18 +63,43 @@ def memory_table(rows: list[MemoryRow]) -> tuple[list[str], list[list[str]]]:
 
 def attention_memory(kinds, *, d_model: int, n_heads: int, head_dim: int | None = None,
                      batch: int = 32, seq_len: int = 512, include_output: bool = True,
-                     bias: bool = False) -> list[MemoryRow]:
+                     bias: bool = False, options: dict[str, dict] | None = None) -> list[MemoryRow]:
     """Appendix C's table (bytes per attention block) for each kind; BERT-base with
-    batch 32 and sequence length 512 reproduces the paper's Table 8 exactly."""
+    batch 32 and sequence length 512 reproduces the paper's Table 8 exactly. ``options``
+    maps a kind to its own options (e.g. ``{"gqa": {"n_kv_heads": 3}}``)."""
     require_positive(batch=batch, seq_len=seq_len)
     activations = batch * seq_len * d_model * 2
 
     def row(kind: str, ref_total: int | None) -> MemoryRow:
         p = attention_params(kind, d_model=d_model, n_heads=n_heads, head_dim=head_dim,
-                             include_output=include_output, bias=bias)
+                             include_output=include_output, bias=bias, **(options or {}).get(kind, {}))
         total = p * 6 + p * 6 + p * 8 + activations
         ratio = 0.0 if ref_total is None else 100.0 * (1 - total / ref_total)
         return MemoryRow(kind, p, p * 6, p * 6, p * 8, activations, total, ratio)
 
     mha_total = row("mha", None).total
     return [row(k, mha_total) for k in kinds]
+
+
+TRAINING_BYTES_PER_PARAM = 6 + 6 + 8
+"""Appendix C: fp16 and fp32 weights, fp16 and fp32 gradients, Adam's two fp32 moments."""
+
+
+def decoder_memory(cfg, *, cache_bytes: int = 2) -> dict[str, int]:
+    """A decoder language model's whole-model figures: ``params`` (every parameter,
+    :func:`~mhe.accounting.params.decoder_params`), ``training_state_bytes`` (params x 20,
+    Appendix C's accounting for mixed precision with Adam; activations excluded) and
+    ``kv_cache_bytes_per_token`` (what one sequence's KV cache holds per position:
+    2 (K and V) x layers x cached K/V heads x d x ``cache_bytes``; 2 = bf16). The cached heads
+    are the sublayer's own (``cache_heads``: n for MHA and SKV, g for GQA, one for MQA, SHA and
+    fast MHE, n for MHE with psi before RoPE), read from the sublayer built on the meta device."""
+    with torch.device("meta"):
+        attn = build_attention(cfg.attention, d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
+                               **cfg.attention_options(causal=True))
+    if cfg.positions == "rotary":  # MHE's cache depends on where the rotation sits (rope_order)
+        attn.attach_rotary(RotaryEmbedding(cfg.resolved_head_dim, base=cfg.rope_base, fraction=cfg.rope_fraction,
+                                           max_len=1))
+    params = decoder_params(cfg)["total"]
+    heads = attn.cache_heads if attn.supports_cache else 0
+    return {"params": params, "training_state_bytes": params * TRAINING_BYTES_PER_PARAM, "kv_heads": heads,
+            "kv_cache_bytes_per_token": 2 * cfg.n_layers * heads * cfg.resolved_head_dim * cache_bytes}

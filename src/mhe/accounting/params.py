@@ -12,8 +12,8 @@ from torch import nn
 from mhe.attention.base import Attention
 from mhe.attention.multi_head import kv_heads
 from mhe.attention.registry import make_config
-from mhe.errors import one_of
-from mhe.models.config import ARCHS
+from mhe.errors import MheError, one_of
+from mhe.models.config import ARCHS, ModelConfig
 
 
 def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None,
@@ -37,7 +37,8 @@ def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | N
     ========  ======================  =============
 
     plus n d m for the output projection when ``include_output`` (not for fnet
-    and linear, which have none), plus every bias when ``bias``.
+    and linear, which have none), plus every bias when ``bias`` (the Q/K/V ones alone with the
+    option ``qkv_bias=True``, as Qwen2 has them).
     """
     cfg = make_config(kind, d_model=d_model, n_heads=n_heads, head_dim=head_dim, bias=bias, **options)
     m, n, d = cfg.d_model, cfg.n_heads, cfg.head_dim
@@ -58,7 +59,7 @@ def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | N
         "mhe-add": [d, d, d],
         "mhe-mul": [d, d, d],
     }[kind]
-    total = sum(m * w + (w if bias else 0) for w in projections)
+    total = sum(m * w + (w if cfg.in_bias else 0) for w in projections)
     if kind.startswith("mhe-"):
         total += 3 * n * d
     if include_output:
@@ -115,3 +116,30 @@ def gpt3_projection(kinds=("mha", "el-att", "mqa", "skv", "mhe-add", "mhe-mul", 
     """Section 5.4: attention parameters of GPT-3 (96 layers, 96 heads of 128), no output projection."""
     return {k: model_attention_params(k, arch="decoder", n_layers=96, d_model=96 * 128, n_heads=96,
                                       include_output=False) for k in kinds}
+
+
+def decoder_params(cfg: ModelConfig) -> dict[str, int]:
+    """Every parameter a decoder language model of ``cfg`` holds, analytically, by part:
+
+    * ``embeddings``: token embeddings V m, plus learned positions max_len m;
+    * ``attention``: L sublayers as :func:`attention_params` counts them, with the biases the
+      model has (``attn_bias``: every projection; ``qkv_bias``: Q/K/V) and grouped K/V heads;
+    * ``feed_forward``: per layer 2 m d_ff + d_ff + m (plain, with biases) or 3 m d_ff
+      (SwiGLU: gate, up and down, no biases);
+    * ``norms``: 2L + 1 normalisations of 2m (LayerNorm) or m (RMSNorm) each;
+    * ``head``: the output projection V m when untied, 0 when tied to the embeddings;
+    * ``total``: the sum, equal to counting the built model (tied weights once).
+    """
+    if cfg.arch != "decoder" or cfg.head != "lm" or cfg.adaptive_cutoffs:
+        raise MheError(f"decoder_params counts decoder language models with a linear output layer, "
+                       f"got arch={cfg.arch!r}, head={cfg.head!r}" + (", adaptive softmax" if cfg.adaptive_cutoffs else ""))
+    m, L = cfg.d_model, cfg.n_layers
+    opts = cfg.attention_options(causal=True)  # the sublayer's own options: grouping, biases, ...
+    attn = attention_params(cfg.attention, d_model=m, n_heads=cfg.n_heads, head_dim=cfg.head_dim, **opts)
+    ffn = 3 * m * cfg.d_ff if cfg.mlp == "swiglu" else 2 * m * cfg.d_ff + cfg.d_ff + m
+    norm = m if cfg.norm == "rmsnorm" else 2 * m
+    parts = {"embeddings": cfg.vocab_size * m + (cfg.max_len * m if cfg.positions == "learned" else 0),
+             "attention": L * attn, "feed_forward": L * ffn, "norms": (2 * L + 1) * norm,
+             "head": 0 if cfg.tie_embeddings else cfg.vocab_size * m}
+    parts["total"] = sum(parts.values())
+    return parts

@@ -30,6 +30,7 @@ from torch import nn
 from mhe.attention import kernels, masks
 from mhe.attention.kv_cache import CrossCache, KVCache
 from mhe.attention.masks import AttentionMask
+from mhe.attention.rotary import RotaryEmbedding
 from mhe.errors import MheError, one_of, require_positive
 
 
@@ -49,6 +50,8 @@ class AttentionConfig:
         dropout: dropout on the attention probabilities (training only).
         causal: mask future positions in self-attention.
         bias: give every projection a bias (the paper's counts exclude biases).
+        qkv_bias: give the query, key and value projections biases even where ``bias`` is
+            False (Qwen2: biased Q/K/V, unbiased output).
         kernel: how the attention step is computed, a name in
             :data:`mhe.attention.kernels.KERNELS` (``sdpa``, ``eager``, ...); it never
             changes the function, only how it runs.
@@ -62,6 +65,7 @@ class AttentionConfig:
     dropout: float = 0.0
     causal: bool = False
     bias: bool = False
+    qkv_bias: bool = False
     kernel: str = "sdpa"
     options: object = NoOptions()
 
@@ -78,13 +82,18 @@ class AttentionConfig:
                 )
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         require_positive(head_dim=self.head_dim)
-        for name in ("causal", "bias"):
+        for name in ("causal", "bias", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise MheError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
             raise MheError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise MheError(f"dropout must be in [0, 1), got {self.dropout!r}")
+
+    @property
+    def in_bias(self) -> bool:
+        """Whether the query, key and value projections carry biases."""
+        return self.bias or self.qkv_bias
 
     @property
     def inner_dim(self) -> int:
@@ -100,7 +109,9 @@ class Attention(nn.Module):
     (``[B, h_q, T, d] -> [B, T, m]``), set ``cache_heads`` and name the kinds they build in
     ``kind_options``; an instance knows its ``kind`` (the registry passes it). The projection
     hooks receive the tokens' absolute positions, so a position-dependent embedding (rotary)
-    acts there, before keys are cached. ``forward`` has one self-attention path: the new keys
+    acts there, before keys are cached: with a rotary embedding attached (:meth:`attach_rotary`)
+    each kind rotates where it needs to (:meth:`_rotate`; MHE before or after its head
+    embeddings), values never. ``forward`` has one self-attention path: the new keys
     and values go through the cache when there is one, and the kernel reads what the mask covers.
     """
 
@@ -118,6 +129,7 @@ class Attention(nn.Module):
         if type(cfg.options) is not want:
             raise MheError(f"attention kind {self.kind!r} takes {want.__name__}, got {type(cfg.options).__name__}")
         self.cfg = cfg
+        self.rotary: RotaryEmbedding | None = None
 
     # --- the contract ---------------------------------------------------
     @property
@@ -162,6 +174,25 @@ class Attention(nn.Module):
         """The keys and values cross-attention reads from ``context`` ``[B, S, m]``,
         ``2 x [B, h_kv, S, d]`` (what a :class:`CrossCache` stores)."""
         return self._keys_values(context, None)
+
+    # --- rotary positions ---------------------------------------------------------
+    def attach_rotary(self, rotary: RotaryEmbedding) -> None:
+        """Rotate this sublayer's self-attention queries and keys by their positions (RoPE; the
+        model builds one :class:`RotaryEmbedding` and gives it to every layer)."""
+        if not self.supports_cache:
+            raise MheError(f"attention kind {self.kind!r} mixes whole sequences without queries and keys; "
+                           "it takes no rotary positions (use a kind with a KV cache)")
+        if rotary.head_dim != self.cfg.head_dim:
+            raise MheError(f"rotary embedding for head_dim={rotary.head_dim} given to a sublayer with "
+                           f"head_dim={self.cfg.head_dim}")
+        self.rotary = rotary
+
+    def _rotate(self, t: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """``t: [B, h, T, d]`` rotated by ``positions``; unchanged without a rotary embedding
+        (or for cross-attention keys, which get ``positions=None``)."""
+        if self.rotary is None or positions is None:
+            return t
+        return self.rotary(t, positions)
 
     # --- hooks -------------------------------------------------------------
     def _queries(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:

@@ -31,4 +31,4 @@ class ELAttention(GroupedQueryAttention):
 
     def _keys_values(self, src, positions):
         kv = self._split_heads(src, self.cfg.n_heads)  # [B, n, S, d]
-        return kv, kv
+        return self._rotate(kv, positions), kv  # the keys rotated, the values as they are

@@ -6,6 +6,11 @@ path computes with; the value offsets of MHE-Add become an output bias, exact wi
 attention dropout, i.e. at inference. The folded module is an ``mqa`` sublayer, so generation
 uses its one-head KV cache and nothing else changes; it shares the key and value projections
 with the MHE module and holds only its folded query and output weights.
+
+Only a sublayer whose identity makes it a plain MQA sublayer folds (``foldable``: the fast path
+without rotary positions). Under rotary positions MHE applies its per-head query factors after
+the rotation, which no (n*d) x m query weight can express; such a sublayer is left as it is
+(its fast path already caches one K/V head) and :func:`fold_mhe` refuses it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from torch import nn
 
 from mhe.attention.mhe import _MHEBase
 from mhe.attention.registry import build_attention
+from mhe.errors import MheError
 
 
 @torch.no_grad()
@@ -22,6 +28,9 @@ def fold_mhe(mod: _MHEBase) -> nn.Module:
     """The multi-query sublayer that computes what ``mod`` computes in eval mode: the query and
     output weights are the module's own folded ones (``folded_query``, ``folded_output``), the
     key and value projections are ``mod``'s own modules, shared (nothing is copied)."""
+    if mod.rotary is not None:
+        raise MheError(f"an {mod.kind} sublayer under rotary positions has no folded multi-query form "
+                       "(its per-head factors act after the rotation); run it as it is")
     c = mod.cfg
     w_q, b_q = mod.folded_query()  # [n*d, m], [n*d] or None
     w_o, b_o = mod.folded_output()  # [m, n*d], [m] or None
@@ -36,12 +45,13 @@ def fold_mhe(mod: _MHEBase) -> nn.Module:
 
 
 def fold_model(model: nn.Module) -> nn.Module:
-    """Replace every fast MHE sublayer of ``model`` (in place) by its folded MQA form.
+    """Replace every foldable MHE sublayer of ``model`` (in place) by its folded MQA form; fast MHE
+    under rotary positions stays (see the module docstring).
 
     Computes the same function in eval mode; every weight outside the folded sublayers is
     kept bit for bit (the same tensors)."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, _MHEBase) and not child.reference:
+            if isinstance(child, _MHEBase) and child.foldable:
                 setattr(parent, name, fold_mhe(child))
     return model

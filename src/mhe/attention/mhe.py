@@ -35,6 +35,22 @@ Two implementations compute the same function:
     as MQA's query projection) or by one broadcast on the d-wide projection
     (``query_fold="activation"``: fewer FLOPs, one extra elementwise pass).
 
+Rotary positions (beyond the paper; docs/paper-notes.md, "MHE with rotary positions"). A
+rotation commutes with an elementwise factor only where the factor is equal within each rotary
+pair, so the order of psi and RoPE matters:
+
+``rope_order="rope-then-psi"`` (default)
+    The head embeddings act on the rotated query and key: (R_t q)*(1+eQ_i) . (R_s k)*(1+eK_i)
+    = ((R_t q)*(1+eQ_i)*(1+eK_i)) . R_s k, and MHE-Add's key offsets still cancel, so the fast
+    path keeps one shared, rotated K/V head. It rotates the shared d-wide query and applies the
+    per-head factors after the rotation (the activation fold, whatever ``query_fold`` says: the
+    weight fold would scale before the rotation); such a sublayer has no plain-MQA form, so it is
+    never folded (``folded_query`` refuses), and generation runs it as it is.
+``rope_order="psi-then-rope"``
+    The equations with the rotation applied to psi's result: R_t(q*(1+eQ_i)) . R_s(k*(1+eK_i)).
+    No key can be shared, so both implementations compute n explicit heads and the KV cache holds
+    n rotated heads (``cache_heads``).
+
 Initialisation (the paper leaves it open): head embeddings ~ N(0, init_std)
 with init_std = 0.02, the scale BERT uses for its learned position embeddings,
 which inspired MHE. For MHE-Mul this starts every head close to SHA (the
@@ -57,6 +73,7 @@ from mhe.settings import setting
 
 IMPLS = ("fast", "reference")
 QUERY_FOLDS = ("weight", "activation")
+ROPE_ORDERS = ("rope-then-psi", "psi-then-rope")
 
 
 @dataclass(frozen=True)
@@ -66,18 +83,23 @@ class MHEOptions:
     Attributes:
         impl: ``"fast"`` (multi-query cost) or ``"reference"`` (literal equations).
         init_std: standard deviation of the head-embedding initialisation.
-        query_fold: how the fast path applies per-head query factors.
+        query_fold: how the fast path applies per-head query factors (without rotary positions).
+        rope_order: under rotary positions, whether the head embeddings act after the rotation
+            (``rope-then-psi``: one shared K/V head) or before it (``psi-then-rope``: n heads).
     """
 
     impl: Literal[IMPLS] = "fast"
     init_std: float = setting(0.02, ge=0)
     query_fold: Literal[QUERY_FOLDS] = "weight"
+    rope_order: Literal[ROPE_ORDERS] = "rope-then-psi"
 
     def __post_init__(self) -> None:
         if self.impl not in IMPLS:
             raise one_of("MHE impl", self.impl, IMPLS)
         if self.query_fold not in QUERY_FOLDS:
             raise one_of("MHE query_fold", self.query_fold, QUERY_FOLDS)
+        if self.rope_order not in ROPE_ORDERS:
+            raise one_of("MHE rope_order", self.rope_order, ROPE_ORDERS)
         if not self.init_std >= 0:
             raise MheError(f"init_std must be >= 0, got {self.init_std!r}")
 
@@ -88,9 +110,9 @@ class _MHEBase(Attention):
     def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         super().__init__(cfg, kind=kind)
         m, n, d = cfg.d_model, cfg.n_heads, cfg.head_dim
-        self.q_proj = nn.Linear(m, d, bias=cfg.bias)
-        self.k_proj = nn.Linear(m, d, bias=cfg.bias)
-        self.v_proj = nn.Linear(m, d, bias=cfg.bias)
+        self.q_proj = nn.Linear(m, d, bias=cfg.in_bias)
+        self.k_proj = nn.Linear(m, d, bias=cfg.in_bias)
+        self.v_proj = nn.Linear(m, d, bias=cfg.in_bias)
         self.out_proj = nn.Linear(n * d, m, bias=cfg.bias)
         self.head_embed = nn.Parameter(torch.empty(3, n, d))  # [q|k|v, n, d]
         self.reset_head_embeddings()
@@ -103,31 +125,45 @@ class _MHEBase(Attention):
         return self.cfg.options.impl == "reference"
 
     @property
+    def literal(self) -> bool:
+        """Computes n explicit heads: the reference, or psi-then-rope under rotary positions."""
+        return self.reference or (self.rotary is not None and self.cfg.options.rope_order == "psi-then-rope")
+
+    @property
+    def foldable(self) -> bool:
+        """Equals the plain multi-query sublayer :func:`~mhe.attention.folding.fold_mhe` builds:
+        the fast path without rotary positions."""
+        return not self.literal and self.rotary is None
+
+    @property
     def cache_heads(self) -> int:
-        return self.cfg.n_heads if self.reference else 1
+        return self.cfg.n_heads if self.literal else 1
 
     def _psi(self, a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        """psi(A, e_i) for every head: A [B, S, d], e [n, d] -> [B, n, S, d]."""
-        a = a.unsqueeze(1)
+        """psi(A, e_i) for every head: A [B, 1|n, S, d], e [n, d] -> [B, n, S, d]."""
         e = e[None, :, None, :]
         return a * (e + 1) if self.multiplicative else a + e
 
-    # --- reference: Eqs. 4-6 literally ---------------------------------------
-    # ``positions`` reach both paths between the shared projection (Eq. 4) and the head
-    # embeddings (psi), where a position-dependent embedding (rotary) acts.
+    def _embed(self, a: torch.Tensor, e: torch.Tensor, positions) -> torch.Tensor:
+        """psi and the rotation in ``rope_order``: ``a [B, 1, S, d] -> [B, n, S, d]``."""
+        if self.cfg.options.rope_order == "psi-then-rope":
+            return self._rotate(self._psi(a, e), positions)
+        return self._psi(self._rotate(a, positions), e)
+
+    # --- literal: Eqs. 4-6 (with the rotation where rope_order puts it) -------------
     def _queries(self, x, positions):
-        if self.reference:
-            return self._psi(self.q_proj(x), self.head_embed[0])  # [B, n, T, d]
+        if self.literal:
+            return self._embed(self.q_proj(x).unsqueeze(1), self.head_embed[0], positions)  # [B, n, T, d]
         return self._fast_queries(x, positions)
 
     def _keys_values(self, src, positions):
-        if self.reference:
-            return (self._psi(self.k_proj(src), self.head_embed[1]),   # [B, n, S, d]
-                    self._psi(self.v_proj(src), self.head_embed[2]))
-        return self.k_proj(src).unsqueeze(1), self.v_proj(src).unsqueeze(1)  # [B, 1, S, d]
+        k, v = self.k_proj(src).unsqueeze(1), self.v_proj(src).unsqueeze(1)  # [B, 1, S, d]
+        if self.literal:
+            return self._embed(k, self.head_embed[1], positions), self._psi(v, self.head_embed[2])  # [B, n, S, d]
+        return self._rotate(k, positions), v  # one shared head: psi moves onto the query and the output
 
     def _output(self, h):
-        if self.reference:
+        if self.literal:
             return self.out_proj(self._merge_heads(h))
         return self._fast_output(h)
 
@@ -145,6 +181,10 @@ class _MHEBase(Attention):
         differs from (Q+eQ_i) K^T by a term constant along the keys, which softmax cancels, so
         head i's rows are W^Q itself and its bias is b^Q + eQ_i (paper-notes' identities).
         """
+        if self.rotary is not None:
+            raise MheError("MHE under rotary positions applies its per-head query factors after the rotation; an "
+                           "(n*d) x m query weight would apply them before it, which is exact only where every factor "
+                           "is equal within each rotary pair: this sublayer has no folded multi-query form")
         n, d = self.cfg.n_heads, self.cfg.head_dim
         f = self._query_factors()  # [n, d]
         w, bias = self.q_proj.weight, self.q_proj.bias  # [d, m], [d]
@@ -163,13 +203,15 @@ class _MHEBase(Attention):
         c = self.cfg
         n, d = c.n_heads, c.head_dim
         b, t, _ = x.shape
-        if c.options.query_fold == "activation":
-            return self._psi_factor(self.q_proj(x), self._query_factors())  # [B, n, T, d]
+        if c.options.query_fold == "activation" or self.rotary is not None:
+            # rotate the shared query, then apply the per-head factors (RoPE, then psi)
+            q = self._rotate(self.q_proj(x).unsqueeze(1), positions)  # [B, 1, T, d]
+            return self._psi_factor(q, self._query_factors())  # [B, n, T, d]
         w_all, b_all = self.folded_query()  # [n*d, m], [n*d]
         return F.linear(x, w_all, b_all).view(b, t, n, d).transpose(1, 2)  # [B, n, T, d]
 
     def _psi_factor(self, a: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-        a = a.unsqueeze(1)  # [B, 1, T, d]
+        """``a [B, 1, T, d]`` with the per-head factor or offset ``f [n, d]`` -> ``[B, n, T, d]``."""
         f = f[:, None, :]  # [n, 1, d]
         return a * f if self.multiplicative else a + f
 
@@ -205,7 +247,7 @@ class MHEAdd(_MHEBase):
         return self.training and self.cfg.dropout > 0
 
     def _attend(self, q, k, v, mask):
-        if not self.reference and self._expands_values():
+        if not self.literal and self._expands_values():
             n = self.cfg.n_heads
             v = v + self.head_embed[2][None, :, None, :]  # [B, n, S, d]
             k = k.expand(-1, n, -1, -1)

@@ -27,6 +27,7 @@ class _Mixing(Attention):
         return 0
 
     def forward(self, x, *, positions=None, context=None, mask=None, cache: KVCache | None = None):
+        """``positions`` are accepted and unused: mixing has no queries or keys to rotate."""
         if context is not None:
             raise MheError(f"attention kind {self.kind!r} mixes tokens of one sequence and cannot cross-attend")
         if cache is not None:

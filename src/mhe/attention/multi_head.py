@@ -73,25 +73,26 @@ class GroupedQueryAttention(Attention):
         super().__init__(cfg, kind=kind)
         self.n_kv_heads = kv_heads(self.kind, cfg.n_heads, cfg.options)
         m, nd = cfg.d_model, cfg.inner_dim
-        self.q_proj = nn.Linear(m, nd, bias=cfg.bias)
+        self.q_proj = nn.Linear(m, nd, bias=cfg.in_bias)
         self._make_kv(cfg)
         self.out_proj = nn.Linear(nd, m, bias=cfg.bias)
 
     def _make_kv(self, cfg: AttentionConfig) -> None:
         kv = self.n_kv_heads * cfg.head_dim
-        self.k_proj = nn.Linear(cfg.d_model, kv, bias=cfg.bias)
-        self.v_proj = nn.Linear(cfg.d_model, kv, bias=cfg.bias)
+        self.k_proj = nn.Linear(cfg.d_model, kv, bias=cfg.in_bias)
+        self.v_proj = nn.Linear(cfg.d_model, kv, bias=cfg.in_bias)
 
     @property
     def cache_heads(self) -> int:
         return self.n_kv_heads
 
     def _queries(self, x, positions):
-        return self._split_heads(self.q_proj(x), self.cfg.n_heads)  # [B, n, T, d]
+        return self._rotate(self._split_heads(self.q_proj(x), self.cfg.n_heads), positions)  # [B, n, T, d]
 
     def _keys_values(self, src, positions):
         g = self.n_kv_heads
-        return self._split_heads(self.k_proj(src), g), self._split_heads(self.v_proj(src), g)  # [B, g, S, d]
+        k, v = self._split_heads(self.k_proj(src), g), self._split_heads(self.v_proj(src), g)  # [B, g, S, d]
+        return self._rotate(k, positions), v
 
     def _output(self, h):
         return self.out_proj(self._merge_heads(h))  # [B, T, m]
@@ -106,8 +107,8 @@ class SharedKeyValueAttention(GroupedQueryAttention):
     kind_options = {"skv": NoOptions}
 
     def _make_kv(self, cfg: AttentionConfig) -> None:
-        self.kv_proj = nn.Linear(cfg.d_model, cfg.inner_dim, bias=cfg.bias)
+        self.kv_proj = nn.Linear(cfg.d_model, cfg.inner_dim, bias=cfg.in_bias)
 
     def _keys_values(self, src, positions):
         kv = self._split_heads(self.kv_proj(src), self.cfg.n_heads)  # [B, n, S, d]
-        return kv, kv
+        return self._rotate(kv, positions), kv  # K = V before the rotation; values are not rotated

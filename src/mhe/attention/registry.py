@@ -40,7 +40,7 @@ PAPER_KINDS: tuple[str, ...] = ("sha", "mha", "el-att", "mqa", "skv", "mhe-add",
 SIZES = ("d_model", "n_heads", "head_dim")
 SHARED_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AttentionConfig)
                                         if f.name not in SIZES + ("options",))
-"""The options every kind takes (``dropout``, ``causal``, ``bias``, ``kernel``)."""
+"""The options every kind takes (``dropout``, ``causal``, ``bias``, ``qkv_bias``, ``kernel``)."""
 
 
 def parse_kinds(spec: str, *, what: str = "--kinds") -> tuple[str, ...]:
@@ -93,7 +93,7 @@ def build_attention(kind: str, *, d_model: int, n_heads: int, head_dim: int | No
         head_dim: per-head width d (default m / n).
         **options: ``bias``, ``dropout``, ``causal``, ``kernel`` for every kind, and the
             fields of the kind's options dataclass (:func:`options_class`): ``n_kv_heads``
-            (gqa), ``max_len`` (linear), ``impl``, ``init_std``, ``query_fold`` (mhe-*).
+            (gqa), ``max_len`` (linear), ``impl``, ``init_std``, ``query_fold``, ``rope_order`` (mhe-*).
     """
     cfg = make_config(kind, d_model=d_model, n_heads=n_heads, head_dim=head_dim, **options)
     return attention_class(kind)(cfg, kind=kind)

@@ -27,9 +27,9 @@ class SingleHeadAttention(Attention):
     def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         super().__init__(cfg, kind=kind)
         m, d = cfg.d_model, cfg.head_dim
-        self.q_proj = nn.Linear(m, d, bias=cfg.bias)
-        self.k_proj = nn.Linear(m, d, bias=cfg.bias)
-        self.v_proj = nn.Linear(m, d, bias=cfg.bias)
+        self.q_proj = nn.Linear(m, d, bias=cfg.in_bias)
+        self.k_proj = nn.Linear(m, d, bias=cfg.in_bias)
+        self.v_proj = nn.Linear(m, d, bias=cfg.in_bias)
         self.out_proj = nn.Linear(cfg.inner_dim, m, bias=cfg.bias)
 
     @property
@@ -37,10 +37,10 @@ class SingleHeadAttention(Attention):
         return 1
 
     def _queries(self, x, positions):
-        return self.q_proj(x).unsqueeze(1)  # [B, 1, T, d]
+        return self._rotate(self.q_proj(x).unsqueeze(1), positions)  # [B, 1, T, d]
 
     def _keys_values(self, src, positions):
-        return self.k_proj(src).unsqueeze(1), self.v_proj(src).unsqueeze(1)  # [B, 1, S, d]
+        return self._rotate(self.k_proj(src).unsqueeze(1), positions), self.v_proj(src).unsqueeze(1)  # [B, 1, S, d]
 
     def _output(self, h):
         c = self.cfg

@@ -16,7 +16,7 @@ import torch
 
 from mhe.attention import build_attention, masks
 from mhe.attention.folding import fold_mhe, fold_model
-from mhe.bench.common import SMOKE_SIZES, model_shape, timed
+from mhe.bench.common import bench_config, model_shape, timed
 from mhe.models import build_model
 from mhe.models.decode_step import decode_kernel, inference_view, split_kernel, view_kernels
 
@@ -99,19 +99,18 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
     return rows
 
 
-def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False, kernel="auto") -> list[dict]:
+def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=False, kernel="auto",
+                 preset="gpt2-base") -> list[dict]:
     cuda = dev.type == "cuda"
     configured, requested = split_kernel(kernel)
     rows = []
     for batch, ctx in settings:
         for kind in kinds:
-            opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
-            overrides = dict(max_len=ctx + 1, attn_options=opts, dropout=0.0, attn_dropout=0.0, attn_kernel=configured)
-            if small:
-                overrides.update(SMOKE_SIZES)
-            model = build_model("gpt2-base", attention=kind, **overrides).to(dev, dtype).eval()
+            cfg = bench_config(preset, kind, small=small, max_len=ctx + 1, dropout=0.0, attn_dropout=0.0,
+                               attn_kernel=configured)
+            model = build_model(cfg).to(dev, dtype).eval()
             if kind.startswith("mhe-"):
-                fold_model(model)  # decode exactly as a multi-query model
+                fold_model(model)  # decode exactly as a multi-query model (under RoPE: as it is, one head)
             model = inference_view(model, decode_kernel(model, dev, dtype, requested))
             caches = model.new_caches(batch, ctx + 1)
             for c in caches:  # a filled cache of ctx positions

@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from mhe.models import preset as model_preset
 from mhe.models.decode_step import StepRunner
 
 BENCH_KINDS = ("mha", "mqa", "gqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul")
@@ -16,6 +17,17 @@ SMOKE = "smoke sizes: every model shrunk to 2 layers, width 64, 4 heads, vocabul
 SMOKE_SIZES = dict(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
 # Dense bf16 tensor-core peak, from the vendors' datasheets (SXM parts).
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def bench_config(preset: str, kind: str, *, small: bool, gqa_heads: int | None = None, **overrides):
+    """The model a bench row measures: ``preset`` with attention ``kind`` and ``overrides``. GQA
+    keeps the preset's own grouping where the preset is grouped (llama-135m: 3 K/V heads), else
+    ``gqa_heads`` or the default group count; ``small`` shrinks every model to
+    :data:`SMOKE_SIZES` (GQA then 2 K/V heads)."""
+    cfg = model_preset(preset)
+    if kind == "gqa" and (small or (gqa_heads and cfg.attention != "gqa")):
+        overrides["attn_options"] = {"n_kv_heads": 2 if small else gqa_heads}
+    return cfg.replace(attention=kind, **{**overrides, **(SMOKE_SIZES if small else {})})
 
 
 def model_shape(cfg) -> str:

@@ -1,4 +1,5 @@
-"""``mhe bench --sections train``: the training step of gpt2-base and bert-base, two ways in one
+"""``mhe bench --sections train``: the training step of each preset (default gpt2-base and bert-base;
+``--preset llama-135m`` for one), two ways in one
 table, so that the figure a user reads and the speed a user gets cannot drift apart:
 
 * ``step``: the step alone on a fixed batch already on the device: the task's loss through the
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from mhe.bench.common import SMOKE_SIZES, device_peak, flops_per_token, model_shape, timed
+from mhe.bench.common import SMOKE_SIZES, bench_config, device_peak, flops_per_token, model_shape, timed
 from mhe.models import build_model
 from mhe.models import preset as model_preset
 from mhe.models.vocab_padding import pad_optimizer_state, pad_vocabulary, padding_numel
@@ -45,7 +46,7 @@ def isolated_step(preset: str, kind: str, *, dev: torch.device, B: int, T: int, 
                   compile_model: bool, small: bool, pad_vocab: bool) -> dict:
     """Median time of the training step alone (see the module docstring)."""
     cuda = dev.type == "cuda"
-    model = build_model(preset, attention=kind, max_len=max(T, 512), **(SMOKE_SIZES if small else {})).to(dev)
+    model = build_model(bench_config(preset, kind, small=small, max_len=max(T, 512))).to(dev)
     if pad_vocab and cuda:
         pad_vocabulary(model)
     opt, _ = build_optimizer(model, TrainConfig(lr=1e-4, warmup_steps=0))
@@ -117,7 +118,10 @@ def user_path(preset: str, kind: str, *, dev: torch.device, B: int, T: int, step
     items = [f"train.steps={steps}", f"train.batch_size={B}", f"train.log_every={log_every}", "train.save_every=0",
              "train.eval_every=0", "train.keep_checkpoints=false", "train.progress=false", "train.warmup_steps=0",
              f"data.seq_len={T}", f"model.max_len={max(T, 512)}", f"train.device={dev.type}"]
-    items += [f"model.{k}={v}" for k, v in SMOKE_SIZES.items()] if small else []
+    if small:  # GQA: the default grouping while the heads shrink, then 2 K/V heads (as bench_config)
+        gqa = kind == "gqa"
+        items += ["model.attn_options.n_kv_heads=0"] * gqa + [f"model.{k}={v}" for k, v in SMOKE_SIZES.items()]
+        items += ["model.attn_options.n_kv_heads=2"] * gqa
     cfg = build_run(task_name, preset, attention=kind, data=data, data_dir=data_dir, overrides=items)
     task = build_task(task_name) if data else (RandomLM() if task_name == "lm" else RandomMLM())
     if data:  # the timing needs no evaluation

@@ -7,7 +7,8 @@ import argparse
 import json
 
 from mhe.accounting import attention_memory, attention_params, attention_sublayers, gpt3_projection
-from mhe.accounting.memory import memory_table
+from mhe.accounting.memory import byte_unit, decoder_memory, memory_table
+from mhe.accounting.params import decoder_params
 from mhe.accounting.scaling import LABELS, params_vs_heads, params_vs_layers, plot_scaling
 from mhe.attention import parse_kinds
 from mhe.errors import MheError
@@ -36,7 +37,8 @@ def _resolve_geometry(args) -> dict:
     if args.preset:
         cfg = preset(args.preset)
         geo = dict(arch=cfg.arch, n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
-                   head_dim=cfg.resolved_head_dim, max_len=cfg.max_len)
+                   head_dim=cfg.resolved_head_dim, max_len=cfg.max_len,
+                   n_kv_heads=getattr(cfg.attn_options, "n_kv_heads", 0))  # the preset's grouping (gqa)
         overrides = {"n_layers": args.layers, "n_heads": args.heads, "head_dim": args.head_dim,
                      "d_model": args.d_model, "arch": args.arch}
         _positive_sizes(args)
@@ -64,8 +66,10 @@ def _kinds(spec: str) -> list[str]:
 
 
 def _kind_options(kind: str, geo: dict) -> dict:
-    if kind == "linear":  # gqa: its options' default group count (attention.multi_head.kv_heads)
+    if kind == "linear":
         return {"max_len": geo["max_len"]}
+    if kind == "gqa" and geo.get("n_kv_heads") and geo["n_heads"] % geo["n_kv_heads"] == 0:
+        return {"n_kv_heads": geo["n_kv_heads"]}  # the preset's grouping, else the config's default
     return {}
 
 
@@ -98,7 +102,47 @@ def cmd_params(args) -> int:
           f"d={geo['head_dim']}; {'without' if args.exclude_output else 'with'} output projection"
           f"{', with biases' if args.bias else ''}")
     print_table(["kind", "per sublayer", "sublayers", "total", "total (M)", "of MHA"], rows)
+    if args.preset and not args.exclude_output:
+        _print_whole_model(args.preset, _kinds(args.kinds), geo)
     return 0
+
+
+def _whole_model_configs(name: str, kinds, geo: dict) -> dict:
+    """kind -> the preset's decoder configuration with that kind (decoder LM presets only)."""
+    cfg = preset(name)
+    sizes = {k: geo[k] for k in ("n_layers", "d_model", "n_heads") if geo[k] != getattr(cfg, k)}
+    if geo["head_dim"] != cfg.resolved_head_dim:
+        sizes["head_dim"] = geo["head_dim"]
+    if cfg.arch != "decoder" or geo["arch"] != "decoder" or cfg.adaptive_cutoffs:
+        return {}
+    out = {}
+    for kind in kinds:
+        if cfg.positions == "rotary" and kind in ("fnet", "linear"):
+            continue  # no rotary positions without queries and keys
+        if kind == "fnet":
+            continue  # mixes whole sequences: no causal decoder
+        try:
+            out[kind] = cfg.replace(attention=kind, **sizes)
+        except MheError:
+            continue  # e.g. fnet in a causal decoder, el-att where n*d != m
+    return out
+
+
+def _print_whole_model(name: str, kinds, geo: dict) -> None:
+    """Every parameter the preset's language model holds, by part (``decoder_params``)."""
+    configs = _whole_model_configs(name, kinds, geo)
+    if not configs:
+        return
+    cfg = next(iter(configs.values()))
+    print(f"\nwhole model ({name} language model; every parameter, biases and norms included, tied weights "
+          f"once; feed-forward: {'SwiGLU, 3 matrices of m x d_ff' if cfg.mlp == 'swiglu' else '2 matrices with biases'}"
+          f"; output head {'tied to the embeddings' if cfg.tie_embeddings else 'untied (V x m)'})")
+    rows = []
+    for kind, c in configs.items():
+        p = decoder_params(c)
+        rows.append([kind] + [f"{p[k]:,}" for k in ("embeddings", "attention", "feed_forward", "norms", "head",
+                                                  "total")] + [f"{p['total'] / 1e6:.2f}M"])
+    print_table(["kind", "embeddings", "attention", "feed-forward", "norms", "head", "total", "total (M)"], rows)
 
 
 # ---------------------------------------------------------------- mhe memory
@@ -116,14 +160,26 @@ def cmd_memory(args) -> int:
         if value <= 0:
             raise MheError(f"{option} must be a positive integer, got {value}")
     geo = _resolve_geometry(args)
-    rows = attention_memory(_kinds(args.kinds), d_model=geo["d_model"], n_heads=geo["n_heads"],
-                            head_dim=geo["head_dim"], batch=args.batch, seq_len=args.seq_len, bias=args.bias)
+    kinds = _kinds(args.kinds)
+    rows = attention_memory(kinds, d_model=geo["d_model"], n_heads=geo["n_heads"],
+                            head_dim=geo["head_dim"], batch=args.batch, seq_len=args.seq_len, bias=args.bias,
+                            options={k: _kind_options(k, geo) for k in kinds})
     if args.json:
         print(json.dumps([r.as_json() for r in rows]))  # exact byte counts under *_bytes keys
         return 0
     print(f"memory per attention block: m={geo['d_model']}, n={geo['n_heads']}, d={geo['head_dim']}, "
           f"batch {args.batch}, sequence {args.seq_len}, fp16 mixed precision with Adam (exact bytes: --json)")
     print_table(*memory_table(rows))
+    configs = _whole_model_configs(args.preset, kinds, geo) if args.preset else {}
+    if configs:
+        print(f"\nwhole model ({args.preset} language model): every parameter x 20 bytes (Appendix C: fp16 and "
+              "fp32 weights and gradients, Adam's two fp32 moments; activations excluded) and the bf16 KV cache "
+              "one sequence holds per token (2 x layers x cached K/V heads x d x 2 bytes)")
+        rows = [(kind, decoder_memory(c)) for kind, c in configs.items()]
+        unit, scale = byte_unit(max(r["training_state_bytes"] for _, r in rows))
+        print_table(["kind", "parameters", f"training state ({unit})", "K/V heads cached", "KV cache / token (KiB)"],
+                    [[k, f"{r['params']:,}", f"{r['training_state_bytes'] / scale:,.2f}", r["kv_heads"],
+                      f"{r['kv_cache_bytes_per_token'] / 1024:,.2f}"] for k, r in rows])
     return 0
 
 

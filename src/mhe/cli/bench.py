@@ -32,6 +32,9 @@ def bench_args(p):
                         "step keeps its own default: compiled on a GPU)")
     p.add_argument("--train-batch", type=int, default=16, help="batch of the training section (default 16)")
     p.add_argument("--presets", default="gpt2-base,bert-base", help="presets of the training section")
+    p.add_argument("--preset", default=None,
+                   help="one decoder preset for the train, decode and generate sections (e.g. llama-135m; "
+                        "default: --presets for train, gpt2-base for decode and generate)")
     p.add_argument("--trainer-steps", type=int, default=60,
                    help="steps of mhe pretrain's trainer in the training section (logged every 10; default 60)")
     p.add_argument("--train-data", default="",
@@ -46,7 +49,8 @@ def bench_args(p):
                         "matmul-decode, flash-decode")
     p.add_argument("--gen-batches", default="1,64", help="generate section: batches at prompt 256 + 256 new tokens")
     p.add_argument("--gen-long", default="64x4096", help="generate section: BATCHxCONTEXT runs (256 new tokens)")
-    p.add_argument("--no-peer", action="store_true", help="generate section: skip Hugging Face GPT-2's generate")
+    p.add_argument("--no-peer", action="store_true",
+                   help="generate section: skip Hugging Face's generate (GPT-2, or Llama for llama-* presets)")
     p.add_argument("--no-pad-vocab", action="store_true", help="isolated training step: keep the vocabulary unpadded")
 
 
@@ -112,7 +116,8 @@ def attention_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
 
 def training_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
     T, B = (64, 2) if small else (512, args.train_batch)
-    rows = bench_training(kinds, [p.strip() for p in args.presets.split(",")], dev=dev, B=B, T=T,
+    presets = [args.preset] if args.preset else [p.strip() for p in args.presets.split(",")]
+    rows = bench_training(kinds, presets, dev=dev, B=B, T=T,
                           steps=reps if small else 20, warmup=warm if small else 5, compile_model=args.compile,
                           small=small, pad_vocab=not args.no_pad_vocab,
                           trainer_steps=min(args.trainer_steps, 6) if small else args.trainer_steps,
@@ -151,10 +156,10 @@ def decode_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
                   f"{ref[(r['batch'], 'mha')]['step_ms'] / r['step_ms']:.2f}x" if (r["batch"], "mha") in ref else "-",
                   f"{r['kv_cache_bytes'] / scale:.1f}", f"{r['cache_gb_per_s']:,.0f}"] for r in rows])
     model_rows = bench_decode(kinds, settings, dev=dev, dtype=dtype, warmup=warm, reps=reps, small=small,
-                              graphs=graphs, kernel=args.kernel)
+                              graphs=graphs, kernel=args.kernel, preset=args.preset or "gpt2-base")
     unit, scale = byte_unit(max(r["kv_cache_bytes_total"] for r in model_rows))
-    print(f"\ndecode one token against a filled KV cache ({model_rows[0]['shape'] if small else 'gpt2-base'}; "
-          f"MHE folded to MQA){'; CUDA graph replays' if graphs else ''}")
+    print(f"\ndecode one token against a filled KV cache ({model_rows[0]['shape'] if small else args.preset or 'gpt2-base'}"
+          f"; MHE folded to MQA, or one K/V head as it is under RoPE){'; CUDA graph replays' if graphs else ''}")
     print_table(["batch", "context", "kind", "kernel", "step ms", "tokens/s", f"KV {unit}/layer", f"KV {unit} total"],
                 [[r["batch"], r["context"], r["kind"], r["kernel"], f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
                   f"{r['kv_cache_bytes_per_layer'] / scale:.1f}", f"{r['kv_cache_bytes_total'] / scale:.1f}"]
@@ -165,8 +170,8 @@ def decode_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
 def generate_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
     rows = run_generate_section(kinds, generate_settings(args.gen_batches, args.gen_long, small), dev=dev,
                                 dtype=dtype, small=small, kernel=args.kernel, graphs=not args.no_graphs,
-                                peer=not args.no_peer)
-    print_generate_table(rows, dtype, SMOKE if small else "gpt2-base")
+                                peer=not args.no_peer, preset=args.preset or "gpt2-base")
+    print_generate_table(rows, dtype, SMOKE if small else args.preset or "gpt2-base")
     return {"generate": rows}
 
 
@@ -175,7 +180,7 @@ def print_generate_table(rows: list[dict], dtype, shape: str) -> None:
     base = {(r["batch"], r["prompt"]): r for r in rows if r["path"].startswith("HF")}
     mha = {(r["batch"], r["prompt"]): r for r in rows if r["kind"] == "mha" and not r["path"].startswith("HF")}
     print(f"\ngenerate end to end ({shape}, random weights, greedy, {_dtype_name(dtype)}; "
-          "prefill included; MHE folded to MQA)")
+          "prefill included; MHE folded to MQA, or one K/V head as it is under RoPE)")
     unit, scale = byte_unit(max([r["kv_bytes"] for r in rows if r["kv_bytes"] is not None], default=0))
     print_table(["batch", "prompt+new", "path", "kind", "kernel", "ms/token", "tokens/s", "vs HF", "tok/s vs MHA", f"KV {unit}",
                  "prefill ms"],

@@ -1,19 +1,22 @@
-"""Hugging Face GPT-2 and BERT weights into ``mhe`` MHA models and back, exactly.
+"""Hugging Face GPT-2, BERT, Llama, Qwen2 and Mistral weights into ``mhe`` models and back, exactly.
 
 :func:`import_hf` takes a ``transformers`` model object, or a local directory written by
 ``save_pretrained``, and returns the ``mhe`` model with the same function (same logits):
 
-=================================  ======================================
-Hugging Face class                 ``mhe`` model
-=================================  ======================================
-``GPT2LMHeadModel``                decoder, head ``lm``
-``BertForMaskedLM``                encoder, head ``mlm``
-``BertForSequenceClassification``  encoder, head ``classification``
-``BertForQuestionAnswering``       encoder, head ``qa``
-=================================  ======================================
+==========================================  =============================================
+Hugging Face class                          ``mhe`` model
+==========================================  =============================================
+``GPT2LMHeadModel``                         decoder, head ``lm``
+``BertForMaskedLM``                         encoder, head ``mlm``
+``BertForSequenceClassification``           encoder, head ``classification``
+``BertForQuestionAnswering``                encoder, head ``qa``
+``LlamaForCausalLM``, ``Qwen2ForCausalLM``,  Llama-style decoder (rotary positions, RMSNorm,
+``MistralForCausalLM``                      SwiGLU, grouped K/V; :mod:`mhe.hf.llama`)
+==========================================  =============================================
 
 :func:`export_hf` goes back (an MHA model with attention biases and learned positions, i.e.
-the ``bert-*`` and ``gpt2-*`` presets); ``export_hf(model).save_pretrained(dir)`` writes a
+the ``bert-*`` and ``gpt2-*`` presets, or a Llama-style decoder with mha, gqa or mqa
+attention, e.g. the ``llama-*`` presets); ``export_hf(model).save_pretrained(dir)`` writes a
 checkpoint any ``transformers`` user can load. The mapping: GPT-2's ``c_attn`` (a Conv1D,
 ``y = x W + b`` with ``W: [m, 3m]``) holds W^Q|W^K|W^V side by side, so ``q_proj.weight`` is
 ``c_attn.weight[:, :m].T``; BERT's linear layers are ``nn.Linear`` like ours.
@@ -26,6 +29,7 @@ from pathlib import Path
 import torch
 
 from mhe.errors import MheError, one_of
+from mhe.hf.llama import LLAMA_CLASSES, llama_class, llama_hf_config, llama_model_config, llama_to_mhe, mhe_to_llama
 from mhe.models import MODEL_CLASSES, ModelConfig
 
 HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
@@ -202,52 +206,67 @@ def _load_hf(source, **kwargs):
         raise MheError(f"{path} is not a Hugging Face model directory (no config.json)")
     config = transformers.AutoConfig.from_pretrained(str(path))
     arch = (getattr(config, "architectures", None) or [""])[0]
-    if arch not in HF_CLASSES:
-        raise one_of(f"Hugging Face model class in {path}", arch, HF_CLASSES)
+    if arch not in HF_CLASSES and arch not in LLAMA_CLASSES:
+        raise one_of(f"Hugging Face model class in {path}", arch, (*HF_CLASSES, *LLAMA_CLASSES))
     return getattr(transformers, arch).from_pretrained(str(path), **kwargs)
 
 
 def import_hf(source, **from_pretrained_kwargs):
-    """The ``mhe`` model equal to a Hugging Face GPT-2 or BERT model.
+    """The ``mhe`` model equal to a Hugging Face GPT-2, BERT, Llama, Qwen2 or Mistral model.
 
     Args:
-        source: a ``GPT2LMHeadModel``, ``BertForMaskedLM``, ``BertForSequenceClassification``
-            or ``BertForQuestionAnswering`` object, or a local directory one was saved to.
+        source: a ``GPT2LMHeadModel``, ``BertForMaskedLM``, ``BertForSequenceClassification``,
+            ``BertForQuestionAnswering``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or
+            ``MistralForCausalLM`` object, or a local directory one was saved to.
         **from_pretrained_kwargs: passed to ``from_pretrained`` for a directory (e.g. ``dtype``).
 
     Returns:
-        The ``mhe`` model (MHA with biases), in the source's dtype, in eval mode if the
-        source was. It keeps the weights bit for bit: every tensor is the source's (GPT-2's
-        fused, transposed ones split and transposed), and the source is left unchanged.
+        The ``mhe`` model (MHA with biases; for the Llama family its K/V grouping and biases),
+        in the source's dtype, in eval mode if the source was. It keeps the weights bit for bit:
+        every tensor is the source's (GPT-2's fused, transposed ones split and transposed), and
+        the source is left unchanged.
     """
     hf = _load_hf(source, **from_pretrained_kwargs)
     name = type(hf).__name__
-    if name not in HF_CLASSES:
-        raise one_of("Hugging Face model class", name, HF_CLASSES)
-    arch, head = HF_CLASSES[name]
-    cfg = gpt2_model_config(hf.config) if arch == "decoder" else bert_model_config(hf.config, head)
     sd = hf.state_dict()
-    state = _gpt2_to_mhe(sd, cfg) if arch == "decoder" else _bert_to_mhe(sd, cfg)
+    if name in LLAMA_CLASSES:
+        arch, head = "decoder", "lm"
+        cfg = llama_model_config(hf.config, name)
+        state = llama_to_mhe(sd, cfg)
+    elif name in HF_CLASSES:
+        arch, head = HF_CLASSES[name]
+        cfg = gpt2_model_config(hf.config) if arch == "decoder" else bert_model_config(hf.config, head)
+        state = _gpt2_to_mhe(sd, cfg) if arch == "decoder" else _bert_to_mhe(sd, cfg)
+    else:
+        raise one_of("Hugging Face model class", name, (*HF_CLASSES, *LLAMA_CLASSES))
     dtype = next(hf.parameters()).dtype
     model = MODEL_CLASSES[(arch, head)](cfg).to(dtype)
     _load_exact(model, state)
     return model.train(hf.training)
 
 
-def export_hf(model):
-    """The Hugging Face model (``GPT2LMHeadModel`` or ``BertFor*``) equal to an ``mhe`` model
-    with MHA attention, attention biases and learned positions (the gpt2-*/bert-* presets).
-    Keeps the weights bit for bit: every parameter of the new model is copied from ``model``
-    (its own initialisation is overwritten; a parameter left without a source is an error)."""
+def export_hf(model, family: str | None = None):
+    """The Hugging Face model equal to an ``mhe`` model: ``GPT2LMHeadModel`` or ``BertFor*`` for
+    MHA with attention biases and learned positions (the gpt2-*/bert-* presets);
+    ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``MistralForCausalLM`` (``family``: ``llama``,
+    ``qwen2``, ``mistral``; default Qwen2 for Q/K/V biases alone, else Llama) for a Llama-style
+    decoder with mha, gqa or mqa attention. Keeps the weights bit for bit: every parameter of
+    the new model is copied from ``model`` (its own initialisation is overwritten; a parameter
+    left without a source is an error)."""
     import transformers
 
     cfg = model.cfg
-    config = hf_config(cfg)
-    hf = getattr(transformers, MHE_HEADS[(cfg.arch, cfg.head)])(config)
+    llama = cfg.positions == "rotary"
+    name = llama_class(cfg, family) if llama else MHE_HEADS.get((cfg.arch, cfg.head))
+    config = llama_hf_config(cfg, name) if llama else hf_config(cfg)
+    hf = getattr(transformers, name)(config)
     dtype = next(model.parameters()).dtype
     hf = hf.to(dtype)
     sd = model.state_dict()
-    state = _mhe_to_gpt2(sd, cfg) if cfg.arch == "decoder" else _mhe_to_bert(sd, cfg)
+    if llama:
+        state = mhe_to_llama(sd, cfg)
+    else:
+        state = _mhe_to_gpt2(sd, cfg) if cfg.arch == "decoder" else _mhe_to_bert(sd, cfg)
     _load_exact(hf, state)
     return hf.train(model.training)
 

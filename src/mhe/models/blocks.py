@@ -12,28 +12,9 @@ from mhe.attention.kv_cache import CrossCache, KVCache
 from mhe.errors import MheError
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_ids
+from mhe.models.layers import RMSNorm, activation, build_mlp, build_norm
 
-
-def activation(name: str) -> nn.Module:
-    """The feed-forward non-linearity ``name`` of :data:`mhe.models.config.ACTIVATIONS`."""
-    if name == "relu":
-        return nn.ReLU()
-    return nn.GELU(approximate="tanh" if name == "gelu_tanh" else "none")
-
-
-class FeedForward(nn.Module):
-    """Position-wise feed-forward network (Vaswani et al. 2017, Eq. 2), with ``cfg.activation``:
-    exact GELU (BERT), tanh GELU (GPT-2) or ReLU (Transformer)."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.fc_in = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.fc_out = nn.Linear(cfg.d_ff, cfg.d_model)
-        self.act = activation(cfg.activation)
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def forward(self, x):
-        return self.fc_out(self.drop(self.act(self.fc_in(x))))
+__all__ = ["Block", "Embeddings", "activation", "build_sublayer", "init_model", "sinusoid_table"]
 
 
 def build_sublayer(cfg: ModelConfig, *, causal: bool):
@@ -44,7 +25,9 @@ def build_sublayer(cfg: ModelConfig, *, causal: bool):
 class Block(nn.Module):
     """One transformer layer: self-attention, optional cross-attention, feed-forward.
 
-    ``norm_first`` picks pre-LN (GPT-2) or post-LN (BERT, Vaswani et al.). The
+    ``norm_first`` picks pre-LN (GPT-2, Llama) or post-LN (BERT, Vaswani et al.); ``cfg.norm``
+    LayerNorm or RMSNorm and ``cfg.mlp`` the plain or the SwiGLU feed-forward
+    (:mod:`mhe.models.layers`). The
     attention modules are built here from the config; the block never looks at
     which kind they are.
     """
@@ -53,11 +36,11 @@ class Block(nn.Module):
         super().__init__()
         self.norm_first = cfg.norm_first
         self.self_attn = build_sublayer(cfg, causal=causal)
-        self.self_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.self_norm = build_norm(cfg)
         self.cross_attn = build_sublayer(cfg, causal=False) if cross else None
-        self.cross_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cross else None
-        self.ffn = FeedForward(cfg)
-        self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.cross_norm = build_norm(cfg) if cross else None
+        self.ffn = build_mlp(cfg)
+        self.ffn_norm = build_norm(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
     def _residual(self, x, norm, fn):
@@ -84,14 +67,15 @@ class Embeddings(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=None)
         self.sinusoidal = cfg.positions == "sinusoidal"
+        self.positions = None  # rotary positions act inside attention (mhe.attention.rotary)
+        self.scale = 1.0
         if self.sinusoidal:
             # computed on first use, not a buffer: it is not a weight, and loaders that build
             # models on the meta device (Hugging Face from_pretrained) leave buffers empty
             self._pos_table: torch.Tensor | None = None
             self.scale = math.sqrt(cfg.d_model)
-        else:
+        elif cfg.positions == "learned":
             self.positions = nn.Embedding(cfg.max_len, cfg.d_model)
-            self.scale = 1.0
         self.types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if norm else None
         self.drop = nn.Dropout(cfg.dropout)
@@ -127,7 +111,7 @@ class Embeddings(nn.Module):
             if table is None or table.device != x.device:
                 table = self._pos_table = sinusoid_table(self.max_len, x.shape[-1]).to(x.device)
             x = x + table[positions].to(x.dtype)
-        else:
+        elif self.positions is not None:
             x = x + self.positions(positions)
         if self.types is not None:
             x = x + self.types(token_types if token_types is not None else torch.zeros_like(ids))
@@ -173,6 +157,8 @@ def init_weights(model: nn.Module, std: float = 0.02) -> None:
         elif isinstance(mod, nn.LayerNorm):
             nn.init.ones_(mod.weight)
             nn.init.zeros_(mod.bias)
+        elif isinstance(mod, RMSNorm):
+            nn.init.ones_(mod.weight)
 
 
 def init_gpt2(model: nn.Module, n_layers: int) -> None:
@@ -184,10 +170,10 @@ def init_gpt2(model: nn.Module, n_layers: int) -> None:
     std = 0.02 / math.sqrt(2 * n_layers)
     for block in model.modules():
         if isinstance(block, Block):
-            for lin in (getattr(block.self_attn, "out_proj", None), block.ffn.fc_out):
+            for lin in (getattr(block.self_attn, "out_proj", None), block.ffn.out_layer):
                 if isinstance(lin, nn.Linear):
                     nn.init.normal_(lin.weight, std=std)
-        elif isinstance(block, Embeddings) and not block.sinusoidal:
+        elif isinstance(block, Embeddings) and block.positions is not None:
             nn.init.normal_(block.positions.weight, std=0.01)
 
 

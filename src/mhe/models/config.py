@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mhe.attention.registry import KINDS, options_class
+from mhe.attention.rotary import rotary_width
 from mhe.errors import MheError, one_of
 from mhe.settings import check_fields, setting, typed_options
 
@@ -19,7 +20,9 @@ pairs :data:`mhe.models.build.MODEL_CLASSES` maps to classes."""
 ARCHS: tuple[str, ...] = tuple(HEADS)
 """The three architectures: BERT-like encoder, GPT-2-like decoder, Transformer encoder-decoder."""
 
-POSITIONS = ("learned", "sinusoidal")
+POSITIONS = ("learned", "sinusoidal", "rotary")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("plain", "swiglu")
 
 
 @dataclass
@@ -34,6 +37,14 @@ class ModelConfig:
     ``activation`` is the feed-forward (and BERT MLM-transform) non-linearity: ``gelu``
     (exact, erf-based: BERT), ``gelu_tanh`` (the tanh approximation: GPT-2) or ``relu``
     (Vaswani et al. 2017, section 3.3).
+
+    The Llama-style decoder (the ``llama-*`` presets) is this decoder with ``norm="rmsnorm"``
+    (:class:`~mhe.models.layers.RMSNorm`, epsilon ``layer_norm_eps``), ``mlp="swiglu"`` (gated,
+    three ``m x d_ff`` matrices, no biases), ``positions="rotary"`` (RoPE with base
+    ``rope_base`` over the first ``rope_fraction`` of each head; :mod:`mhe.attention.rotary`),
+    no attention biases (``qkv_bias=True`` gives the query, key and value projections biases
+    without the output projection, as Qwen2 has them), grouped K/V heads (``attention="gqa"``,
+    ``attn_options.n_kv_heads``) and a tied or untied output head (``tie_embeddings``).
     """
 
     arch: Literal[ARCHS]
@@ -55,6 +66,11 @@ class ModelConfig:
     layer_norm_eps: float = setting(1e-5, gt=0)
     type_vocab_size: int = setting(0, ge=0)
     positions: Literal[POSITIONS] = "learned"
+    rope_base: float = setting(10000.0, gt=1)
+    rope_fraction: float = setting(1.0, gt=0, le=1)
+    norm: Literal[NORMS] = "layernorm"
+    mlp: Literal[MLPS] = "plain"
+    qkv_bias: bool = False
     tie_embeddings: bool = True
     pad_id: int = setting(0, ge=0)
     head: str = ""
@@ -76,10 +92,21 @@ class ModelConfig:
         n_kv = getattr(self.attn_options, "n_kv_heads", 1)  # 0: the default group count
         if n_kv and self.n_heads % n_kv:
             raise MheError(f"model.attn_options.n_kv_heads={n_kv} must divide model.n_heads={self.n_heads}")
+        if self.positions == "rotary":
+            self._check_rotary()
         cuts = list(self.adaptive_cutoffs)
         if cuts and (cuts != sorted(set(cuts)) or cuts[0] <= 0 or cuts[-1] >= self.vocab_size):
             raise MheError(f"model.adaptive_cutoffs must increase strictly within 1..{self.vocab_size - 1}, "
                            f"got {cuts}")
+
+    def _check_rotary(self) -> None:
+        if self.arch != "decoder":
+            raise MheError(f"model.positions='rotary' is for the decoder; a {self.arch} takes learned or "
+                           "sinusoidal positions")
+        if self.attention in ("fnet", "linear"):
+            raise MheError(f"model.positions='rotary' must rotate queries and keys, which attention kind "
+                           f"{self.attention!r} does not have (it mixes whole sequences); use a kind with a KV cache")
+        rotary_width(self.resolved_head_dim, self.rope_fraction)
 
     @property
     def resolved_head_dim(self) -> int:
@@ -90,8 +117,9 @@ class ModelConfig:
         own = dataclasses.asdict(self.attn_options)
         if "max_len" in own and own["max_len"] is None:  # linear: the model's max_len
             own["max_len"] = self.max_len
+        extra = {"qkv_bias": True} if self.qkv_bias else {}
         return {"dropout": self.attn_dropout, "bias": self.attn_bias, "causal": causal, "kernel": self.attn_kernel,
-                **own}
+                **extra, **own}
 
     def replace(self, **changes) -> "ModelConfig":
         valid = {f.name for f in dataclasses.fields(self)}
@@ -139,6 +167,16 @@ def _transformer(**kw) -> ModelConfig:
     return ModelConfig(**{**base, **kw})
 
 
+def _llama(**kw) -> ModelConfig:
+    # Touvron et al. 2023 (LLaMA), section 2.2: pre-normalisation with RMSNorm, SwiGLU, rotary
+    # embeddings, no biases; grouped K/V heads (Ainslie et al. 2023). No dropout, as released.
+    base = dict(arch="decoder", vocab_size=32000, d_model=2048, n_layers=22, n_heads=32, d_ff=5632, max_len=2048,
+                norm_first=True, norm="rmsnorm", mlp="swiglu", positions="rotary", rope_base=10000.0,
+                layer_norm_eps=1e-5, attn_bias=False, dropout=0.0, attn_dropout=0.0, tie_embeddings=False,
+                attention="gqa", attn_options={"n_kv_heads": 4})
+    return ModelConfig(**{**base, **kw})
+
+
 PRESETS = {
     # section 4.3 / Table 1: BERT-base, 12 layers, 768 wide, 12 heads, max length 512
     "bert-base": lambda: _bert(),
@@ -157,14 +195,29 @@ PRESETS = {
     "transformer-8l": lambda: _transformer(n_layers=8),
     "transformer-12h": lambda: _transformer(d_model=768, n_heads=12, d_ff=3072, dropout=0.15, attn_dropout=0.15),
     "transformer-big": lambda: _transformer(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3, attn_dropout=0.3),
+    # Llama-style decoders (RMSNorm, SwiGLU, RoPE, grouped K/V), sized as public small models:
+    # SmolLM-135M's config.json (HuggingFaceTB/SmolLM-135M: 134,515,008 parameters, tied head)
+    "llama-135m": lambda: _llama(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, d_ff=1536,
+                                 tie_embeddings=True, attn_options={"n_kv_heads": 3}),
+    # TinyLlama-1.1B's config.json (TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T:
+    # 1,100,048,384 parameters, untied head)
+    "llama-1.1b": lambda: _llama(),
     # tiny models for tests and CPU runs (seconds to minutes)
     "tiny-encoder": lambda: _bert(vocab_size=1024, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=128,
                                   dropout=0.1, attn_dropout=0.1),
     "tiny-decoder": lambda: _gpt2(vocab_size=1024, d_model=128, n_layers=2, n_heads=4, d_ff=512, max_len=128,
                                   dropout=0.1, attn_dropout=0.1),
+    "llama-tiny": lambda: _llama(vocab_size=1024, d_model=128, n_layers=2, n_heads=4, d_ff=352, max_len=128,
+                                 tie_embeddings=True, attn_options={"n_kv_heads": 2}),
     "tiny-encoder-decoder": lambda: _transformer(vocab_size=1024, d_model=64, n_layers=2, n_heads=4, d_ff=256,
                                                  max_len=128),
 }
+
+
+def cpu_sized(name: str) -> bool:
+    """Whether ``name`` is one of the presets sized for a CPU (``tiny-*``, ``llama-tiny``), which the
+    tasks give short schedules and small vocabularies."""
+    return name.startswith("tiny-") or name.endswith("-tiny")
 
 
 def preset(name: str) -> ModelConfig:

@@ -97,12 +97,13 @@ def split_kernel(kernel: str) -> tuple[str, str | None]:
 
 def inference_view(model: nn.Module, kernel: str | None = None,
                    scope: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
-    """``model`` with fast MHE sublayers folded to MQA and, with ``kernel``, the attention
+    """``model`` with foldable MHE sublayers folded to MQA (fast MHE under rotary positions runs as it
+    is, with its one-head cache) and, with ``kernel``, the attention
     sublayers of ``scope(view)`` (default: all) set to it; shares all parameters and buffers with
     ``model``, which is left unchanged (``model`` itself when nothing changes). Computes the same
     function as ``model`` (the folded sublayers by the identities above)."""
     part = scope or (lambda m: m)
-    fold = any(isinstance(m, _MHEBase) and not m.reference for m in model.modules())
+    fold = any(isinstance(m, _MHEBase) and m.foldable for m in model.modules())
     if not fold and (kernel is None or all(a.cfg.kernel == kernel for a in _attention(part(model)))):
         return model
     memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}

@@ -8,11 +8,13 @@ from torch import nn
 
 from mhe.attention import masks
 from mhe.attention.kv_cache import KVCache
+from mhe.attention.rotary import RotaryEmbedding
 from mhe.attention.masks import AttentionMask
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
 from mhe.models.generate import Generator, generate
 from mhe.models.inputs import check_labels, check_mask
+from mhe.models.layers import build_norm
 from mhe.models.losses import IGNORE, causal_lm_loss, chunked_loss_wanted, classification_loss, head_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
 
@@ -22,14 +24,22 @@ def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
 
 
 class Decoder(nn.Module):
-    """Pre-LN GPT-2 stack: learned positions, causal self-attention, final LayerNorm."""
+    """Pre-LN decoder stack: causal self-attention, final normalisation. GPT-2 (learned positions,
+    LayerNorm, GELU feed-forward) or Llama-style (rotary positions, RMSNorm, SwiGLU), as ``cfg``
+    says (:class:`~mhe.models.config.ModelConfig`)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = Embeddings(cfg, norm=False)
         self.layers = nn.ModuleList(Block(cfg, causal=True, cross=False) for _ in range(cfg.n_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.final_norm = build_norm(cfg)
+        self.rotary = None
+        if cfg.positions == "rotary":  # one table for every layer
+            self.rotary = RotaryEmbedding(cfg.resolved_head_dim, base=cfg.rope_base, fraction=cfg.rope_fraction,
+                                          max_len=cfg.max_len)
+            for layer in self.layers:
+                layer.self_attn.attach_rotary(self.rotary)
 
     def forward(self, input_ids, attention_mask=None, caches: list[KVCache] | None = None,
                 position_ids: torch.Tensor | None = None):
@@ -67,9 +77,11 @@ class _DecoderModel(nn.Module):
         self.decoder = Decoder(cfg)
 
     def reset_parameters(self) -> None:
-        """(Re)draw every weight by GPT-2's scheme (:func:`mhe.models.blocks.init_model`); run when
-        built, and by the Hugging Face adapter when it builds its own core."""
-        init_model(self, "gpt2", n_layers=self.cfg.n_layers)
+        """(Re)draw every weight by the family's scheme (:func:`mhe.models.blocks.init_model`); run
+        when built, and by the Hugging Face adapter when it builds its own core. GPT-2's scheme;
+        the Llama family's is N(0, 0.02) everywhere (transformers' LlamaPreTrainedModel,
+        initializer_range 0.02), without GPT-2's residual scaling."""
+        init_model(self, "bert" if self.cfg.positions == "rotary" else "gpt2", n_layers=self.cfg.n_layers)
 
     def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None, device=None):
         return self.decoder.new_caches(batch, max_len, dtype=dtype, device=device)

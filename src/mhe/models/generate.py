@@ -123,7 +123,7 @@ def _prompt(model, input_ids, attention_mask, max_new_tokens: int, min_new_token
         raise MheError(f"min_new_tokens must be a non-negative integer, got {min_new_tokens!r}")
     b, p = input_ids.shape
     total = p + max_new_tokens
-    if total > model.cfg.max_len and model.cfg.positions == "learned":
+    if total > model.cfg.max_len and model.cfg.positions in ("learned", "rotary"):  # tables of max_len positions
         raise MheError(f"prompt {p} + max_new_tokens {max_new_tokens} = {total} exceeds the model's "
                        f"max_len {model.cfg.max_len}")
     prompt_mask = torch.ones(b, p, dtype=torch.bool, device=input_ids.device) if attention_mask is None \

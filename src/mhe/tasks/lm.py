@@ -9,6 +9,7 @@ from mhe.data.tokenize import load_tokenizer
 from mhe.errors import MheError
 from mhe.metrics.perplexity import perplexity, sliding_window_nll
 from mhe.models import build_model
+from mhe.models.config import cpu_sized
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
 from mhe.tasks.text import corpus_lines, is_word_level, token_stream
 from mhe.training.task import Task
@@ -56,7 +57,7 @@ class CausalLMTask(Task):
         self.device = dist.device
         vocab = self.tok.get_vocab_size()
         extra = {}
-        if cfg.preset.startswith("tiny-") and vocab >= ADAPTIVE_FROM and not cfg.model.adaptive_cutoffs:
+        if cpu_sized(cfg.preset) and vocab >= ADAPTIVE_FROM and not cfg.model.adaptive_cutoffs:
             extra["adaptive_cutoffs"] = [c for c in ADAPTIVE_CUTOFFS if c < vocab]
         model = build_model(cfg.model, vocab_size=vocab, **extra)
         if model.cfg.arch != "decoder":

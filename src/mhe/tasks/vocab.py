@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mhe.errors import MheError
-from mhe.models.config import preset
+from mhe.models.config import cpu_sized, preset
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def preset_tokenizer(preset_name: str, task: str, dataset: str = "") -> Tokenize
     small = TASK_TOKENIZERS[task]
     if task == "mt":
         small = TokenizerChoice("bpe", TINY_MT_VOCAB.get(dataset, small.vocab_size))
-    if preset_name.startswith("tiny-"):
+    if cpu_sized(preset_name):
         return small
     try:
         arch = preset(preset_name).arch

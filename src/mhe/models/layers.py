@@ -1,0 +1,98 @@
+"""The per-position layers of a block: its normalisation and its feed-forward network.
+
+* :class:`FeedForward`: two linear layers with biases and an activation between them
+  (Vaswani et al. 2017, Eq. 2; BERT, GPT-2), ``model.mlp = "plain"``;
+* :class:`SwiGLU`: the gated feed-forward of Shazeer (2020, "GLU Variants Improve
+  Transformer", Eq. 6: FFN_SwiGLU(x) = (Swish(x W) * x V) W_2) without biases, as Llama,
+  Qwen2 and Mistral use it, ``model.mlp = "swiglu"``: three ``m x d_ff`` matrices;
+* :class:`RMSNorm`: root-mean-square normalisation (Zhang & Sennrich 2019, Eq. 4) with a
+  learned gain and no bias or centring, ``model.norm = "rmsnorm"``; else ``nn.LayerNorm``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def activation(name: str) -> nn.Module:
+    """The feed-forward non-linearity ``name`` of :data:`mhe.models.config.ACTIVATIONS`."""
+    if name == "relu":
+        return nn.ReLU()
+    return nn.GELU(approximate="tanh" if name == "gelu_tanh" else "none")
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network (Vaswani et al. 2017, Eq. 2), with ``cfg.activation``:
+    exact GELU (BERT), tanh GELU (GPT-2) or ReLU (Transformer)."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc_out = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = activation(cfg.activation)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    @property
+    def out_layer(self) -> nn.Linear:
+        """The layer that writes into the residual stream (GPT-2 scales its initialisation)."""
+        return self.fc_out
+
+    def forward(self, x):
+        return self.fc_out(self.drop(self.act(self.fc_in(x))))
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))``, no biases (Shazeer 2020, Eq. 6; Llama's MLP).
+
+    Parameters: 3 * m * d_ff (``gate`` and ``up``: m -> d_ff; ``down``: d_ff -> m).
+    """
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    @property
+    def out_layer(self) -> nn.Linear:
+        return self.down
+
+    def forward(self, x):
+        return self.down(self.drop(F.silu(self.gate(x)) * self.up(x)))
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * g`` over the last dimension (Zhang & Sennrich 2019, Eq. 4).
+
+    The statistic is computed in at least float32 (bf16/fp16 activations are upcast, as Llama's
+    code does) and the gain multiplies the result cast back to the input dtype; float64 stays
+    float64.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.promote_types(x.dtype, torch.float32))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def build_norm(cfg) -> nn.Module:
+    """The normalisation ``cfg.norm`` names, with ``cfg.layer_norm_eps``."""
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+
+
+def build_mlp(cfg) -> nn.Module:
+    """The feed-forward network ``cfg.mlp`` names."""
+    return SwiGLU(cfg) if cfg.mlp == "swiglu" else FeedForward(cfg)
