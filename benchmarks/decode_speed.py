@@ -94,8 +94,7 @@ def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
             options["compile_options"] = {"backend": "aot_eager"}  # a CPU smoke run: no C++ compiler needed
         row = {"path": "model.generate", "mode": f"auto ({auto})" if mode == "auto" else mode,
                **rows_mod.generate_row(model, ids, mask, run.new, run.dev, run.reps, **options)}
-        session = generator_module._DEFAULT[model][-1]
-        row["kv_mib"] = sum(c.nbytes() for c in session.caches) / 2**20
+        row["kv_mib"] = sum(c.nbytes() for c in generator_module._DEFAULT[model][-1].caches) / 2**20  # the session used
         if batch == 1 and "kernels" in run.sections and kind in ADAPTER_KINDS:
             row.update(rows_mod.kernels_per_token(model, ids, mask, run.dev, **options))
         out.append(row)

@@ -101,8 +101,9 @@ class Generator:
             if self.rng is None:
                 self.rng = torch.Generator(device=self.device)
             generator = self.rng.manual_seed(sampling.seed)
-        stops = torch.tensor(list(stop_ids), dtype=torch.long, device=self.device) if len(stop_ids) else None
-        return Rule(sampling, stops, bool(min_new_tokens and stops is not None), generator)
+        stop_ids = tuple(int(t) for t in stop_ids)
+        stops = torch.tensor(stop_ids, dtype=torch.long, device=self.device) if stop_ids else None
+        return Rule(sampling, stop_ids, stops, bool(min_new_tokens and stops is not None), generator)
 
     def step(self, rule: Rule) -> torch.Tensor:
         """One token: the model's step on the newest tokens, then ``rule``'s choice; the logits

@@ -28,20 +28,22 @@ class Rule:
 
     Attributes:
         sampling: greedy or sampling (its seed lives in ``generator``).
-        stops: ``[S]`` long tensor of stop tokens (None: no stop token).
+        stop_ids: the stop tokens; ``stops``: the same as a ``[S]`` long tensor on the device
+            (None: no stop token).
         hold_back: stop tokens cannot be chosen before ``min_new_tokens`` (a tensor of the state).
         generator: the private generator a seeded call draws from (None: the device's default).
     """
 
     sampling: SamplingConfig
-    stops: torch.Tensor | None = None
+    stop_ids: tuple[int, ...] = ()
+    stops: torch.Tensor | None = field(default=None, compare=False)
     hold_back: bool = False
     generator: torch.Generator | None = field(default=None, compare=False)
 
     @property
     def key(self) -> tuple:
-        stops = () if self.stops is None else tuple(self.stops.tolist())
-        return (self.sampling.rule, stops, self.hold_back, self.generator is not None)
+        """What a captured region depends on (host values only: no device read per token)."""
+        return (self.sampling.rule, self.stop_ids, self.hold_back, self.generator is not None)
 
 
 class TokenState:
