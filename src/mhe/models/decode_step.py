@@ -183,6 +183,8 @@ class StepRunner:
             g.set_state(state)
         torch.cuda.set_rng_state(default_rng)
         graph = torch.cuda.CUDAGraph()
+        if self.generators and not hasattr(graph, "register_generator_state"):
+            raise MheError("sampling with a seed inside a captured step needs torch >= 2.5; use step_mode='eager'")
         for g in self.generators:
             graph.register_generator_state(g)
         with torch.cuda.graph(graph):
