@@ -132,6 +132,8 @@ def decode_run(saved: dict, a, dev) -> None:
             raise SystemExit("this tree's translate has no dtype option")
         extra["dtype"] = a.dtype
     out: list[list[str]] = []
+    n = min(a.sentences, len(saved["sources"]))  # --sentences: the first n (all 1,000 by default)
+    saved = dict(saved, sources=saved["sources"][:n], references=saved["references"][:n])
     sec = [timed(lambda: out.append(task.translate(model, saved["sources"], **extra)), dev) for _ in range(a.passes)]
     same = sum(x == y for x, y in zip(out[0], out[-1]))
     print(f"{len(saved['sources'])} sentences, beam {task.o['beam']}, {a.dtype}, eval_batch {task.o['eval_batch']}"

@@ -224,12 +224,13 @@ def test_graph_and_compiled_decode_equal_eager_with_flash_decode(kind):
         # the same function as sdpa's, in another bf16 rounding
         assert torch.equal(a[:, 9], s[:, 9])
         torch.testing.assert_close(la[:, 1].float(), ls[:, 1].float(), rtol=0.02, atol=0.05)
-        g, lg = model.generate(ids, 20, attention_mask=m, step_mode="graph", return_logits=True)
+        g, lg = model.generate(ids, 20, attention_mask=m, session=model.generator(3, 29, step_mode="graph"),
+                               return_logits=True)
         assert torch.equal(a, g) and torch.equal(la, lg)  # a replayed graph runs the eager kernels
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
-        c, lc = model.generate(ids, 20, attention_mask=m, step_mode="compile",
-                               compile_options={"backend": "aot_eager"}, return_logits=True)
+        c, lc = model.generate(ids, 20, attention_mask=m, return_logits=True, session=model.generator(
+            3, 29, step_mode="compile", compile_options={"backend": "aot_eager"}))
         assert int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) == 1  # one graph, every step
         assert torch.equal(a, c)
         torch.testing.assert_close(lc.float(), la.float(), rtol=0.02, atol=0.05)

@@ -156,14 +156,14 @@ def test_generation_reuses_the_captured_step_until_weights_change():
     ids = torch.randint(3, 99, (2, 4))
     session = model.generator(2, 9)
     a, la = model.generate(ids, 5, session=session, return_logits=True)
-    view, step = session.view, session._runners[False]
+    view, regions = session.view, dict(session._regions)
     assert torch.equal(model.generate(ids, 5, session=session), a)
-    assert session.view is view and session._runners[False] is step  # the same view and step, reused
+    assert session.view is view and session._regions == regions  # the same view and region, reused
     with torch.no_grad():
         model.decoder.final_norm.weight.mul_(3.0)
     _, lb = model.generate(ids, 5, session=session, return_logits=True)
     assert session.view is not view  # folded weights rebuilt
-    _, fresh = model.generate(ids, 5, return_logits=True)
+    _, fresh = model.generate(ids, 5, session=model.generator(2, 9), return_logits=True)
     assert torch.equal(lb, fresh) and not torch.allclose(la, lb)  # the new weights', as a fresh session's
 
 
@@ -211,7 +211,7 @@ def test_a_held_session_is_reused_checked_and_nothing_is_kept_on_the_model():
     assert torch.equal(a, model.generate(ids, 8, attention_mask=mask))  # as a session of the exact size
     b = model.generate(ids[:, 3:], 5, session=session)  # another length, no padding: the same session
     assert torch.equal(b, model.generate(ids[:, 3:], 5))
-    assert set(session._runners) == {False, True}  # one step with a key mask, one without
+    assert {padded for padded, _ in session._regions} == {False, True}  # one step with a key mask, one without
     with pytest.raises(MheError, match="holds 2 rows of 20 positions; got 1 prompts"):
         model.generate(ids[:1], 3, session=session)
     with pytest.raises(MheError, match="got 2 prompts of 6 tokens \\+ 15 new"):

@@ -57,7 +57,8 @@ def test_graph_decode_equals_eager_on_cuda(kind):
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
     for m in (None, mask):
-        a, la = model.generate(ids, 20, attention_mask=m, step_mode="eager", return_logits=True)
+        a, la = model.generate(ids, 20, attention_mask=m, session=model.generator(3, 29, step_mode="eager"),
+                               return_logits=True)  # the same cache length as the graph session's
         session = model.generator(3, 29, step_mode="graph")
         b, lb = model.generate(ids, 20, attention_mask=m, session=session, return_logits=True)
         c, lc = model.generate(ids, 20, attention_mask=m, session=session, return_logits=True)  # replayed again
@@ -119,14 +120,15 @@ def test_llama_decoder_graph_decode_equals_eager_and_flash_decode_tracks_sdpa(ki
     ids = torch.randint(0, 1024, (3, 9), device="cuda")
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
-    a, la = model.generate(ids, 20, attention_mask=mask, step_mode="eager", return_logits=True)
+    a, la = model.generate(ids, 20, attention_mask=mask, session=model.generator(3, 29, step_mode="eager"),
+                           return_logits=True)  # the same cache length as the graph session's
     session = model.generator(3, 29, step_mode="graph")
     b, lb = model.generate(ids, 20, attention_mask=mask, return_logits=True, session=session)
     assert torch.equal(a, b) and torch.equal(la, lb)
     assert {c.k.shape[1] for c in session.caches} == {1 if kind == "mhe-mul" else 2}
     if kind == "mhe-mul":
         assert {layer.self_attn.cfg.kernel for layer in session.view.decoder.layers} == {"flash-decode"}
-        _, ls = model.generate(ids, 20, attention_mask=mask, step_mode="eager", kernel="sdpa",
-                               return_logits=True)
+        _, ls = model.generate(ids, 20, attention_mask=mask, return_logits=True,
+                               session=model.generator(3, 29, step_mode="eager", kernel="sdpa"))
         assert torch.equal(la[:, 0], ls[:, 0])  # the prompt runs SDPA either way
         assert rel(la[:, 1], ls[:, 1]) < 2e-2  # the first decode step, from the same token

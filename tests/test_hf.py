@@ -183,14 +183,19 @@ def test_trainer_gradient_accumulation(tmp_path):
 
 @pytest.mark.parametrize("kind, heads", [("mhe-mul", 1), ("mha", 4), ("gqa", 2)])
 def test_static_cache_keeps_the_kinds_kv_heads(kind, heads):
-    """``cache_implementation="static"``: same tokens and logits as the dynamic cache; the static
-    buffers hold the kind's K/V heads; left-padded prompts generate as they do alone."""
+    """transformers' loop (what the adapter runs for requests its fast path does not serve, such as
+    beam search) with ``cache_implementation="static"``: same tokens and logits as the dynamic
+    cache; the static buffers hold the kind's K/V heads; left-padded prompts generate as they do
+    alone. The fast path's session caches hold the same heads and give the same tokens."""
     hf = to_hf(core("tiny-decoder", kind, attn_options={"n_kv_heads": 2} if kind == "gqa" else {})).eval()
     ids = torch.randint(7, 99, (2, 5))
     kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+    fast = hf.generate(ids, cache_implementation="static", **kw)
+    assert mhe.models.generator._DEFAULT[hf.mhe][-1].caches[0].k.shape[1] == heads
+    hf.use_mhe_generate = False
     dyn = hf.generate(ids, **kw)
     sta = hf.generate(ids, cache_implementation="static", **kw)
-    assert torch.equal(dyn.sequences, sta.sequences)
+    assert torch.equal(dyn.sequences, sta.sequences) and torch.equal(fast.sequences, sta.sequences)
     torch.testing.assert_close(torch.stack(sta.logits), torch.stack(dyn.logits), rtol=1e-5, atol=1e-5)
     cache = getattr(sta, mhe.hf.modeling.CACHE_FIELD)
     assert type(cache).__name__ == "StaticCache" and cache.layers[0].keys.shape[1] == heads
@@ -219,6 +224,7 @@ def test_static_cache_generation_under_torch_compile():
     hf = to_hf(core("tiny-decoder", "mhe-mul")).eval()
     ids = torch.randint(7, 99, (2, 5))
     want = hf.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    hf.use_mhe_generate = False  # transformers' loop over the compiled forward
     hf.forward = torch.compile(hf.forward)
     got = hf.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
     assert torch.equal(got, want)

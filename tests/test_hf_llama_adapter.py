@@ -6,7 +6,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-import mhe.hf  # noqa: E402,F401  (registers the Auto classes)
+import mhe.hf  # noqa: E402  (registers the Auto classes)
 from mhe.hf import from_hf, to_hf  # noqa: E402
 from mhe.hf.modeling import CACHE_FIELD  # noqa: E402
 from mhe.models import build_model  # noqa: E402
@@ -37,14 +37,20 @@ def test_saved_and_loaded_through_the_auto_class(kind, opts, tmp_path):
 @pytest.mark.parametrize("kind, opts, heads", [("mhe-mul", {}, 1), ("gqa", {"n_kv_heads": 2}, 2),
                                                ("mhe-mul", {"rope_order": "psi-then-rope"}, 4)])
 def test_static_cache_generation_keeps_the_kinds_heads(kind, opts, heads):
-    """In float64 (``generate`` hands back its logits in float32: compared to float32 rounding)."""
+    """In float64 (``generate`` hands back its logits in float32: compared to float32 rounding).
+    transformers' loop (the adapter's fall-through) with its static cache, and the fast path's
+    session caches, hold the kind's K/V heads; both give ``model.generate``'s tokens."""
     m = core(kind, **opts).double()
     hf = to_hf(m).eval()
     ids = torch.randint(3, 99, (2, 5))
     kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+    fast = hf.generate(ids, cache_implementation="static", **kw)
+    assert mhe.models.generator._DEFAULT[m][-1].caches[0].k.shape[1] == heads
+    hf.use_mhe_generate = False
     dyn = hf.generate(ids, **kw)
     sta = hf.generate(ids, cache_implementation="static", **kw)
     assert torch.equal(dyn.sequences, sta.sequences) and torch.equal(dyn.sequences, m.generate(ids, 6))
+    assert torch.equal(fast.sequences, sta.sequences)
     torch.testing.assert_close(torch.stack(sta.logits), torch.stack(dyn.logits), rtol=1e-6, atol=1e-5)
     cache = getattr(sta, CACHE_FIELD)
     assert type(cache).__name__ == "StaticCache" and cache.layers[0].keys.shape[1] == heads

@@ -50,7 +50,7 @@ class KVCache(nn.Module):
             raise MheError(f"cache holds [B={b}, heads={h}, d={d}], got keys of shape {tuple(k.shape)}")
         if t > self.max_len or (not tracing() and int(self.index) + t > self.max_len):
             raise MheError(f"KV cache overflow: position {int(self.index)} + {t} new tokens > max_len {self.max_len}")
-        at = self.index + torch.arange(t, device=k.device)  # [T]
+        at = self.index.view(1) if t == 1 else self.index + torch.arange(t, device=k.device)  # [T]
         self.k.index_copy_(2, at, k.to(self.k.dtype))
         self.v.index_copy_(2, at, v.to(self.v.dtype))
         self.index.add_(t)

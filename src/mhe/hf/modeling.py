@@ -20,6 +20,7 @@ from transformers.modeling_outputs import (
 
 from mhe.attention.base import set_kernel
 from mhe.hf.configuration import MheDecoderConfig, MheEncoderConfig, MheSeq2SeqConfig
+from mhe.hf.generation import fast_generate
 from mhe.models import (
     DecoderForCausalLM,
     DecoderForSequenceClassification,
@@ -218,8 +219,18 @@ class MheDecoderForCausalLM(MhePreTrainedModel, GenerationMixin):
     head = "lm"
     _tied_weights_keys = {"mhe.lm_head.weight": "mhe.decoder.embed.tokens.weight"}
 
+    use_mhe_generate = True  # False: every generate call runs transformers' own loop
+
     def get_output_embeddings(self):
         return self.mhe.lm_head
+
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """transformers' ``generate``. Greedy and sampled requests (no cache implementation or
+        ``"static"``, left padding) run the core model's captured decode step, as
+        ``model.generate`` does, and return what transformers returns; beam search, other logits
+        processors, streamers and assisted decoding run transformers' loop (:mod:`mhe.hf.generation`)."""
+        out = fast_generate(self, inputs, generation_config, kwargs)
+        return out if out is not None else super().generate(inputs, generation_config, **kwargs)
 
     def forward(self, input_ids=None, attention_mask=None, labels=None, use_cache=None, position_ids=None,
                 **kwargs):

@@ -1,12 +1,15 @@
 """The decode step's machinery: the view of the model it runs, the kernel policy, and the
-runner that replays it as a CUDA graph or compiles it once.
+runner that replays it as a CUDA graph (its eager kernels, or kernels fused by ``torch.compile``).
 
-A step reads and writes only tensors (a static :class:`~mhe.attention.kv_cache.KVCache`, a token
-tensor, a mask built from the cache's write position), so the same graph serves every token.
-:class:`StepRunner` owns the step's input and output tensors: ``graph`` captures the step once
-with ``torch.cuda.graph`` and replays it (the same kernels as eager, so the output is
-bit-identical); ``compile`` wraps it in ``torch.compile`` (``mode="reduce-overhead"`` on CUDA),
-compiled once for every token. ``auto`` is ``graph`` on CUDA and ``eager`` elsewhere.
+A step reads and writes only tensors (a static :class:`~mhe.attention.kv_cache.KVCache`, the
+token state of :mod:`mhe.models.token_step`, a mask built from the cache's write position), so
+the same graph serves every token. :class:`StepRunner` runs it in one of the
+:data:`STEP_MODES`: ``eager``; ``graph``, captured once with ``torch.cuda.graph`` and replayed
+(the same kernels as eager, so the output is bit-identical); ``compile``, compiled once by
+``torch.compile`` (inductor fuses the elementwise work: norm with residual, bias with
+activation, the cache writes) and, on CUDA, captured in the same kind of graph, so a replay
+launches the fused kernels with no host work. ``auto`` is :data:`CUDA_STEP_MODE` on CUDA and
+``eager`` elsewhere.
 
 :func:`inference_view` is what generation and beam search run: the model with every fast MHE
 sublayer folded into the multi-query sublayer it equals at inference (paper-notes;
@@ -18,6 +21,8 @@ policy, set on it (:func:`mhe.attention.set_kernel`).
 from __future__ import annotations
 
 import copy
+import types
+import warnings
 from typing import Callable, Sequence
 
 import torch
@@ -26,16 +31,28 @@ from torch import nn
 from mhe.attention.base import Attention, set_kernel
 from mhe.attention.folding import fold_model
 from mhe.attention.mhe import _MHEBase
-from mhe.errors import one_of
+from mhe.errors import MheError, one_of
 
 STEP_MODES = ("auto", "eager", "graph", "compile")
 
+CUDA_STEP_MODE = "compile"
+"""The step mode ``auto`` means on CUDA for generation (``model.generate``, the sampling path,
+``mhe generate``, the Hugging Face adapter's ``generate``): ``compile``, the step compiled by
+inductor and replayed as one CUDA graph with the choice of the next token, over ``graph`` (the
+same step's eager kernels replayed). Both are measured side by side, per kind and size, by
+``benchmarks/decode_speed.py`` (docs/benchmarks.md section 5: milliseconds per token and the
+first call's compile time of each mode), which this choice follows. Beam search keeps ``graph``
+(:data:`mhe.models.beam_search.CUDA_BEAM_MODE`): its fp32 output must equal the eager search's,
+which inductor's reordered arithmetic does not promise."""
 
-def resolve_mode(mode: str, device: torch.device) -> str:
+
+def resolve_mode(mode: str, device: torch.device, cuda_default: str = CUDA_STEP_MODE) -> str:
+    """The mode a step runs in on ``device``: ``auto`` is ``cuda_default`` on CUDA, ``eager``
+    elsewhere; ``graph`` needs CUDA (elsewhere it is ``eager``)."""
     if mode not in STEP_MODES:
         raise one_of("decode step mode", mode, STEP_MODES)
     if mode == "auto":
-        return "graph" if device.type == "cuda" else "eager"
+        return cuda_default if device.type == "cuda" else "eager"
     if mode == "graph" and device.type != "cuda":
         return "eager"  # CUDA graphs need a CUDA device
     return mode
@@ -111,35 +128,39 @@ class StepRunner:
     """Calls ``step(*inputs) -> tensor`` through fixed input/output tensors.
 
     Args:
-        step: the decode step; it may mutate caches in place.
+        step: the decode step; it may mutate caches and other state in place.
         inputs: example inputs (copied into the runner's own tensors on each call).
-        mode: ``eager``, ``graph`` or ``compile`` (see the module docstring).
+        mode: ``eager``, ``graph`` or ``compile`` (see the module docstring): ``compile``
+            compiles the whole step (:func:`compile_step`); ``graph`` and ``compile`` capture it
+            as a CUDA graph on a CUDA ``device``.
         compile_options: passed to ``torch.compile`` in ``compile`` mode.
-        before_warmup: called before each warm-up run of ``graph`` mode, to undo what a
-            previous run changed (the caches' write position); the step's effects on the
-            caches are the same on replay, so a warm-up is harmless once undone.
+        before_warmup: called before each warm-up run of a capture, to undo what a previous
+            run changed (the caches' write position); the step's effects are the same on
+            replay, so a warm-up is harmless once undone.
+        generators: the ``torch.Generator`` objects the step draws from besides the device's
+            default one; a capture registers them with the graph, so each replay draws the
+            numbers an eager run would, and puts their state (and the default generator's)
+            back after the warm-ups.
     """
 
-    def __init__(self, step: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor], *, mode: str,
+    def __init__(self, step: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor] = (), *, mode: str,
                  before_warmup: Callable[[], None] | None = None, compile_options: dict | None = None,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, generators: Sequence[torch.Generator] = ()) -> None:
         self.mode = mode
-        device = device if device is not None else inputs[0].device
+        device = torch.device(device) if device is not None else inputs[0].device
         self.inputs = [t.clone() for t in inputs]
-        self._step = step
+        self.step = compile_step(step, device=device, options=compile_options) if mode == "compile" else step
+        self.capture = device.type == "cuda" and mode in ("graph", "compile")
+        self.generators = list(generators)
         self._graph = None
         self._out: torch.Tensor | None = None
         self._before = before_warmup or (lambda: None)
-        if mode == "compile":
-            opts = {"mode": "reduce-overhead"} if device.type == "cuda" else {}
-            opts.update(compile_options or {})
-            self._step = torch.compile(step, fullgraph=True, dynamic=False, **opts)
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         for dst, src in zip(self.inputs, inputs):
             dst.copy_(src)
-        if self.mode != "graph":
-            return self._step(*self.inputs)
+        if not self.capture:
+            return self.step(*self.inputs)
         if self._graph is None:
             self._capture()
         self._graph.replay()
@@ -147,30 +168,90 @@ class StepRunner:
 
     def _capture(self) -> None:
         saved = [t.clone() for t in self.inputs]
+        rng = [(g, g.get_state()) for g in self.generators]
+        default_rng = torch.cuda.get_rng_state()
         torch.cuda.synchronize()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(2):
+            for _ in range(2):  # the first run compiles (compile mode) and plans kernels
                 self._before()
-                self._step(*self.inputs)
+                self.step(*self.inputs)
         torch.cuda.current_stream().wait_stream(side)
         self._before()
+        for g, state in rng:
+            g.set_state(state)
+        torch.cuda.set_rng_state(default_rng)
         graph = torch.cuda.CUDAGraph()
+        if self.generators and not hasattr(graph, "register_generator_state"):
+            raise MheError("sampling with a seed inside a captured step needs torch >= 2.5; use step_mode='eager'")
+        for g in self.generators:
+            graph.register_generator_state(g)
         with torch.cuda.graph(graph):
-            self._out = self._step(*self.inputs)
+            self._out = self.step(*self.inputs)
         for dst, src in zip(self.inputs, saved):
             dst.copy_(src)
         self._graph = graph
 
 
-def restorer(caches: Sequence) -> Callable[[], None]:
-    """A function that puts every cache's write position back where it is now (after a warm-up
-    run of a step that advanced them)."""
-    idx = [c.index for c in caches]
-    saved = [i.clone() for i in idx]
+def compile_step(step: Callable[..., torch.Tensor], *, device: torch.device,
+                 options: dict | None = None) -> Callable[..., torch.Tensor]:
+    """``step`` compiled once by ``torch.compile`` (``fullgraph``, static shapes; ``options``
+    added), to be captured in the runner's own CUDA graph (so not in inductor's: no
+    ``reduce-overhead`` here).
+
+    Each call compiles its own copy of ``step``'s code object, so dynamo's cache of compiled
+    graphs (and its limit of 8 per code object) belongs to this step and goes with it: a process
+    that decodes with many models or shapes never falls back to eager. If compilation fails
+    (no working compiler, an operator inductor cannot lower), one warning says so and the step
+    runs its eager kernels, as the trainer does (``mhe.training.step``)."""
+    opts = dict(options or {})
+    if device.type == "cuda" and opts.get("mode") in ("reduce-overhead", "max-autotune"):
+        raise MheError(f"compile_options mode {opts['mode']!r} captures CUDA graphs of its own; the decode step "
+                       "is captured as one graph already: use 'default' or 'max-autotune-no-cudagraphs'")
+    own = step
+    if isinstance(step, types.FunctionType):
+        own = types.FunctionType(step.__code__.replace(), step.__globals__, step.__name__, step.__defaults__,
+                                 step.__closure__)
+    return _CompiledStep(torch.compile(own, fullgraph=True, dynamic=False, **opts), step)
+
+
+class _CompiledStep:
+    """The compiled step, or, once its compilation failed, the eager one (see :func:`compile_step`)."""
+
+    def __init__(self, compiled: Callable[..., torch.Tensor], eager: Callable[..., torch.Tensor]) -> None:
+        self.run, self.eager, self.proven = compiled, eager, False
+
+    def __call__(self, *args):
+        if self.proven:
+            return self.run(*args)
+        try:
+            out = self.run(*args)
+        except MheError:
+            raise
+        except Exception as e:  # noqa: BLE001  dynamo, inductor or a missing compiler
+            first = (str(e).strip().splitlines() or [""])[0][:160]
+            warnings.warn(f"torch.compile cannot compile this decode step ({type(e).__name__}: {first}); "
+                          "it runs its eager kernels", RuntimeWarning, stacklevel=2)
+            self.run = self.eager
+            out = self.run(*args)
+        self.proven = True
+        return out
+
+
+def restorer(tensors: Sequence[torch.Tensor]) -> Callable[[], None]:
+    """A function that puts ``tensors`` (the caches' write positions, a token state) back to
+    their values now (after a warm-up run of a step that advanced them)."""
+    saved = [t.clone() for t in tensors]
 
     def restore() -> None:
-        for i, s in zip(idx, saved):
-            i.copy_(s)
+        for t, s in zip(tensors, saved):
+            t.copy_(s)
     return restore
+
+
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s modules that shares every parameter and buffer with it (a view that
+    holds no reference to ``model`` itself)."""
+    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    return copy.deepcopy(model, memo)

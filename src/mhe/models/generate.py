@@ -1,17 +1,19 @@
-"""Generation for the decoder: prefill the prompt, then one static decode step per token.
+"""Generation for the decoder: prefill the prompt, then one captured step per token.
 
-:func:`generate` is the loop; :class:`Generator` is what it keeps between calls and what the
-caller holds to reuse it (``model.generator(batch, max_len)``, then ``model.generate(...,
-session=gen)``): the inference view of the model (fast MHE folded to MQA, the decode kernel of
-:func:`~mhe.models.decode_step.decode_kernel` set), the static KV caches, and the decode step
-run by :class:`~mhe.models.decode_step.StepRunner` (eager, a replayed CUDA graph, or compiled
-once). Without a session each call builds one. The prompt runs once (SDPA, plain causal when
-nothing is padded) and fills the caches; every new token is then one call of the same step.
+:func:`generate` is the loop. It runs the prompt once (SDPA, plain causal when nothing is
+padded) into the static caches of a :class:`~mhe.models.generator.Generator` session, chooses the
+first token, then replays one region per token: the model's decode step, the choice of the next
+token (greedy, or :class:`~mhe.models.sampling.SamplingConfig`'s sampling) and the stop
+bookkeeping, all on the device (:mod:`mhe.models.token_step`), as one CUDA graph on a GPU
+(eager kernels, or compiled ones: :data:`~mhe.models.decode_step.CUDA_STEP_MODE`). The host
+reads the device only to learn, every :data:`CHECK_EVERY` tokens, whether every row has stopped
+(every token with a streamer). The caller may hold the session (``model.generator(batch,
+max_len)``, passed as ``session=``); without one, the model's default session is reused
+(:func:`~mhe.models.generator.default_session`).
 
 Batches of prompts of different lengths are LEFT padded (``attention_mask`` 0 on the
 left): positions count from each row's first real token and padding is never attended to,
-so a row's continuation is the one it gets alone. Tokens are chosen greedily or sampled
-(:class:`SamplingConfig`: temperature, top-k, top-p).
+so a row's continuation is the one it gets alone.
 """
 
 from __future__ import annotations
@@ -21,10 +23,15 @@ from typing import Callable, Sequence
 
 import torch
 
-from mhe.attention import kernels, masks
 from mhe.errors import MheError, require_positive
-from mhe.models.decode_step import StepRunner, decode_kernel, inference_view, resolve_mode, restorer, weights_version
+from mhe.models.generator import Generator, default_session, release_default_sessions
 from mhe.models.outputs import as_bool_mask
+from mhe.models.sampling import SamplingConfig, filter_logits, next_token
+
+__all__ = ["CHECK_EVERY", "GenerateOutput", "Generator", "SamplingConfig", "default_session", "filter_logits",
+           "generate", "left_pad", "next_token", "release_default_sessions"]
+
+CHECK_EVERY = 8  # tokens between the host's reads of whether every row has stopped
 
 
 @dataclass
@@ -48,80 +55,6 @@ class GenerateOutput:
         return ["stop" if s else "length" for s in self.stopped.tolist()]
 
 
-class Generator:
-    """The decoding state one caller reuses across :func:`generate` calls of ``batch`` prompts
-    and up to ``max_len`` positions (prompt + new tokens): the view, the caches, the captured or
-    compiled step. The view and step are rebuilt when the model's weights change.
-
-    Args:
-        step_mode: ``auto`` (CUDA graph on a GPU, eager on a CPU), ``eager``, ``graph``,
-            ``compile``; ``compile_options`` go to ``torch.compile``.
-        kernel: the attention kernel of every sublayer while decoding (:data:`KERNELS
-            <mhe.attention.kernels.KERNELS>`); None: :func:`~mhe.models.decode_step.decode_kernel`'s
-            choice, except for prompts whose mask is not left padding (a gap inside a row),
-            which keep the configured kernels.
-    """
-
-    def __init__(self, model, batch: int, max_len: int, *, step_mode: str = "auto", kernel: str | None = None,
-                 compile_options: dict | None = None) -> None:
-        require_positive(batch=batch, max_len=max_len)
-        p = next(model.parameters())
-        self.model, self.batch, self.max_len = model, batch, max_len
-        self.dtype, self.device = p.dtype, p.device  # of the weights, and so of the caches
-        self.mode = resolve_mode(step_mode, self.device)
-        self.kernel = kernels.check_kernel(kernel) if kernel is not None else None
-        self.compile_options = compile_options
-        self.view, self.caches, self.padded = None, None, False
-        self.key_mask = torch.ones(batch, max_len, dtype=torch.bool, device=self.device)  # [B, L] over the caches
-        self._built_for, self._runners = None, {}
-
-    def prefill(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor,
-                new_tokens: int) -> torch.Tensor:
-        """Run the prompts ``[B, P]`` into empty caches, to be followed by up to ``new_tokens``
-        tokens; the logits ``[B, V]`` of the next token."""
-        b, p = input_ids.shape
-        if b != self.batch or p + new_tokens > self.max_len:
-            raise MheError(f"this generator holds {self.batch} rows of {self.max_len} positions; got {b} prompts "
-                           f"of {p} tokens + {new_tokens} new (build one with model.generator(batch, max_len))")
-        self.padded = not bool(prompt_mask.all())
-        self._build(self.kernel or (decode_kernel(self.model, self.device, self.dtype)
-                                    if not self.padded or _left_padded(prompt_mask) else None))
-        for c in self.caches:
-            c.reset()
-        self.key_mask.fill_(True)
-        self.key_mask[:, :p] = prompt_mask
-        mask = masks.self_attention_mask(input_ids, self.key_mask if self.padded else None, keys=self.max_len)
-        return self.view(input_ids, attention_mask=mask, caches=self.caches, position_ids=positions,
-                         last_only=True).logits[:, -1]
-
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, V]`` after the tokens ``[B, 1]`` at ``positions`` ``[B, 1]`` (the step's
-        output tensor, reused by the next step)."""
-        run = self._runners.get(self.padded)
-        if run is None:
-            key_mask = self.key_mask if self.padded else None
-
-            def step(tok, pos):
-                return self.view(tok, attention_mask=key_mask, caches=self.caches, position_ids=pos).logits[:, -1]
-            run = self._runners[self.padded] = StepRunner(step, [tokens, positions], mode=self.mode,
-                                                          before_warmup=restorer(self.caches),
-                                                          compile_options=self.compile_options)
-        return run(tokens, positions)
-
-    def _build(self, kernel: str | None) -> None:
-        """The view for ``kernel`` (None: the configured ones) and these weights; a new one drops
-        the steps built on the old."""
-        p = next(self.model.parameters())
-        if (p.dtype, p.device) != (self.dtype, self.device):
-            raise MheError(f"this generator was built for {self.dtype} on {self.device}, the model is now "
-                           f"{p.dtype} on {p.device}; build a new one with model.generator(batch, max_len)")
-        key = (weights_version(self.model), kernel)
-        if key != self._built_for:
-            self.view, self._runners, self._built_for = inference_view(self.model, kernel), {}, key
-            if self.caches is None:
-                self.caches = self.view.new_caches(self.batch, self.max_len, dtype=self.dtype, device=self.device)
-
-
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_mask: torch.Tensor | None = None,
              stop_ids: Sequence[int] = (), pad_id: int | None = None, min_new_tokens: int = 0,
@@ -141,8 +74,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
             (as transformers' ``min_new_tokens``).
         do_sample, temperature, top_k, top_p, seed: see :class:`SamplingConfig`.
         streamer: called after every step with the new token of each row.
-        session: a :class:`Generator` to reuse (its caches and captured step, with its own
-            settings); None builds one from ``step_mode``, ``compile_options`` and ``kernel``.
+        session: a :class:`Generator` to reuse (its caches and captured steps, with its own
+            settings); None: the model's default session for this size and ``step_mode``,
+            ``compile_options`` and ``kernel`` (:func:`~mhe.models.generator.default_session`).
         return_logits: also return the logits each new token was chosen from, ``[B, n, V]``.
         return_dict: return a :class:`GenerateOutput` (with why each row stopped).
 
@@ -155,29 +89,27 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
     session = _session(model, input_ids, max_new_tokens, session, step_mode=step_mode, kernel=kernel,
                        compile_options=compile_options)
     logits = session.prefill(input_ids, prompt_mask, positions, max_new_tokens)
-    dev, nxt = input_ids.device, positions[:, -1:] + 1  # [B, 1]: where each row's first new token sits
-    gen, stops = sampling.generator(dev), torch.tensor(list(stop_ids), dtype=torch.long, device=dev)
     fill = pad_id if pad_id is not None else (int(stop_ids[0]) if len(stop_ids) else 0)
-    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=dev)
-    made = torch.full_like(done, max_new_tokens, dtype=torch.long)  # new tokens per row, its stop included
-    out, seen = [input_ids], []
+    rule = session.rule(sampling, stop_ids, min_new_tokens)
+    state = session.state
+    state.start(positions[:, -1:], min_new_tokens=min_new_tokens, fill=fill)
+    seen = []
     for i in range(max_new_tokens):
+        if i == 0:
+            state.choose(logits, rule)  # the prompt's logits: eagerly, by the region's own code
+        else:
+            logits = session.step(rule)
         if return_logits:
             seen.append(logits.clone())  # the step's output tensor is reused by the next step
-        if i < min_new_tokens and len(stops):
-            logits = logits.index_fill(-1, stops, float("-inf"))
-        tok = torch.where(done, fill, next_token(logits, sampling, gen))  # [B]
-        if len(stops):
-            made = torch.where(done, made, i + 1)
-            done = done | torch.isin(tok, stops)
-        out.append(tok[:, None])
         if streamer is not None:
-            streamer(tok.tolist())
-        if i == max_new_tokens - 1 or (len(stops) and (i % 8 == 7 or streamer is not None) and bool(done.all())):
+            streamer(state.tok[:, 0].tolist())
+        if rule.stops is not None and (i % CHECK_EVERY == CHECK_EVERY - 1 or streamer is not None) \
+                and bool(state.done.all()):
             break
-        logits = session.step(tok[:, None], nxt + i)
-    result = GenerateOutput(torch.cat(out, 1), done, torch.where(done, made, max_new_tokens),
-                            torch.stack(seen, 1) if return_logits else None)
+    made = state.new_tokens(max_new_tokens)  # [B]
+    width = int(made.max()) if rule.stops is not None else max_new_tokens  # up to the last row's stop, as transformers
+    result = GenerateOutput(torch.cat([input_ids, state.out[:, :width]], 1), state.done.clone(), made,
+                            torch.stack(seen[:width], 1) if return_logits else None)
     if return_dict:
         return result
     return (result.tokens, result.logits) if return_logits else result.tokens
@@ -202,18 +134,14 @@ def _prompt(model, input_ids, attention_mask, max_new_tokens: int, min_new_token
 
 
 def _session(model, input_ids, max_new_tokens: int, session: Generator | None, **options) -> Generator:
-    """The caller's session, or a new one for this call (``options``: the step's settings)."""
+    """The caller's session, or the model's default one for this request (``options``: the step's
+    settings)."""
     if session is None:
-        return Generator(model, input_ids.shape[0], input_ids.shape[1] + max_new_tokens, **options)
+        return default_session(model, input_ids.shape[0], input_ids.shape[1] + max_new_tokens, **options)
     if options != {"step_mode": "auto", "kernel": None, "compile_options": None}:
         raise MheError("step_mode, kernel and compile_options belong to the session: give them to "
                        "model.generator(...)")
     return session
-
-
-def _left_padded(prompt_mask: torch.Tensor) -> bool:
-    """Every row is padding, then real tokens (reads the device)."""
-    return bool((prompt_mask[:, 1:] >= prompt_mask[:, :-1]).all())
 
 
 def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,60 +153,3 @@ def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tenso
         ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
         mask[i, width - len(r):] = 1
     return ids, mask
-
-
-# --- choosing the next token: greedy, or sampling with temperature, top-k and top-p ---------------
-@dataclass(frozen=True, kw_only=True)
-class SamplingConfig:
-    """How the next token is chosen.
-
-    Attributes:
-        do_sample: sample from the distribution (else greedy: the most likely token).
-        temperature: divides the logits before sampling (> 0).
-        top_k: keep only the k most likely tokens (0 = all).
-        top_p: keep the smallest set of most likely tokens whose probability reaches top_p
-            (nucleus sampling, Holtzman et al. 2020; 1.0 = all).
-        seed: seeds a private generator, so the same call gives the same tokens.
-    """
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise MheError(f"temperature must be > 0, got {self.temperature!r}")
-        if self.top_k:
-            require_positive(top_k=self.top_k)
-        if not 0.0 < self.top_p <= 1.0:
-            raise MheError(f"top_p must be in (0, 1], got {self.top_p!r}")
-
-    def generator(self, device: torch.device) -> torch.Generator | None:
-        if self.seed is None:
-            return None
-        return torch.Generator(device=device).manual_seed(self.seed)
-
-
-def filter_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """Temperature, then top-k and top-p: ``[B, V]`` fp32 logits with removed tokens at -inf."""
-    logits = logits.float() / cfg.temperature
-    if cfg.top_k and cfg.top_k < logits.shape[-1]:
-        kth = logits.topk(cfg.top_k, dim=-1).values[:, -1:]  # [B, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if cfg.top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        before = probs.cumsum(-1) - probs  # probability of the more likely tokens
-        drop = before >= cfg.top_p  # the most likely token is always kept
-        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return logits
-
-
-def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The next token of every row, ``[B]``, from last-position logits ``[B, V]``."""
-    if not cfg.do_sample:
-        return logits.argmax(-1)
-    probs = filter_logits(logits, cfg).softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -1,0 +1,155 @@
+"""The measurements of ``decode_speed.py`` that any tree can run: user-API calls only.
+
+A row builds ``build_model(preset, attention=K, max_len=P+N)`` in the run's dtype, then times
+``model.generate(ids, N, attention_mask=mask)`` (random weights, greedy, no stop token, prefill
+included): the first call (it captures or compiles the step), then the median of ``reps``
+calls; and ``model.generate(ids, 1, ...)`` the same way, the prefill with one choice, so that
+``(t_N - t_1) / (N - 1)`` is the decode step alone. :func:`kernels_per_token` counts what one
+more generated token launches: device kernels on a GPU (CUDA-graph replays included, as the
+profiler reports a graph's kernels), leaf aten operators on a CPU.
+
+Run as a script it is the worker for an older tree (``PYTHONPATH=OLD/src python
+benchmarks/decode_rows.py OUT.json --settings 1x512,64x512 --kinds mha,mqa``): the same rows
+with that tree's ``model.generate``, written as JSON; it imports nothing else of the tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+SMOKE = dict(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(call, dev: torch.device, reps: int) -> tuple[float, float]:
+    """(seconds of the first call, median seconds of ``reps`` more)."""
+    sync(dev)
+    t0 = time.perf_counter()
+    call()
+    sync(dev)
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        sync(dev)
+        times.append(time.perf_counter() - t0)
+    return first, statistics.median(times)
+
+
+def build(preset: str, kind: str, length: int, dev, dtype, smoke: bool):
+    from mhe.models import build_model
+
+    torch.manual_seed(0)
+    extra = SMOKE if smoke else {}
+    return build_model(preset, attention=kind, max_len=length, dropout=0.0, attn_dropout=0.0, **extra).to(
+        dev, dtype).eval()
+
+
+def prompts(model, batch: int, prompt: int, dev):
+    g = torch.Generator().manual_seed(batch * 100003 + prompt)
+    ids = torch.randint(0, model.cfg.vocab_size, (batch, prompt), generator=g).to(dev)
+    return ids, torch.ones_like(ids)
+
+
+def generate_row(model, ids, mask, new: int, dev, reps: int, **options) -> dict:
+    """Timings of ``model.generate(ids, new, attention_mask=mask, **options)`` and of one token."""
+    first, sec = timed(lambda: model.generate(ids, new, attention_mask=mask, **options), dev, reps)
+    _, one = timed(lambda: model.generate(ids, 1, attention_mask=mask, **options), dev, reps)
+    b = ids.shape[0]
+    return {"first_call_s": first, "seconds": sec, "prefill_s": one, "ms_per_token": 1000 * sec / new,
+            "tokens_per_s": b * new / sec, "decode_ms_per_step": 1000 * (sec - one) / (new - 1),
+            "decode_tokens_per_s": b * (new - 1) / max(sec - one, 1e-9)}
+
+
+def _count(prof, dev: torch.device) -> tuple[int, float]:
+    """(device kernels or leaf aten operators, their device microseconds) in a profile."""
+    events = prof.events()
+    if dev.type == "cuda":
+        kernels = [e for e in events if e.device_type.name == "CUDA"]
+        return len(kernels), sum(e.device_time for e in kernels)
+    leaves = [e for e in events if e.name.startswith("aten::") and not e.cpu_children]
+    return len(leaves), 0.0
+
+
+def kernels_per_token(model, ids, mask, dev, *, lengths=(4, 20), **options) -> dict:
+    """What one more generated token launches (the difference of two calls, so the prefill and the
+    call's fixed work cancel): kernels (GPU) or leaf operators (CPU), and GPU-busy microseconds."""
+    counts = []
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    room = model.cfg.max_len - ids.shape[1]
+    lengths = lengths if lengths[1] <= room else (2, room)
+    for n in lengths:
+        model.generate(ids, n, attention_mask=mask, **options)  # warm: captures, compiles
+        sync(dev)
+        with profile(activities=activities) as prof:
+            model.generate(ids, n, attention_mask=mask, **options)
+            sync(dev)
+        counts.append(_count(prof, dev))
+    steps = lengths[1] - lengths[0]
+    return {"kernels_per_token": (counts[1][0] - counts[0][0]) / steps,
+            "busy_us_per_token": (counts[1][1] - counts[0][1]) / steps,
+            "counted": "device kernels" if dev.type == "cuda" else "leaf aten operators"}
+
+
+def release(dev: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    torch._dynamo.reset()
+
+
+def worker(out: str, settings: list[tuple[int, int]], kinds: list[str], *, preset: str, new: int, reps: int,
+           smoke: bool, kernel_kinds: list[str]) -> None:
+    """The rows of this tree's ``model.generate`` (its defaults), written to ``out``."""
+    dev = torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu")
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    rows = []
+    for batch, context in settings:
+        for kind in kinds:
+            model = build(preset, kind, context, dev, dtype, smoke)
+            ids, mask = prompts(model, batch, context - new, dev)
+            row = {"batch": batch, "context": context, "kind": kind,
+                   **generate_row(model, ids, mask, new, dev, reps)}
+            if batch == 1 and kind in kernel_kinds:
+                row.update(kernels_per_token(model, ids, mask, dev))
+            rows.append(row)
+            del model
+            release(dev)
+    with open(out, "w") as f:
+        json.dump({"rows": rows, "torch": torch.__version__}, f, indent=1)
+
+
+def parse_settings(spec: str) -> list[tuple[int, int]]:
+    return [tuple(int(x) for x in s.split("x")) for s in spec.split(",") if s.strip()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="decode_speed.py's rows in the tree on PYTHONPATH (an older one)")
+    ap.add_argument("out")
+    ap.add_argument("--settings", default="1x512,64x512,64x4096")
+    ap.add_argument("--kinds", default="mha,mqa,mhe-mul")
+    ap.add_argument("--kernel-kinds", default="mha,mhe-mul")
+    ap.add_argument("--preset", default="gpt2-base")
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true")
+    a = ap.parse_args()
+    worker(a.out, parse_settings(a.settings), a.kinds.split(","), preset=a.preset, new=a.new, reps=a.reps,
+           smoke=a.smoke, kernel_kinds=a.kernel_kinds.split(","))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Kernels per generated token, per kind and step mode: what one more token of ``model.generate``
+launches (the difference of a 20-token and a 4-token call, so the prefill cancels).
+
+    python benchmarks/profile_decode.py [--kinds mha,mhe-mul] [--modes eager,graph,compile]
+                                        [--batch 1] [--context 512] [--json out.json]
+
+On a GPU (gpt2-base, bf16) it counts device kernels with the profiler, replays of the captured
+region included, and the GPU-busy microseconds per token, whose gap to the milliseconds per token
+is launch and host time; with ``PYTHONPATH=OLD/src`` and ``--modes default`` it counts an older
+tree's. On a CPU (``--smoke``: tiny sizes) it counts leaf aten operators instead, which stand in
+for kernels in eager mode (``aot_eager`` stands in for compile). ``decode_speed.py`` runs the
+same count for its batch-1 rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import decode_rows  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kinds", default="mha,mhe-mul")
+    ap.add_argument("--modes", default="eager,graph,compile", help="step modes ('default': the call without one)")
+    ap.add_argument("--preset", default="gpt2-base")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() and not a.smoke else "cpu")
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    context = 48 if a.smoke else a.context
+    rows = []
+    for kind in a.kinds.split(","):
+        model = decode_rows.build(a.preset, kind, context, dev, dtype, a.smoke)
+        ids, mask = decode_rows.prompts(model, a.batch, context // 2, dev)
+        for mode in a.modes.split(","):
+            options = {} if mode == "default" else {"step_mode": mode}
+            if mode == "compile" and dev.type == "cpu":
+                options["compile_options"] = {"backend": "aot_eager"}
+            count = decode_rows.kernels_per_token(model, ids, mask, dev, **options)
+            rows.append({"kind": kind, "mode": mode, **count})
+            print(f"{kind:8s} {mode:8s} {count['kernels_per_token']:7.1f} {count['counted']} per token, "
+                  f"{count['busy_us_per_token']:8.1f} us busy", flush=True)
+        del model
+        decode_rows.release(dev)
+    card = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    print(f"device: {card}; torch {torch.__version__}; batch {a.batch}, context {context}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"device": card, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""One captured region per token: the choice of the next token and the stop bookkeeping run on the
+device inside the step (the host loop adds no work per token), sampling draws what
+``torch.multinomial`` draws, compiled steps equal eager ones token for token, and the default
+sessions that ``generate`` reuses without a caller-held one."""
+
+import gc
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mhe.models import build_model
+from mhe.models import generator as generator_module
+from mhe.models.decode_step import compile_step
+from mhe.models.generate import release_default_sessions
+from mhe.models.sampling import SamplingConfig, draw, filter_logits
+
+SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
+AOT = {"backend": "aot_eager"}
+
+
+def small(kind="mhe-mul"):
+    model = build_model("tiny-decoder", attention=kind, **SMALL).double().eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "head_embed"):
+                m.head_embed.normal_(0, 0.5)
+    return model
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the aten operators run, split by whether a region (``session.step``) is running."""
+
+    def __init__(self):
+        super().__init__()
+        self.inside, self.outside, self.in_region = 0, 0, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.in_region:
+            self.inside += 1
+        else:
+            self.outside += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(model, session, ids, n, **kw):
+    counter = CountOps()
+    step = session.step
+
+    def counted(rule):
+        counter.in_region = True
+        try:
+            return step(rule)
+        finally:
+            counter.in_region = False
+    session.step = counted
+    with counter:
+        model.generate(ids, n, session=session, **kw)
+    del session.step
+    return counter
+
+
+@pytest.mark.parametrize("stops", [False, True])
+def test_the_host_loop_adds_no_work_per_token(stops):
+    """Besides one region per token, ``generate`` runs the same operators for 3 and for 19 new
+    tokens (with stop tokens: plus one read of ``done`` every CHECK_EVERY tokens); the old loop
+    ran the choice, the stop bookkeeping and the input copies outside the step, per token."""
+    model = small()
+    ids = torch.randint(3, 99, (2, 5))
+    session = model.generator(2, 30, step_mode="eager")
+    kw = dict(stop_ids=[1], min_new_tokens=2) if stops else {}  # token 1 never wins here: 19 tokens made
+    model.generate(ids, 2, session=session, **kw)  # builds the region
+    short, long = count_ops(model, session, ids, 3, **kw), count_ops(model, session, ids, 19, **kw)
+    assert short.inside > 0 and long.inside * 2 == short.inside * 18  # 18 regions against 2
+    checks = 2 * (19 // 8) if stops else 0  # all(), then the read of its answer
+    assert long.outside == short.outside + checks
+
+
+def test_draw_is_torch_multinomial():
+    """The three-kernel draw gives torch.multinomial's tokens from the same generator state, a
+    private one or the global one (so a seeded call gives transformers' sampled tokens, which come
+    from multinomial)."""
+    greedy = 0
+    for seed in range(6):
+        logits = torch.randn(3, 57) * 2
+        probs = filter_logits(logits, SamplingConfig(do_sample=True, top_k=20, top_p=0.9)).softmax(-1)
+        a = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
+        assert torch.equal(draw(probs, torch.Generator().manual_seed(seed)), a)
+        torch.manual_seed(seed)
+        b = torch.multinomial(probs, 1).squeeze(-1)
+        torch.manual_seed(seed)
+        assert torch.equal(draw(probs), b)
+        greedy += int((a == probs.argmax(-1)).sum())
+    assert greedy < 18  # draws, not the argmax
+
+
+@pytest.mark.parametrize("kind", ["mha", "mhe-mul"])
+def test_compiled_sampling_with_stops_equals_eager(kind):
+    """The compiled step with the eager choice in one region: sampled tokens (temperature, top-k,
+    top-p, a seed), stop tokens held back by min_new_tokens, why each row stopped, and the float64
+    logits to 1e-12, as the eager region gives them; a left-padded batch."""
+    model = small(kind)
+    ids = torch.randint(3, 99, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :3] = 0
+    kw = dict(attention_mask=mask, do_sample=True, temperature=0.8, top_k=20, top_p=0.9, seed=5, return_dict=True,
+              return_logits=True)
+    free = model.generate(ids, 12, step_mode="eager", **kw)
+    stop = int(free.tokens[0, 9])  # row 0's fourth new token: a stop the rows reach
+    torch._dynamo.reset()
+    session = model.generator(2, 18, step_mode="compile", compile_options=AOT)
+    for least in (0, 4):  # 4: the stop is held back at first
+        want = model.generate(ids, 12, step_mode="eager", stop_ids=[stop], pad_id=0, min_new_tokens=least, **kw)
+        got = model.generate(ids, 12, session=session, stop_ids=[stop], pad_id=0, min_new_tokens=least, **kw)
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.new_tokens, want.new_tokens)
+        assert torch.equal(got.stopped, want.stopped)
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-12, atol=1e-12)
+        assert least or (want.finish_reasons()[0] == "stop" and int(want.new_tokens[0]) <= 4)
+    again = model.generate(ids, 12, step_mode="eager", stop_ids=[stop], pad_id=0, min_new_tokens=4, **kw)
+    assert torch.equal(again.tokens, want.tokens)  # the seed, not the call count, decides
+
+
+def test_compile_step_gives_each_step_its_own_compile_cache():
+    """Twelve steps of one code object compile twelve graphs: none falls back to eager at
+    dynamo's limit of 8 graphs per code object."""
+    def make(k):
+        def step(x):
+            return x * k + 1
+        return step
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    outs = [compile_step(make(k), device=torch.device("cpu"), options={"backend": "eager"})(torch.ones(2))
+            for k in range(12)]
+    assert int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) == 12
+    assert [float(o[0]) for o in outs] == [k + 1.0 for k in range(12)]
+
+
+def test_a_step_the_compiler_fails_on_runs_eagerly_with_one_warning(monkeypatch):
+    model = small()
+    ids = torch.randint(3, 99, (2, 5))
+    want = model.generate(ids, 6, step_mode="eager")
+
+    def broken(fn, **kw):
+        def run(*a):
+            raise RuntimeError("no working C compiler\nsecond line")
+        return run
+    monkeypatch.setattr(torch, "compile", broken)
+    with pytest.warns(RuntimeWarning, match=r"cannot compile this decode step \(RuntimeError: no working C "
+                                            r"compiler\); it runs its eager kernels"):
+        got = model.generate(ids, 6, session=model.generator(2, 11, step_mode="compile"))
+    assert torch.equal(got, want)
+
+
+def test_default_sessions_are_reused_bounded_and_go_with_the_model():
+    model = small("mqa")
+    attributes = set(vars(model))
+    ids = torch.randint(3, 99, (2, 5))
+    model.generate(ids, 6)
+    (first,) = generator_module._DEFAULT[model]
+    assert first.max_len == SMALL["max_len"]  # 11 rounded up to 64, at most the model's 40 positions
+    model.generate(ids, 1)  # fits (6 <= 40 <= 2 x 6 rounded up): reused
+    model.generate(ids[:, :3], 9)
+    assert generator_module._DEFAULT[model] == [first]
+    model.generate(ids[:1], 4)  # another batch size: a second session
+    model.generate(ids, 4, step_mode="eager", kernel="eager")  # other options: a third; two are kept
+    held = generator_module._DEFAULT[model]
+    assert len(held) == 2 and first not in held and held[-1].kernel == "eager"
+    assert set(vars(model)) == attributes  # nothing on the model
+    release_default_sessions(model)
+    assert model not in generator_module._DEFAULT
+    model.generate(ids, 2)
+    ref = weakref.ref(model)
+    del model, held, first
+    gc.collect()
+    assert ref() is None  # the session did not keep it alive
