@@ -12,7 +12,7 @@ from mhe.attention import kernels
 from mhe.attention.mhe import _MHEBase
 from mhe.models import build_model
 
-LLAMA = dict(vocab_size=VOCAB, d_model=D_MODEL, n_heads=N_HEADS, n_layers=2, d_ff=64, max_len=16)
+LLAMA = dict(vocab_size=VOCAB, d_model=D_MODEL, n_heads=N_HEADS, n_layers=2, d_ff=64, max_len=64)
 KINDS = ("mha", "gqa", "mqa", "mhe-mul", "mhe-add")
 
 

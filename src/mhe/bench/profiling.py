@@ -116,7 +116,8 @@ def model_attention_inputs(cfg, batch: int, seq: int, dev) -> list[torch.Tensor]
     x, pos = torch.randn(batch, seq, cfg.d_model, device=dev), torch.arange(seq, device=dev)
     with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
         q, (k, v) = attn._queries(x, pos), attn._keys_values(x, pos)  # [B, h_q, T, d], 2 x [B, h_kv, T, d]
-    return [t.detach().requires_grad_() for t in (q, k, v)]
+    # MHE's float32 head factors promote the queries; the model casts them to the keys' dtype before attending
+    return [t.detach().to(k.dtype).requires_grad_() for t in (q, k, v)]
 
 
 GPT2_SETTINGS = ((True, 0.1), (True, 0.0), (False, 0.1), (False, 0.0))
