@@ -99,7 +99,7 @@ def test_every_task_end_to_end(task, encoder_run, synthetic_data, tmp_path):
 
 def test_squad_v11_trains_on_a_labelled_part_of_dev(encoder_run, tmp_path):
     root = require_data("squad/v1.1/dev-v1.1.json.xz")
-    opts = {"train_split": "dev", "dev_split": "dev", "dev_offset": 40, "dev_limit": 30}
+    opts = {"train_split": "dev", "dev_split": "dev", "dev_offset": 40, "dev_limit": 30, "train_limit": 40}
     assert main(["finetune", "--task", "squad", "--checkpoint", str(encoder_run), "--data-dir", str(root),
                  "--out", str(tmp_path / "sq"), *sum((["--set", s] for s in TINY), []),
                  "--set", f"data.task_options={json.dumps(opts)}"]) == 0
@@ -147,7 +147,7 @@ def test_squad_final_evaluation_reports_progress(progress, encoder_run, tmp_path
     """The dev forward passes and SQuAD's answer extraction each show a bar on stderr with
     train.progress on, and nothing with it off; the scores are the same."""
     root = require_data("squad/v1.1/dev-v1.1.json.xz")
-    opts = {"train_split": "dev", "dev_split": "dev", "dev_offset": 40, "dev_limit": 12}
+    opts = {"train_split": "dev", "dev_split": "dev", "dev_offset": 40, "dev_limit": 12, "train_limit": 40}
     capsys.readouterr()
     assert main(["finetune", "--task", "squad", "--checkpoint", str(encoder_run), "--data-dir", str(root),
                  "--out", str(tmp_path / "sq"), *sum((["--set", s] for s in TINY), []),

@@ -220,20 +220,26 @@ def _squad_article(art, path, out: list, *, text: str, v2: bool) -> None:
     for para in art["paragraphs"]:
         ctx = para["context"]
         for qa in para["qas"]:
-            where = f"{path}: {_squad_line(text, qa['id'])}question {qa['id']}"
-            if "answers" not in qa:
-                raise MheError(f"{where}: malformed record (missing field 'answers')")
-            answers = [(a["text"], a["answer_start"]) for a in qa["answers"]]
-            impossible = bool(qa.get("is_impossible")) if v2 else False
-            if not answers and not impossible:
-                raise MheError(f"{where}: no answer" + (" and not is_impossible" if v2 else
-                                                        " (every SQuAD v1.1 question has one)"))
-            if impossible:
-                answers = []
-            for answer, start in answers:
-                if ctx[start:start + len(answer)] != answer:
-                    raise MheError(f"{where}: answer {answer!r} not at offset {start}")
+            problem = _squad_problem(qa, ctx, v2)
+            if problem:  # the line is searched for only here: for every question it is quadratic
+                raise MheError(f"{path}: {_squad_line(text, qa['id'])}question {qa['id']}: {problem}")
+            impossible = v2 and bool(qa.get("is_impossible"))
+            answers = [] if impossible else [(a["text"], a["answer_start"]) for a in qa["answers"]]
             out.append(Example(qa["question"], ctx, uid=qa["id"], answers=answers))
+
+
+def _squad_problem(qa, ctx: str, v2: bool) -> str:
+    """What is wrong with one question ('' when nothing is)."""
+    if "answers" not in qa:
+        return "malformed record (missing field 'answers')"
+    impossible = v2 and bool(qa.get("is_impossible"))
+    if not qa["answers"] and not impossible:
+        return "no answer" + (" and not is_impossible" if v2 else " (every SQuAD v1.1 question has one)")
+    for a in [] if impossible else qa["answers"]:
+        answer, start = a["text"], a["answer_start"]
+        if ctx[start:start + len(answer)] != answer:
+            return f"answer {answer!r} not at offset {start}"
+    return ""
 
 
 READERS: dict[str, Callable[[BenchTask, Path], list[Example]]] = {
