@@ -32,12 +32,21 @@ seconds (default 215) is skipped and listed as such. Out: ``OUT/profile-train-st
 torch, tables) and ``OUT/profile-train-step.json``. ``--cpu-smoke`` runs it all on a CPU with
 tiny presets (``--presets`` if given, shrunk; eager, as ``mhe pretrain`` there; the GPU columns
 stay empty).
+
+Under ``torchrun --standalone --nproc_per_node N`` (``mhe pretrain``'s DDP path) every process
+runs every configuration with its share of the global batch ``--batch`` (as the trainer splits
+``train.batch_size``), each step preceded by the trainer loop's stop-signal agreement; rank 0
+writes and prints, with a table of each process's wall, host, agreement, GPU-busy and
+collective-kernel (category "communication") ms per step, dynamo's graphs (DDP splits the
+compiled graph per gradient bucket) and CPU threads. The SDPA section is skipped there (the
+single-process run measures it). ``--cpu-smoke`` runs it on gloo processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -51,8 +60,9 @@ import torch  # noqa: E402
 from mhe.attention import attention_class  # noqa: E402
 from mhe.bench.common import bench_config  # noqa: E402
 from mhe.bench.profiling import CATEGORIES, dropout_rates, model_attention_inputs, sdpa_backend_rows  # noqa: E402
-from mhe.bench.step_profile import measure  # noqa: E402
+from mhe.bench.step_profile import from_main, measure  # noqa: E402
 from mhe.models import preset as model_preset  # noqa: E402
+from mhe.training import distributed  # noqa: E402
 
 GROUPED = ("gqa", "mqa", "mhe-mul", "mhe-add")  # kinds whose training calls read fewer K/V heads than queries
 
@@ -100,9 +110,9 @@ def _label(r: dict) -> str:
             + ("" if r.get("grouped_off_cudnn", True) else " (SDPA's backend)"))
 
 
-def attention_lines(att: dict) -> list[str]:
+def attention_lines(att: dict, world: int = 1) -> list[str]:
     if not att:
-        return ["(no CUDA device: SDPA backends not measured)"]
+        return [f"(SDPA backends not measured: {'several processes' if world > 1 else 'no CUDA device'})"]
     rows = [[r["kind"], r["causal"], r["dropout"], r["sdpa_choice"], r["mhe_choice"]]
             + [_f(r[f"{b}_ms"], ".3f") for b in ("mhe", "expand", "flash", "efficient", "cudnn", "math")]
             for r in att["backends"]]
@@ -125,19 +135,36 @@ def attention_lines(att: dict) -> list[str]:
 def step_lines(rows: list[dict]) -> list[str]:
     main = [[_label(r), r["layers"], _f(r["wall_ms"], ".1f"), _f(r["host_ms"], ".1f"), _f(r["busy_ms"], ".1f"),
              f"{r['kernels']:.0f}", f"{r['tokens_per_s']:,.0f}", _f(r["mfu"] and 100 * r["mfu"], ".1f"),
-             _f(r["peak_gib"]), r["sdpa"], r["graphs"], r["graph_breaks"], r["recompiles"], f"{r['compile_s']:.0f}"]
-            for r in rows]
+             _f(r["peak_gib"]), r["sdpa"], r["graphs"], r["graph_breaks"], r["recompiles"], f"{r['compile_s']:.0f}",
+             _f(r["comm_ms"])] for r in rows]
     lines = ["## The step", "", "wall: trainer steps in a row, synchronised at the end (as the trainer logs "
-             "them); host: median time to queue one step; GPU busy: kernel time per step; recompiles: dynamo's "
-             "guard failures.", ""]
+             "them); host: median time to queue one step; GPU busy: kernel time per step (collective kernels "
+             "included: they run on their own stream and may overlap compute); recompiles: dynamo's guard "
+             "failures; collectives: GPU ms per step in NCCL/all-reduce kernels. Several processes: rank 0's "
+             "figures, tokens/s over all of them (the per-process table below).", ""]
     lines += _table(["configuration", "layers", "wall ms", "host ms", "GPU busy ms", "kernels/step", "tokens/s",
                      "MFU %", "peak GiB", "SDPA backend per step", "graphs", "graph breaks", "recompiles",
-                     "set-up+compile s"], main)
+                     "set-up+compile s", "collectives ms"], main)
     cats = [[_label(r)] + [_f(r["categories"][c]) for c in CATEGORIES] for r in rows]
     lines += ["", "## GPU ms per step by category", "", "A fused kernel counts once, in the first category "
               "its name matches (`mhe.bench.profiling`; layernorm includes RMSNorm); dropout's cost is the "
               "dropout-free rows' difference.", ""]
     return lines + _table(["configuration", *CATEGORIES], cats)
+
+
+def process_lines(rows: list[dict]) -> list[str]:
+    """Each process's own figures (several processes only)."""
+    per = [[_label(r), p["rank"], _f(p["wall_ms"], ".1f"), _f(p["host_ms"], ".1f"), _f(p["agree_ms"], ".2f"),
+            _f(p["busy_ms"], ".1f"), _f(p["comm_ms"]), p["graphs"], p["threads"]]
+           for r in rows if r["world"] > 1 for p in r["per_process"]]
+    if not per:
+        return []
+    lines = ["", f"## Per process ({rows[0]['world']} processes)", "", "host: median time to queue one step; "
+             "signal agreement: the trainer loop's gloo all-reduce before each step (not in host); GPU busy and "
+             "collectives: kernel ms per step on that process's GPU; graphs: dynamo's compiled graphs (DDP "
+             "splits the step's graph per gradient bucket); threads: torch's CPU threads.", ""]
+    return lines + _table(["configuration", "rank", "wall ms", "host ms", "signal agreement ms", "GPU busy ms",
+                           "collectives ms", "graphs", "threads"], per)
 
 
 def _pairs(rows: list[dict]) -> list[tuple[dict, dict]]:
@@ -174,19 +201,23 @@ def top_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def report(out: Path, a, att: dict, rows: list[dict], skipped: list[str]) -> None:
+def report(out: Path, a, att: dict, rows: list[dict], skipped: list[str], world: int = 1) -> None:
     card = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    head = ["# Training step profile (one GPU)", "",
-            f"Card: {card}; torch {torch.__version__}; cuDNN {cudnn}; `{' '.join(['python'] + sys.argv)}`; "
-            f"batch {a.batch} x {a.seq}{', random tokens' if not a.data else ', ' + a.data}"
+    launch = ["torchrun", "--standalone", "--nproc_per_node", str(world)] if world > 1 else ["python"]
+    split = f"; global batch split over {world} processes, {a.batch // world} rows each" if world > 1 else ""
+    head = [f"# Training step profile ({f'{world} processes, DDP' if world > 1 else 'one process'})", "",
+            f"Card: {card}; torch {torch.__version__}; cuDNN {cudnn}; `{' '.join(launch + sys.argv)}`; "
+            f"world size {world}; batch {a.batch} x {a.seq}{split}{', random tokens' if not a.data else ', ' + a.data}"
             f"{f'; {a.layers} layers of each preset' if a.layers else ''}.", ""]
-    lines = head + attention_lines(att) + [""] + step_lines(rows) + diff_lines(rows) + top_lines(rows)
+    lines = head + attention_lines(att, world) + [""] + step_lines(rows) + process_lines(rows) + diff_lines(rows) \
+        + top_lines(rows)
     if skipped:
         lines += ["Skipped (past the deadline): " + ", ".join(skipped), ""]
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile-train-step.md").write_text("\n".join(lines) + "\n")
-    meta = {"card": card, "torch": torch.__version__, "cudnn": cudnn, "argv": sys.argv, "skipped": skipped}
+    meta = {"card": card, "torch": torch.__version__, "cudnn": cudnn, "argv": sys.argv, "world": world,
+            "skipped": skipped}
     (out / "profile-train-step.json").write_text(json.dumps({**meta, "attention": att, "steps": rows}, indent=1))
     print("\n".join(lines))
 
@@ -212,26 +243,39 @@ def _args():
     return a
 
 
+def _shared_dir(d: distributed.Dist) -> Path:
+    """One scratch folder for every process (rank 0 builds a corpus's tokenizer there, the others load it)."""
+    return Path(from_main(d, tempfile.mkdtemp(prefix="profile-train-step-") if d.main else None))
+
+
 def main() -> None:
     a = _args()
     presets = a.presets.split(",") if a.presets else ["tiny-decoder", "tiny-encoder"] if a.cpu_smoke \
         else ["gpt2-base", "bert-base"]
     kinds = a.kinds.split(",")
+    d = distributed.setup(a.device)  # under torchrun: the process group every configuration's DDP uses
     start = time.perf_counter()
-    att = attention_section(a, presets, kinds)
-    rows, skipped, cost = [], [], {}
-    with tempfile.TemporaryDirectory() as tmp:
+    att = attention_section(a, presets, kinds) if d.world == 1 else {}  # ranks must not diverge in collectives
+    rows, skipped, cost, tmp = [], [], {}, _shared_dir(d)
+    try:
         for preset, kind, dropout, off_cudnn in plan(presets, kinds, [k for k in a.no_dropout_kinds.split(",") if k],
                                                      a.sdpa_both):
             label = _label(dict(preset=preset, kind=kind, dropout=dropout, grouped_off_cudnn=off_cudnn))
-            if time.perf_counter() - start + cost.get(preset, 0.0) > a.deadline:
+            if from_main(d, time.perf_counter() - start + cost.get(preset, 0.0) > a.deadline):  # all skip alike
                 skipped.append(label)
                 continue
             t0 = time.perf_counter()
-            rows.append(measure(preset, kind, dropout, a, Path(tmp) / preset, grouped_off_cudnn=off_cudnn))
+            rows.append(measure(preset, kind, dropout, a, tmp / preset, grouped_off_cudnn=off_cudnn))
             cost[preset] = time.perf_counter() - t0
-            print(f"[{time.perf_counter() - start:.0f} s] {label}: {rows[-1]['wall_ms']:.1f} ms/step", flush=True)
-    report(a.out, a, att, rows, skipped)
+            if d.main:
+                print(f"[{time.perf_counter() - start:.0f} s] {label}: {rows[-1]['wall_ms']:.1f} ms/step", flush=True)
+        if d.main:
+            report(a.out, a, att, rows, skipped, d.world)
+        d.barrier()
+    finally:
+        if d.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        distributed.teardown()
 
 
 if __name__ == "__main__":

@@ -120,6 +120,8 @@ def test_restricted_attention_computes_the_same_and_compiles_in_one_graph(monkey
     ("triton_poi_fused__to_copy_t_5", "copies/casts"),
     ("Memcpy HtoD (Pinned -> Device)", "copies/casts"),
     ("triton_poi_fused_add_gelu_6", "other elementwise/fused"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("ncclKernel_ReduceScatter_RING_LL_Sum_bfloat16", "communication"),
 ])
 def test_kernel_categories(name, category):
     assert kernel_category(name) == category

@@ -22,8 +22,9 @@ from mhe.attention import kernels
 from mhe.bench.common import timed
 
 CATEGORIES = ("attention fwd", "attention bwd", "optimizer", "matmul/GEMM", "cross-entropy/loss", "copies/casts",
-              "layernorm", "dropout/RNG", "other elementwise/fused", "other")
+              "layernorm", "dropout/RNG", "communication", "other elementwise/fused", "other")
 _RULES = (  # (category, name fragments), tried in this order
+    ("communication", ("nccl", "allreduce", "all_reduce", "reduce_scatter", "all_gather")),  # DDP's collectives
     ("attention bwd", ("flash_bwd", "fmha_cutlassb", "bprop", "dot_do_o", "convert_dq")),
     ("attention fwd", ("flash_fwd", "fmha_cutlassf", "fprop")),
     ("optimizer", ("adam", "multi_tensor_apply", "lpnorm", "foreach")),

@@ -10,6 +10,12 @@ steps in a row (wall time per step, as the trainer logs it, and the host's time 
 then profiles a few with ``torch.profiler`` (:mod:`mhe.bench.profiling` reads the trace), and
 reads dynamo's graphs, graph breaks and recompiles (guard failures) of the configuration.
 
+Under ``torchrun`` every process builds and runs the same configuration (the trainer's DDP path:
+``train.batch_size`` is the global batch, each process takes its share) and each step is preceded
+by the trainer loop's stop-signal agreement (a gloo all-reduce, timed on its own); every process's
+own figures (wall, host, agreement, GPU-busy and collective-kernel ms, dynamo's graphs, CPU
+threads) are gathered to every process (:func:`gather`), the rest of the row is rank 0's.
+
 ``settings`` (an ``argparse.Namespace`` or any object) carries ``batch``, ``seq``, ``device``,
 ``data``, ``data_dir``, ``cpu_smoke``, ``layers`` (0: the preset's), ``warmup``, ``timed`` and
 ``profiled``.
@@ -61,19 +67,45 @@ def build(preset: str, kind: str, dropout: bool, s, out: Path) -> dict:
     pad_optimizer_state(opt, model)
     order = BatchOrder(task.n_train_items(), t.batch_size, seed=t.seed, rank=dist.rank, world=dist.world)
     state = TrainerState(opt, sched, order)
-    step = StepModule(model, dist, compiled=compile_wanted(t, dist.device), note=print)
+    step = StepModule(model, dist, compiled=compile_wanted(t, dist.device), note=print if dist.main else _quiet)
     data = Prefetcher(order, task.collate, dist.device, ahead=cuda)
     return dict(cfg=cfg, task=task, dist=dist, model=model, state=state, step=step, data=data, window=StepWindow())
 
 
-def _steps(h: dict, n: int) -> list[float]:
-    """Run ``n`` trainer steps; the host's seconds to queue each one."""
-    host = []
+def _quiet(*_) -> None:
+    pass
+
+
+def gather(d: distributed.Dist, obj) -> list:
+    """``obj`` of every process, by rank (host-side, over gloo: no wait for the device)."""
+    if d.world == 1:
+        return [obj]
+    out = [None] * d.world
+    torch.distributed.all_gather_object(out, obj, group=d.host_group)
+    return out
+
+
+def from_main(d: distributed.Dist, obj):
+    """Rank 0's ``obj`` on every process (decisions that every process must take alike)."""
+    if d.world == 1:
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0, group=d.host_group)
+    return box[0]
+
+
+def _steps(h: dict, n: int) -> tuple[list[float], list[float]]:
+    """Run ``n`` trainer steps as the trainer's loop does (the stop-signal agreement, then the
+    step); the host's seconds to queue each step, and each agreement's seconds."""
+    host, agree = [], []
     for _ in range(n):
         t0 = time.perf_counter()
+        h["dist"].agreed_signal(None)
+        t1 = time.perf_counter()
         train_step(h["step"], h["data"], h["state"], h["task"], h["cfg"].train, h["dist"], h["window"])
-        host.append(time.perf_counter() - t0)
-    return host
+        host.append(time.perf_counter() - t1)
+        agree.append(t1 - t0)
+    return host, agree
 
 
 def _sync(h: dict) -> None:
@@ -105,7 +137,7 @@ def measure(preset: str, kind: str, dropout: bool, s, out: Path, *, grouped_off_
         _sync(h)
         compile_s = time.perf_counter() - t0
         t1 = time.perf_counter()
-        host = _steps(h, s.timed)
+        host, agree = _steps(h, s.timed)
         _sync(h)
         wall = (time.perf_counter() - t1) / s.timed
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
@@ -115,15 +147,20 @@ def measure(preset: str, kind: str, dropout: bool, s, out: Path, *, grouped_off_
         kernels.GROUPED_GRAD_OFF_CUDNN = kept
     times = kernel_times(prof, s.profiled)
     c, failures = torch._dynamo.utils.counters, getattr(torch._dynamo.utils, "guard_failures", {})
-    cfg, model = h["cfg"].model, h["model"]
-    tok_s = s.batch * s.seq / wall
-    peak = device_peak(torch.cuda.get_device_name()) if cuda else None
+    cfg, model, d = h["cfg"].model, h["model"], h["dist"]
+    tok_s = s.batch * s.seq / wall  # s.batch is the global batch: tokens per second over all processes
+    peak = device_peak(torch.cuda.get_device_name()) * d.world if cuda else None
+    categories = by_category(times)
+    own = {"rank": d.rank, "wall_ms": 1000 * wall, "host_ms": 1000 * statistics.median(host),
+           "agree_ms": 1000 * statistics.median(agree), "busy_ms": sum(ms for ms, _ in times.values()),
+           "comm_ms": categories["communication"], "graphs": int(c["stats"]["unique_graphs"]),
+           "threads": torch.get_num_threads()}
     return {"preset": preset, "kind": kind, "dropout": dropout, "grouped_off_cudnn": grouped_off_cudnn,
-            "layers": cfg.n_layers, "wall_ms": 1000 * wall, "host_ms": 1000 * statistics.median(host),
-            "busy_ms": sum(ms for ms, _ in times.values()), "kernels": sum(n for _, n in times.values()),
+            "layers": cfg.n_layers, **own, "world": d.world, "per_process": gather(d, own),
+            "kernels": sum(n for _, n in times.values()),
             "tokens_per_s": tok_s, "mfu": flops_per_token(real_params(model), cfg, s.seq) * tok_s / peak if peak else None,
             "peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None,
-            "sdpa": sdpa_calls(prof, s.profiled), "categories": by_category(times), "compile_s": compile_s,
-            "graphs": int(c["stats"]["unique_graphs"]), "graph_breaks": int(sum(c["graph_break"].values())),
+            "sdpa": sdpa_calls(prof, s.profiled), "categories": categories, "compile_s": compile_s,
+            "graph_breaks": int(sum(c["graph_break"].values())),
             "recompiles": sum(len(v) for v in failures.values()),
             "top": sorted(((ms, n, k) for k, (ms, n) in times.items()), reverse=True)[:10]}
