@@ -32,16 +32,16 @@ RUN = ["model.attn_bias=false", "model.d_model=32", "model.d_ff=64", "model.n_la
        "train.keep_checkpoints=true"]
 
 
-def config():
-    return apply_overrides(default_run("recall", "tiny-decoder", "mhe-mul"), RUN)
+def config(compiled: bool = False):
+    return apply_overrides(default_run("recall", "tiny-decoder", "mhe-mul"), RUN + [f"train.compile={str(compiled).lower()}"])
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, port: int, out: str, compiled: bool = False) -> None:
     """One DDP process: the environment torchrun would set, then the ordinary trainer."""
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    Trainer(config(), RecallTask(), out, log=lambda *_: None).fit()
+    Trainer(config(compiled), RecallTask(), out, log=lambda *_: None).fit()
 
 
 def _free_port() -> int:
@@ -59,11 +59,14 @@ def final_weights(out):
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_at_half_batch_equal_one_at_full_batch(tmp_path):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_two_gloo_processes_at_half_batch_equal_one_at_full_batch(tmp_path, compiled):
+    """Compiled: DDP wraps the compiled model (``training/step.py``); a wrapper that lost the
+    gradient hooks or the averaging would let the runs drift apart."""
     one = tmp_path / "one"
-    Trainer(config(), RecallTask(), one, log=lambda *_: None).fit()
+    Trainer(config(compiled), RecallTask(), one, log=lambda *_: None).fit()
     two = tmp_path / "two"
-    mp.spawn(_worker, args=(2, _free_port(), str(two)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, _free_port(), str(two), compiled), nprocs=2, join=True)
 
     a, b = records(one), records(two)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))

@@ -1,9 +1,14 @@
 """What a training step runs through and what it leaves for the log, without waiting on the GPU.
 
-:class:`StepModule` is the module the steps call: the model, wrapped for DDP when several
-processes train (wrapped first, then compiled, so that dynamo's DDP optimiser splits the
-graph at the gradient buckets and each bucket's all-reduce overlaps the rest of the backward
-pass), and compiled where :func:`~mhe.training.config.compile_wanted` says so. Under FSDP the
+:class:`StepModule` is the module the steps call: the model, compiled where
+:func:`~mhe.training.config.compile_wanted` says so, and wrapped for DDP when several processes
+train. Under DDP the compiled model is wrapped (compiled first) and compiled whole, without
+dynamo's DDP optimiser: splitting the graph at the gradient buckets would let each bucket's
+all-reduce overlap the backward pass, but the step is bound by the host's time to queue its
+kernels, and the split graph (and dynamo's breaks in DDP's own forward) cost more host time
+than the overlap saves (docs/benchmarks.md section 7: 55 ms against 39 ms per step for
+gpt2-base at 16 rows per GPU on two H100s); the buckets are reduced after the backward pass,
+about 2 ms on NVLink for gpt2-base's float32 gradients. Under FSDP the
 model is already sharded (:mod:`mhe.training.fsdp`) and each transformer block's forward is
 compiled on its own, as torchtitan does, between the hooks that gather and free its weights.
 A configuration that torch.compile cannot handle trains eagerly after a one-line note (under
@@ -41,16 +46,16 @@ class StepModule:
                  mode: str = "ddp") -> None:
         self.model, self.note, self.dist = model, note, dist
         self.ddp = mode == "ddp" and dist.world > 1
-        self.eager = model
+        self.compiled = compiled
         self.blocks: list[tuple[torch.nn.Module, Callable]] = []  # FSDP: (block, its eager forward)
-        if self.ddp:
-            ids = [dist.local_rank] if dist.device.type == "cuda" else None
-            self.eager = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
         if compiled and mode == "fsdp":
             self.blocks = [(block, block.forward) for block in transformer_blocks(model)]
             for block, forward in self.blocks:
                 block.forward = torch.compile(forward)
-        self.net = torch.compile(self.eager) if compiled and mode != "fsdp" else self.eager
+        self.net = torch.compile(model) if compiled and mode != "fsdp" else model
+        if self.ddp:
+            ids = [dist.local_rank] if dist.device.type == "cuda" else None
+            self.net = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids, gradient_as_bucket_view=True)
         self.proven = not compiled  # a compiled module is proven by its first micro-step
 
     def sync(self, last: bool):
@@ -64,9 +69,11 @@ class StepModule:
         raises as well is the configuration's own and is raised. Under FSDP a compile failure is
         a one-line error naming ``train.compile=false``."""
         if self.proven:
-            return micro_step(self.net)
+            with self._whole_graph():
+                return micro_step(self.net)
         try:
-            out = micro_step(self.net)
+            with self._whole_graph():
+                out = micro_step(self.net)
         except MheError:
             raise
         except Exception as e:  # noqa: BLE001  dynamo, inductor or a missing compiler
@@ -74,13 +81,23 @@ class StepModule:
             if self.blocks:  # FSDP's gather/free state cannot be rewound from a pass cut short
                 raise MheError(f"torch.compile cannot compile this configuration under FSDP ({type(e).__name__}: "
                                f"{first}); set train.compile=false to train it eagerly") from e
-            self.net = self.eager
+            if self.ddp:  # the same DDP wrapper (its hooks are on the parameters), eager inside
+                self.net.module = self.model
+            else:
+                self.net = self.model
             self.model.zero_grad(set_to_none=True)  # a backward pass cut short leaves partial gradients
             out = micro_step(self.net)
             self.note(f"torch.compile cannot compile this configuration ({type(e).__name__}: {first}); "
                       "training eagerly")
         self.proven = True
         return out
+
+    def _whole_graph(self):
+        """Under DDP, dynamo compiles the model as one graph (its DDP optimiser, which would split
+        it at the gradient buckets, is off while a step runs; the module docstring says why)."""
+        if self.ddp and self.compiled:
+            return torch._dynamo.config.patch(optimize_ddp=False)
+        return contextlib.nullcontext()
 
 
 class StepWindow:
@@ -124,7 +141,8 @@ def train_step(step: StepModule, data: Prefetcher, state: TrainerState, task: Ta
     """One optimiser step over ``grad_accum`` micro-batches, queued without waiting for the
     device; its loss and gradient norm go to ``window``. Returns the tokens it scored."""
     amp = precision(t.precision, dist.device)
-    step.model.train()
+    if not step.model.training:  # model.train() visits every module: only after an evaluation
+        step.model.train()
     loss_sum, n_tok = 0.0, 0
 
     def micro_step(net, batch, last):
