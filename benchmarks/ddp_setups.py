@@ -1,0 +1,82 @@
+"""The ways to combine DDP with torch.compile that were measured for `mhe pretrain` (issue 27).
+
+    torchrun --standalone --nproc_per_node 2 benchmarks/ddp_setups.py SETUP OUT [profile_train_step.py options]
+
+Runs ``benchmarks/profile_train_step.py`` (every option after ``OUT`` is its own) with the
+trainer's :class:`~mhe.training.step.StepModule` built one of these ways:
+
+* ``whole`` (the trainer's default): the model compiled whole, then wrapped by DDP; dynamo's DDP
+  optimiser off while a step runs, so the step is one graph and the gradient buckets are reduced
+  after the backward pass;
+* ``wrapped-split`` (the default before): DDP wraps the model and the wrapper is compiled;
+  dynamo's DDP optimiser splits the graph at the gradient buckets so that each bucket's
+  all-reduce overlaps the backward pass (dynamo also breaks the graph in DDP's own forward);
+* ``wrapped-whole``: the same with the DDP optimiser off (one graph, the breaks in DDP's forward kept);
+* ``inner-split``: the compiled model wrapped by DDP with the DDP optimiser on (it still splits:
+  dynamo sees the DDP module that is running);
+* ``blocks``: each transformer block compiled on its own (as under FSDP), DDP outside.
+
+On two H100s (gpt2-base, 16 rows per GPU; docs/benchmarks.md section 7) ``whole`` ran at 27.4 ms
+per step against 55.0 for ``wrapped-split``: the step is bound by the host's time to queue its
+kernels, and splitting costs more host time than overlapping the all-reduce saves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import runpy
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+
+from mhe.training import step as step_module  # noqa: E402
+from mhe.training.activation_checkpointing import transformer_blocks  # noqa: E402
+
+SETUPS = ("whole", "wrapped-split", "wrapped-whole", "inner-split", "blocks")
+_trainers_init = step_module.StepModule.__init__
+
+
+def _ddp(module, dist):
+    ids = [dist.local_rank] if dist.device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids, gradient_as_bucket_view=True)
+
+
+def _init(setup: str):
+    """``StepModule.__init__`` building the DDP step as ``setup`` says (the trainer's own for ``whole``)."""
+
+    def init(self, model, dist, *, compiled, note, mode="ddp"):
+        _trainers_init(self, model, dist, compiled=compiled, note=note, mode=mode)
+        if setup == "whole" or not (self.ddp and compiled):
+            return
+        if setup == "blocks":
+            for block in transformer_blocks(model):
+                block.forward = torch.compile(block.forward)
+            self.net = _ddp(model, dist)
+        elif setup == "inner-split":
+            self.net = _ddp(torch.compile(model), dist)
+        else:  # wrapped-*: DDP first, then the wrapper compiled
+            self.net = torch.compile(_ddp(model, dist))
+        split = setup.endswith("split")
+        self._whole_graph = (lambda: contextlib.nullcontext()) if split else \
+            (lambda: torch._dynamo.config.patch(optimize_ddp=False))
+        self.proven = True
+
+    return init
+
+
+def main() -> None:
+    if len(sys.argv) < 3 or sys.argv[1] not in SETUPS:
+        print(f"usage: ddp_setups.py SETUP OUT [profile_train_step.py options]; SETUP one of {', '.join(SETUPS)}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    step_module.StepModule.__init__ = _init(sys.argv[1])
+    sys.argv = [str(ROOT / "benchmarks" / "profile_train_step.py")] + sys.argv[2:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
