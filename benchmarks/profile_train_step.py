@@ -37,8 +37,8 @@ Under ``torchrun --standalone --nproc_per_node N`` (``mhe pretrain``'s DDP path)
 runs every configuration with its share of the global batch ``--batch`` (as the trainer splits
 ``train.batch_size``), each step preceded by the trainer loop's stop-signal agreement; rank 0
 writes and prints, with a table of each process's wall, host, agreement, GPU-busy and
-collective-kernel (category "communication") ms per step, dynamo's graphs (DDP splits the
-compiled graph per gradient bucket) and CPU threads. The SDPA section is skipped there (the
+collective-kernel (category "communication") ms per step, dynamo's graph count and CPU threads
+(``benchmarks/ddp_setups.py`` runs this script with the other ways of combining DDP and compile). The SDPA section is skipped there (the
 single-process run measures it). ``--cpu-smoke`` runs it on gloo processes.
 """
 
@@ -161,8 +161,9 @@ def process_lines(rows: list[dict]) -> list[str]:
         return []
     lines = ["", f"## Per process ({rows[0]['world']} processes)", "", "host: median time to queue one step; "
              "signal agreement: the trainer loop's gloo all-reduce before each step (not in host); GPU busy and "
-             "collectives: kernel ms per step on that process's GPU; graphs: dynamo's compiled graphs (DDP "
-             "splits the step's graph per gradient bucket); threads: torch's CPU threads.", ""]
+             "collectives: kernel ms per step on that process's GPU; graphs: dynamo's count of compiled frames "
+             "(dynamo's DDP optimiser, off in the trainer, would split a frame per gradient bucket without "
+             "changing it); threads: torch's CPU threads.", ""]
     return lines + _table(["configuration", "rank", "wall ms", "host ms", "signal agreement ms", "GPU busy ms",
                            "collectives ms", "graphs", "threads"], per)
 
