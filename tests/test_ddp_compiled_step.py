@@ -1,0 +1,70 @@
+"""The trainer's DDP step under ``torch.compile`` is one graph (``training/step.py``): dynamo's DDP
+optimiser, which splits the graph at the gradient buckets, must never run, because the split
+step costs more host time than its overlap saves (docs/benchmarks.md section 7). One gloo
+process is enough to build the DDP wrapper; the control case leaves the optimiser on and sees it
+run, so the check can fail. Also: ``benchmarks/ddp_setups.py`` refuses an unknown set-up in one line with exit status 2."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._dynamo.backends import distributed as dynamo_ddp
+
+from mhe.models import build_model
+from mhe.training.distributed import Dist
+from mhe.training.step import StepModule
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _splits_seen(monkeypatch) -> list:
+    seen = []
+    original = dynamo_ddp.DDPOptimizer.compile_fn
+
+    def recording(self, gm, example_inputs, **kw):
+        seen.append(len(list(gm.graph.nodes)))
+        return original(self, gm, example_inputs, **kw)
+
+    monkeypatch.setattr(dynamo_ddp.DDPOptimizer, "compile_fn", recording)
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("whole", [True, False], ids=["trainer", "split-control"])
+def test_compiled_ddp_step_is_one_graph(one_process_group, monkeypatch, whole):
+    torch._dynamo.reset()  # no graph compiled by another test (or the other case) is reused
+    torch.manual_seed(0)
+    model = build_model("tiny-decoder", attention="mhe-mul", d_model=256, d_ff=512, n_layers=2, vocab_size=512)
+    step = StepModule(model, Dist(world=2), compiled=True, note=lambda _: None)  # world 2: the DDP path
+    assert isinstance(step.net, torch.nn.parallel.DistributedDataParallel)
+    if not whole:  # the control: the same step with dynamo's DDP optimiser left on does split
+        step._whole_graph = lambda: torch._dynamo.config.patch(optimize_ddp=True)
+    seen = _splits_seen(monkeypatch)
+    ids = torch.randint(0, 512, (2, 16))
+
+    def micro_step(net):
+        loss = net(ids, labels=ids, return_logits=False).loss
+        loss.backward()
+        return loss
+
+    loss = step.run(micro_step)
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for p in model.parameters())  # the backward reached every weight
+    assert (seen == []) if whole else (len(seen) >= 1), seen
+
+
+def test_ddp_setups_refuses_an_unknown_setup(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ddp_setups.py"), "fastest", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "fastest" not in r.stdout and "whole, wrapped-split" in r.stderr and len(r.stderr.strip().splitlines()) == 1
