@@ -12,7 +12,10 @@
 
 ``--gpus 2`` (about 5 minutes on two GPUs of one host) measures gpt2-base MHA on one GPU at batch
 32, then under ``torchrun --nproc_per_node 2`` at the same per-GPU batch (global batch 64) and at
-the same global batch 32, then MHE-Mul on one GPU and on two at global batch 32.
+the same global batch 32, then MHE-Mul on one GPU and on two at global batch 32. ``--gpus 4``
+(about 9.5 minutes on four GPUs of one host) measures MHA on one GPU, then on two and on four GPUs
+at the same per-GPU batch 32 (global 64 and 128) and at the same global batch 32, then MHE-Mul on
+one GPU and on four at global batch 32.
 
 Each pre-training run adds ``train.keep_checkpoints=false`` (no 1.5 GB checkpoint written at the
 end; the steps are untouched), and the later runs of a preset start from the first run's
@@ -22,7 +25,7 @@ which saves its training time. Rates are the medians of the logged step times af
 512`` a step; for masked LM as well, whose own log counts the masked tokens); MFU is the formula
 of ``mhe bench`` (6N + 12 L T n d FLOPs per token over the card's dense bf16 peak, per GPU).
 Stages run in the order above; once ``--deadline`` seconds have passed (default 450 for one GPU,
-270 for two) the rest are skipped and a running one is stopped, and the tables say so.
+270 for two, 560 for four) the rest are skipped and a running one is stopped, and the tables say so.
 
 Out: ``OUT/train-speed.md`` (card, torch, commands, tables), ``OUT/logs/STAGE.log`` (each
 command's output), ``OUT/runs/STAGE/`` (config, metrics and results of each run) and
@@ -201,11 +204,20 @@ def _pretrain_row(label: str, a: dict | None, b: dict | None) -> str:
             f"{fmt(g(b, 'peak_gib'), '.2f')} |")
 
 
-def two_gpus(plan: Plan, runner: Runner, out: Path) -> list[str]:
-    stages = [("mha-1gpu-b32", "mha", 1, plan.batch), ("mha-2gpu-b64", "mha", 2, 2 * plan.batch),
-              ("mha-2gpu-b32", "mha", 2, plan.batch), ("mhe-mul-1gpu-b32", "mhe-mul", 1, plan.batch),
-              ("mhe-mul-2gpu-b32", "mhe-mul", 2, plan.batch)]
-    lines = [f"### {plan.decoder}, compiled (the default), two GPUs of one host", "",
+def gpu_stages(gpus: int, batch: int) -> list[tuple[str, str, int, int]]:
+    """(stage, kind, GPUs, global batch) of the several-GPU mode, in the order they run: MHA on one
+    GPU, then on 2 (and 4) at the same per-GPU batch and at the same global batch, then MHE-Mul on
+    one GPU and on all of them at the same global batch."""
+    counts = [n for n in (2, 4) if n <= gpus]
+    stages = [(f"mha-1gpu-b{batch}", "mha", 1, batch)]
+    for n in counts:
+        stages += [(f"mha-{n}gpu-b{n * batch}", "mha", n, n * batch), (f"mha-{n}gpu-b{batch}", "mha", n, batch)]
+    return stages + [(f"mhe-mul-1gpu-b{batch}", "mhe-mul", 1, batch), (f"mhe-mul-{gpus}gpu-b{batch}", "mhe-mul", gpus, batch)]
+
+
+def several_gpus(plan: Plan, runner: Runner, out: Path, gpus: int) -> list[str]:
+    stages = gpu_stages(gpus, plan.batch)
+    lines = [f"### {plan.decoder}, compiled (the default), {gpus} GPUs of one host", "",
              "| run | tokens/s (all GPUs) | per GPU | vs one GPU | MFU per GPU | peak GiB (rank 0) |",
              "|---|---:|---:|---:|---:|---:|"]
     base = {}
@@ -227,20 +239,20 @@ def two_gpus(plan: Plan, runner: Runner, out: Path) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
-    ap.add_argument("--gpus", type=int, choices=(1, 2), default=1)
+    ap.add_argument("--gpus", type=int, choices=(1, 2, 4), default=1)
     ap.add_argument("--data-dir", default=os.environ.get("MHE_DATA", "data-cache"))
-    ap.add_argument("--deadline", type=float, default=None, help="seconds (default 450 for one GPU, 270 for two)")
+    ap.add_argument("--deadline", type=float, default=None, help="seconds (default 450 for one GPU, 270 for two, 560 for four)")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny presets, PTB, a few steps, on the CPU")
     a = ap.parse_args()
     out = Path(a.out).resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     plan = Plan(a.cpu_smoke)
     data_dir = str(Path(a.data_dir).resolve())
-    runner = Runner(out, data_dir, a.deadline or (450 if a.gpus == 1 else 270))
+    runner = Runner(out, data_dir, a.deadline or {1: 450, 2: 270, 4: 560}[a.gpus])
     card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     print(f"card: {card}; {torch.cuda.device_count()} visible; torch {torch.__version__}", flush=True)
-    lines = (one_gpu if a.gpus == 1 else two_gpus)(plan, runner, out)
-    head = [f"# Training speed ({'one GPU' if a.gpus == 1 else 'two GPUs'})", "",
+    lines = one_gpu(plan, runner, out) if a.gpus == 1 else several_gpus(plan, runner, out, a.gpus)
+    head = [f"# Training speed ({'one GPU' if a.gpus == 1 else f'{a.gpus} GPUs'})", "",
             f"Card: {card}; torch {torch.__version__}; `python benchmarks/train_speed.py OUT --gpus {a.gpus}"
             f"{' --cpu-smoke' if a.cpu_smoke else ''}`; rates: median logged step time after step {plan.after}, "
             "as input tokens/s; MFU: (6N + 12 L T n d) x tokens/s / dense bf16 peak, per GPU.", "",

@@ -40,7 +40,7 @@ from mhe.models.vocab_padding import pad_optimizer_state, pad_vocabulary
 from mhe.tasks import build_run, build_task
 from mhe.training import distributed
 from mhe.training.batches import BatchOrder
-from mhe.training.config import compile_wanted
+from mhe.training.config import compile_wanted, cuda_graphs_wanted
 from mhe.training.optim import build_optimizer
 from mhe.training.prefetch import Prefetcher
 from mhe.training.state import TrainerState, seed_all
@@ -67,7 +67,8 @@ def build(preset: str, kind: str, dropout: bool, s, out: Path) -> dict:
     pad_optimizer_state(opt, model)
     order = BatchOrder(task.n_train_items(), t.batch_size, seed=t.seed, rank=dist.rank, world=dist.world)
     state = TrainerState(opt, sched, order)
-    step = StepModule(model, dist, compiled=compile_wanted(t, dist.device), note=print if dist.main else _quiet)
+    step = StepModule(model, dist, compiled=compile_wanted(t, dist.device), note=print if dist.main else _quiet,
+                      cuda_graphs=cuda_graphs_wanted(t, dist.device, static_shapes=task.static_shapes))
     data = Prefetcher(order, task.collate, dist.device, ahead=cuda)
     return dict(cfg=cfg, task=task, dist=dist, model=model, state=state, step=step, data=data, window=StepWindow())
 

@@ -36,6 +36,7 @@ from mhe.tasks import build_run
 from mhe.training.loop import Trainer
 from mhe.training.optim import build_optimizer
 from mhe.training.run_files import read_metrics, read_results
+from mhe.training.step import compile_model as compile_step
 
 
 def real_params(model) -> int:
@@ -51,7 +52,8 @@ def isolated_step(preset: str, kind: str, *, dev: torch.device, B: int, T: int, 
         pad_vocabulary(model)
     opt, _ = build_optimizer(model, TrainConfig(lr=1e-4, warmup_steps=0))
     pad_optimizer_state(opt, model)
-    net = torch.compile(model) if compile_model else model
+    graphs = compile_model and cuda  # as the trainer runs fixed-shape pre-training (cuda_graphs_wanted)
+    net = compile_step(model, graphs) if compile_model else model
     cfg = model.cfg
     ids = torch.randint(4, cfg.vocab_size, (B, T))
     if cfg.arch == "decoder":
@@ -63,6 +65,8 @@ def isolated_step(preset: str, kind: str, *, dev: torch.device, B: int, T: int, 
     ids = ids.to(dev)
 
     def step():
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
             loss = net(ids, **args).loss
         loss.backward()

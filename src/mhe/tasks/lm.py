@@ -27,6 +27,7 @@ class CausalLMTask(TextTask):
     metric = "perplexity"
     higher_is_better = False
     summary = "causal language modelling (decoder presets), test perplexity"
+    static_shapes = True  # batch_size x seq_len blocks, full batches only
 
     @classmethod
     def default_data(cls, preset, dataset):

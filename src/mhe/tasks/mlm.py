@@ -55,6 +55,7 @@ class MaskedLMTask(TextTask):
     metric = "mlm_accuracy"
     higher_is_better = True
     summary = "masked language modelling (encoder presets), validation accuracy"
+    static_shapes = True  # packed blocks; a compiled run scores a fixed number of masked rows (self.static)
 
     def check(self, cfg):
         if cfg.model.arch != "encoder":

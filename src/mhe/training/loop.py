@@ -33,7 +33,7 @@ from mhe.training import checkpoint as ckpt
 from mhe.training import distributed
 from mhe.training.atomic import remove_temporaries, write_json_atomic
 from mhe.training.batches import BatchOrder
-from mhe.training.config import RunConfig, compile_wanted
+from mhe.training.config import RunConfig, compile_wanted, cuda_graphs_wanted
 from mhe.training.optim import build_optimizer
 from mhe.training.parallel import Parallel
 from mhe.training.prefetch import Prefetcher
@@ -87,7 +87,9 @@ class Trainer:
             return self._already_finished(dist)
         model, state = self._build(dist)
         step = StepModule(model, dist, compiled=compile_wanted(t, dist.device),
-                          note=self.log if dist.main else lambda _: None, mode=self.parallel.mode)
+                          note=self.log if dist.main else lambda _: None, mode=self.parallel.mode,
+                          cuda_graphs=cuda_graphs_wanted(t, dist.device, static_shapes=self.task.static_shapes,
+                                                         mode=self.parallel.mode))
         ahead = dist.device.type == "cuda" if self.prefetch is None else self.prefetch
         data = Prefetcher(state.data, self.task.collate, dist.device, ahead=ahead)
         stop = min(t.stop_at, t.steps) if t.stop_at else t.steps

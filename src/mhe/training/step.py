@@ -11,6 +11,9 @@ gpt2-base at 16 rows per GPU on two H100s); the buckets are reduced after the ba
 about 2 ms on NVLink for gpt2-base's float32 gradients. Under FSDP the
 model is already sharded (:mod:`mhe.training.fsdp`) and each transformer block's forward is
 compiled on its own, as torchtitan does, between the hooks that gather and free its weights.
+Where batches have one shape (pre-training) the compiled step is also replayed as CUDA graphs
+(:func:`~mhe.training.config.cuda_graphs_wanted`): the host queues a replay instead of each of
+the step's kernels, which is what bounds a compiled step at small batches or many layers.
 A configuration that torch.compile cannot handle trains eagerly after a one-line note (under
 FSDP it stops with a one-line error: a pass cut short leaves the shards' state behind).
 
@@ -43,16 +46,17 @@ class StepModule:
     ``none``, ``ddp`` or ``fsdp`` (:class:`~mhe.training.parallel.Parallel`)."""
 
     def __init__(self, model: torch.nn.Module, dist: Dist, *, compiled: bool, note: Callable[[str], None],
-                 mode: str = "ddp") -> None:
+                 mode: str = "ddp", cuda_graphs: bool = False) -> None:
         self.model, self.note, self.dist = model, note, dist
         self.ddp = mode == "ddp" and dist.world > 1
         self.compiled = compiled
+        self.cuda_graphs = compiled and cuda_graphs and mode != "fsdp"
         self.blocks: list[tuple[torch.nn.Module, Callable]] = []  # FSDP: (block, its eager forward)
         if compiled and mode == "fsdp":
             self.blocks = [(block, block.forward) for block in transformer_blocks(model)]
             for block, forward in self.blocks:
                 block.forward = torch.compile(forward)
-        self.net = torch.compile(model) if compiled and mode != "fsdp" else model
+        self.net = compile_model(model, self.cuda_graphs) if compiled and mode != "fsdp" else model
         if self.ddp:
             ids = [dist.local_rank] if dist.device.type == "cuda" else None
             self.net = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids, gradient_as_bucket_view=True)
@@ -68,6 +72,8 @@ class StepModule:
         first one, note it and run it (and every later one) eagerly. An error the eager module
         raises as well is the configuration's own and is raised. Under FSDP a compile failure is
         a one-line error naming ``train.compile=false``."""
+        if self.cuda_graphs:  # the last step's graph outputs (loss, gradients) have been consumed
+            torch.compiler.cudagraph_mark_step_begin()
         if self.proven:
             with self._whole_graph():
                 return micro_step(self.net)
@@ -98,6 +104,13 @@ class StepModule:
         if self.ddp and self.compiled:
             return torch._dynamo.config.patch(optimize_ddp=False)
         return contextlib.nullcontext()
+
+
+def compile_model(model: torch.nn.Module, cuda_graphs: bool) -> torch.nn.Module:
+    """``torch.compile(model)``; with ``cuda_graphs`` its forward and backward graphs are captured
+    and replayed as CUDA graphs (mode ``reduce-overhead``: one launch where the host would queue
+    each kernel; :func:`~mhe.training.config.cuda_graphs_wanted` says when)."""
+    return torch.compile(model, mode="reduce-overhead") if cuda_graphs else torch.compile(model)
 
 
 class StepWindow:

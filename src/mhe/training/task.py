@@ -43,6 +43,7 @@ class Task:
     summary: str = ""                 # one line for the command line's help
     command: str = "train"            # the mhe command that trains it
     options: type = NoTaskOptions     # the class of ``data.task_options``
+    static_shapes: bool = False       # every training batch has one shape (CUDA graphs can replay the step)
 
     # ------------------------------------------------------------------ defaults
     @classmethod
