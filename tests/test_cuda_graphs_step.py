@@ -31,6 +31,19 @@ def test_no_cuda_graphs_without_compilation():
     assert cuda_graphs_wanted(t, CUDA, static_shapes=True) is False
 
 
+def test_no_cuda_graphs_under_gradient_accumulation_and_asking_for_them_is_refused():
+    """A replayed backward writes each micro-batch's gradients into the same graph memory, which
+    accumulation would read as the running sum: auto stays off, true is a one-line error."""
+    from mhe.tasks import default_run
+    from mhe.training.config import apply_overrides
+
+    assert cuda_graphs_wanted(TrainConfig(grad_accum=2), CUDA, static_shapes=True) is False
+    with pytest.raises(MheError, match=r"train.cuda_graphs=true needs train.grad_accum=1, got 2"):
+        apply_overrides(default_run("lm", "tiny-decoder", "mha"), ["train.cuda_graphs=true", "train.grad_accum=2"])
+    cfg = apply_overrides(default_run("lm", "tiny-decoder", "mha"), ["train.cuda_graphs=auto", "train.grad_accum=2"])
+    assert cfg.train.grad_accum == 2
+
+
 def test_only_the_pretraining_tasks_declare_one_batch_shape():
     assert TASKS["lm"].static_shapes and TASKS["mlm"].static_shapes
     assert not TASKS["mt"].static_shapes and not TASKS["finetune"].static_shapes

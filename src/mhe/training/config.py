@@ -208,6 +208,9 @@ def validate(cfg: RunConfig) -> None:
     t = cfg.train
     if not re.fullmatch(DEVICE_PATTERN, t.device):
         raise MheError(f"train.device={t.device!r} is not allowed; train.device takes auto, cpu, cuda, cuda:N or mps")
+    if t.cuda_graphs is True and t.grad_accum > 1:
+        raise MheError(f"train.cuda_graphs=true needs train.grad_accum=1, got {t.grad_accum} (a replayed backward "
+                       "reuses the memory the accumulated gradients would live in); set train.cuda_graphs=auto or false")
 
 
 def compile_wanted(t: TrainConfig, device: torch.device) -> bool:
@@ -221,11 +224,13 @@ def cuda_graphs_wanted(t: TrainConfig, device: torch.device, *, static_shapes: b
     """Whether the compiled step is replayed as CUDA graphs (``torch.compile(mode="reduce-overhead")``):
     ``train.cuda_graphs`` true, or ``auto`` for a task whose batches all have one shape (causal and
     masked LM pre-training; a graph is captured per shape, so variable-length batches would capture
-    one per length). Only for a compiled model on CUDA, and not under FSDP, whose hooks gather and
-    free the shards between the blocks. The replay queues a step's ~900 kernels at once: the
+    one per length). Only for a compiled model on CUDA, not under FSDP, whose hooks gather and free
+    the shards between the blocks, and not with ``train.grad_accum`` > 1: the first micro-batch's
+    gradients stay in the graph's output memory, which the next replay overwrites (PyTorch issue
+    169545; ``validate`` refuses ``cuda_graphs=true`` with it). The replay queues a step's ~900 kernels at once: the
     gpt2-base step at 16 rows on an H100 went from 29.0 ms of host time (host-bound) to 9.3 ms,
     its GPU time unchanged (docs/benchmarks.md section 7)."""
-    if not compile_wanted(t, device) or device.type != "cuda" or mode == "fsdp":
+    if not compile_wanted(t, device) or device.type != "cuda" or mode == "fsdp" or t.grad_accum > 1:
         return False
     return t.cuda_graphs is True or (t.cuda_graphs == "auto" and static_shapes)
 
