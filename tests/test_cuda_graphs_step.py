@@ -105,3 +105,34 @@ def test_replayed_step_trains_as_the_compiled_step():
     for a, b in zip(graph_weights, plain_weights):
         torch.testing.assert_close(a, b, rtol=0, atol=5e-5)
     assert moved > 1e-3  # the weights did move (random tokens: the loss need not fall)
+
+
+def test_a_cuda_graphs_request_that_cannot_apply_is_noted_and_the_run_trains(tmp_path):
+    """On a CPU ``train.cuda_graphs=true`` cannot apply: one line says so and the run trains."""
+    from mhe.tasks import default_run
+    from mhe.tasks.recall import RecallTask
+    from mhe.training.config import apply_overrides
+    from mhe.training.loop import Trainer
+
+    cfg = apply_overrides(default_run("recall", "tiny-decoder", "mha"), [
+        "model.d_model=32", "model.d_ff=64", "model.n_layers=1", "train.batch_size=8", "train.steps=2",
+        'data.task_options={"train_size": 32, "test_size": 8, "pairs": 2, "queries": 2}', "train.progress=false",
+        "train.device=cpu", "train.cuda_graphs=true", "train.keep_checkpoints=false"])
+    lines = []
+    result = Trainer(cfg, RecallTask(), tmp_path / "run", log=lines.append).fit()
+    assert [m for m in lines if "train.cuda_graphs=true has no effect here" in m]
+    assert result["step"] == 2
+
+
+@pytest.mark.parametrize("vocab, static", [(1000, True), (25_000, False)])
+def test_an_adaptive_softmax_lm_is_not_one_shape(vocab, static):
+    """A CPU-sized preset over a word-level vocabulary of 20,000 or more gets an adaptive softmax,
+    whose per-cluster rows change with every batch: no CUDA graphs for it."""
+    from mhe.tasks import default_run
+    from mhe.tasks.lm import CausalLMTask
+    from mhe.training.distributed import Dist
+
+    task = CausalLMTask()
+    task.tok = type("Tok", (), {"get_vocab_size": lambda self: vocab})()
+    model = task._build_model(default_run("lm", "tiny-decoder", "mha"), Dist())
+    assert bool(model.cfg.adaptive_cutoffs) is not static and task.static_shapes is static

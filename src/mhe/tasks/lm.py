@@ -27,7 +27,7 @@ class CausalLMTask(TextTask):
     metric = "perplexity"
     higher_is_better = False
     summary = "causal language modelling (decoder presets), test perplexity"
-    static_shapes = True  # batch_size x seq_len blocks, full batches only
+    static_shapes = True  # batch_size x seq_len blocks, full batches only (an adaptive softmax: not; setup)
 
     @classmethod
     def default_data(cls, preset, dataset):
@@ -76,6 +76,8 @@ class CausalLMTask(TextTask):
         if model.cfg.arch != "decoder":
             raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({model.cfg.arch})")
         self.max_len = model.cfg.max_len
+        # an adaptive softmax scores each cluster's rows, a number that changes with every batch
+        self.static_shapes = not model.cfg.adaptive_cutoffs
         return model
 
     def n_train_items(self):

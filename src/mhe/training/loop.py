@@ -86,10 +86,7 @@ class Trainer:
         if is_run_dir(self.out) and (self.out / RESULTS).is_file():
             return self._already_finished(dist)
         model, state = self._build(dist)
-        step = StepModule(model, dist, compiled=compile_wanted(t, dist.device),
-                          note=self.log if dist.main else lambda _: None, mode=self.parallel.mode,
-                          cuda_graphs=cuda_graphs_wanted(t, dist.device, static_shapes=self.task.static_shapes,
-                                                         mode=self.parallel.mode))
+        step = self._step_module(model, dist)
         ahead = dist.device.type == "cuda" if self.prefetch is None else self.prefetch
         data = Prefetcher(state.data, self.task.collate, dist.device, ahead=ahead)
         stop = min(t.stop_at, t.steps) if t.stop_at else t.steps
@@ -118,7 +115,19 @@ class Trainer:
             if t.keep_checkpoints or status not in DONE:
                 self._save(model, state, data, dist)
         self._settle(dist)
+        step.release()
         return self._finish(model, state, status, dist.agreed_signal(watch.signal), dist)
+
+    def _step_module(self, model, dist) -> StepModule:
+        """The step's module: compiled, and replayed as CUDA graphs, where the settings, the device
+        and the task's batch shapes allow (a ``train.cuda_graphs=true`` that cannot apply is noted)."""
+        t, note = self.cfg.train, (self.log if dist.main else lambda _: None)
+        graphs = cuda_graphs_wanted(t, dist.device, static_shapes=self.task.static_shapes, mode=self.parallel.mode)
+        if t.cuda_graphs is True and not graphs:
+            note("train.cuda_graphs=true has no effect here: CUDA graphs need a compiled model on CUDA, not under "
+                 "FSDP; training without them")
+        return StepModule(model, dist, compiled=compile_wanted(t, dist.device), note=note, mode=self.parallel.mode,
+                          cuda_graphs=graphs)
 
     # ------------------------------------------------------------------ setup
     def _start(self) -> distributed.Dist:

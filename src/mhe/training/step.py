@@ -62,6 +62,14 @@ class StepModule:
             self.net = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids, gradient_as_bucket_view=True)
         self.proven = not compiled  # a compiled module is proven by its first micro-step
 
+    def release(self) -> None:
+        """Free the captured graphs and their memory pool once training ends (the evaluation runs
+        the plain model; a later run in the same process, as a sweep's, captures its own)."""
+        if self.cuda_graphs:
+            from torch._inductor import cudagraph_trees
+
+            cudagraph_trees.reset_cudagraph_trees()
+
     def sync(self, last: bool):
         """The context of a micro-step: DDP's all-reduce waits for the last micro-batch of the step
         (FSDP reduces every micro-batch's gradients into the shards)."""
