@@ -18,7 +18,11 @@ trainer's :class:`~mhe.training.step.StepModule` built one of these ways:
 
 On two H100s (gpt2-base, 16 rows per GPU; docs/benchmarks.md section 7) ``whole`` ran at 27.4 ms
 per step against 55.0 for ``wrapped-split``: the step is bound by the host's time to queue its
-kernels, and splitting costs more host time than overlapping the all-reduce saves.
+kernels, and splitting costs more host time than overlapping the all-reduce saves. That was
+before the step was replayed as CUDA graphs; every set-up but ``blocks`` now compiles as the
+trainer decides (``--cuda-graphs auto``, the default: graphs on CUDA; ``false``: launched kernel
+by kernel, as measured then), so ``inner-split`` against ``whole`` asks again whether the
+overlap pays once the host's time is gone.
 """
 
 from __future__ import annotations
@@ -48,18 +52,19 @@ def _ddp(module, dist):
 def _init(setup: str):
     """``StepModule.__init__`` building the DDP step as ``setup`` says (the trainer's own for ``whole``)."""
 
-    def init(self, model, dist, *, compiled, note, mode="ddp"):
-        _trainers_init(self, model, dist, compiled=compiled, note=note, mode=mode)
+    def init(self, model, dist, *, compiled, note, mode="ddp", cuda_graphs=False):
+        _trainers_init(self, model, dist, compiled=compiled, note=note, mode=mode, cuda_graphs=cuda_graphs)
         if setup == "whole" or not (self.ddp and compiled):
             return
         if setup == "blocks":
+            self.cuda_graphs = False  # the graphs are the whole step's; blocks compile one by one
             for block in transformer_blocks(model):
                 block.forward = torch.compile(block.forward)
             self.net = _ddp(model, dist)
         elif setup == "inner-split":
-            self.net = _ddp(torch.compile(model), dist)
+            self.net = _ddp(step_module.compile_model(model, self.cuda_graphs), dist)
         else:  # wrapped-*: DDP first, then the wrapper compiled
-            self.net = torch.compile(_ddp(model, dist))
+            self.net = step_module.compile_model(_ddp(model, dist), self.cuda_graphs)
         split = setup.endswith("split")
         self._whole_graph = (lambda: contextlib.nullcontext()) if split else \
             (lambda: torch._dynamo.config.patch(optimize_ddp=False))

@@ -2,7 +2,7 @@
 
     python benchmarks/profile_train_step.py OUT [--presets gpt2-base,bert-base] [--kinds mha,mhe-mul,mqa]
         [--no-dropout-kinds mha,mhe-mul] [--batch 32] [--layers N] [--sdpa-both]
-        [--data wikitext-2 --data-dir DIR] [--deadline 215] [--cpu-smoke]
+        [--data wikitext-2 --data-dir DIR] [--deadline 215] [--cuda-graphs auto|true|false] [--cpu-smoke]
 
 For each preset (gpt2-base: causal LM; bert-base: masked LM; a Llama-style one such as
 llama-135m: causal LM) and attention kind, the step exactly as ``mhe pretrain`` runs it with its
@@ -235,6 +235,8 @@ def _args():
     ap.add_argument("--data", default="", help="a corpus (wikitext-2, ...) instead of random tokens")
     ap.add_argument("--data-dir", default="")
     ap.add_argument("--deadline", type=float, default=215.0, help="seconds; later configurations are skipped")
+    ap.add_argument("--cuda-graphs", default="auto", choices=("auto", "true", "false"),
+                    help="train.cuda_graphs (auto: the step replayed as CUDA graphs on CUDA, as mhe pretrain)")
     ap.add_argument("--cpu-smoke", action="store_true")
     a = ap.parse_args()
     smoke = a.cpu_smoke

@@ -2,7 +2,8 @@
 optimiser, which splits the graph at the gradient buckets, must never run, because the split
 step costs more host time than its overlap saves (docs/benchmarks.md section 7). One gloo
 process is enough to build the DDP wrapper; the control case leaves the optimiser on and sees it
-run, so the check can fail. Also: ``benchmarks/ddp_setups.py`` refuses an unknown set-up in one line with exit status 2."""
+run, so the check can fail. Also: ``benchmarks/ddp_setups.py`` refuses an unknown set-up in one line with exit status 2, and
+each of its set-ups takes every argument the trainer passes its step."""
 
 import subprocess
 import sys
@@ -68,3 +69,22 @@ def test_ddp_setups_refuses_an_unknown_setup(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "fastest" not in r.stdout and "whole, wrapped-split" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("setup", ["whole", "wrapped-split", "inner-split", "blocks"])
+def test_ddp_setups_build_the_trainers_step_with_its_arguments(setup, monkeypatch):
+    """Each set-up's constructor takes every argument the trainer passes (one process, eager: the
+    set-ups differ only under DDP and compilation, which the GPU runs measure)."""
+    import importlib.util
+
+    from mhe.models import build_model
+    from mhe.training import step as step_module
+    from mhe.training.distributed import Dist
+
+    spec = importlib.util.spec_from_file_location("ddp_setups", ROOT / "benchmarks" / "ddp_setups.py")
+    setups = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setups)
+    monkeypatch.setattr(step_module.StepModule, "__init__", setups._init(setup))
+    model = build_model("tiny-decoder", attention="mha")
+    step = step_module.StepModule(model, Dist(), compiled=False, note=print, mode="ddp", cuda_graphs=False)
+    assert step.net is model and not step.cuda_graphs

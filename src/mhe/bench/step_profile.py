@@ -51,7 +51,8 @@ def build(preset: str, kind: str, dropout: bool, s, out: Path) -> dict:
     """The trainer's step objects for one configuration, set up as ``Trainer._build`` does."""
     task_name = "lm" if model_preset(preset).arch == "decoder" else "mlm"  # as mhe pretrain chooses
     items = [f"train.batch_size={s.batch}", f"data.seq_len={s.seq}", "train.progress=false",
-             f"model.max_len={max(s.seq, 512) if not s.cpu_smoke else 128}", f"train.device={s.device}"]
+             f"model.max_len={max(s.seq, 512) if not s.cpu_smoke else 128}", f"train.device={s.device}",
+             f"train.cuda_graphs={getattr(s, 'cuda_graphs', 'auto')}"]
     items += [] if dropout else ["model.dropout=0", "model.attn_dropout=0"]
     items += [f"model.{k}={v}" for k, v in SMOKE_SIZES.items()] if s.cpu_smoke else []
     items += [f"model.n_layers={s.layers}"] if getattr(s, "layers", 0) else []
