@@ -79,9 +79,10 @@ def test_cache_decode_range_is_the_run_of_its_mask(padded, eager_width):
     token = torch.zeros(3, 1, dtype=torch.long)
     mask = masks.self_attention_mask(token, key_mask, start=cache.index, keys=12).dense
     begin, used = check_contiguous_range(mask, 3)
-    offsets, got_used = masks.self_attention_mask(token, key_mask, start=cache.index, keys=12,
-                                                  kernel="flash-decode").key_range
-    assert offsets.dtype == got_used.dtype == torch.int32
+    offsets, got_used, queries = masks.self_attention_mask(token, key_mask, start=cache.index, keys=12,
+                                                           kernel="flash-decode").key_range
+    assert offsets.dtype == got_used.dtype == queries.dtype == torch.int32
+    assert queries.tolist() == [0, 1, 2, 3]  # cum_seq_q: one query a row, built once for every layer
     assert torch.equal(got_used, used) and torch.equal(offsets, key_offsets(begin, 12))
     assert torch.equal(range_mask((offsets, got_used), 12), mask.expand(3, 1, 1, 12))
 

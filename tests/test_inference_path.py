@@ -54,15 +54,14 @@ def test_hooks_receive_absolute_positions_skipping_left_padding():
     ids = torch.randint(3, 99, (2, 5))
     mask = torch.ones(2, 5, dtype=torch.long)
     mask[1, :2] = 0
-    queries = record(model, model.decoder.layers, "_queries")
-    keys = record(model, model.decoder.layers, "_keys_values")
+    # generation computes Q, K and V in one product (fused_projections): the hook is _self_projections
+    seen = record(model, model.decoder.layers, "_self_projections")
     model.generate(ids, 3, attention_mask=mask, step_mode="eager")
     want = [torch.tensor([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]]), torch.tensor([[5], [3]]), torch.tensor([[6], [4]])]
-    got = [v for i, _, v in queries if i == 0]
+    got = [v for i, _, v in seen if i == 0]
     assert len(got) == 3 and all(torch.equal(g, w) for g, w in zip(got, want))
-    for forward in range(3):  # every layer, queries and keys alike, gets its forward's positions
-        for seen in (queries, keys):
-            assert all(p is seen[3 * forward][1] for _, p, _ in seen[3 * forward:3 * forward + 3])
+    for forward in range(3):  # every layer gets its forward's positions
+        assert all(p is seen[3 * forward][1] for _, p, _ in seen[3 * forward:3 * forward + 3])
 
 
 def test_cached_forward_positions_follow_the_cache_and_cross_keys_have_none():

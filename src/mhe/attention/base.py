@@ -155,17 +155,18 @@ class Attention(nn.Module):
             positions = self._positions(x, cache if context is None else None)
         if not isinstance(mask, AttentionMask):
             mask = self._own_mask(x, mask, context, cache)  # called on its own: the mask a model would build
-        q = self._queries(x, positions)  # [B, h_q, T, d]
         if context is None:
-            k, v = self._keys_values(x, positions)  # [B, h_kv, T, d]
+            q, k, v = self._self_projections(x, positions)  # [B, h_q, T, d], 2 x [B, h_kv, T, d]
             if cache is not None:
                 k, v = cache.update(k, v)  # [B, h_kv, L, d]: every position the cache holds
-        elif cache is not None and cache.k is not None:
-            k, v = cache.k, cache.v  # the encoder's keys, stored at the first step
         else:
-            k, v = self.cross_keys_values(context)  # [B, h_kv, S, d]
-            if cache is not None:
-                k, v = cache.store(k, v)
+            q = self._queries(x, positions)  # [B, h_q, T, d]
+            if cache is not None and cache.k is not None:
+                k, v = cache.k, cache.v  # the encoder's keys, stored at the first step
+            else:
+                k, v = self.cross_keys_values(context)  # [B, h_kv, S, d]
+                if cache is not None:
+                    k, v = cache.store(k, v)
         if mask.keys is not None:
             k, v = k[:, :, :mask.keys], v[:, :, :mask.keys]  # the positions the mask covers
         return self._output(self._attend(q, k, v, mask))
@@ -174,6 +175,17 @@ class Attention(nn.Module):
         """The keys and values cross-attention reads from ``context`` ``[B, S, m]``,
         ``2 x [B, h_kv, S, d]`` (what a :class:`CrossCache` stores)."""
         return self._keys_values(context, None)
+
+    def _self_projections(self, x: torch.Tensor, positions: torch.Tensor | None):
+        """Self-attention's queries ``[B, h_q, T, d]``, keys and values ``2 x [B, h_kv, T, d]``
+        (one matrix product for all three once :func:`~mhe.attention.fused_projections.fuse_projections`
+        gave the sublayer a ``qkv_proj``)."""
+        return (self._queries(x, positions), *self._keys_values(x, positions))
+
+    def projections_to_fuse(self) -> tuple[nn.Linear, ...] | None:
+        """The projections of x whose stacked weights give ``_self_projections`` in one product
+        (queries, keys, values, in that order), or None where the kind computes them otherwise."""
+        return None
 
     # --- rotary positions ---------------------------------------------------------
     def attach_rotary(self, rotary: RotaryEmbedding) -> None:
@@ -208,7 +220,8 @@ class Attention(nn.Module):
         raise NotImplementedError
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
-        return kernels.attend(q, k, v, mask=mask.dense, causal=mask.causal, key_range=mask.key_range,
+        return kernels.attend(q, k, v, mask=mask.for_kernel(self.cfg.kernel, q.dtype), causal=mask.causal,
+                              key_range=mask.key_range,
                               dropout_p=self.cfg.dropout if self.training else 0.0, kernel=self.cfg.kernel)
 
     def _positions(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:

@@ -98,9 +98,9 @@ def key_offsets(start: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([base, torch.full((1,), b * length, dtype=torch.int32, device=start.device)])
 
 
-def range_mask(key_range: tuple[torch.Tensor, torch.Tensor], length: int) -> torch.Tensor:
+def range_mask(key_range: tuple[torch.Tensor, ...], length: int) -> torch.Tensor:
     """The boolean mask ``[B, 1, 1, S]`` of a run ``(cum_seq_k, used)`` (for the fallback)."""
-    offsets, used = key_range
+    offsets, used = key_range[:2]
     b = used.shape[0]
     start = offsets[:b] - torch.arange(b, device=used.device, dtype=torch.int32) * length  # [B]
     pos = torch.arange(length, device=used.device)[None, :]  # [1, S]
@@ -119,9 +119,16 @@ def fast_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
             and varlen_has_seqused_k() and _flash_capable(q.device.index or 0))
 
 
+def query_offsets(batch: int, device: torch.device) -> torch.Tensor:
+    """``cum_seq_q: [B + 1]`` (int32): one query per batch row."""
+    return torch.arange(batch + 1, device=device, dtype=torch.int32)
+
+
 @register_kernel("flash-decode", reads_key_range=True)
 def flash_decode_kernel(q, k, v, *, mask, is_causal, dropout_p, scale, key_range=None):
-    """``key_range``: ``(cum_seq_k [B + 1], used [B])`` int32, in place of ``mask``."""
+    """``key_range``: ``(cum_seq_k [B + 1], used [B])`` int32, in place of ``mask``, optionally
+    followed by ``cum_seq_q [B + 1]`` (built once per forward by the model, so that a layer
+    launches no kernel of its own for it)."""
     s = k.shape[2]
     if not fast_path(q, k, v, mask, is_causal, dropout_p):
         if key_range is not None:
@@ -132,7 +139,7 @@ def flash_decode_kernel(q, k, v, *, mask, is_causal, dropout_p, scale, key_range
         start, used = mask_range(mask, b, s, device=q.device)
         key_range = key_offsets(start, s), used
     rows = q.reshape(b, hq, d)  # [total_q = B, h_q, d]: one query per batch row
-    cum_q = torch.arange(b + 1, device=q.device, dtype=torch.int32)  # [B + 1]
+    cum_q = key_range[2] if len(key_range) > 2 else query_offsets(b, q.device)  # [B + 1]
     out = torch.ops.aten._flash_attention_forward(
         rows, k.view(b * s, 1, d), v.view(b * s, 1, d),  # [B*S, 1, d]: the cache, no copy
         cum_q, key_range[0], 1, s, 0.0, False, False,

@@ -42,18 +42,29 @@ from mhe.errors import MheError, one_of
 Kernel = Callable[..., torch.Tensor]
 KERNELS: dict[str, Kernel] = {}
 _READS_KEY_RANGE: set[str] = set()
+_ADDITIVE_MASK: set[str] = set()
 
 
-def register_kernel(name: str, *, reads_key_range: bool = False):
+def register_kernel(name: str, *, reads_key_range: bool = False, additive_mask: bool = False):
     """Function decorator adding an attention kernel under ``name``. ``reads_key_range``: for one
     causal query the kernel takes a run of keys per row (``key_range``) in place of a mask, and
-    the model builds that instead (:func:`mhe.attention.masks.self_attention_mask`)."""
+    the model builds that instead (:func:`mhe.attention.masks.self_attention_mask`).
+    ``additive_mask``: the kernel takes its mask as 0 / -inf in the query's dtype as well as
+    boolean, and the forward converts it once for every layer
+    (:meth:`mhe.attention.masks.AttentionMask.for_kernel`)."""
     def deco(fn: Kernel) -> Kernel:
         KERNELS[name] = fn
         if reads_key_range:
             _READS_KEY_RANGE.add(name)
+        if additive_mask:
+            _ADDITIVE_MASK.add(name)
         return fn
     return deco
+
+
+def takes_additive_mask(name: str) -> bool:
+    """Whether kernel ``name`` reads an additive mask (SDPA: it converts a boolean one at every call)."""
+    return name in _ADDITIVE_MASK
 
 
 def reads_key_range(name: str) -> bool:
@@ -100,7 +111,7 @@ def build_mask(key_mask: torch.Tensor | None, *, causal: bool, q_len: int, k_len
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch.Tensor | None = None,
            causal: bool = False, offset: int | torch.Tensor = 0, dropout_p: float = 0.0,
            scale: float | None = None, kernel: str = "sdpa", mask: torch.Tensor | None = None,
-           key_range: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+           key_range: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
     """Attend ``q: [B, h_q, T, d]`` over ``k, v: [B, h_kv, S, d]`` with the named kernel.
 
     Either ``mask`` (a full boolean mask, as :mod:`mhe.attention.masks` builds it) or
@@ -200,7 +211,7 @@ def _sdpa(q, k, v, **kw):
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
 
-@register_kernel("sdpa")
+@register_kernel("sdpa", additive_mask=True)
 def sdpa_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
     if _one_token_grouped(q, k, mask, dropout_p):
         rows, rmask = _rows(q, k, mask)
@@ -210,7 +221,7 @@ def sdpa_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
                  enable_gqa=k.shape[1] != q.shape[1])
 
 
-@register_kernel("sdpa-expand")
+@register_kernel("sdpa-expand", additive_mask=True)
 def sdpa_expand_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
     k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])  # [B, h_q, S, d]
     return _sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale)

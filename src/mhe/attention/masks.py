@@ -11,7 +11,7 @@ says so in the kernel registry (:func:`mhe.attention.kernels.reads_key_range`), 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +32,8 @@ class AttentionMask:
             (or, with ``causal``, query i sees keys 0..i).
         causal: with no ``dense`` mask, query i sees keys 0..i (SDPA's ``is_causal``; T == keys).
         key_range: for a kernel that reads runs of keys: ``(cum_seq_k [B + 1], used [B])``
-            int32, row b seeing its cache's positions ``[start_b, start_b + used_b)``
-            (:mod:`mhe.attention.flash_decode`).
+            int32, row b seeing its cache's positions ``[start_b, start_b + used_b)``, and
+            ``cum_seq_q [B + 1]`` (:mod:`mhe.attention.flash_decode`).
         padding: the boolean key-padding mask ``[B, keys]`` it was built from (token-mixing
             layers, which have no keys, read this), None without padding.
     """
@@ -41,8 +41,22 @@ class AttentionMask:
     keys: int | None = None
     dense: torch.Tensor | None = None
     causal: bool = False
-    key_range: tuple[torch.Tensor, torch.Tensor] | None = None
+    key_range: tuple[torch.Tensor, ...] | None = None
     padding: torch.Tensor | None = None
+    _additive: dict = field(default_factory=dict, compare=False, repr=False)  # dtype -> additive ``dense``
+
+    def for_kernel(self, kernel: str, dtype: torch.dtype) -> torch.Tensor | None:
+        """``dense`` as ``kernel`` reads it. SDPA turns a boolean mask into an additive one (0 to
+        attend, -inf not) in the query's dtype at every call, which in a compiled decode step is
+        one kernel a layer; a kernel that takes the additive form
+        (:func:`~mhe.attention.kernels.takes_additive_mask`) gets it, made once per forward and
+        dtype, the same numbers SDPA would make."""
+        if self.dense is None or self.dense.dtype != torch.bool or not kernels.takes_additive_mask(kernel):
+            return self.dense
+        if dtype not in self._additive:
+            self._additive[dtype] = torch.zeros(self.dense.shape, dtype=dtype, device=self.dense.device).masked_fill(
+                ~self.dense, float("-inf"))
+        return self._additive[dtype]
 
 
 def padding_mask(key_mask: torch.Tensor | None) -> AttentionMask:
@@ -97,10 +111,11 @@ def self_attention_mask(tokens: torch.Tensor, key_mask: torch.Tensor | None, *, 
 
 
 def decode_key_range(key_mask: torch.Tensor | None, start: int | torch.Tensor, keys: int, *, batch: int,
-                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The keys the one causal query at ``start`` sees, as a run per row: ``(cum_seq_k [B + 1],
     used [B])`` int32 over the ``(B*keys, h, d)`` view of the cache (row b's run begins at
-    ``b*keys + first_b``, after its left padding, and ends at the query).
+    ``b*keys + first_b``, after its left padding, and ends at the query), then ``cum_seq_q
+    [B + 1]`` (one query a row), built here once for every layer.
 
     ``key_mask`` ``[B, keys]``, or ``[B, start + 1]`` over the positions so far (None: no
     padding), must be left padding (False then True in every row). A few elementwise kernels,
@@ -108,10 +123,11 @@ def decode_key_range(key_mask: torch.Tensor | None, start: int | torch.Tensor, k
     attention saves.
     """
     offsets = torch.arange(0, (batch + 1) * keys, keys, dtype=torch.int32, device=device)  # [B + 1]: row starts
+    queries = torch.arange(batch + 1, dtype=torch.int32, device=device)  # [B + 1]: cum_seq_q, one query a row
     if key_mask is None:  # every written position: the int32 [B] tensor decides the sum's dtype
-        return offsets, torch.ones(batch, dtype=torch.int32, device=device) + start
+        return offsets, torch.ones(batch, dtype=torch.int32, device=device) + start, queries
     first = key_mask.shape[1] - key_mask.sum(-1, dtype=torch.int32)  # [B]: each row's left padding
-    return offsets + F.pad(first, (0, 1)), (start + 1 - first).to(torch.int32)
+    return offsets + F.pad(first, (0, 1)), (start + 1 - first).to(torch.int32), queries
 
 
 def _cover(key_mask: torch.Tensor | None, q_len: int, start, keys: int) -> torch.Tensor | None:

@@ -68,6 +68,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhe.attention.base import Attention, AttentionConfig
+from mhe.attention.fused_projections import fused_projection
 from mhe.errors import MheError, one_of
 from mhe.settings import setting
 
@@ -166,6 +167,17 @@ class _MHEBase(Attention):
         if self.literal:
             return self.out_proj(self._merge_heads(h))
         return self._fast_output(h)
+
+    def projections_to_fuse(self):
+        return None if self.literal else (self.q_proj, self.k_proj, self.v_proj)
+
+    def _self_projections(self, x, positions):
+        fused = fused_projection(self)
+        if fused is None or self.literal:
+            return super()._self_projections(x, positions)
+        q, k, v = (t.unsqueeze(1) for t in fused(x).chunk(3, -1))  # 3 x [B, 1, T, d]: the shared heads
+        q = self._psi_factor(self._rotate(q, positions), self._query_factors())  # [B, n, T, d]
+        return q, self._rotate(k, positions), v
 
     # --- fast path: the folded weights (docs/paper-notes.md, "MHE computed without n copies") ---
     def _query_factors(self) -> torch.Tensor:

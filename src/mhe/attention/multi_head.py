@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from mhe.attention.base import Attention, AttentionConfig, NoOptions
+from mhe.attention.fused_projections import fused_projection
 from mhe.errors import MheError, require_positive
 from mhe.settings import setting
 
@@ -96,6 +97,20 @@ class GroupedQueryAttention(Attention):
 
     def _output(self, h):
         return self.out_proj(self._merge_heads(h))  # [B, T, m]
+
+    def projections_to_fuse(self):
+        own = type(self)._queries is GroupedQueryAttention._queries and \
+            type(self)._keys_values is GroupedQueryAttention._keys_values  # not SKV's, EL-att's
+        return (self.q_proj, self.k_proj, self.v_proj) if own else None
+
+    def _self_projections(self, x, positions):
+        fused = fused_projection(self)
+        if fused is None:
+            return super()._self_projections(x, positions)
+        n, g, d = self.cfg.n_heads, self.n_kv_heads, self.cfg.head_dim
+        q, k, v = fused(x).split([n * d, g * d, g * d], -1)  # [B, T, n*d], 2 x [B, T, g*d]
+        q, k = self._split_heads(q, n), self._split_heads(k, g)
+        return self._rotate(q, positions), self._rotate(k, positions), self._split_heads(v, g)
 
 
 class SharedKeyValueAttention(GroupedQueryAttention):

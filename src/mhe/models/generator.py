@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 
 from mhe.attention import kernels, masks
+from mhe.attention.fused_projections import fuse_projections
 from mhe.errors import MheError, require_positive
 from mhe.models.decode_step import (
     StepRunner,
@@ -148,7 +149,8 @@ class Generator:
         key = (weights_version(model), kernel, model.training)
         if key != self._built_for:
             view = inference_view(model, kernel)
-            self.view = shared_copy(model) if view is model else view  # never the model itself (weak reference)
+            view = shared_copy(model) if view is model else view  # never the model itself (weak reference)
+            self.view = fuse_projections(view)  # one product for Q, K, V: two kernels fewer a layer
             self._steps, self._regions, self._built_for = {}, {}, key
             if self.caches is None:
                 self.caches = self.view.new_caches(self.batch, self.max_len, dtype=self.dtype, device=self.device)

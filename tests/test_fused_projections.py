@@ -1,0 +1,118 @@
+"""Fewer kernels per decode step, same function: Q, K and V in one product (fused_projections),
+one additive mask per forward for SDPA (AttentionMask.for_kernel), cum_seq_q built once."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mhe.attention import AttentionMask, masks
+from mhe.attention.fused_projections import fuse_projections, fused_projection
+from mhe.models import build_model
+from mhe.models.decode_step import inference_view, shared_copy
+
+SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
+FUSING = [("tiny-decoder", k) for k in ("mha", "mqa", "gqa", "mhe-mul", "mhe-add")] + \
+    [("llama-tiny", k) for k in ("mha", "gqa", "mhe-mul", "mhe-add")]
+
+
+def small(name, kind):
+    opts = {"n_kv_heads": 2} if kind == "gqa" else {}
+    model = build_model(name, attention=kind, attn_options=opts, **SMALL).double().eval()
+    with torch.no_grad():  # MHE head embeddings far from zero; biases that are not zero
+        for m in model.modules():
+            if hasattr(m, "head_embed"):
+                m.head_embed.normal_(0, 0.5)
+            if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                m.bias.normal_(0, 0.1)
+    return model
+
+
+def fused_view(model):
+    return fuse_projections(shared_copy(inference_view(model)))
+
+
+@pytest.mark.parametrize("name,kind", FUSING)
+def test_fused_view_computes_the_model_prefill_and_decode_steps(name, kind):
+    """float64: the prompt, then two cached one-token steps, equal the model's own to 1e-12."""
+    torch.manual_seed(0)
+    model = small(name, kind)
+    view = fused_view(model)
+    fused = [m for m in view.modules() if fused_projection(m) is not None]
+    assert len(fused) == SMALL["n_layers"]
+    ids = torch.randint(3, 99, (2, 9))
+    want, got = model.new_caches(2, 12), view.new_caches(2, 12)
+    for part in (ids[:, :7], ids[:, 7:8], ids[:, 8:9]):
+        a = model(part, caches=want).logits
+        b = view(part, caches=got).logits
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+    assert fused_projection(next(m for m in model.modules() if hasattr(m, "q_proj"))) is None  # the model is untouched
+
+
+@pytest.mark.parametrize("kind", ["skv", "el-att", "sha"])
+def test_kinds_without_three_projections_of_x_are_left_as_they_are(kind):
+    view = fused_view(small("tiny-decoder", kind))
+    assert not any(fused_projection(m) is not None for m in view.modules())
+
+
+def test_literal_mhe_is_not_fused():
+    model = build_model("llama-tiny", attention="mhe-mul", attn_options={"rope_order": "psi-then-rope"}, **SMALL)
+    assert not any(fused_projection(m) is not None for m in fuse_projections(shared_copy(model)).modules())
+
+
+class _MatmulCount(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _matmuls(model, ids, new):
+    with _MatmulCount() as count:
+        model.generate(ids, new, step_mode="eager")
+    return count.n
+
+
+@pytest.mark.parametrize("kind", ["mha", "mhe-mul"])
+def test_generation_runs_one_projection_product_a_layer(kind):
+    """A generated token's matrix products: per layer one for Q, K and V, the output projection and
+    the two of the MLP, then the LM head (attention itself runs in SDPA); unfused it was 6 a layer."""
+    torch.manual_seed(0)
+    model = small("tiny-decoder", kind)
+    ids = torch.randint(3, 99, (1, 5))
+    per_token = _matmuls(model, ids, 4) - _matmuls(model, ids, 3)
+    assert per_token == 4 * SMALL["n_layers"] + 1
+
+
+def test_changed_weights_reach_the_fused_copy():
+    """The stacked copy does not follow the model, so the session rebuilds its view: generation
+    after an in-place update equals a fresh model's."""
+    torch.manual_seed(0)
+    model = small("tiny-decoder", "mha")
+    ids = torch.randint(3, 99, (1, 5))
+    session = model.generator(1, 12)
+    model.generate(ids, 4, session=session, return_logits=True, return_dict=True)
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            layer.self_attn.k_proj.weight.mul_(-1.5)
+    got = model.generate(ids, 4, session=session, return_logits=True, return_dict=True).logits
+    fresh = small("tiny-decoder", "mha")
+    fresh.load_state_dict(model.state_dict())
+    want = fresh.generate(ids, 4, return_logits=True, return_dict=True).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_additive_mask_is_built_once_and_equals_sdpas_own():
+    key_mask = torch.tensor([[False, True, True, True, True, True], [True] * 6])
+    mask = masks.self_attention_mask(torch.zeros(2, 1, dtype=torch.long), key_mask, start=torch.tensor(4), keys=6)
+    assert isinstance(mask, AttentionMask) and mask.dense.dtype == torch.bool
+    first = mask.for_kernel("sdpa", torch.float64)
+    assert mask.for_kernel("sdpa", torch.float64) is first  # one conversion for every layer
+    assert torch.equal(first == 0, mask.dense) and torch.isinf(first[~mask.dense.expand_as(first)]).all()
+    assert mask.for_kernel("eager", torch.float64) is mask.dense  # kernels that read booleans get booleans
+    q, k = torch.randn(2, 4, 1, 8, dtype=torch.float64), torch.randn(2, 4, 6, 8, dtype=torch.float64)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert torch.equal(sdpa(q, k, k, attn_mask=first), sdpa(q, k, k, attn_mask=mask.dense))
