@@ -52,8 +52,9 @@ def _ddp(module, dist):
 def _init(setup: str):
     """``StepModule.__init__`` building the DDP step as ``setup`` says (the trainer's own for ``whole``)."""
 
-    def init(self, model, dist, *, compiled, note, mode="ddp", cuda_graphs=False):
-        _trainers_init(self, model, dist, compiled=compiled, note=note, mode=mode, cuda_graphs=cuda_graphs)
+    def init(self, model, dist, *, compiled, note, mode="ddp", cuda_graphs=False, static_shapes=True):
+        _trainers_init(self, model, dist, compiled=compiled, note=note, mode=mode, cuda_graphs=cuda_graphs,
+                       static_shapes=static_shapes)
         if setup == "whole" or not (self.ddp and compiled):
             return
         if setup == "blocks":

@@ -157,3 +157,44 @@ def test_models_score_the_same_with_the_chunked_loss():
         for (n, p), gw, gg in zip(model.named_parameters(), grads_want, grads):
             torch.testing.assert_close(gg[: gw.shape[0]], gw, rtol=1e-9, atol=1e-13, msg=lambda m: f"{name} {n}: {m}")
             assert not gg[gw.shape[0]:].any()  # padding rows: no gradient
+
+
+
+def test_a_compiled_translation_step_compiles_once_for_every_batch_shape():
+    """Translation batches change shape every step. The trainer's compiled step scores them with
+    the plain loss (StepModule's loss choice; test_training_step_module below): the chunked loss
+    loops over the rows and made dynamo compile the whole step again for every batch shape until
+    it gave up (minutes per shape on a GPU). Two graphs at most: the first, static, and the dynamic
+    one that serves every later shape; losses equal the eager model's."""
+    from mhe.models import build_model
+    from mhe.models.losses import chunked_loss
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = build_model("tiny-encoder-decoder", attention="mha", dropout=0.0, attn_dropout=0.0)
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    compiled = torch.compile(model, backend="aot_eager")  # AOTAutograd traces the loss's own backward, as inductor
+    with chunked_loss(False), torch.autocast("cpu", dtype=torch.bfloat16):  # bf16: the chunked loss by default
+        for src_len, tgt_len in ((7, 5), (9, 6), (12, 4), (5, 11), (8, 8)):
+            src, tgt = torch.randint(3, 500, (3, src_len)), torch.randint(3, 500, (3, tgt_len))
+            got = compiled(src, tgt, labels=tgt, return_logits=False).loss  # as the trainer calls it
+            got.backward()
+            want = model(src, tgt, labels=tgt, return_logits=False).loss
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] <= 2  # 5 (one per shape) with the chunked loss
+
+
+def test_training_step_module_scores_varying_shapes_with_the_plain_loss_when_compiled():
+    from mhe.models import losses
+    from mhe.training.distributed import Dist
+    from mhe.training.step import StepModule
+
+    model = torch.nn.Linear(2, 2)
+    seen = []
+    for compiled, static in ((True, False), (True, True), (False, False)):
+        step = StepModule(model, Dist(), compiled=compiled, note=print, mode="none", static_shapes=static)
+        step.run(lambda net: seen.append(losses.chunked_loss_wanted(torch.ones(1, dtype=torch.bfloat16),
+                                                                    torch.ones(1, dtype=torch.bfloat16))))
+    assert seen == [False, True, True]  # only a compiled step of varying shapes leaves the chunked loss

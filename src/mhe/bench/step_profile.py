@@ -69,7 +69,8 @@ def build(preset: str, kind: str, dropout: bool, s, out: Path) -> dict:
     order = BatchOrder(task.n_train_items(), t.batch_size, seed=t.seed, rank=dist.rank, world=dist.world)
     state = TrainerState(opt, sched, order)
     step = StepModule(model, dist, compiled=compile_wanted(t, dist.device), note=print if dist.main else _quiet,
-                      cuda_graphs=cuda_graphs_wanted(t, dist.device, static_shapes=task.static_shapes))
+                      cuda_graphs=cuda_graphs_wanted(t, dist.device, static_shapes=task.static_shapes),
+                      static_shapes=task.static_shapes)
     data = Prefetcher(order, task.collate, dist.device, ahead=cuda)
     return dict(cfg=cfg, task=task, dist=dist, model=model, state=state, step=step, data=data, window=StepWindow())
 

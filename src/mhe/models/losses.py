@@ -107,16 +107,17 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
         hidden: ``[..., m]``; weight: ``[V_pad, m]``; bias: ``[V_pad]`` or None; labels: ``[...]``.
         chunk_rows: rows per chunk (default: 256 MiB of scores in the products' dtype: in bf16
             twice the rows of float32, so half as many passes adding a chunk's ``weight``
-            gradient to the float32 sum; one chunk when the number of rows is symbolic, as
-            under ``torch.compile`` with dynamic shapes).
+            gradient to the float32 sum).
+
+    The loop over the chunks makes ``torch.compile`` specialise on the number of rows (dynamo
+    shows a dynamic size to Python as an int), so a compiled step whose batches change shape
+    would be compiled again for every shape: the trainer scores those with the plain loss
+    (:class:`~mhe.training.step.StepModule`).
     """
     flat, target = hidden.flatten(0, -2), labels.flatten()  # [N, m], [N]
     divisor = (target != IGNORE).sum() if num_items is None else num_items
     dtype = _compute_dtype(hidden, weight)
-    n = flat.shape[0]
     rows = chunk_rows or max(1, CHUNK_BYTES // (dtype.itemsize * weight.shape[0]))
-    if not isinstance(n, int):
-        rows = n
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     return _LinearCrossEntropy.apply(flat, weight, bias, target, divisor, vocab_size, float(label_smoothing),
                                      rows, dtype, grads)

@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from mhe.errors import MheError
+from mhe.models.losses import chunked_loss
 from mhe.training.activation_checkpointing import transformer_blocks
 from mhe.training.config import TrainConfig
 from mhe.training.distributed import Dist
@@ -46,10 +47,11 @@ class StepModule:
     ``none``, ``ddp`` or ``fsdp`` (:class:`~mhe.training.parallel.Parallel`)."""
 
     def __init__(self, model: torch.nn.Module, dist: Dist, *, compiled: bool, note: Callable[[str], None],
-                 mode: str = "ddp", cuda_graphs: bool = False) -> None:
+                 mode: str = "ddp", cuda_graphs: bool = False, static_shapes: bool = True) -> None:
         self.model, self.note, self.dist = model, note, dist
         self.ddp = mode == "ddp" and dist.world > 1
         self.compiled = compiled
+        self.static_shapes = static_shapes
         self.cuda_graphs = compiled and cuda_graphs and mode != "fsdp"
         self.blocks: list[tuple[torch.nn.Module, Callable]] = []  # FSDP: (block, its eager forward)
         if compiled and mode == "fsdp":
@@ -83,10 +85,10 @@ class StepModule:
         if self.cuda_graphs:  # the last step's graph outputs (loss, gradients) have been consumed
             torch.compiler.cudagraph_mark_step_begin()
         if self.proven:
-            with self._whole_graph():
+            with self._whole_graph(), self._loss_choice():
                 return micro_step(self.net)
         try:
-            with self._whole_graph():
+            with self._whole_graph(), self._loss_choice():
                 out = micro_step(self.net)
         except MheError:
             raise
@@ -105,6 +107,13 @@ class StepModule:
                       "training eagerly")
         self.proven = True
         return out
+
+    def _loss_choice(self):
+        """A compiled step whose batches change shape (translation, fine-tuning) scores the output
+        layer with the plain loss of its logits, which inductor fuses (no float32 copy of them):
+        the chunked loss loops over the rows, and dynamo would compile the step again for every
+        row count (:func:`~mhe.models.losses.linear_cross_entropy`)."""
+        return chunked_loss(False) if self.compiled and not self.static_shapes else contextlib.nullcontext()
 
     def _whole_graph(self):
         """Under DDP, dynamo compiles the model as one graph (its DDP optimiser, which would split
