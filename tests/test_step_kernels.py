@@ -142,3 +142,23 @@ def test_training_attention_with_the_papers_dropout_is_not_on_cudnn():
     with torch.autocast("cuda", dtype=torch.bfloat16), torch.profiler.profile() as prof:
         mod(x).sum().backward()
     assert "cudnn" not in sdpa_calls(prof, 1)
+
+
+def test_sdpa_backend_of_a_graph_replay_is_read_from_its_kernels():
+    """A step replayed as CUDA graphs records no aten operators: the report names the backend from
+    the attention kernels' own names (one forward and one backward kernel per call), not
+    "decomposed into matrix products"."""
+    from types import SimpleNamespace
+
+    cuda, cpu = SimpleNamespace(name="CUDA"), SimpleNamespace(name="CPU")
+    events = [SimpleNamespace(key="void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", count=24,
+                              device_type=cuda),
+              SimpleNamespace(key="void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<x>", count=24,
+                              device_type=cuda),
+              SimpleNamespace(key="void pytorch_flash::flash_bwd_convert_dq_kernel<x>", count=24, device_type=cuda),
+              SimpleNamespace(key="void pytorch_flash::flash_bwd_dot_do_o_kernel<x>", count=24, device_type=cuda),
+              SimpleNamespace(key="nvjet_sm90_tst_256x128", count=100, device_type=cuda),
+              SimpleNamespace(key="cudaGraphLaunch", count=2, device_type=cpu)]
+    prof = SimpleNamespace(key_averages=lambda: events)
+    assert sdpa_calls(prof, 2) == "flash 12 fwd / 12 bwd (kernels of a CUDA-graph replay)"
+    assert sdpa_calls(SimpleNamespace(key_averages=lambda: events[4:]), 2) == "none (decomposed into matrix products)"

@@ -86,8 +86,31 @@ def sdpa_calls(prof, steps: int) -> str:
             fwd_bwd = seen.setdefault(m.group(1), [0.0, 0.0])
             fwd_bwd[1 if m.group(3) else 0] += e.count / steps
     if not seen:
-        return "none (decomposed into matrix products)"
+        return _attention_kernels(prof, steps) or "none (decomposed into matrix products)"
     return ", ".join(f"{k} {f:g} fwd / {b:g} bwd" for k, (f, b) in sorted(seen.items()))
+
+
+# Attention kernels by name, for steps replayed as CUDA graphs (whose aten operators the profiler
+# does not record): FlashAttention-2 (PyTorch's copy), cuDNN's SDPA, the memory-efficient (CUTLASS) one.
+_ATTENTION_KERNELS = (("flash", r"flash_fwd_(splitkv_)?kernel", r"flash_bwd_dq_dk_dv"),
+                      ("cudnn", r"cudnn\S*sdpa\S*fprop", r"cudnn\S*sdpa\S*bprop"),
+                      ("efficient", r"fmha_cutlassF", r"fmha_cutlassB"))
+
+
+def _attention_kernels(prof, steps: int) -> str:
+    """The attention kernels' launches per step read from their names, e.g. ``flash 12 fwd / 12
+    bwd (kernels of a CUDA-graph replay)``; "" when there are none."""
+    seen: dict[str, list[float]] = {}
+    for e in prof.key_averages():
+        if e.device_type.name != "CUDA":
+            continue
+        for backend, fwd, bwd in _ATTENTION_KERNELS:
+            for i, pattern in enumerate((fwd, bwd)):
+                if re.search(pattern, e.key):
+                    seen.setdefault(backend, [0.0, 0.0])[i] += e.count / steps
+    if not seen:
+        return ""
+    return ", ".join(f"{k} {f:g} fwd / {b:g} bwd" for k, (f, b) in sorted(seen.items())) + " (kernels of a CUDA-graph replay)"
 
 
 def _attention_inputs(kind: str, seq: int, dev, batch: int = 32, heads: int = 12, d: int = 64):
