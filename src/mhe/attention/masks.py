@@ -43,14 +43,16 @@ class AttentionMask:
     causal: bool = False
     key_range: tuple[torch.Tensor, ...] | None = None
     padding: torch.Tensor | None = None
-    _additive: dict = field(default_factory=dict, compare=False, repr=False)  # dtype -> additive ``dense``
+    _additive: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # dtype -> additive dense
 
     def for_kernel(self, kernel: str, dtype: torch.dtype) -> torch.Tensor | None:
         """``dense`` as ``kernel`` reads it. SDPA turns a boolean mask into an additive one (0 to
         attend, -inf not) in the query's dtype at every call, which in a compiled decode step is
         one kernel a layer; a kernel that takes the additive form
         (:func:`~mhe.attention.kernels.takes_additive_mask`) gets it, made once per forward and
-        dtype, the same numbers SDPA would make."""
+        dtype: the numbers SDPA makes for its math and memory-efficient backends. (For a row that
+        may see no key, cuDNN's own conversion, -65504, attends to every key, where -inf gives
+        zeros as the other backends do; the masks built here give every row a key.)"""
         if self.dense is None or self.dense.dtype != torch.bool or not kernels.takes_additive_mask(kernel):
             return self.dense
         if dtype not in self._additive:

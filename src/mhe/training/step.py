@@ -52,6 +52,7 @@ class StepModule:
         self.ddp = mode == "ddp" and dist.world > 1
         self.compiled = compiled
         self.static_shapes = static_shapes
+        self.eager_fallback = False  # compiling failed and the steps run eagerly
         self.cuda_graphs = compiled and cuda_graphs and mode != "fsdp"
         self.blocks: list[tuple[torch.nn.Module, Callable]] = []  # FSDP: (block, its eager forward)
         if compiled and mode == "fsdp":
@@ -102,18 +103,21 @@ class StepModule:
             else:
                 self.net = self.model
             self.model.zero_grad(set_to_none=True)  # a backward pass cut short leaves partial gradients
-            out = micro_step(self.net)
+            self.eager_fallback = True
+            with self._loss_choice():
+                out = micro_step(self.net)
             self.note(f"torch.compile cannot compile this configuration ({type(e).__name__}: {first}); "
                       "training eagerly")
         self.proven = True
         return out
 
     def _loss_choice(self):
-        """A compiled step whose batches change shape (translation, fine-tuning) scores the output
-        layer with the plain loss of its logits, which inductor fuses (no float32 copy of them):
+        """A step compiled whole whose batches change shape (translation, fine-tuning) scores the
+        output layer with the plain loss of its logits, which inductor fuses (no float32 copy of them):
         the chunked loss loops over the rows, and dynamo would compile the step again for every
         row count (:func:`~mhe.models.losses.linear_cross_entropy`)."""
-        return chunked_loss(False) if self.compiled and not self.static_shapes else contextlib.nullcontext()
+        whole = self.compiled and not self.blocks and not self.eager_fallback  # FSDP compiles blocks only
+        return chunked_loss(False) if whole and not self.static_shapes else contextlib.nullcontext()
 
     def _whole_graph(self):
         """Under DDP, dynamo compiles the model as one graph (its DDP optimiser, which would split
