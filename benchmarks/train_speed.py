@@ -1,6 +1,7 @@
 """Training speed where users train: `mhe pretrain` beside `mhe bench`'s step, one card, one run.
 
-    python benchmarks/train_speed.py OUT [--gpus 1|2] [--data-dir DIR] [--deadline SECONDS] [--cpu-smoke]
+    python benchmarks/train_speed.py OUT [--gpus 1|2|4] [--grad-reduce-bf16] [--stages A,B,...]
+        [--data-dir DIR] [--deadline SECONDS] [--cpu-smoke]
 
 ``--gpus 1`` (default; about 8 minutes on one H100) measures, in this order:
 
@@ -15,7 +16,15 @@
 the same global batch 32, then MHE-Mul on one GPU and on two at global batch 32. ``--gpus 4``
 (about 9.5 minutes on four GPUs of one host) measures MHA on one GPU, then on two and on four GPUs
 at the same per-GPU batch 32 (global 64 and 128) and at the same global batch 32, then MHE-Mul on
-one GPU and on four at global batch 32.
+one GPU and on four at global batch 32. The stages are named ``KIND-Ngpu-bB`` (``mha-2gpu-b64``:
+MHA on two GPUs at global batch 64).
+
+``--grad-reduce-bf16`` (``--gpus 2|4``) adds, right after the two MHA rows of each GPU count, the
+same two runs with ``--set train.grad_reduce=bf16`` (DDP all-reduces the gradients in bf16, half
+the bytes; stages ``...-bf16reduce``, rows "bf16 all-reduce"; a run whose torch refused the hook,
+as on a CPU, reduced in float32 and its row says so). ``--stages A,B`` (``--gpus 2|4``) runs only
+the named stages, in the order above, and the table lists only those; "vs one GPU" needs the
+one-GPU stage of the same kind among them. An unknown name is refused, listing the valid ones.
 
 Each pre-training run adds ``train.keep_checkpoints=false`` (no 1.5 GB checkpoint written at the
 end; the steps are untouched), and the later runs of a preset start from the first run's
@@ -25,7 +34,9 @@ which saves its training time. Rates are the medians of the logged step times af
 512`` a step; for masked LM as well, whose own log counts the masked tokens); MFU is the formula
 of ``mhe bench`` (6N + 12 L T n d FLOPs per token over the card's dense bf16 peak, per GPU).
 Stages run in the order above; once ``--deadline`` seconds have passed (default 450 for one GPU,
-270 for two, 560 for four) the rest are skipped and a running one is stopped, and the tables say so.
+270 for two, 560 for four or with ``--grad-reduce-bf16``: on four GPUs its eleven stages need
+more, so choose with ``--stages``) the rest are skipped and a running one is stopped, and the
+tables say so.
 
 Out: ``OUT/train-speed.md`` (card, torch, commands, tables), ``OUT/logs/STAGE.log`` (each
 command's output), ``OUT/runs/STAGE/`` (config, metrics and results of each run) and
@@ -40,21 +51,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks")]
 
 import torch  # noqa: E402
 
-from mhe.bench.common import device_peak, flops_per_token  # noqa: E402
-from mhe.models.config import ModelConfig  # noqa: E402
+from train_speed_runs import Runner, fmt, log_says, pct, ratio, run_figures, seed_tokenizer  # noqa: E402
+
+BF16_REDUCE = "train.grad_reduce=bf16"
+REFUSED = "train.grad_reduce=bf16 has no effect here"  # the trainer's note where torch refuses the hook
 
 
 class Plan:
@@ -68,99 +77,18 @@ class Plan:
         self.extra = (["--set", "train.device=cpu", "--set", "train.log_every=2", "--set", "data.limit_lines=300",
                        "--set", "data.vocab_size=400"] if smoke else [])
 
-    def pretrain(self, preset: str, kind: str, out: Path, batch: int | None = None) -> list[str]:
+    def pretrain(self, preset: str, kind: str, out: Path, batch: int | None = None,
+                 sets: tuple[str, ...] = ()) -> list[str]:
         return ["pretrain", "--preset", preset, "--data", self.data, "--attention", kind, "--out", str(out),
                 "--set", f"train.steps={self.steps}", "--set", "train.keep_checkpoints=false",
                 "--set", "train.progress=false"] + self.extra + \
-               (["--set", f"train.batch_size={batch}"] if batch else [])
+               (["--set", f"train.batch_size={batch}"] if batch else []) + [a for v in sets for a in ("--set", v)]
 
     def bench(self, out: Path) -> list[str]:
         size = ["--smoke", "--reps", "2", "--trainer-steps", "6"] if self.smoke else ["--compile", "--train-batch",
                                                                                       "32", "--trainer-steps", "60"]
         return ["bench", "--sections", "train", "--presets", self.decoder, "--kinds", "mha,mhe-mul",
                 "--json", str(out / "bench-train.json"), *size]  # smoke: eager (inductor on a CPU takes minutes)
-
-
-class Runner:
-    """Runs the stages as subprocesses, each logged, none past the deadline."""
-
-    def __init__(self, out: Path, data_dir: str, deadline: float) -> None:
-        self.out, self.deadline, self.t0 = out, deadline, time.monotonic()
-        self.env = dict(os.environ, MHE_DATA=data_dir, PYTHONUNBUFFERED="1",
-                        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-        self.commands: list[str] = []
-        self.skipped: list[str] = []
-
-    def run(self, stage: str, args: list[str], *, gpus: int = 1) -> bool:
-        left = self.deadline - (time.monotonic() - self.t0)
-        if left < 20:
-            self.skipped.append(stage)
-            print(f"[{stage}] skipped: the deadline has passed", flush=True)
-            return False
-        launch = [sys.executable, "-m", "mhe"] if gpus == 1 else \
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}", "-m", "mhe"]
-        env = dict(self.env, **({"CUDA_VISIBLE_DEVICES": "0"} if gpus == 1 and torch.cuda.is_available() else {}))
-        shown = ("torchrun --standalone --nproc_per_node " + str(gpus) if gpus > 1 else "") + " mhe " + " ".join(args)
-        self.commands.append(f"{stage}: `{shown.strip()}`")
-        print(f"[{stage}] {shown.strip()}  ({left:.0f} s left)", flush=True)
-        log = self.out / "logs" / f"{stage}.log"
-        start = time.monotonic()
-        with log.open("w") as f:
-            proc = subprocess.Popen(launch + args, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    start_new_session=True)  # its own process group: torchrun's workers too
-            try:
-                rc = proc.wait(timeout=left)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGTERM)  # the runs save and stop
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                rc = "stopped at the deadline"
-        print(f"[{stage}] rc={rc} in {time.monotonic() - start:.0f} s (log {log})", flush=True)
-        if rc != 0:
-            self.skipped.append(f"{stage} (rc={rc})")
-        return rc == 0
-
-
-def seed_tokenizer(first: Path, run: Path) -> None:
-    """Start ``run`` from ``first``'s tokenizer (the task reuses ``tokenizer.json``, as on resume)."""
-    if (first / "tokenizer.json").is_file() and not run.exists():
-        run.mkdir(parents=True)
-        shutil.copy(first / "tokenizer.json", run / "tokenizer.json")
-
-
-def run_figures(run: Path, after: int, gpus: int) -> dict | None:
-    """Median input tokens/s after step ``after`` (all GPUs), per GPU, peak GiB and MFU of a run folder."""
-    metrics = run / "metrics.jsonl"
-    if not metrics.exists() or not (run / "results.json").exists():
-        return None
-    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    records = [r for r in records if "step_s" in r]
-    late = [r for r in records if r["step"] > after] or records[-1:]
-    config = json.loads((run / "config.json").read_text())
-    train, model = config["resolved_train"], ModelConfig(**config["model"])
-    seq = config["run"]["data"]["seq_len"] or model.max_len
-    tok_s = train["batch_size"] * seq / statistics.median(r["step_s"] for r in late)
-    memory = [r["max_mem_gib"] for r in records if "max_mem_gib" in r]
-    n_params = json.loads((run / "results.json").read_text())["total_params"]
-    peak = device_peak(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
-    mfu = flops_per_token(n_params, model, seq) * tok_s / gpus / peak if peak else None
-    return {"tokens_per_s": tok_s, "per_gpu": tok_s / gpus, "peak_gib": max(memory) if memory else None,
-            "mfu": mfu, "steps": records[-1]["step"] if records else 0}
-
-
-def fmt(v, spec=",.0f", none="-") -> str:
-    return none if v is None else format(v, spec)
-
-
-def pct(v) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
-
-
-def ratio(a, b) -> str:
-    return "-" if a is None or b is None else f"{a / b:.2f}"
 
 
 def one_gpu(plan: Plan, runner: Runner, out: Path) -> list[str]:
@@ -204,58 +132,106 @@ def _pretrain_row(label: str, a: dict | None, b: dict | None) -> str:
             f"{fmt(g(b, 'peak_gib'), '.2f')} |")
 
 
-def gpu_stages(gpus: int, batch: int) -> list[tuple[str, str, int, int]]:
-    """(stage, kind, GPUs, global batch) of the several-GPU mode, in the order they run: MHA on one
-    GPU, then on 2 (and 4) at the same per-GPU batch and at the same global batch, then MHE-Mul on
-    one GPU and on all of them at the same global batch."""
-    counts = [n for n in (2, 4) if n <= gpus]
-    stages = [(f"mha-1gpu-b{batch}", "mha", 1, batch)]
-    for n in counts:
-        stages += [(f"mha-{n}gpu-b{n * batch}", "mha", n, n * batch), (f"mha-{n}gpu-b{batch}", "mha", n, batch)]
-    return stages + [(f"mhe-mul-1gpu-b{batch}", "mhe-mul", 1, batch), (f"mhe-mul-{gpus}gpu-b{batch}", "mhe-mul", gpus, batch)]
+class Stage(NamedTuple):
+    """One run of the several-GPU mode: its name (the run folder and log), attention kind, GPU
+    count, global batch and whether its gradients are all-reduced in bf16."""
+
+    name: str
+    kind: str
+    gpus: int
+    batch: int
+    bf16_reduce: bool = False
 
 
-def several_gpus(plan: Plan, runner: Runner, out: Path, gpus: int) -> list[str]:
-    stages = gpu_stages(gpus, plan.batch)
+def gpu_stages(gpus: int, batch: int, bf16_reduce: bool = False) -> list[Stage]:
+    """The stages of the several-GPU mode, in the order they run: MHA on one GPU, then on 2 (and 4)
+    at the same per-GPU batch and at the same global batch (with ``bf16_reduce``, each of the two
+    again with its gradients all-reduced in bf16), then MHE-Mul on one GPU and on all of them at
+    the same global batch."""
+    stages = [Stage(f"mha-1gpu-b{batch}", "mha", 1, batch)]
+    for n in (n for n in (2, 4) if n <= gpus):
+        pair = [Stage(f"mha-{n}gpu-b{n * batch}", "mha", n, n * batch), Stage(f"mha-{n}gpu-b{batch}", "mha", n, batch)]
+        stages += pair + ([s._replace(name=f"{s.name}-bf16reduce", bf16_reduce=True) for s in pair] if bf16_reduce else [])
+    return stages + [Stage(f"mhe-mul-1gpu-b{batch}", "mhe-mul", 1, batch),
+                     Stage(f"mhe-mul-{gpus}gpu-b{batch}", "mhe-mul", gpus, batch)]
+
+
+def several_gpus(plan: Plan, runner: Runner, out: Path, gpus: int, stages: list[Stage]) -> list[str]:
+    """Run ``stages`` in order (the tokenizer of the first one seeds the others) and tabulate
+    them; "vs one GPU" needs the one-GPU stage of the same kind among them."""
     lines = [f"### {plan.decoder}, compiled (the default), {gpus} GPUs of one host", "",
              "| run | tokens/s (all GPUs) | per GPU | vs one GPU | MFU per GPU | peak GiB (rank 0) |",
              "|---|---:|---:|---:|---:|---:|"]
     base = {}
-    for stage, kind, gpus, batch in stages:
-        seed_tokenizer(out / "runs" / stages[0][0], out / "runs" / stage)
-        runner.run(stage, plan.pretrain(plan.decoder, kind, out / "runs" / stage, batch), gpus=gpus)
-        f = run_figures(out / "runs" / stage, plan.after, gpus)
-        if gpus == 1 and f:
-            base[kind] = f["tokens_per_s"]
-        label = f"{kind}, {gpus} GPU{'s' if gpus > 1 else ''}, global batch {batch} ({batch // gpus} per GPU)"
-        if f is None:
-            lines.append(f"| {label} | not measured | | | | |")
-            continue
-        lines.append(f"| {label} | {fmt(f['tokens_per_s'])} | {fmt(f['per_gpu'])} | "
-                     f"{ratio(f['tokens_per_s'], base.get(kind))} | {pct(f['mfu'])} | {fmt(f['peak_gib'], '.2f')} |")
+    for s in stages:
+        seed_tokenizer(out / "runs" / stages[0].name, out / "runs" / s.name)
+        runner.run(s.name, plan.pretrain(plan.decoder, s.kind, out / "runs" / s.name, s.batch,
+                                         (BF16_REDUCE,) if s.bf16_reduce else ()), gpus=s.gpus)
+        f = run_figures(out / "runs" / s.name, plan.after, s.gpus)
+        if s.gpus == 1 and f:
+            base[s.kind] = f["tokens_per_s"]
+        lines.append(_gpu_row(s, f, base.get(s.kind), log_says(out, s.name, REFUSED)))
+    if any(s.bf16_reduce for s in stages):
+        lines += ["", f"bf16 all-reduce: `--set {BF16_REDUCE}` (DDP's bf16_compress_hook: each gradient bucket "
+                  "cast to bf16 for the all-reduce and back; \"refused\": torch lacked the hook's CUDA and NCCL "
+                  "and the run reduced in float32)."]
     return lines
 
 
-def main() -> int:
+def _gpu_row(s: Stage, f: dict | None, base: float | None, refused: bool) -> str:
+    """The table row of stage ``s`` (its figures ``f``; None: not measured)."""
+    label = f"{s.kind}, {s.gpus} GPU{'s' if s.gpus > 1 else ''}, global batch {s.batch} ({s.batch // s.gpus} per GPU)"
+    if s.bf16_reduce:
+        label += ", bf16 all-reduce" + (" (refused: float32)" if refused else "")
+    if f is None:
+        return f"| {label} | not measured | | | | |"
+    return (f"| {label} | {fmt(f['tokens_per_s'])} | {fmt(f['per_gpu'])} | {ratio(f['tokens_per_s'], base)} | "
+            f"{pct(f['mfu'])} | {fmt(f['peak_gib'], '.2f')} |")
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("--gpus", type=int, choices=(1, 2, 4), default=1)
     ap.add_argument("--data-dir", default=os.environ.get("MHE_DATA", "data-cache"))
-    ap.add_argument("--deadline", type=float, default=None, help="seconds (default 450 for one GPU, 270 for two, 560 for four)")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds (default 450 for one GPU, 270 for two, 560 for four or with --grad-reduce-bf16)")
+    ap.add_argument("--grad-reduce-bf16", action="store_true",
+                    help="--gpus 2|4: also run MHA's several-GPU stages with train.grad_reduce=bf16")
+    ap.add_argument("--stages", default="", help="--gpus 2|4: run only these stages (comma-separated names)")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny presets, PTB, a few steps, on the CPU")
     a = ap.parse_args()
-    out = Path(a.out).resolve()
+    if a.gpus == 1 and (a.grad_reduce_bf16 or a.stages):
+        ap.error("--grad-reduce-bf16 and --stages apply to --gpus 2 or 4")
+    a.plan = Plan(a.cpu_smoke)
+    every = gpu_stages(a.gpus, a.plan.batch, a.grad_reduce_bf16) if a.gpus > 1 else []
+    names = [n.strip() for n in a.stages.split(",") if n.strip()]
+    unknown = [n for n in names if n not in {s.name for s in every}]
+    if unknown or (a.stages and not names):
+        ap.error(f"unknown stage(s) {', '.join(unknown) or repr(a.stages)}; valid here: {', '.join(s.name for s in every)}")
+    a.selected = [s for s in every if not names or s.name in names]
+    return a
+
+
+def command(a: argparse.Namespace) -> str:
+    """The command line of this run, for the report's header."""
+    flags = [f"--gpus {a.gpus}"] + (["--grad-reduce-bf16"] if a.grad_reduce_bf16 else []) + \
+        ([f"--stages {a.stages}"] if a.stages else []) + (["--cpu-smoke"] if a.cpu_smoke else [])
+    return f"python benchmarks/train_speed.py OUT {' '.join(flags)}"
+
+
+def main() -> int:
+    a = parse_args()
+    out, plan = Path(a.out).resolve(), a.plan
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    plan = Plan(a.cpu_smoke)
-    data_dir = str(Path(a.data_dir).resolve())
-    runner = Runner(out, data_dir, a.deadline or {1: 450, 2: 270, 4: 560}[a.gpus])
+    deadline = a.deadline or (560 if a.grad_reduce_bf16 else {1: 450, 2: 270, 4: 560}[a.gpus])
+    runner = Runner(out, str(Path(a.data_dir).resolve()), deadline)
     card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     print(f"card: {card}; {torch.cuda.device_count()} visible; torch {torch.__version__}", flush=True)
-    lines = one_gpu(plan, runner, out) if a.gpus == 1 else several_gpus(plan, runner, out, a.gpus)
+    lines = one_gpu(plan, runner, out) if a.gpus == 1 else several_gpus(plan, runner, out, a.gpus, a.selected)
     head = [f"# Training speed ({'one GPU' if a.gpus == 1 else f'{a.gpus} GPUs'})", "",
-            f"Card: {card}; torch {torch.__version__}; `python benchmarks/train_speed.py OUT --gpus {a.gpus}"
-            f"{' --cpu-smoke' if a.cpu_smoke else ''}`; rates: median logged step time after step {plan.after}, "
-            "as input tokens/s; MFU: (6N + 12 L T n d) x tokens/s / dense bf16 peak, per GPU.", "",
+            f"Card: {card}; torch {torch.__version__}; `{command(a)}`; rates: median logged step time after step "
+            f"{plan.after}, as input tokens/s; MFU: (6N + 12 L T n d) x tokens/s / dense bf16 peak, per GPU.", "",
             "Commands:", ""] + [f"* {c}" for c in runner.commands] + [""]
     if runner.skipped:
         head += [f"Not measured: {', '.join(runner.skipped)}.", ""]

@@ -60,6 +60,8 @@ BAD = [
     (["train.grad_accum=0"], "lm", "train.grad_accum", "0"),
     (["train.schedule=wavy"], "lm", "train.schedule", "wavy"),
     (["train.precision=fp16"], "lm", "train.precision", "fp16"),
+    (["train.grad_reduce=fp16"], "lm", "train.grad_reduce", "fp16"),
+    (["train.parallel=fsdp", "train.grad_reduce=bf16"], "lm", "train.grad_reduce", "bf16"),
     (["train.warmup_steps=-1"], "lm", "train.warmup_steps", "-1"),
     (["train.warmup_ratio=1.5"], "lm", "train.warmup_ratio", "1.5"),
     (["train.eps=0"], "lm", "train.eps", "0"),
@@ -254,7 +256,7 @@ def test_bad_saved_configuration_is_one_line(bad, match):
 
 
 CLI_BAD = ["train.lr=NaN", "model.dropout=abc", "model.attn_options.n_kv_heads=3", "data.seq_len=-1",
-           "train.device=gpu", "train.betas=5"]
+           "train.device=gpu", "train.betas=5", "train.grad_reduce=fp16"]
 
 
 @pytest.mark.parametrize("item", CLI_BAD)

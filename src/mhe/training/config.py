@@ -27,6 +27,7 @@ Schedule = Literal["linear", "cosine", "cosine_restarts", "constant", "inverse_s
 Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["auto", "ddp", "fsdp"]
 Checkpointing = Literal["none", "full", "selective"]
+GradReduce = Literal["float32", "bf16"]
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
@@ -66,6 +67,11 @@ class TrainConfig:
     cuda_graphs: bool | Literal["auto"] = "auto"  # replay the compiled step as CUDA graphs; auto: for
                                                # fixed-shape batches (pre-training) on CUDA (cuda_graphs_wanted)
     parallel: Parallel = "auto"                # several processes: ddp (auto) copies the model, fsdp shards it
+    grad_reduce: GradReduce = "float32"        # DDP's gradient all-reduce; bf16: each bucket cast to bf16 for the
+                                               # wire (half the bytes; the averaged gradients carry bf16 rounding),
+                                               # torch's bf16_compress_hook (PyTorch docs: DDP Communication Hooks);
+                                               # no effect on one process, nor without CUDA and NCCL, which torch's
+                                               # hook needs (noted); refused under fsdp (training/step.py)
     activation_checkpointing: Checkpointing = "none"  # full: recompute every block's activations in the
                                                # backward pass; selective: every other block (training/activation_checkpointing.py)
     progress: bool = True
@@ -143,6 +149,8 @@ class RunConfig:
         train = dataclasses.asdict(self.train)
         for k in OPERATIONAL_TRAIN_KEYS:
             train.pop(k)
+        if train["grad_reduce"] == "float32":
+            train.pop("grad_reduce")  # the default: hashed as before the setting existed
         if float(train["epochs"]).is_integer():
             train["epochs"] = int(train["epochs"])  # hashed as before, when whole epochs were ints
         data = dataclasses.asdict(self.data)
@@ -208,6 +216,9 @@ def validate(cfg: RunConfig) -> None:
     t = cfg.train
     if not re.fullmatch(DEVICE_PATTERN, t.device):
         raise MheError(f"train.device={t.device!r} is not allowed; train.device takes auto, cpu, cuda, cuda:N or mps")
+    if t.grad_reduce == "bf16" and t.parallel == "fsdp":
+        raise MheError("train.grad_reduce='bf16' is not allowed with train.parallel=fsdp (FSDP reduces its gradients "
+                       "in float32, mhe.training.fsdp); train.grad_reduce takes float32 there, bf16 only under ddp")
     if t.cuda_graphs is True and t.grad_accum > 1:
         raise MheError(f"train.cuda_graphs=true needs train.grad_accum=1, got {t.grad_accum} (a replayed backward "
                        "reuses the memory the accumulated gradients would live in); set train.cuda_graphs=auto or false")

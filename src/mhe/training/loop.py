@@ -127,7 +127,7 @@ class Trainer:
             note("train.cuda_graphs=true has no effect here: CUDA graphs need a compiled model on CUDA, not under "
                  "FSDP; training without them")
         return StepModule(model, dist, compiled=compile_wanted(t, dist.device), note=note, mode=self.parallel.mode,
-                          cuda_graphs=graphs, static_shapes=self.task.static_shapes)
+                          cuda_graphs=graphs, static_shapes=self.task.static_shapes, grad_reduce=t.grad_reduce)
 
     # ------------------------------------------------------------------ setup
     def _start(self) -> distributed.Dist:

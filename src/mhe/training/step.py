@@ -8,7 +8,8 @@ all-reduce overlap the backward pass, but the step is bound by the host's time t
 kernels, and the split graph (and dynamo's breaks in DDP's own forward) cost more host time
 than the overlap saves (docs/benchmarks.md section 7: 55 ms against 39 ms per step for
 gpt2-base at 16 rows per GPU on two H100s); the buckets are reduced after the backward pass,
-about 2 ms on NVLink for gpt2-base's float32 gradients. Under FSDP the
+about 2 ms on NVLink for gpt2-base's float32 gradients (``train.grad_reduce=bf16`` sends them as
+bf16, half the bytes: :func:`data_parallel`). Under FSDP the
 model is already sharded (:mod:`mhe.training.fsdp`) and each transformer block's forward is
 compiled on its own, as torchtitan does, between the hooks that gather and free its weights.
 Where batches have one shape (pre-training) the compiled step is also replayed as CUDA graphs
@@ -47,7 +48,8 @@ class StepModule:
     ``none``, ``ddp`` or ``fsdp`` (:class:`~mhe.training.parallel.Parallel`)."""
 
     def __init__(self, model: torch.nn.Module, dist: Dist, *, compiled: bool, note: Callable[[str], None],
-                 mode: str = "ddp", cuda_graphs: bool = False, static_shapes: bool = True) -> None:
+                 mode: str = "ddp", cuda_graphs: bool = False, static_shapes: bool = True,
+                 grad_reduce: str = "float32") -> None:
         self.model, self.note, self.dist = model, note, dist
         self.ddp = mode == "ddp" and dist.world > 1
         self.compiled = compiled
@@ -61,8 +63,10 @@ class StepModule:
                 block.forward = torch.compile(forward)
         self.net = compile_model(model, self.cuda_graphs) if compiled and mode != "fsdp" else model
         if self.ddp:
-            ids = [dist.local_rank] if dist.device.type == "cuda" else None
-            self.net = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids, gradient_as_bucket_view=True)
+            self.net = data_parallel(self.net, dist, grad_reduce, note)
+        elif grad_reduce != "float32":
+            note(f"train.grad_reduce={grad_reduce} has no effect here: only DDP over several processes reduces "
+                 "gradients through it; training on as it is")
         self.proven = not compiled  # a compiled module is proven by its first micro-step
 
     def release(self) -> None:
@@ -125,6 +129,27 @@ class StepModule:
         if self.ddp and self.compiled:
             return torch._dynamo.config.patch(optimize_ddp=False)
         return contextlib.nullcontext()
+
+
+def data_parallel(net: torch.nn.Module, dist: Dist, grad_reduce: str,
+                  note: Callable[[str], None]) -> torch.nn.parallel.DistributedDataParallel:
+    """``net`` wrapped in DDP (the gradients averaged over the processes after the backward pass).
+    ``grad_reduce="bf16"`` registers torch's ``bf16_compress_hook`` (PyTorch docs: DDP Communication
+    Hooks): each gradient bucket is divided by the process count, cast to bf16, all-reduced and cast
+    back, so half the bytes cross the wire and the averaged gradients carry bf16 rounding (about
+    3 significant digits; the weights, moments and update stay float32). ``"float32"``: DDP's own
+    reduction, in the gradients' dtype. Torch accepts the hook only with CUDA and NCCL (or XPU):
+    elsewhere (gloo on a CPU) it is noted and the reduction stays float32."""
+    ids = [dist.local_rank] if dist.device.type == "cuda" else None
+    ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=ids, gradient_as_bucket_view=True)
+    if grad_reduce == "bf16":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+        try:
+            ddp.register_comm_hook(None, bf16_compress_hook)  # state None: the default process group
+        except TypeError as e:  # DDP's check of the build (CUDA and NCCL), made before anything is registered
+            note(f"train.grad_reduce=bf16 has no effect here ({e}); the gradients are reduced in float32")
+    return ddp
 
 
 def compile_model(model: torch.nn.Module, cuda_graphs: bool) -> torch.nn.Module:
