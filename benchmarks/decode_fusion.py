@@ -10,6 +10,8 @@ no stop token, prefill included; the first call, then the median of 3) in each v
 * ``default``: the user's call (the step compiled by inductor, captured with the token choice);
 * ``sdpa``: the attention kernel ``sdpa`` in place of the automatic choice (``flash-decode``
   for one-K/V-head caches: MQA, MHE);
+* ``expand``: the attention kernel ``sdpa-expand`` (a one-K/V-head cache expanded to every
+  query head without a copy, so SDPA may take its cuDNN kernel, as for MHA);
 * ``autotune``: ``compile_options={"mode": "max-autotune-no-cudagraphs"}`` (inductor may pick
   its own Triton matrix-product kernels and fuse the bias, activation and residual into them);
 * ``coordinate``: ``compile_options={"options": {"coordinate_descent_tuning": True}}``;
@@ -40,6 +42,7 @@ import decode_rows as rows_mod  # noqa: E402
 VARIANTS = {
     "default": {},
     "sdpa": {"kernel": "sdpa"},
+    "expand": {"kernel": "sdpa-expand"},
     "autotune": {"compile_options": {"mode": "max-autotune-no-cudagraphs"}},
     "coordinate": {"compile_options": {"options": {"coordinate_descent_tuning": True}}},
     "combo": {"compile_options": {"options": {"combo_kernels": True}}},

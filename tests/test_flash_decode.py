@@ -11,7 +11,7 @@ from mhe.attention.kernels import attend
 from mhe.attention.kv_cache import KVCache
 from mhe.models import build_model
 from mhe.models.config import preset
-from mhe.models.decode_step import decode_kernel, inference_view, view_kernels
+from mhe.models.decode_step import EXPAND_MAX_POSITIONS, decode_kernel, inference_view, view_kernels
 from reference import softmax_attention
 
 CUDA = torch.device("cuda")  # only its type is read on a CPU-only machine
@@ -125,6 +125,11 @@ def test_decode_kernel_is_flash_decode_only_on_cuda_for_one_kv_head(kind, heads)
     assert decode_kernel(attn, torch.device("cpu"), torch.bfloat16) == "sdpa"
     assert decode_kernel(attn, CUDA, requested="matmul-decode") == "matmul-decode"  # the caller's choice wins
     assert decode_kernel(attn, CUDA, torch.float32) == "eager-one-token"  # no fast fp32 one-query SDPA
+    one_row = decode_kernel(attn, CUDA, torch.bfloat16, batch=1, positions=EXPAND_MAX_POSITIONS)
+    assert one_row == ("sdpa-expand" if heads == 1 else "sdpa")  # one cuDNN kernel, not split-K's two
+    long_row = decode_kernel(attn, CUDA, torch.bfloat16, batch=1, positions=EXPAND_MAX_POSITIONS + 1)
+    assert long_row == decode_kernel(attn, CUDA, torch.bfloat16, batch=2, positions=64)
+    assert long_row == ("flash-decode" if heads == 1 else "sdpa")
 
 
 def test_a_configured_kernel_is_kept_and_the_model_left_unchanged():
@@ -235,3 +240,20 @@ def test_graph_and_compiled_decode_equal_eager_with_flash_decode(kind):
         assert int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) == 1  # one graph, every step
         assert torch.equal(a, c)
         torch.testing.assert_close(lc.float(), la.float(), rtol=0.02, atol=0.05)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("kind", ["mqa", "mhe-mul"])
+def test_one_row_decodes_with_the_expanded_head_and_agrees_with_flash_decode(kind):
+    """Batch 1 takes ``sdpa-expand`` (the one K/V head expanded, not copied): the greedy tokens of
+    ``flash-decode`` and logits within bf16 rounding, compiled and captured as users run it."""
+    torch.manual_seed(0)
+    model = build_model("tiny-decoder", attention=kind, dropout=0.0, attn_dropout=0.0).cuda().bfloat16().eval()
+    ids = torch.randint(0, 1024, (1, 9), device="cuda")
+    session = model.generator(1, 29)
+    got, lg = model.generate(ids, 20, session=session, return_logits=True)
+    assert view_kernels(session.view) == "sdpa-expand"
+    want, lw = model.generate(ids, 20, session=model.generator(1, 29, kernel="flash-decode"), return_logits=True)
+    torch.testing.assert_close(lg[:, :2].float(), lw[:, :2].float(), rtol=0.02, atol=0.05)
+    assert torch.equal(got[:, :10], want[:, :10])

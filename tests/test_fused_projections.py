@@ -116,3 +116,17 @@ def test_additive_mask_is_built_once_and_equals_sdpas_own():
     q, k = torch.randn(2, 4, 1, 8, dtype=torch.float64), torch.randn(2, 4, 6, 8, dtype=torch.float64)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     assert torch.equal(sdpa(q, k, k, attn_mask=first), sdpa(q, k, k, attn_mask=mask.dense))
+
+
+def test_compiled_additive_mask_is_one_operator_with_aligned_rows():
+    dense = torch.rand(2, 1, 3, 13) > 0.4  # 13 keys: rows padded to 16 inside compile
+    eager = masks.additive_mask(dense, torch.bfloat16)
+    compiled = torch.compile(lambda d: masks.additive_mask(d, torch.bfloat16), fullgraph=True)(dense)
+    assert torch.equal(compiled, eager) and torch.equal(eager == 0, dense)
+    op = torch.ops.mhe.additive_mask(dense, torch.bfloat16)
+    assert torch.equal(op, eager) and op.stride() == (48, 48, 16, 1)
+    torch.library.opcheck(torch.ops.mhe.additive_mask.default, (dense, torch.float32))
+    graph = []
+    torch.compile(lambda d: masks.additive_mask(d, torch.float32),
+                  backend=lambda gm, _: graph.append(gm) or gm.forward)(dense)
+    assert [n.target for n in graph[0].graph.nodes if n.op == "call_function"] == [torch.ops.mhe.additive_mask]

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from mhe.attention import kernels, masks
-from mhe.attention.kv_cache import CrossCache, KVCache
+from mhe.attention.kv_cache import CachePosition, CrossCache, KVCache
 from mhe.attention.masks import AttentionMask
 from mhe.attention.rotary import RotaryEmbedding
 from mhe.errors import MheError, one_of, require_positive
@@ -138,14 +138,17 @@ class Attention(nn.Module):
         raise NotImplementedError
 
     def new_cache(self, batch: int, max_len: int, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None) -> KVCache:
-        """A preallocated cache sized for this kind (see :attr:`cache_heads`)."""
+                  device: torch.device | str | None = None, position: CachePosition | None = None,
+                  advances: bool = True) -> KVCache:
+        """A preallocated cache sized for this kind (:attr:`cache_heads`); ``position``, ``advances``:
+        a write position shared by a model's caches (:func:`~mhe.attention.kv_cache.layer_caches`)."""
         if not self.supports_cache:
             raise MheError(f"attention kind {self.kind!r} mixes whole sequences and has no KV cache")
         p = next(self.parameters(), None)
         dtype = dtype or (p.dtype if p is not None else torch.float32)
         device = device if device is not None else (p.device if p is not None else None)
-        return KVCache(batch, self.cache_heads, max_len, self.cfg.head_dim, dtype=dtype, device=device)
+        return KVCache(batch, self.cache_heads, max_len, self.cfg.head_dim, dtype=dtype, device=device,
+                       position=position, advances=advances)
 
     def forward(self, x: torch.Tensor, *, positions: torch.Tensor | None = None,
                 context: torch.Tensor | None = None, mask: AttentionMask | torch.Tensor | None = None,

@@ -12,53 +12,96 @@ from torch import nn
 from mhe.errors import MheError, require_positive
 
 
+class CachePosition(nn.Module):
+    """Where the next keys go: one 0-d long tensor, shared by the caches of every layer of a
+    model (:func:`layer_caches`), since every layer writes the same positions in a forward.
+    Held as a module so that ``.to()`` on any cache moves the one tensor all of them read."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.register_buffer("index", torch.zeros((), dtype=torch.long, device=device), persistent=False)
+
+
 class KVCache(nn.Module):
     """Preallocated self-attention keys and values with static shapes, for incremental decoding.
 
     Holds ``n_kv_heads`` heads (:attr:`Attention.cache_heads
     <mhe.attention.base.Attention.cache_heads>`: n for MHA, n_kv for GQA, one for MQA, SHA and
-    fast MHE). The buffers ``k, v: [B, h_kv, L, d]`` and the write position ``index`` (a 0-d
-    long tensor) are non-persistent buffers advanced in place, so a decode step reads and writes
-    only tensors and is the same graph for every token (CUDA graphs, ``torch.compile``), as
-    gpt-fast's and torchtune's ``KVCache``.
+    fast MHE). Keys and values share one buffer ``kv: [2, B, h_kv, L, d]`` (``k = kv[0]``,
+    ``v = kv[1]``, each contiguous), so a step writes both with one kernel; the write position
+    ``index`` (a 0-d long tensor) is a :class:`CachePosition`, shared by a model's caches and
+    advanced by the one made with ``advances=True`` (the last layer's), so a step advances it
+    once. Both are non-persistent buffers changed in place: a decode step reads and writes only
+    tensors and is the same graph for every token (CUDA graphs, ``torch.compile``), as gpt-fast's
+    and torchtune's caches are. A cache made alone owns its position and advances it.
     """
 
     def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
-                 *, dtype: torch.dtype, device: torch.device | str | None = None) -> None:
+                 *, dtype: torch.dtype, device: torch.device | str | None = None,
+                 position: CachePosition | None = None, advances: bool = True) -> None:
         super().__init__()
         require_positive(batch=batch, n_kv_heads=n_kv_heads, max_len=max_len, head_dim=head_dim)
-        shape = (batch, n_kv_heads, max_len, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)  # [B, h_kv, L, d]
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)  # [B, h_kv, L, d]
-        self.register_buffer("index", torch.zeros((), dtype=torch.long, device=device), persistent=False)
+        shape = (2, batch, n_kv_heads, max_len, head_dim)
+        self.register_buffer("kv", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.position = position if position is not None else CachePosition(device)
+        self.advances = advances
+
+    @property
+    def k(self) -> torch.Tensor:
+        """The keys, ``[B, h_kv, L, d]`` (a view of :attr:`kv`)."""
+        return self.kv[0]
+
+    @property
+    def v(self) -> torch.Tensor:
+        """The values, ``[B, h_kv, L, d]`` (a view of :attr:`kv`)."""
+        return self.kv[1]
+
+    @property
+    def index(self) -> torch.Tensor:
+        """The write position, a 0-d long tensor (shared with the model's other caches)."""
+        return self.position.index
 
     @property
     def max_len(self) -> int:
         """L, the positions the buffers hold (and :meth:`update` returns)."""
-        return self.k.shape[2]
+        return self.kv.shape[3]
 
     def nbytes(self) -> int:
-        """Bytes held by the key and value buffers."""
-        return self.k.numel() * self.k.element_size() * 2
+        """Bytes held by the key and value buffer."""
+        return self.kv.numel() * self.kv.element_size()
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k, v: [B, h_kv, T, d]`` at positions ``index .. index + T - 1``, advance
-        ``index`` by T and return the whole buffers ``[B, h_kv, L, d]``."""
-        b, h, _, d = self.k.shape
+        """Write ``k, v: [B, h_kv, T, d]`` at positions ``index .. index + T - 1`` (advancing
+        ``index`` by T if this cache :attr:`advances` it) and return the whole buffers
+        ``[B, h_kv, L, d]``."""
+        _, b, h, _, d = self.kv.shape
         t = k.shape[2]
         if k.shape[0] != b or k.shape[1] != h or k.shape[3] != d:
             raise MheError(f"cache holds [B={b}, heads={h}, d={d}], got keys of shape {tuple(k.shape)}")
         if t > self.max_len or (not tracing() and int(self.index) + t > self.max_len):
             raise MheError(f"KV cache overflow: position {int(self.index)} + {t} new tokens > max_len {self.max_len}")
         at = self.index.view(1) if t == 1 else self.index + torch.arange(t, device=k.device)  # [T]
-        self.k.index_copy_(2, at, k.to(self.k.dtype))
-        self.v.index_copy_(2, at, v.to(self.v.dtype))
-        self.index.add_(t)
+        self.kv.index_copy_(3, at, torch.stack((k, v)).to(self.kv.dtype))  # [2, B, h_kv, T, d]: one write
+        if self.advances:
+            self.index.add_(t)
         return self.k, self.v
 
     def reset(self) -> None:
         """Forget what was written: the next :meth:`update` writes at position 0."""
         self.index.zero_()
+
+
+def layer_caches(sublayers, batch: int, max_len: int, *, dtype=None, device=None) -> list[KVCache]:
+    """One cache per self-attention sublayer of a model (in the order they run), sharing one
+    write position that the last advances: a forward's layers write the same positions, and the
+    position then moves once (one kernel a step, not one per layer)."""
+    sublayers = list(sublayers)
+    caches: list[KVCache] = []
+    for i, attention in enumerate(sublayers):
+        shared = {"position": caches[0].position} if caches else {}
+        caches.append(attention.new_cache(batch, max_len, dtype=dtype, device=device,
+                                          advances=i == len(sublayers) - 1, **shared))
+    return caches
 
 
 class CrossCache:

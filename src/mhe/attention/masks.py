@@ -56,9 +56,42 @@ class AttentionMask:
         if self.dense is None or self.dense.dtype != torch.bool or not kernels.takes_additive_mask(kernel):
             return self.dense
         if dtype not in self._additive:
-            self._additive[dtype] = torch.zeros(self.dense.shape, dtype=dtype, device=self.dense.device).masked_fill(
-                ~self.dense, float("-inf"))
+            self._additive[dtype] = additive_mask(self.dense, dtype)
         return self._additive[dtype]
+
+
+def additive_mask(dense: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where boolean ``dense`` is True, -inf where not, in ``dtype``.
+
+    Inside ``torch.compile`` this is one opaque operator, so inductor stores its result once: as
+    plain arithmetic it would be recomputed into each layer's copy of the mask into the layout
+    SDPA's cuDNN kernel wants (one kernel a layer in a decode step), and the store's rows are
+    padded to a multiple of 8 elements, the alignment inductor checks before it reads a mask
+    in place (its ``sdpa_constraint``)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.mhe.additive_mask(dense, dtype)
+    return _additive_mask(dense, dtype)
+
+
+@torch.library.custom_op("mhe::additive_mask", mutates_args=())
+def _additive_mask_op(dense: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _aligned_empty(dense, dtype).fill_(float("-inf")).masked_fill_(dense, 0.0)
+
+
+@_additive_mask_op.register_fake
+def _(dense: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _aligned_empty(dense, dtype)
+
+
+def _additive_mask(dense: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(dense.shape, dtype=dtype, device=dense.device).masked_fill(~dense, float("-inf"))
+
+
+def _aligned_empty(dense: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor of ``dense``'s shape whose rows start every 8 elements."""
+    *lead, n = dense.shape
+    padded = -(-n // 8) * 8
+    return torch.empty((*lead, padded), dtype=dtype, device=dense.device)[..., :n]
 
 
 def padding_mask(key_mask: torch.Tensor | None) -> AttentionMask:

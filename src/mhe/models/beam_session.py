@@ -72,8 +72,7 @@ class BeamSession:
         self.src_mask.copy_(other.src_mask.index_select(0, rows))
         parents = other.parents.index_select(0, rows)
         for (mine, mine_x), (theirs, theirs_x) in zip(self.caches, other.caches):
-            mine.k.copy_(theirs.k.index_select(0, parents))
-            mine.v.copy_(theirs.v.index_select(0, parents))
+            mine.kv.copy_(theirs.kv.index_select(1, parents))  # [2, B*k, h_kv, L, d]
             mine.index.copy_(theirs.index)
             mine_x.store(theirs_x.k.index_select(0, rows), theirs_x.v.index_select(0, rows))
         self.history.copy_(other.history.index_select(0, rows))
@@ -103,7 +102,7 @@ class BeamSession:
         runner()
 
     def _mutable(self) -> list[torch.Tensor]:
-        return list(self._state) + [t for c, _ in self.caches for t in (c.index, c.k, c.v)]
+        return list(self._state) + [self.caches[0][0].index] + [c.kv for c, _ in self.caches]
 
     def _snapshot(self) -> None:
         self._saved = [t.clone() for t in self._mutable()]
@@ -115,9 +114,8 @@ class BeamSession:
     def step(self, window: int) -> torch.Tensor:
         """One beam step over the first ``window`` target positions."""
         for self_cache, _ in self.caches:  # cross-attention keys are equal within a source's beams
-            for buf in (self_cache.k, self_cache.v):
-                part = buf[:, :, :window]  # [B*k, h_kv, window, d]
-                part.copy_(part.index_select(0, self.parents))
+            part = self_cache.kv[:, :, :, :window]  # [2, B*k, h_kv, window, d]
+            part.copy_(part.index_select(1, self.parents))
         tok = self.history.gather(1, self.last.view(1, 1).expand(self.history.shape[0], 1))  # [B*k, 1]
         mask = masks.self_attention_mask(tok, None, start=self.caches[0][0].index, keys=window)
         logits = self.view.decode(tok, self.memory, self.src_mask, mask, caches=self.caches)[:, -1]

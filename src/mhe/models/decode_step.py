@@ -65,14 +65,17 @@ def weights_version(model: nn.Module) -> tuple:
 
 
 def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dtype | None = None,
-                  requested: str | None = None) -> str:
+                  requested: str | None = None, *, batch: int | None = None, positions: int | None = None) -> str:
     """The kernel ``module``'s attention sublayers decode one-token steps with: the generation
     policy, for ``generate`` and beam search alike.
 
     ``requested`` when given (the caller chose). Else, on CUDA, for sublayers configured with the
     default ``sdpa``: ``eager-one-token`` in fp32 (SDPA has no fast fp32 one-query kernel,
-    docs/benchmarks.md section 6); ``flash-decode`` where every cache holds one K/V head (MQA,
-    SHA, fast MHE: split-K FlashAttention, ``attention/flash_decode.py``). Else the configured
+    docs/benchmarks.md section 6); where every cache holds one K/V head (MQA, SHA, fast MHE),
+    ``sdpa-expand`` for one row of at most :data:`EXPAND_MAX_POSITIONS` cache ``positions`` (the
+    head expanded without a copy: one cuDNN kernel a layer, as MHA gets, where FlashAttention's
+    split-K step launches two; docs/benchmarks.md section 9) and ``flash-decode`` otherwise
+    (split-K FlashAttention over the keys, ``attention/flash_decode.py``). Else the configured
     kernel, which a model configured with another kernel keeps. ``dtype``: the decoding dtype
     (default: the weights').
     """
@@ -85,8 +88,15 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     if (dtype or next(module.parameters()).dtype) == torch.float32:
         return "eager-one-token"
     if all(a.cache_heads == 1 for a in attns if a.supports_cache):
-        return "flash-decode"
+        one_short_row = batch == 1 and positions is not None and positions <= EXPAND_MAX_POSITIONS
+        return "sdpa-expand" if one_short_row else "flash-decode"
     return configured
+
+
+EXPAND_MAX_POSITIONS = 1024
+"""The longest cache a one-row decode of a one-K/V-head model reads through ``sdpa-expand`` (the
+measured case: 768 positions on an H100, 0.562 against 0.604 ms a token for MHE-Mul; longer
+caches keep the split over keys, which spreads one row's work over the card)."""
 
 
 def split_kernel(kernel: str) -> tuple[str, str | None]:

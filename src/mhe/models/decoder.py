@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhe.attention import masks
-from mhe.attention.kv_cache import KVCache
+from mhe.attention.kv_cache import KVCache, layer_caches
 from mhe.attention.rotary import RotaryEmbedding
 from mhe.attention.masks import AttentionMask
 from mhe.models.blocks import Block, Embeddings, init_model
@@ -65,9 +65,10 @@ class Decoder(nn.Module):
         return self.final_norm(x)
 
     def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None, device=None) -> list[KVCache]:
-        """One preallocated cache per layer, sized for the attention kind."""
-        max_len = max_len or self.cfg.max_len
-        return [layer.self_attn.new_cache(batch, max_len, dtype=dtype, device=device) for layer in self.layers]
+        """One preallocated cache per layer, sized for the attention kind, sharing one write
+        position (:func:`~mhe.attention.kv_cache.layer_caches`)."""
+        return layer_caches((layer.self_attn for layer in self.layers), batch, max_len or self.cfg.max_len,
+                            dtype=dtype, device=device)
 
 
 class _DecoderModel(nn.Module):

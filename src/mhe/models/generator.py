@@ -85,8 +85,8 @@ class Generator:
             raise MheError(f"this generator holds {self.batch} rows of {self.max_len} positions; got {b} prompts "
                            f"of {p} tokens + {new_tokens} new (build one with model.generator(batch, max_len))")
         self.padded = not bool(prompt_mask.all())
-        self._build(self.kernel or (decode_kernel(self.model, self.device, self.dtype)
-                                    if not self.padded or _left_padded(prompt_mask) else None))
+        policy = decode_kernel(self.model, self.device, self.dtype, batch=b, positions=self.max_len)
+        self._build(self.kernel or (policy if not self.padded or _left_padded(prompt_mask) else None))
         for c in self.caches:
             c.reset()
         self.key_mask.fill_(True)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from mhe.attention import masks
-from mhe.attention.kv_cache import CrossCache, KVCache
+from mhe.attention.kv_cache import CrossCache, KVCache, layer_caches
 from mhe.attention.masks import AttentionMask
 from mhe.attention.registry import attention_class
 from mhe.errors import MheError
@@ -108,9 +108,9 @@ class EncoderDecoder(nn.Module):
         """(self-attention, cross-attention) caches per decoder layer: a static cache sized for the
         kind, and a store for the encoder's keys and values (filled at the first step, or by
         :meth:`fill_cross_caches`)."""
-        max_len = max_len or self.cfg.max_len
-        return [(layer.self_attn.new_cache(batch, max_len, dtype=dtype, device=device), CrossCache())
-                for layer in self.decoder_layers]
+        selfs = layer_caches((layer.self_attn for layer in self.decoder_layers), batch, max_len or self.cfg.max_len,
+                             dtype=dtype, device=device)
+        return [(cache, CrossCache()) for cache in selfs]
 
     def fill_cross_caches(self, memory: torch.Tensor, caches: list[tuple[KVCache, CrossCache]]) -> None:
         """Store every decoder layer's cross-attention keys and values of ``memory`` ``[B, S, m]``
