@@ -211,6 +211,24 @@ def test_every_kernel_matches_reference_and_cached_decoding(kind, kernel):
     torch.testing.assert_close(torch.cat(steps, 1)[1, 2:], full[1, 2:], rtol=1e-10, atol=1e-10)
 
 
+def test_sdpa_expand_reads_one_head_without_a_copy_outside_autograd():
+    """A decode step's one K/V head is expanded (stride 0) for SDPA, not copied; the numbers are
+    sdpa's own, and with autograd the copy (and its backward) is kept."""
+    from mhe.attention.kernels import _repeat_kv, get_kernel
+
+    q, k, v = x64(B, 4, 1, 8), x64(B, 1, 6, 8), x64(B, 1, 6, 8)
+    mask = torch.ones(B, 1, 1, 6, dtype=torch.bool)
+    mask[0, ..., :2] = False
+    additive = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
+    with torch.no_grad():
+        view = _repeat_kv(k, 4)
+        assert view.stride(1) == 0 and view.data_ptr() == k.data_ptr()
+        args = dict(mask=additive, is_causal=False, dropout_p=0.0, scale=None)
+        torch.testing.assert_close(get_kernel("sdpa-expand")(q, k, v, **args), get_kernel("sdpa")(q, k, v, **args),
+                                   rtol=1e-12, atol=1e-12)
+    assert _repeat_kv(k.requires_grad_(), 4).stride(1) != 0
+
+
 def test_unknown_kernel_is_named():
     with pytest.raises(MheError, match="unknown attention kernel 'flash3'; valid: sdpa"):
         build_attention("mha", d_model=32, n_heads=4, kernel="flash3")

@@ -267,12 +267,15 @@ def _probabilities(q, k, mask, scale):
 
 
 def _repeat_kv(t: torch.Tensor, n_q: int) -> torch.Tensor:
-    """``t: [B, h, S, d]`` with each head repeated for its ``n_q // h`` query heads; one head is
-    expanded without a copy (stride 0)."""
+    """``t: [B, h, S, d]`` with each head repeated for its ``n_q // h`` query heads. One head
+    outside autograd (a decode step reading its cache) is expanded without a copy (stride 0);
+    training keeps the copy, whose backward SDPA's kernels have always been given."""
     h = t.shape[1]
     if h == n_q:
         return t
-    return t.expand(-1, n_q, -1, -1) if h == 1 else t.repeat_interleave(n_q // h, dim=1)
+    if h == 1 and not t.requires_grad:
+        return t.expand(-1, n_q, -1, -1)
+    return t.repeat_interleave(n_q // h, dim=1)
 
 
 from mhe.attention import flash_decode  # noqa: E402,F401  registers "flash-decode" (it builds on sdpa)
