@@ -80,3 +80,20 @@ def test_moving_one_cache_moves_the_position_every_cache_reads():
     caches = model.new_caches(1, 8)
     caches[1].to("meta")
     assert caches[0].index.is_meta and caches[2].index.is_meta
+
+
+def test_caches_that_would_write_at_different_positions_are_refused():
+    import copy
+
+    from mhe.errors import MheError
+
+    model = build_model("tiny-decoder", attention="mqa", **SMALL).double().eval()
+    ids = torch.randint(3, 99, (1, 4))
+    caches = model.new_caches(1, 8)
+    for bad in (caches[::-1], caches[:2] + caches[1:2], [copy.deepcopy(c) for c in caches]):
+        with pytest.raises(MheError, match="not one model.new_caches"):
+            model(ids, caches=bad)
+    assert int(caches[0].index) == 0  # refused before anything was written
+    own = [layer.self_attn.new_cache(1, 8, dtype=torch.float64) for layer in model.decoder.layers]  # each its own
+    steps = [model(ids[:, :3], caches=own).logits, model(ids[:, 3:], caches=own).logits]
+    torch.testing.assert_close(torch.cat(steps, 1), model(ids).logits, rtol=0, atol=1e-12)

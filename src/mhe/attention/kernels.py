@@ -224,7 +224,17 @@ def sdpa_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
 @register_kernel("sdpa-expand", additive_mask=True)
 def sdpa_expand_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
     k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])  # [B, h_q, S, d]
+    if q.is_cuda and k.stride(1) == 0:  # an expanded head: not the memory-efficient kernel (below)
+        with restrict_backends(EXPANDED_HEAD_BACKENDS):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
+                                                  scale=scale)
     return _sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale)
+
+
+EXPANDED_HEAD_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+"""What SDPA may run keys and values of stride 0 over the heads on: PyTorch's memory-efficient
+kernel has returned wrong numbers for such inputs with a mask in bf16 (pytorch/pytorch issue
+191937), so it is left out."""
 
 
 @register_kernel("matmul-decode")

@@ -104,6 +104,25 @@ def layer_caches(sublayers, batch: int, max_len: int, *, dtype=None, device=None
     return caches
 
 
+def check_layer_caches(caches) -> None:
+    """Refuse caches a forward would write at different positions. Valid: one list from
+    :func:`layer_caches` (``model.new_caches``), whole and in its order (one shared position,
+    advanced by the last), or caches that each own and advance their position. A subset, a
+    reordering or copies of single caches of a :func:`layer_caches` list are not (a layer after
+    the advancing one would write one position late). Not checked while tracing."""
+    caches = [c for c in caches if isinstance(c, KVCache)]
+    if tracing() or not caches:
+        return
+    n = len(caches)
+    shared = all(c.position is caches[0].position for c in caches)
+    if shared and [c.advances for c in caches] == [False] * (n - 1) + [True]:
+        return
+    if all(c.advances for c in caches) and len({id(c.position) for c in caches}) == n:
+        return
+    raise MheError("these KV caches are not one model.new_caches(...) list, whole and in its order (its caches "
+                   "share one write position that the last advances), nor caches that each keep their own")
+
+
 class CrossCache:
     """The encoder keys and values one cross-attention sublayer reads at every decode step.
 

@@ -78,7 +78,8 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
             mod = build_attention(kind, d_model=m, n_heads=n, causal=True, kernel=configured, **opts).to(dev, dtype).eval()
             if kind.startswith("mhe-"):
                 mod = fold_mhe(mod)
-            mod = inference_view(mod, decode_kernel(mod, dev, dtype, requested))
+            chosen = decode_kernel(mod, dev, dtype, requested, batch=batch, positions=ctx + 1)
+            mod = inference_view(mod, chosen)
             cache = mod.new_cache(batch, ctx + 1)
             cache.k.normal_()
             cache.v.normal_()
@@ -111,7 +112,7 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
             model = build_model(cfg).to(dev, dtype).eval()
             if kind.startswith("mhe-"):
                 fold_model(model)  # decode exactly as a multi-query model (under RoPE: as it is, one head)
-            model = inference_view(model, decode_kernel(model, dev, dtype, requested))
+            model = inference_view(model, decode_kernel(model, dev, dtype, requested, batch=batch, positions=ctx + 1))
             caches = model.new_caches(batch, ctx + 1)
             for c in caches:  # a filled cache of ctx positions
                 c.k.normal_()
@@ -119,8 +120,7 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
             tok = torch.randint(0, model.cfg.vocab_size, (batch, 1), device=dev)
 
             def step():
-                for c in caches:
-                    c.index.fill_(ctx)
+                caches[0].index.fill_(ctx)  # the position every layer's cache shares
                 with torch.no_grad():
                     model(tok, caches=caches)
 

@@ -72,12 +72,12 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     ``requested`` when given (the caller chose). Else, on CUDA, for sublayers configured with the
     default ``sdpa``: ``eager-one-token`` in fp32 (SDPA has no fast fp32 one-query kernel,
     docs/benchmarks.md section 6); where every cache holds one K/V head (MQA, SHA, fast MHE),
-    ``sdpa-expand`` for one row of at most :data:`EXPAND_MAX_POSITIONS` cache ``positions`` (the
-    head expanded without a copy: one cuDNN kernel a layer, as MHA gets, where FlashAttention's
-    split-K step launches two; docs/benchmarks.md section 9) and ``flash-decode`` otherwise
-    (split-K FlashAttention over the keys, ``attention/flash_decode.py``). Else the configured
-    kernel, which a model configured with another kernel keeps. ``dtype``: the decoding dtype
-    (default: the weights').
+    ``sdpa-expand`` for one row of at most :data:`EXPAND_MAX_POSITIONS` cache ``positions`` on a
+    card with SDPA's cuDNN kernel (the head expanded without a copy: one cuDNN kernel a layer, as
+    MHA gets, where FlashAttention's split-K step launches two; docs/benchmarks.md section 9) and
+    ``flash-decode`` otherwise (split-K FlashAttention over the keys, ``attention/flash_decode.py``).
+    Else the configured kernel, which a model configured with another kernel keeps. ``dtype``:
+    the decoding dtype (default: the weights').
     """
     if requested is not None:
         return requested
@@ -89,7 +89,7 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
         return "eager-one-token"
     if all(a.cache_heads == 1 for a in attns if a.supports_cache):
         one_short_row = batch == 1 and positions is not None and positions <= EXPAND_MAX_POSITIONS
-        return "sdpa-expand" if one_short_row else "flash-decode"
+        return "sdpa-expand" if one_short_row and _cudnn_attention(device) else "flash-decode"
     return configured
 
 
@@ -97,6 +97,12 @@ EXPAND_MAX_POSITIONS = 1024
 """The longest cache a one-row decode of a one-K/V-head model reads through ``sdpa-expand`` (the
 measured case: 768 positions on an H100, 0.562 against 0.604 ms a token for MHE-Mul; longer
 caches keep the split over keys, which spreads one row's work over the card)."""
+
+
+def _cudnn_attention(device: torch.device | str) -> bool:
+    """SDPA's cuDNN kernel is on and the card is a Hopper or later (sm90, where ``sdpa-expand``
+    was measured to take it)."""
+    return torch.backends.cuda.cudnn_sdp_enabled() and torch.cuda.get_device_capability(torch.device(device)) >= (9, 0)
 
 
 def split_kernel(kernel: str) -> tuple[str, str | None]:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhe.attention import masks
-from mhe.attention.kv_cache import KVCache, layer_caches
+from mhe.attention.kv_cache import KVCache, check_layer_caches, layer_caches
 from mhe.attention.rotary import RotaryEmbedding
 from mhe.attention.masks import AttentionMask
 from mhe.models.blocks import Block, Embeddings, init_model
@@ -51,6 +51,8 @@ class Decoder(nn.Module):
         position so far; or an :class:`~mhe.attention.masks.AttentionMask` built by the caller
         (generation's prefill, beam search's window).
         """
+        if caches:
+            check_layer_caches(caches)
         start = caches[0].index if caches else 0  # where the new tokens go in the caches
         positions = position_ids if position_ids is not None else self.embed.token_positions(input_ids, start=start)
         x = self.embed(input_ids, positions=positions)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from mhe.attention import masks
-from mhe.attention.kv_cache import CrossCache, KVCache, layer_caches
+from mhe.attention.kv_cache import CrossCache, KVCache, check_layer_caches, layer_caches
 from mhe.attention.masks import AttentionMask
 from mhe.attention.registry import attention_class
 from mhe.errors import MheError
@@ -66,6 +66,8 @@ class EncoderDecoder(nn.Module):
         or is an :class:`~mhe.attention.masks.AttentionMask` built by the caller (beam search's
         window). Positions and both masks are made once and handed to every layer.
         """
+        if caches:
+            check_layer_caches([own for own, _ in caches])
         start = caches[0][0].index if caches else 0  # where the new tokens go in the caches
         positions = self.embed.token_positions(tgt_ids, start=start, name="tgt_ids")
         x = self.embed(tgt_ids, positions=positions, name="tgt_ids")
