@@ -259,9 +259,15 @@ class Attention(nn.Module):
                 _check_floating(name, t, self)
         if x.dim() != 3 or x.shape[-1] != m:
             raise MheError(f"input must have shape [B, T, d_model={m}], got {tuple(x.shape)}")
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise MheError(f"input must hold at least one sequence of at least one token [B >= 1, T >= 1, "
+                           f"d_model={m}], got {tuple(x.shape)}")
         if context is not None and (context.dim() != 3 or context.shape[-1] != m
                                     or context.shape[0] != x.shape[0]):
             raise MheError(f"context must have shape [B={x.shape[0]}, S, d_model={m}], got {tuple(context.shape)}")
+        if context is not None and context.shape[1] == 0:
+            raise MheError(f"context must hold at least one token to attend to [B, S >= 1, d_model={m}], "
+                           f"got {tuple(context.shape)}")
 
     @staticmethod
     def _check_mask(mask: torch.Tensor | None, batch: int, keys: int) -> torch.Tensor | None:

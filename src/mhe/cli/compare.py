@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from mhe.attention import parse_kinds
-from mhe.cli.common import DATA_DIR_HELP
+from mhe.cli.common import DATA_DIR_HELP, refuse_set_keys
 from mhe.data.corpora import corpus_names
 from mhe.data.benchmarks import BENCH_TASKS as BENCH
 from mhe.errors import MheError, one_of
@@ -84,6 +84,8 @@ def build_sweep(args):
         sweep.data = args.data
     if name in EXPERIMENTS and _is_finetuning(sweep.task) and not _is_finetuning(experiment(name).task):
         sweep.overrides = []  # the preset's overrides configure its pre-training, not the fine-tuning
+    refuse_set_keys(args.set, {"train.seed": "--seeds (each run's seed is its number, 0 to seeds-1)",
+                               "model.attention": "--kinds (one run per kind)"})
     sweep.overrides = list(sweep.overrides or []) + list(args.set)
     if args.paper is not None:
         if args.paper:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from mhe.cli.common import add_run_folder_arg
+from mhe.data.paths import read_source_lines
 from mhe.data.tokenize import special_id
 from mhe.errors import MheError
 from mhe.models.generate import left_pad
@@ -44,12 +45,10 @@ def generate_args(p):
 
 def read_prompts(prompts: list[str], source: str) -> list[str]:
     out = list(prompts)
-    if source == "-":
-        out += [line.rstrip("\n") for line in sys.stdin]
-    elif source:
-        if not Path(source).is_file():
-            raise MheError(f"--input {source} does not exist")
-        out += Path(source).read_text(encoding="utf-8").splitlines()
+    if source and source != "-" and not Path(source).is_file():
+        raise MheError(f"--input {source} does not exist")
+    if source:  # UTF-8 (plain, gzip or xz); another byte is one line naming it, as mhe translate says
+        out += read_source_lines(source)
     if not out:
         raise MheError("give at least one --prompt, or --input FILE ('-' for stdin)")
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from mhe.cli.common import DATA_DIR_HELP, add_run_folder_arg
+from mhe.cli.common import DATA_DIR_HELP, add_run_folder_arg, refuse_set_keys
 from mhe.data.corpora import corpus_names
 from mhe.data.parallel import PARALLEL
 from mhe.errors import MheError, one_of
@@ -37,8 +37,7 @@ def add_set_args(p) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
 
 
-def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, data_default: str = "",
-                 data_help: str = "", out_help: str = "runs/TASK-DATA-PRESET-KIND", from_source: bool = False) -> None:
+def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, data_help: str = "", out_help: str = "runs/TASK-DATA-PRESET-KIND", from_source: bool = False) -> None:
     """The options every single-run training command shares (``from_source``: preset and kind
     may come from the run given by ``--init-from``)."""
     if task_choice:
@@ -52,19 +51,30 @@ def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, dat
         p.add_argument("--preset", required=True, help="model preset (tiny-decoder, gpt2-base, bert-base, ...)")
     else:
         p.add_argument("--preset", default=preset_default, help=f"model preset (default {preset_default})")
-    p.add_argument("--attention", default=None if from_source else "mha",
+    p.add_argument("--attention", default=None,
                    help="attention kind (mha, mhe-mul, ...): sets model.attention (default mha"
                         + ("; with --init-from: the source run's kind)" if from_source else ")"))
-    p.add_argument("--data", default=data_default, help=data_help)
+    p.add_argument("--data", default=None, help=data_help)  # a command with a default fills it in
     p.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
     p.add_argument("--out", default="", help=f"run folder (default {out_help})")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: train.seed, 0)")
     add_set_args(p)
 
 
-def _run_from_args(task: str, args, task_options: dict | None = None):
-    return build_run(task, args.preset, attention=args.attention, data=args.data, data_dir=args.data_dir,
-                     seed=args.seed, overrides=args.set, task_options=task_options)
+def given_flags(args) -> dict[str, str]:
+    """The settings this command line's options gave explicitly (key -> the option as typed):
+    a ``--set`` item of the same key must agree (:func:`mhe.tasks.check_flags_agree`)."""
+    named = {"train.seed": ("--seed", args.seed), "model.attention": ("--attention", args.attention),
+             "data.dataset": ("--data", args.data or None),
+             "data.task_options.src": ("--src", getattr(args, "src", None)),
+             "data.task_options.tgt": ("--tgt", getattr(args, "tgt", None))}
+    return {key: f"{flag} {value}" for key, (flag, value) in named.items() if value is not None}
+
+
+def _run_from_args(task: str, args, task_options: dict | None = None, flags: dict[str, str] | None = None):
+    return build_run(task, args.preset, attention=args.attention or "mha", data=args.data or "", data_dir=args.data_dir,
+                     seed=args.seed, overrides=args.set, task_options=task_options,
+                     flags=given_flags(args) if flags is None else flags)
 
 
 def print_result(res: dict) -> None:
@@ -98,40 +108,42 @@ def pretrain_args(p):
 
 def cmd_pretrain(args) -> int:
     source = read_run_config(require_run_dir(args.init_from, "--init-from")) if args.init_from else None
-    args.preset = args.preset or (source.preset if source else None)
+    given, flags = {"preset": args.preset, "attention": args.attention}, given_flags(args)
+    if source is not None:  # the source's model; what was given is compared with it (continued_run)
+        args.preset, args.attention = source.preset, source.kind
     if args.preset is None:
         raise MheError("pretrain needs --preset (tiny-decoder, gpt2-base, bert-base, ...) or --init-from RUN")
-    args.attention = args.attention or (source.kind if source else "mha")
-    if source is not None and args.attention != source.kind:
-        raise MheError(f"--attention {args.attention} differs from the kind of --init-from {args.init_from} "
-                       f"({source.kind}), whose weights it starts from; convert it first: mhe convert "
-                       f"--checkpoint {args.init_from} --attention {args.attention}")
+    args.attention = args.attention or "mha"
     task = PRETRAIN_TASK.get(preset(args.preset).arch)
     if task is None:
         raise MheError(f"pretrain takes an encoder or decoder preset; {args.preset!r} is an encoder-decoder "
                        "(train it with translation)")
     if not args.data:
         raise MheError(f"pretrain needs --data ({corpus_names()})")
-    cfg = _run_from_args(task, args)
     if source is not None:
-        cfg = continued_run(cfg, source, args.set)
+        cfg = continued_run(_run_from_args(task, args, flags=flags), source, args.set, run=args.init_from, **given)
         cfg.train.init_from = str(args.init_from)
+    else:
+        cfg = _run_from_args(task, args, flags=flags)
     res = run_training(cfg, args.out, args.resume)
     print_result(res)
     return exit_status(res)
 
 
 def train_mt_args(p):
-    add_run_args(p, task_choice=False, preset_default="transformer-base", data_default="multi30k",
+    add_run_args(p, task_choice=False, preset_default="transformer-base",
                  data_help=f"parallel corpus: {', '.join(PARALLEL)} (default multi30k)",
                  out_help="runs/mt-DATA-SRC-TGT-PRESET-KIND")
-    p.add_argument("--src", default="en", help="source language code (default en)")
-    p.add_argument("--tgt", default="de", help="target language code (default de)")
+    p.add_argument("--src", default=None, help="source language code (default en)")
+    p.add_argument("--tgt", default=None, help="target language code (default de)")
 
 
 def cmd_train_mt(args) -> int:
-    # the languages go in first, so a user's --set data.task_options.src=... wins
-    cfg = _run_from_args("mt", args, task_options={"src": args.src, "tgt": args.tgt})
+    # the languages given go in first; a --set data.task_options.src=... that disagrees is refused
+    langs = {k: v for k, v in (("src", args.src), ("tgt", args.tgt)) if v is not None}
+    flags = given_flags(args)
+    args.data = args.data or "multi30k"
+    cfg = _run_from_args("mt", args, task_options=langs, flags=flags)
     o = cfg.data.task_options
     out = args.out or str(default_run_dir("mt", cfg.data.dataset, f"{o.src}-{o.tgt}", cfg.preset, cfg.model.attention))
     res = run_training(cfg, out, args.resume)
@@ -154,6 +166,7 @@ def finetune_args(p):
 def cmd_finetune(args) -> int:
     if args.seeds <= 0:
         raise MheError(f"--seeds must be positive, got {args.seeds}")
+    refuse_set_keys(args.set, {"train.seed": f"--seeds {args.seeds} (seeds 0 to {args.seeds - 1})"})
     if args.out:
         check_output_dir(args.out)
     # every seed's configuration (and the pre-training run) is checked before any folder is made

@@ -22,7 +22,7 @@ from mhe.convert.stats import attention_modules, input_stats
 from mhe.convert.sublayer import convert_sublayer
 from mhe.convert.targets import TARGETS
 from mhe.errors import MheError
-from mhe.models import build_model
+from mhe.models import build_model, require_model
 
 SOURCES = ("mha", "gqa", "mqa")
 """Kinds with per-head projections: the ones a conversion starts from."""
@@ -74,6 +74,7 @@ def convert_model(model: nn.Module, kind: str, *, n_kv_heads: int = 0, options: 
         (the converted model, on the CPU in the source's dtype and mode; the report: per
         sublayer and role the relative reconstruction error of the fit beside the naive one).
     """
+    require_model(model, "convert_model")
     cfg = model.cfg
     opts = check_conversion(cfg, kind, n_kv_heads, options)
     stats = calibration if isinstance(calibration, dict) or calibration is None else input_stats(model, calibration)

@@ -29,6 +29,7 @@ def to_hf(model, **config_kwargs):
     Keeps the weights bit for bit: no initialisation runs over the module it is handed.
     ``config_kwargs`` go to the configuration (e.g. ``bos_token_id``, ``eos_token_id``).
     """
+    core.require_model(model, "to_hf")
     cls = _hf_class(model.cfg.arch, model.cfg.head)
     config = cls.config_class.from_model_config(model.cfg, **config_kwargs)
     return cls(config, core=model)

@@ -20,8 +20,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mhe.errors import MheError
 from mhe.models.beam_session import WINDOW, BeamSession
 from mhe.models.decode_step import decode_kernel, inference_view, resolve_mode, weights_version
+from mhe.models.outputs import as_bool_mask
 
 __all__ = ["CUDA_BEAM_MODE", "SOURCE_BUCKET", "WINDOW", "BeamSearcher", "BeamSession", "beam_search",
            "best_hypotheses", "length_penalty", "run_steps", "source_bucket"]
@@ -55,12 +57,33 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, 
     builds one from ``step_mode`` (see :mod:`mhe.models.decode_step`) and ``compile_options``.
     ``return_scores`` also returns each best hypothesis's length-normalised score ``[B]``.
     """
-    if src_mask is None:
-        src_mask = torch.ones_like(src, dtype=torch.bool)
+    src_mask = check_request(src, src_mask, beam=beam, max_len=max_len)
     searcher = searcher or BeamSearcher(model, step_mode=step_mode, compile_options=compile_options)
     tokens, scores = searcher.search(src, src_mask, bos_id=bos_id, eos_id=eos_id, beam=beam, max_len=max_len)
     out, best_score = best_hypotheses(tokens, scores, eos_id=eos_id, alpha=alpha)
     return (out, best_score) if return_scores else out
+
+
+def check_request(src: torch.Tensor, src_mask: torch.Tensor | None, *, beam: int, max_len: int) -> torch.Tensor:
+    """The boolean source mask of a checked request (all True when None): sources ``[B, S]`` of
+    token ids with B, S >= 1, a mask of their shape with a real token in every row (as
+    :func:`~mhe.models.generate.generate` asks of its prompts), ``beam >= 1`` and ``max_len >= 2``
+    (the BOS and at least one token)."""
+    shape = tuple(getattr(src, "shape", ()))
+    if not isinstance(src, torch.Tensor) or src.dim() != 2 or 0 in shape or src.is_floating_point():
+        raise MheError(f"src must be token ids [B, S] with at least one source of at least one token, got "
+                       f"{'shape ' + str(shape) if isinstance(src, torch.Tensor) else type(src).__name__}")
+    for name, value, least in (("beam", beam, 1), ("max_len", max_len, 2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise MheError(f"{name} must be an integer >= {least}, got {value!r}")
+    if src_mask is None:
+        return torch.ones_like(src, dtype=torch.bool)
+    if tuple(getattr(src_mask, "shape", ())) != shape:
+        raise MheError(f"src_mask must have the shape of src {shape}, got {tuple(getattr(src_mask, 'shape', ()))}")
+    empty = (~as_bool_mask(src_mask)).all(1).nonzero().flatten().tolist()
+    if empty:
+        raise MheError(f"src_mask row {empty[0]} masks every source token; every source needs a real token")
+    return src_mask
 
 
 def best_hypotheses(tokens: torch.Tensor, scores: torch.Tensor, *, eos_id: int, alpha: float):
@@ -125,6 +148,7 @@ class BeamSearcher:
         t = 0
         while True:
             t = run_steps(session, t, max_len - 1, shrink=self.mode != "compile")
+            session.check_finite()
             active = ~session.finished.view(session.b, beam).all(1)  # [b]
             n = int(active.sum())
             store = ~active if n and t < max_len - 1 else torch.ones_like(active)

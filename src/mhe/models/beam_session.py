@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from mhe.attention import masks
+from mhe.errors import MheError
 from mhe.models.decode_step import StepRunner
 
 WINDOW = 16  # steps attend over (and reorder) the first multiple of this many target positions
@@ -35,10 +36,12 @@ class BeamSession:
         self.parents = torch.arange(bk, device=device)
         self.last = torch.zeros((), dtype=torch.long, device=device)  # position of the newest token
         self.n_active = torch.zeros((), dtype=torch.long, device=device)  # sources with an unfinished hypothesis
+        self.bad_step = torch.zeros((), dtype=torch.long, device=device)  # first step of non-finite logits, or -1
         self.base = (torch.arange(b, device=device) * beam)[:, None]  # [B, 1]
         self.eos_only = torch.full((vocab,), float("-inf"), device=device)
         self.eos_only[eos_id] = 0.0  # a finished hypothesis only repeats EOS, at no cost
-        self._state = (self.history, self.scores, self.finished, self.parents, self.last, self.n_active)
+        self._state = (self.history, self.scores, self.finished, self.parents, self.last, self.n_active,
+                       self.bad_step)
         self._saved: list[torch.Tensor] = []
         self.mode, self.max_len, self.device, self.compile_options = mode, max_len, torch.device(device), compile_options
         self.runners: dict[int, StepRunner] = {}  # window -> its step
@@ -61,6 +64,7 @@ class BeamSession:
         self.parents.copy_(torch.arange(self.parents.shape[0], device=self.parents.device))
         self.last.zero_()
         self.n_active.fill_(self.b)
+        self.bad_step.fill_(-1)
 
     def take(self, other: "BeamSession", keep: torch.Tensor) -> None:
         """Continue the sources ``keep`` (``[self.b]`` indices, repeats allowed) of ``other`` at
@@ -80,7 +84,15 @@ class BeamSession:
         self.finished.copy_(other.finished.index_select(0, rows))
         self.parents.copy_(torch.arange(self.parents.shape[0], device=self.parents.device))
         self.last.copy_(other.last)
+        self.bad_step.copy_(other.bad_step)
         self.n_active.copy_((~self.finished.view(self.b, k).all(1)).sum())
+
+    def check_finite(self) -> None:
+        """Refuse a search whose logits were not finite at some step (read once per run of steps)."""
+        step = int(self.bad_step)
+        if step >= 0:
+            raise MheError(f"beam search: the logits of step {step} (target position {step}) are not finite "
+                           "(NaN or inf): the model's weights or activations are; no hypothesis can be ranked")
 
     def window(self, t: int) -> int:
         """Self-attention positions step ``t`` (0-based; it writes position ``t``) runs over:
@@ -119,6 +131,8 @@ class BeamSession:
         tok = self.history.gather(1, self.last.view(1, 1).expand(self.history.shape[0], 1))  # [B*k, 1]
         mask = masks.self_attention_mask(tok, None, start=self.caches[0][0].index, keys=window)
         logits = self.view.decode(tok, self.memory, self.src_mask, mask, caches=self.caches)[:, -1]
+        broken = (~torch.isfinite(logits.float().amax(-1)) & ~self.finished).any()  # NaN, +inf or all -inf
+        self.bad_step.copy_(torch.where((self.bad_step < 0) & broken, self.last + 1, self.bad_step))
         logp = F.log_softmax(logits.float(), -1)  # [B*k, V]
         logp = torch.where(self.finished[:, None], self.eos_only, logp)
         vocab = logp.shape[-1]

@@ -24,6 +24,14 @@ MODEL_CLASSES = {
 }
 
 
+def require_model(model: object, what: str) -> None:
+    """Refuse a ``model`` that is not one of :data:`MODEL_CLASSES` (``what``: the call, for the
+    error), in one line naming its type, before anything reads ``model.cfg``."""
+    if not isinstance(model, tuple(MODEL_CLASSES.values())) or not isinstance(getattr(model, "cfg", None), ModelConfig):
+        raise MheError(f"{what} takes an mhe model ({', '.join(c.__name__ for c in MODEL_CLASSES.values())}), "
+                       f"got {type(model).__name__}")
+
+
 def resolve_config(preset_or_config: str | ModelConfig, *, attention: str | None = None,
                    **overrides) -> ModelConfig:
     if not isinstance(preset_or_config, (str, ModelConfig)):

@@ -106,6 +106,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         if rule.stops is not None and (i % CHECK_EVERY == CHECK_EVERY - 1 or streamer is not None) \
                 and bool(state.done.all()):
             break
+    state.check_finite()
     made = state.new_tokens(max_new_tokens)  # [B]
     width = int(made.max()) if rule.stops is not None else max_new_tokens  # up to the last row's stop, as transformers
     result = GenerateOutput(torch.cat([input_ids, state.out[:, :width]], 1), state.done.clone(), made,
@@ -121,6 +122,7 @@ def _prompt(model, input_ids, attention_mask, max_new_tokens: int, min_new_token
     require_positive(max_new_tokens=max_new_tokens)
     if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) or min_new_tokens < 0:
         raise MheError(f"min_new_tokens must be a non-negative integer, got {min_new_tokens!r}")
+    _check_prompts(input_ids, attention_mask)
     b, p = input_ids.shape
     total = p + max_new_tokens
     if total > model.cfg.max_len and model.cfg.positions in ("learned", "rotary"):  # tables of max_len positions
@@ -131,6 +133,20 @@ def _prompt(model, input_ids, attention_mask, max_new_tokens: int, min_new_token
     if bool((~prompt_mask[:, -1]).any()):
         raise MheError("prompts must be left-padded: the last position of every row must be a real token")
     return prompt_mask, (prompt_mask.long().cumsum(1) - 1).clamp_min(0)
+
+
+def _check_prompts(input_ids, attention_mask) -> None:
+    """Prompts ``[B, P]`` of token ids with B, P >= 1, and a mask of their shape."""
+    shape = tuple(getattr(input_ids, "shape", ()))
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or 0 in shape \
+            or input_ids.is_floating_point():
+        what = f"a {input_ids.dtype} tensor of shape {shape}" if isinstance(input_ids, torch.Tensor) \
+            else type(input_ids).__name__
+        raise MheError(f"input_ids must be token ids [B, P] with at least one prompt of at least one token, "
+                       f"got {what} (one prompt: ids[None])")
+    if attention_mask is not None and tuple(getattr(attention_mask, "shape", ())) != shape:
+        raise MheError(f"attention_mask must have the shape of input_ids {shape}, got "
+                       f"{tuple(getattr(attention_mask, 'shape', ()))}")
 
 
 def _session(model, input_ids, max_new_tokens: int, session: Generator | None, **options) -> Generator:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mhe.errors import MheError
 from mhe.models.sampling import SamplingConfig, next_token
 
 
@@ -57,6 +58,8 @@ class TokenState:
         made: ``[B]`` new tokens of a stopped row, its stop token included.
         out: ``[B, max_len]`` the new tokens.
         min_new: 0-d, ``min_new_tokens``; fill: 0-d, the token of a stopped row.
+        bad: 0-d, the first new token (0-based) whose logits were not finite in a running row
+            (NaN, +inf, or all -inf), -1 while none was; read once per call (:meth:`check_finite`).
     """
 
     def __init__(self, batch: int, max_len: int, device: torch.device) -> None:
@@ -65,11 +68,12 @@ class TokenState:
         self.tok, self.pos, self.out = zeros(batch, 1), zeros(batch, 1), zeros(batch, max_len)
         self.count, self.min_new, self.fill = zeros(), zeros(), zeros()
         self.done, self.made = zeros(batch, dtype=torch.bool), zeros(batch)
+        self.bad = zeros() - 1
 
     def tensors(self) -> list[torch.Tensor]:
         """What a step changes (for a capture's warm-up to undo), ``out`` aside: a warm-up's
         writes there are overwritten by the replay that follows."""
-        return [self.tok, self.pos, self.count, self.done, self.made]
+        return [self.tok, self.pos, self.count, self.done, self.made, self.bad]
 
     def start(self, last_position: torch.Tensor, *, min_new_tokens: int, fill: int) -> None:
         """A new call whose prompts end at ``last_position`` ``[B, 1]``."""
@@ -79,10 +83,13 @@ class TokenState:
         self.made.zero_()
         self.min_new.fill_(min_new_tokens)
         self.fill.fill_(fill)
+        self.bad.fill_(-1)
 
     def choose(self, logits: torch.Tensor, rule: Rule) -> None:
         """Choose each row's next token from ``logits`` ``[B, V]`` by ``rule``, record it, and
         advance: the token becomes the next step's input at the next position."""
+        broken = (~torch.isfinite(logits.amax(-1)) & ~self.done).any()  # no host read: noted in `bad`
+        self.bad.copy_(torch.where((self.bad < 0) & broken, self.count, self.bad))
         if rule.hold_back:  # transformers' min_new_tokens: stop tokens at -inf until then
             held = logits.index_fill(-1, rule.stops, float("-inf"))
             logits = torch.where(self.count < self.min_new, held, logits)
@@ -94,6 +101,13 @@ class TokenState:
         self.tok.copy_(tok[:, None])
         self.pos.add_(1)
         self.count.add_(1)
+
+    def check_finite(self) -> None:
+        """Refuse the call whose logits were not finite (a token drawn or picked from NaN is noise)."""
+        step = int(self.bad)
+        if step >= 0:
+            raise MheError(f"the logits of new token {step + 1} (generation step {step + 1}) are not finite "
+                           "(NaN or inf): the model's weights or activations are; no token can be chosen")
 
     def new_tokens(self, limit: int) -> torch.Tensor:
         """``[B]`` new tokens per row: a stopped row's count, else ``limit``."""

@@ -2,15 +2,18 @@
 
 The new run takes the source run's tokenizer (so the embeddings mean the same ids) and
 its newest complete checkpoint's model weights, as fine-tuning does; the optimiser,
-schedule and step count start afresh. The model shape must match the source's: the same
-preset and the same ``model.*`` settings. ``mhe pretrain --init-from`` takes them from the
-source (:func:`continued_run`, given the source's configuration), so a converted run
+schedule and step count start afresh. The model is the source's: ``mhe pretrain --init-from``
+takes its preset, kind and ``model.*`` settings (:func:`continued_run`, given the source's
+configuration) and refuses a ``--preset``, ``--attention`` or ``model.*`` item that differs from
+them, so the new run's ``config.json`` describes the model it trains, and a converted run
 (``mhe convert``) is uptrained as the kind it was converted to, with a warm-up suited to
 continued training.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -87,11 +90,46 @@ def init_weights(model: nn.Module, run_dir: str | Path) -> Path:
     return point
 
 
-def continued_run(cfg: RunConfig, source: RunConfig, overrides: list[str]) -> RunConfig:
-    """``cfg`` with the source run's model (kind and its options included) and the run's own
-    ``model.*`` items on top; the continued warm-up unless ``overrides`` set one."""
+RUN_SETTINGS = ("dropout", "attn_dropout", "attn_kernel")
+"""``model.*`` settings of how the model trains or runs, not of what it computes: a continued run
+may change them (dropout rates; the attention kernel, which never changes results)."""
+
+
+def _differences(old, new, prefix: str) -> list[str]:
+    """``prefix.field=new (the source's: old)`` for every field that differs (options dataclasses
+    compared field by field)."""
+    out = []
+    for f in dataclasses.fields(old):
+        a, b = getattr(old, f.name), getattr(new, f.name)
+        if a == b or (prefix == "model" and f.name in RUN_SETTINGS):
+            continue
+        if dataclasses.is_dataclass(a) and type(a) is type(b):
+            out += _differences(a, b, f"{prefix}.{f.name}")
+        else:
+            out.append(f"{prefix}.{f.name}={b} (the source's: {a})")
+    return out
+
+
+def continued_run(cfg: RunConfig, source: RunConfig, overrides: list[str], *, run: str = "",
+                  preset: str | None = None, attention: str | None = None) -> RunConfig:
+    """``cfg`` with the source run's model (kind and its options included), so that the run's
+    ``config.json`` describes the model it trains; the continued warm-up unless ``overrides`` set one.
+
+    The architecture is the source's: a ``preset``, ``attention`` kind or ``model.*`` item of
+    ``overrides`` that differs from it is refused in one line naming every difference (a new
+    kind goes through ``mhe convert``); only :data:`RUN_SETTINGS` may change."""
     cfg.model = source.model.replace()
     items = [o for o in overrides if o.split("=", 1)[0].strip().startswith("model.")]
+    changed = apply_overrides(copy.deepcopy(cfg), items)
+    diffs = _differences(source.model, changed.model, "model")
+    if attention is not None and attention != source.kind:
+        diffs.insert(0, f"--attention {attention} (the source's: {source.kind}; a new kind: mhe convert "
+                        f"--checkpoint {run} --attention {attention}, then --init-from the converted run)")
+    if preset is not None and preset != source.preset:
+        diffs.insert(0, f"--preset {preset} (the source's: {source.preset})")
+    if diffs:
+        raise MheError(f"--init-from {run} trains the source run's model, and these differ from it: "
+                       f"{'; '.join(diffs)}; drop them (only model.{', model.'.join(RUN_SETTINGS)} may change)")
     keys = {o.split("=", 1)[0].strip() for o in overrides}
     if not keys & {"train.warmup_steps", "train.warmup_ratio"}:
         items.append(f"train.warmup_ratio={CONTINUED_WARMUP_RATIO}")

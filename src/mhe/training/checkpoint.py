@@ -63,11 +63,12 @@ def save_checkpoint(root: str | Path, *, model: torch.nn.Module, state: dict, ke
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
-    """Checkpoint folders under ``root``, oldest first (complete or not)."""
+    """Checkpoint folders under ``root``, oldest first (complete or not; not those set aside,
+    ``step-N.rejected-REASON``)."""
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+    return sorted(p for p in root.iterdir() if p.is_dir() and folder_step(p) is not None)
 
 
 def folder_step(path: Path) -> int | None:
@@ -128,25 +129,51 @@ def load_checkpoint(path: str | Path, *, model: torch.nn.Module,
 
 
 def resumable_checkpoint(root: str | Path, *, model: torch.nn.Module, check, map_location="cpu",
-                         report=print) -> tuple[Path, dict, dict] | None:
+                         report=print, rejected: list | None = None) -> tuple[Path, dict, dict] | None:
     """(folder, weights, trainer state) of the newest checkpoint whose every part agrees with
     ``model`` and, through ``check(state, step)`` (``TrainerState.problem``), with the run and
     itself. A checkpoint that is incomplete, corrupt or disagrees is reported (the folder, the
-    file and the disagreement) and the one before it tried; one in the earlier layout is
-    refused with the command that converts it. Nothing is loaded here."""
+    file and the disagreement) and the one before it tried; ``rejected`` collects each as
+    (folder, reason) for :func:`set_aside`. One in the earlier layout is refused with the
+    command that converts it. Nothing is loaded here."""
     for path in reversed(list_checkpoints(root)):
         _check_layout(path)
-        problem = verify(path)
-        if problem is None:
-            try:
-                weights = load_file(str(path / WEIGHTS), device=str(map_location))
-                state = _read_state(path, map_location)
-            except (MheError, SafetensorError, OSError) as e:
-                problem = str(e)
-            else:
-                fit = state_problem(model, weights)
-                problem = f"{WEIGHTS}: {fit}" if fit else check(state, folder_step(path))
-                if problem is None:
-                    return path, weights, state
+        found, reason, problem = _resume_candidate(path, model, check, map_location)
+        if found is not None:
+            return found
         report(f"skipping checkpoint {path}: {problem}")
+        if rejected is not None:
+            rejected.append((path, reason))
     return None
+
+
+def _resume_candidate(path: Path, model, check, map_location) -> tuple[tuple | None, str, str]:
+    """(found, reason, problem) of one checkpoint folder: ``found`` when it can be resumed from,
+    else a one-word ``reason`` (incomplete, corrupt, unreadable, weights, state) and the problem."""
+    problem = verify(path)
+    if problem is not None:
+        return None, "incomplete" if problem.startswith("no manifest") else "corrupt", problem
+    try:
+        weights = load_file(str(path / WEIGHTS), device=str(map_location))
+        state = _read_state(path, map_location)
+    except (MheError, SafetensorError, OSError) as e:
+        return None, "unreadable", str(e)
+    fit = state_problem(model, weights)
+    if fit:
+        return None, "weights", f"{WEIGHTS}: {fit}"
+    problem = check(state, folder_step(path))
+    if problem is not None:
+        return None, "state", problem
+    return (path, weights, state), "", ""
+
+
+def set_aside(path: Path, reason: str) -> Path:
+    """Rename a checkpoint a resume skipped to ``step-N.rejected-REASON`` (``-2``, ... when taken),
+    so that training on from an earlier one never overwrites the evidence of what went wrong;
+    returns the new folder. Such folders are no checkpoints any more (:func:`list_checkpoints`)."""
+    target, n = path.with_name(f"{path.name}.rejected-{reason}"), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.rejected-{reason}-{n}")
+    path.rename(target)
+    return target

@@ -203,9 +203,13 @@ class Trainer:
 
     def _resume(self, model, state: TrainerState, dist) -> None:
         shapes = saved_shapes(model)  # a padded vocabulary's moments are saved with the real rows
+        rejected = []
         found = ckpt.resumable_checkpoint(self.out / "checkpoints", model=model, map_location=dist.device,
                                           check=lambda saved, step: state.problem(saved, step, shapes),
-                                          report=self.log)
+                                          report=self.log, rejected=rejected)
+        dist.barrier()  # every process has read the folders before they move
+        for path, reason in rejected if dist.main else ():  # kept as evidence: a later save never overwrites it
+            self.log(f"kept the skipped checkpoint {path.name} aside as {ckpt.set_aside(path, reason)}")
         if found is None:
             self.log(f"no complete checkpoint in {self.out / 'checkpoints'}; starting from step 0")
             return

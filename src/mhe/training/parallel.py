@@ -1,7 +1,7 @@
 """How the processes of a run share it: ``train.parallel`` resolved against the launch.
 
-* one process: the model as it is (``train.parallel=fsdp`` is refused: there is nothing to shard
-  over);
+* one process: the model as it is (``train.parallel=ddp`` or ``fsdp`` is refused: there is
+  nothing to copy to or shard over, and a setting that cannot apply is not left to look applied);
 * ``ddp`` (the default on several processes): every process holds the whole model, its
   gradients and AdamW state (about 16 bytes per parameter before activations: 4 for the
   weights, 4 for the gradients, 8 for the two moments) and the gradients are averaged
@@ -49,6 +49,9 @@ class Parallel:
         """``train.parallel`` for this launch; a one-line error where it cannot apply."""
         if t.parallel == "fsdp" and dist.world == 1:
             raise MheError("train.parallel=fsdp shards the model over several processes and this run has one; "
+                           "launch it with torchrun --nproc_per_node N (N > 1) or leave train.parallel at auto")
+        if t.parallel == "ddp" and dist.world == 1:
+            raise MheError("train.parallel=ddp copies the model to several processes and this run has one; "
                            "launch it with torchrun --nproc_per_node N (N > 1) or leave train.parallel at auto")
         if dist.world == 1:
             return cls("none", dist)
