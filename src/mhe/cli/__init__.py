@@ -101,7 +101,13 @@ class OneLineParser(argparse.ArgumentParser):
     other bad input; ``--help`` still prints the full usage."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}\n" if _speaks() else None)
+
+
+def _speaks() -> bool:
+    """Whether this process prints errors: under torchrun every rank meets the same bad input,
+    and rank 0 alone says so (the exit status is 2 on every rank)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                 contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
             return int(COMMANDS[args.command].run(args) or 0)
     except MheError as e:
-        print(f"mhe {args.command}: error: {e}", file=sys.stderr)
+        if _speaks():
+            print(f"mhe {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         print(f"mhe {args.command}: interrupted", file=sys.stderr)
