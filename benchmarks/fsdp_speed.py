@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 from mhe.accounting.params import decoder_params  # noqa: E402
+from mhe.bench.common import device_peak, flops_per_token  # noqa: E402
 from mhe.models.config import preset as model_preset  # noqa: E402
 
 GIB = 2 ** 30
@@ -57,6 +58,7 @@ BIG = {"llama": [dict(d_model=4096, n_layers=32, n_heads=32, d_ff=11008),     # 
                  dict(d_model=5120, n_layers=40, n_heads=40, d_ff=13824)],    # Llama-2-13B's shape
        "gpt2": [dict(d_model=4096, n_layers=32, n_heads=32, d_ff=16384),
                 dict(d_model=5120, n_layers=40, n_heads=40, d_ff=20480)]}
+KINDS = ("mha", "gqa", "mhe-mul")  # gqa: the preset's own grouping (llama-1.1b: 4 K/V heads)
 GPT2_1B = dict(d_model=2048, n_layers=22, n_heads=16, d_ff=8192, max_len=SEQ)
 
 
@@ -69,14 +71,13 @@ def stages(a, card_gib: float | None) -> list[dict]:
         big = dict(preset=small, model={"n_layers": 4}, seq=seq, steps=steps, per_gpu=2)
     else:
         one = dict(preset="gpt2-medium" if a.gpt2 else "llama-1.1b", model=GPT2_1B if a.gpt2 else {}, seq=SEQ,
-                   steps=24, per_gpu=4)
+                   steps=a.steps, per_gpu=4)
         big = dict(preset=one["preset"], model={**pick_big(family, one["preset"], card_gib, a.gpus), "max_len": SEQ},
                    seq=SEQ, steps=12, per_gpu=2)
-    out = [dict(one, name=f"base-{k}-{p}", kind=k, parallel=p, ac="none") for k in ("mha", "mhe-mul")
-           for p in ("ddp", "fsdp")]
-    out.insert(2, dict(big, name="big-mha-fsdp", kind="mha", parallel="fsdp", ac="full"))
+    out = [dict(one, name=f"base-{k}-{p}", kind=k, parallel=p, ac="none") for k in KINDS for p in ("ddp", "fsdp")]
+    out.append(dict(big, name="big-mha-fsdp", kind="mha", parallel="fsdp", ac="full"))
     if a.ddp_oom:
-        out.insert(3, dict(big, name="big-mha-ddp", kind="mha", parallel="ddp", ac="full"))
+        out.append(dict(big, name="big-mha-ddp", kind="mha", parallel="ddp", ac="full"))
     return out
 
 
@@ -177,17 +178,35 @@ def figures(run: Path, stage: dict, gpus: int) -> dict | None:
             "params": params}
 
 
-def table(results: list[tuple[dict, str, dict | None]], gpus: int, card_gib: float | None) -> list[str]:
-    lines = ["| run | parameters | parallel | act. ckpt | tokens/s (all GPUs) | tokens/s per GPU | peak GiB (rank 0) "
-             "| 16 B/param (DDP's state) |", "|---|---:|---|---|---:|---:|---:|---:|"]
+def mfu(stage: dict, f: dict | None, peak: float | None) -> str:
+    """Model FLOPs utilisation per GPU: (6N + 12 L T n d) x tokens/s per GPU over the card's dense
+    bf16 peak (:func:`mhe.bench.common.flops_per_token`, N every real parameter)."""
+    if not f or not peak or not f.get("params"):
+        return "-"
+    cfg = model_preset(stage["preset"]).replace(attention=stage["kind"], **stage["model"])
+    return f"{100 * flops_per_token(f['params'], cfg, stage['seq']) * f['per_gpu'] / peak:.1f}%"
+
+
+def vs_ddp(stage: dict, f: dict | None, results) -> str:
+    """FSDP's rate over the same kind's DDP rate in this run."""
+    twin = next((g for s, st, g in results if s["kind"] == stage["kind"] and s["parallel"] == "ddp"
+                 and s["preset"] == stage["preset"] and s["model"] == stage["model"] and st == "ok" and g), None)
+    return f"{f['tokens_per_s'] / twin['tokens_per_s']:.2f}x" if f and twin and stage["parallel"] == "fsdp" else "-"
+
+
+def table(results: list[tuple[dict, str, dict | None]], gpus: int, card_gib: float | None,
+          peak: float | None = None) -> list[str]:
+    lines = ["| run | parameters | parallel | act. ckpt | tokens/s (all GPUs) | tokens/s per GPU | MFU | FSDP/DDP "
+             "| peak GiB (rank 0) | 16 B/param (DDP's state) |", "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for stage, status, f in results:
         params = (f or {}).get("params") or n_params(stage["preset"], stage["kind"], stage["model"])
         bound = 16 * params / GIB
         over = f" > {card_gib:.0f} GiB card" if card_gib and bound > card_gib else ""
         label = f"{stage['name']}: {stage['kind']}, {stage['per_gpu']} x {stage['seq']} per GPU"
-        cells = (f"{f['tokens_per_s']:,.0f} | {f['per_gpu']:,.0f} | "
+        cells = (f"{f['tokens_per_s']:,.0f} | {f['per_gpu']:,.0f} | {mfu(stage, f, peak)} | "
+                 f"{vs_ddp(stage, f, results)} | "
                  f"{'-' if f['peak_gib'] is None else format(f['peak_gib'], '.1f')}") if f and status == "ok" \
-            else f"{status} | | "
+            else f"{status} | | | | "
         size = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
         lines.append(f"| {label} | {size} | {stage['parallel']} | {stage['ac']} | {cells} | {bound:.3g} GiB{over} |")
     big = next((s for s, _, _ in results if s["name"] == "big-mha-fsdp"), None)
@@ -208,6 +227,7 @@ def main() -> int:
     ap.add_argument("--data", default="", help="a corpus mhe pretrain reads (default: random tokens)")
     ap.add_argument("--data-dir", default=os.environ.get("MHE_DATA", ""))
     ap.add_argument("--deadline", type=float, default=400.0)
+    ap.add_argument("--steps", type=int, default=30, help="steps of each llama-1.1b run (the first third is warm-up)")
     ap.add_argument("--ddp-oom", action="store_true", help="also try the big model under DDP")
     ap.add_argument("--only", default="", help="comma-separated stage names to run (default: all)")
     ap.add_argument("--cpu-smoke", action="store_true", help="two gloo processes, tiny presets, a few steps")
@@ -243,9 +263,10 @@ def main() -> int:
     head = [f"# DDP and FSDP on {gpus} GPUs of one host", "",
             f"Cards: {gpus} x {card}{memory}; torch {torch.__version__}; `python benchmarks/fsdp_speed.py OUT "
             f"--gpus {gpus}{' --gpt2' if a.gpt2 else ''}{' --cpu-smoke' if a.cpu_smoke else ''}`; data: "
-            f"{a.data or 'random tokens'}; tokens/s: median logged step time after the first third of the steps.",
+            f"{a.data or 'random tokens'}; tokens/s: median logged step time after the first third of the steps; "
+            f"MFU: (6N + 12 L T n d) FLOPs per token x tokens/s per GPU over the card's dense bf16 peak.",
             "", "Commands:", ""] + [f"* {c}" for c in runner.commands] + [""]
-    text = "\n".join(head + table(results, gpus, card_gib)) + "\n"
+    text = "\n".join(head + table(results, gpus, card_gib, device_peak(card) if cuda else None)) + "\n"
     (out / "fsdp-speed.md").write_text(text)
     print("\n" + text)
     return 0
