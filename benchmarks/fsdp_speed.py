@@ -114,7 +114,32 @@ def worker(spec: dict) -> None:
     if spec["data"]:  # the timing needs no evaluation
         task.evaluate, task.final = (lambda model: {task.metric: 0.0}), (lambda model: {"score": 0.0})
     rank = int(os.environ.get("RANK", "0"))
-    Trainer(cfg, task, spec["out"], log=print if rank == 0 else (lambda *_: None)).fit()
+    trainer = Trainer(cfg, task, spec["out"], log=print if rank == 0 else (lambda *_: None))
+    if not spec.get("profile"):
+        trainer.fit()
+        return
+    activity = torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available() else torch.profiler.ProfilerActivity.CPU
+    with torch.profiler.profile(activities=[activity]) as prof:
+        trainer.fit()
+    if rank == 0:
+        write_profile(prof, spec)
+
+
+def write_profile(prof, spec: dict) -> None:
+    """GPU time per step by kernel category, the SDPA backend and the top kernels of a profiled
+    run (every step, the first's compilation included), next to the run's log."""
+    from mhe.bench.profiling import by_category, kernel_times, sdpa_calls
+
+    steps = spec["steps"]
+    times = kernel_times(prof, steps)
+    lines = [f"# {spec['name']}: GPU ms per step over all {steps} steps (rank 0)", "",
+             f"SDPA: {sdpa_calls(prof, steps)}; GPU busy {sum(ms for ms, _ in times.values()):.1f} ms per step", "",
+             "| category | ms per step |", "|---|---:|"]
+    lines += [f"| {c} | {ms:.2f} |" for c, ms in by_category(times).items() if ms > 0]
+    lines += ["", "| kernel | ms per step | launches per step |", "|---|---:|---:|"]
+    top = sorted(times.items(), key=lambda kv: -kv[1][0])[:25]
+    lines += [f"| {name[:110]} | {ms:.2f} | {n:g} |" for name, (ms, n) in top]
+    (Path(spec["out"]).parent.parent / "logs" / f"profile-{spec['name']}.md").write_text("\n".join(lines) + "\n")
 
 
 class Runner:
@@ -231,6 +256,8 @@ def main() -> int:
     ap.add_argument("--ddp-oom", action="store_true", help="also try the big model under DDP")
     ap.add_argument("--only", default="", help="comma-separated stage names to run (default: all)")
     ap.add_argument("--cpu-smoke", action="store_true", help="two gloo processes, tiny presets, a few steps")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile every run's GPU kernels (OUT/logs/profile-STAGE.md); slows the runs")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -255,7 +282,7 @@ def main() -> int:
         if a.data and first.is_file() and not (out / "runs" / stage["name"]).exists():
             (out / "runs" / stage["name"]).mkdir(parents=True)
             shutil.copy(first, out / "runs" / stage["name"] / "tokenizer.json")
-        spec = dict(stage, out=str(out / "runs" / stage["name"]), data=a.data,
+        spec = dict(stage, out=str(out / "runs" / stage["name"]), data=a.data, profile=a.profile,
                     data_dir=str(Path(a.data_dir).resolve()) if a.data_dir else "", cpu=not cuda)
         status = runner.run(stage, spec)
         results.append((stage, status, figures(out / "runs" / stage["name"], stage, gpus)))
