@@ -19,7 +19,7 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
 * ``flash-decode`` (``attention/flash_decode.py``): as ``sdpa``, except one new token over a
   one-K/V-head cache ``[B, 1, S, d]`` on CUDA in fp16/bf16 runs FlashAttention-2's split-KV
   ("flash-decoding") forward; the mask must allow one contiguous run of keys per batch row.
-  Generation chooses it on a GPU for MQA, SHA and folded MHE (``decode_step.decode_kernel``).
+  Generation chooses it on a GPU for MQA, SHA and folded MHE (``captured_step.decode_kernel``).
   It registers ``reads_key_range``: for one causal query the model hands it a run of keys
   per row instead of a mask (:mod:`mhe.attention.masks`).
 * ``eager-one-token``: ``eager`` for one-token queries (a decode step), ``sdpa`` otherwise;

@@ -2,7 +2,7 @@
 runner that replays it as a CUDA graph (its eager kernels, or kernels fused by ``torch.compile``).
 
 A step reads and writes only tensors (a static :class:`~mhe.attention.kv_cache.KVCache`, the
-token state of :mod:`mhe.models.token_step`, a mask built from the cache's write position), so
+token state of :mod:`mhe.models.generate`, a mask built from the cache's write position), so
 the same graph serves every token. :class:`StepRunner` runs it in one of the
 :data:`STEP_MODES`: ``eager``; ``graph``, captured once with ``torch.cuda.graph`` and replayed
 (the same kernels as eager, so the output is bit-identical); ``compile``, compiled once by
