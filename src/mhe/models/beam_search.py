@@ -6,7 +6,7 @@ hypotheses only extend with EOS at no cost, top-k over beam x vocabulary, the to
 on tensors, so :class:`~mhe.models.captured_step.StepRunner` can replay it as a CUDA graph or
 compile it once. What outlives one batch belongs to a :class:`BeamSearcher` the caller holds:
 the inference view of the model (fast MHE folded to MQA, the decode kernel of
-:func:`~mhe.models.captured_step.decode_kernel` on the decoder) and one :class:`BeamSession`
+:func:`~mhe.attention.kernels.decode_kernel` on the decoder) and one :class:`BeamSession`
 (buffers and captured steps) per shape (rows, beam, source length rounded up to a multiple of
 :data:`SOURCE_BUCKET`), reused by later batches: capturing costs far more than a step. A step
 attends over (and reorders) only the first :data:`WINDOW`-multiple of target positions that
@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from mhe.attention import masks
-from mhe.models.captured_step import StepRunner, decode_kernel, inference_view, resolve_mode, weights_version
+from mhe.attention.kernels import decode_kernel
+from mhe.models.captured_step import StepRunner, inference_view, resolve_mode, weights_version
 
 __all__ = ["CUDA_BEAM_MODE", "SOURCE_BUCKET", "WINDOW", "BeamSearcher", "BeamSession", "beam_search",
            "best_hypotheses", "length_penalty", "run_steps", "source_bucket"]

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from mhe.attention.base import Attention, set_kernel
+from mhe.attention.base import attention_sublayers, set_kernel
 from mhe.attention.folding import fold_model
 from mhe.attention.mhe import _MHEBase
 from mhe.errors import MheError, one_of
@@ -64,53 +64,6 @@ def weights_version(model: nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dtype | None = None,
-                  requested: str | None = None, *, batch: int | None = None, positions: int | None = None) -> str:
-    """The kernel ``module``'s attention sublayers decode one-token steps with: the generation
-    policy, for ``generate`` and beam search alike.
-
-    ``requested`` when given (the caller chose). Else, on CUDA, for sublayers configured with the
-    default ``sdpa``: ``eager-one-token`` in fp32 (SDPA has no fast fp32 one-query kernel,
-    docs/benchmarks.md section 6); where every cache holds one K/V head (MQA, SHA, fast MHE),
-    ``sdpa-expand`` for one row of at most :data:`EXPAND_MAX_POSITIONS` cache ``positions`` on a
-    card with SDPA's cuDNN kernel (the head expanded without a copy: one cuDNN kernel a layer, as
-    MHA gets, where FlashAttention's split-K step launches two; docs/benchmarks.md section 9) and
-    ``flash-decode`` otherwise (split-K FlashAttention over the keys, ``attention/flash_decode.py``).
-    Else the configured kernel, which a model configured with another kernel keeps. ``dtype``:
-    the decoding dtype (default: the weights').
-    """
-    if requested is not None:
-        return requested
-    attns = _attention(module)
-    configured = attns[0].cfg.kernel if attns else "sdpa"
-    if torch.device(device).type != "cuda" or any(a.cfg.kernel != "sdpa" for a in attns):
-        return configured
-    if (dtype or next(module.parameters()).dtype) == torch.float32:
-        return "eager-one-token"
-    if all(a.cache_heads == 1 for a in attns if a.supports_cache):
-        one_short_row = batch == 1 and positions is not None and positions <= EXPAND_MAX_POSITIONS
-        return "sdpa-expand" if one_short_row and _cudnn_attention(device) else "flash-decode"
-    return configured
-
-
-EXPAND_MAX_POSITIONS = 1024
-"""The longest cache a one-row decode of a one-K/V-head model reads through ``sdpa-expand`` (the
-measured case: 768 positions on an H100, 0.562 against 0.604 ms a token for MHE-Mul; longer
-caches keep the split over keys, which spreads one row's work over the card)."""
-
-
-def _cudnn_attention(device: torch.device | str) -> bool:
-    """SDPA's cuDNN kernel is on and the card is a Hopper or later (sm90, where ``sdpa-expand``
-    was measured to take it)."""
-    return torch.backends.cuda.cudnn_sdp_enabled() and torch.cuda.get_device_capability(torch.device(device)) >= (9, 0)
-
-
-def split_kernel(kernel: str) -> tuple[str, str | None]:
-    """A kernel option that may be ``auto`` (``mhe bench --kernel``) -> (the model's configured
-    kernel, the decode kernel asked for; None = the automatic choice of :func:`decode_kernel`)."""
-    return ("sdpa", None) if kernel == "auto" else (kernel, kernel)
-
-
 def inference_view(model: nn.Module, kernel: str | None = None,
                    scope: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
     """``model`` with foldable MHE sublayers folded to MQA (fast MHE under rotary positions runs as it
@@ -120,7 +73,7 @@ def inference_view(model: nn.Module, kernel: str | None = None,
     function as ``model`` (the folded sublayers by the identities above)."""
     part = scope or (lambda m: m)
     fold = any(isinstance(m, _MHEBase) and m.foldable for m in model.modules())
-    if not fold and (kernel is None or all(a.cfg.kernel == kernel for a in _attention(part(model)))):
+    if not fold and (kernel is None or all(a.cfg.kernel == kernel for a in attention_sublayers(part(model)))):
         return model
     memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
     view = copy.deepcopy(model, memo)
@@ -129,15 +82,6 @@ def inference_view(model: nn.Module, kernel: str | None = None,
     if kernel is not None:
         set_kernel(part(view), kernel)
     return view
-
-
-def view_kernels(view: nn.Module) -> str:
-    """The kernels a view's attention sublayers run, e.g. ``flash-decode`` (for reports)."""
-    return ",".join(sorted({a.cfg.kernel for a in _attention(view)})) or "-"
-
-
-def _attention(model: nn.Module) -> list[Attention]:
-    return [m for m in model.modules() if isinstance(m, Attention)]
 
 
 class StepRunner:

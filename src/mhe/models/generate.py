@@ -44,7 +44,6 @@ from mhe.errors import MheError, require_positive
 from mhe.models.captured_step import (
     StepRunner,
     compile_step,
-    decode_kernel,
     inference_view,
     resolve_mode,
     restorer,
@@ -194,7 +193,7 @@ class Generator:
         step_mode: ``auto`` (:data:`~mhe.models.captured_step.CUDA_STEP_MODE` on a GPU, eager on a
             CPU), ``eager``, ``graph``, ``compile``; ``compile_options`` go to ``torch.compile``.
         kernel: the attention kernel of every sublayer while decoding (:data:`KERNELS
-            <mhe.attention.kernels.KERNELS>`); None: :func:`~mhe.models.captured_step.decode_kernel`'s
+            <mhe.attention.kernels.KERNELS>`); None: :func:`~mhe.attention.kernels.decode_kernel`'s
             choice, except for prompts whose mask is not left padding (a gap inside a row),
             which keep the configured kernels.
     """
@@ -232,7 +231,7 @@ class Generator:
             raise MheError(f"this generator holds {self.batch} rows of {self.max_len} positions; got {b} prompts "
                            f"of {p} tokens + {new_tokens} new (build one with model.generator(batch, max_len))")
         self.padded = not bool(prompt_mask.all())
-        policy = decode_kernel(self.model, self.device, self.dtype, batch=b, positions=self.max_len)
+        policy = kernels.decode_kernel(self.model, self.device, self.dtype, batch=b, positions=self.max_len)
         self._build(self.kernel or (policy if not self.padded or _left_padded(prompt_mask) else None))
         for c in self.caches:
             c.reset()
