@@ -7,10 +7,10 @@ import torch
 
 from mhe.attention import KERNELS, build_attention, kernels, masks
 from mhe.attention.flash_decode import fast_path, key_offsets, mask_range, range_mask
+from mhe.attention.folding import inference_view
 from mhe.attention.kernels import EXPAND_MAX_POSITIONS, attend, decode_kernel, view_kernels
 from mhe.attention.kv_cache import KVCache
 from mhe.models import build_model
-from mhe.models.captured_step import inference_view
 from mhe.models.config import preset
 from reference import softmax_attention
 

@@ -15,11 +15,10 @@ from __future__ import annotations
 import torch
 
 from mhe.attention import build_attention, masks
-from mhe.attention.folding import fold_mhe, fold_model
+from mhe.attention.folding import fold_mhe, fold_model, inference_view
 from mhe.attention.kernels import decode_kernel, split_kernel, view_kernels
 from mhe.bench.common import bench_config, model_shape, timed
 from mhe.models import build_model
-from mhe.models.captured_step import inference_view
 
 
 def _variants(kinds):

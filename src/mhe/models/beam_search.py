@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from mhe.attention import masks
+from mhe.attention.folding import inference_view, weights_version
 from mhe.attention.kernels import decode_kernel
-from mhe.models.captured_step import StepRunner, inference_view, resolve_mode, weights_version
+from mhe.models.captured_step import StepRunner, resolve_mode
 
 __all__ = ["CUDA_BEAM_MODE", "SOURCE_BUCKET", "WINDOW", "BeamSearcher", "BeamSession", "beam_search",
            "best_hypotheses", "length_penalty", "run_steps", "source_bucket"]

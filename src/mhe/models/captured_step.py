@@ -1,5 +1,5 @@
-"""The decode step's machinery: the view of the model it runs, the kernel policy, and the
-runner that replays it as a CUDA graph (its eager kernels, or kernels fused by ``torch.compile``).
+"""The captured step: a decode step run eagerly, replayed as a CUDA graph, or compiled by
+``torch.compile`` and replayed, and the policy that picks one of these modes.
 
 A step reads and writes only tensors (a static :class:`~mhe.attention.kv_cache.KVCache`, the
 token state of :mod:`mhe.models.generate`, a mask built from the cache's write position), so
@@ -11,26 +11,20 @@ activation, the cache writes) and, on CUDA, captured in the same kind of graph, 
 launches the fused kernels with no host work. ``auto`` is :data:`CUDA_STEP_MODE` on CUDA and
 ``eager`` elsewhere.
 
-:func:`inference_view` is what generation and beam search run: the model with every fast MHE
-sublayer folded into the multi-query sublayer it equals at inference (paper-notes;
-``attention/folding.py``), sharing every other weight, so MHE decodes exactly like MQA with no
-per-step folding work, and with the decode kernel of :func:`decode_kernel`, the one kernel
-policy, set on it (:func:`mhe.attention.set_kernel`).
+What the step runs on (the inference view of the model, its decode kernel) belongs to the
+attention package: :func:`mhe.attention.folding.inference_view`,
+:func:`mhe.attention.kernels.decode_kernel`. Generation (:mod:`mhe.models.generate`) and beam
+search (:mod:`mhe.models.beam_search`) build their steps here.
 """
 
 from __future__ import annotations
 
-import copy
 import types
 import warnings
 from typing import Callable, Sequence
 
 import torch
-from torch import nn
 
-from mhe.attention.base import attention_sublayers, set_kernel
-from mhe.attention.folding import fold_model
-from mhe.attention.mhe import _MHEBase
 from mhe.errors import MheError, one_of
 
 STEP_MODES = ("auto", "eager", "graph", "compile")
@@ -56,32 +50,6 @@ def resolve_mode(mode: str, device: torch.device, cuda_default: str = CUDA_STEP_
     if mode == "graph" and device.type != "cuda":
         return "eager"  # CUDA graphs need a CUDA device
     return mode
-
-
-def weights_version(model: nn.Module) -> tuple:
-    """Changes whenever a parameter is modified in place (an optimiser step, a load) or replaced
-    (``model.to(...)``)."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
-
-
-def inference_view(model: nn.Module, kernel: str | None = None,
-                   scope: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
-    """``model`` with foldable MHE sublayers folded to MQA (fast MHE under rotary positions runs as it
-    is, with its one-head cache) and, with ``kernel``, the attention
-    sublayers of ``scope(view)`` (default: all) set to it; shares all parameters and buffers with
-    ``model``, which is left unchanged (``model`` itself when nothing changes). Computes the same
-    function as ``model`` (the folded sublayers by the identities above)."""
-    part = scope or (lambda m: m)
-    fold = any(isinstance(m, _MHEBase) and m.foldable for m in model.modules())
-    if not fold and (kernel is None or all(a.cfg.kernel == kernel for a in attention_sublayers(part(model)))):
-        return model
-    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    view = copy.deepcopy(model, memo)
-    if fold:
-        view = fold_model(view).eval()
-    if kernel is not None:
-        set_kernel(part(view), kernel)
-    return view
 
 
 class StepRunner:
@@ -208,10 +176,3 @@ def restorer(tensors: Sequence[torch.Tensor]) -> Callable[[], None]:
         for t, s in zip(tensors, saved):
             t.copy_(s)
     return restore
-
-
-def shared_copy(model: nn.Module) -> nn.Module:
-    """A copy of ``model``'s modules that shares every parameter and buffer with it (a view that
-    holds no reference to ``model`` itself)."""
-    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    return copy.deepcopy(model, memo)

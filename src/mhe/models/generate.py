@@ -39,17 +39,10 @@ from typing import Callable, Sequence
 import torch
 
 from mhe.attention import kernels, masks
+from mhe.attention.folding import inference_view, shared_copy, weights_version
 from mhe.attention.fused_projections import fuse_projections
 from mhe.errors import MheError, require_positive
-from mhe.models.captured_step import (
-    StepRunner,
-    compile_step,
-    inference_view,
-    resolve_mode,
-    restorer,
-    shared_copy,
-    weights_version,
-)
+from mhe.models.captured_step import StepRunner, compile_step, resolve_mode, restorer
 from mhe.models.outputs import as_bool_mask
 
 __all__ = ["CHECK_EVERY", "GenerateOutput", "Generator", "Rule", "SamplingConfig", "TokenState", "default_session",
