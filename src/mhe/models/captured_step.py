@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from mhe.compile_fallback import run_or_fall_back
 from mhe.errors import MheError, one_of
 
 STEP_MODES = ("auto", "eager", "graph", "compile")
@@ -132,7 +133,7 @@ def compile_step(step: Callable[..., torch.Tensor], *, device: torch.device,
     graphs (and its limit of 8 per code object) belongs to this step and goes with it: a process
     that decodes with many models or shapes never falls back to eager. If compilation fails
     (no working compiler, an operator inductor cannot lower), one warning says so and the step
-    runs its eager kernels, as the trainer does (``mhe.training.step``)."""
+    runs its eager kernels, as the trainer does (:mod:`mhe.compile_fallback`)."""
     opts = dict(options or {})
     if device.type == "cuda" and opts.get("mode") in ("reduce-overhead", "max-autotune"):
         raise MheError(f"compile_options mode {opts['mode']!r} captures CUDA graphs of its own; the decode step "
@@ -153,16 +154,13 @@ class _CompiledStep:
     def __call__(self, *args):
         if self.proven:
             return self.run(*args)
-        try:
-            out = self.run(*args)
-        except MheError:
-            raise
-        except Exception as e:  # noqa: BLE001  dynamo, inductor or a missing compiler
-            first = (str(e).strip().splitlines() or [""])[0][:160]
-            warnings.warn(f"torch.compile cannot compile this decode step ({type(e).__name__}: {first}); "
-                          "it runs its eager kernels", RuntimeWarning, stacklevel=2)
+
+        def eager(error: Exception, why: str) -> torch.Tensor:
+            warnings.warn(f"torch.compile cannot compile this decode step ({why}); it runs its eager kernels",
+                          RuntimeWarning, stacklevel=4)  # the step's caller
             self.run = self.eager
-            out = self.run(*args)
+            return self.run(*args)
+        out = run_or_fall_back(lambda: self.run(*args), eager)
         self.proven = True
         return out
 
