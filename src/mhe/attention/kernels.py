@@ -15,7 +15,8 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
 * ``sdpa-expand``: as ``sdpa`` but key/value heads are repeated to the query heads first.
 * ``eager``: the softmax written out (tests, attention maps).
 * ``matmul-decode``: as ``sdpa``, except one-token grouped decoding is an explicit
-  matmul -> softmax -> matmul (measured 4x slower on an H200, docs/benchmarks.md section 3).
+  matmul -> softmax -> matmul, a point of comparison for SDPA's decode path (docs/benchmarks.md
+  section 3 compares them).
 * ``flash-decode`` (``attention/flash_decode.py``): as ``sdpa``, except one new token over a
   one-K/V-head cache ``[B, 1, S, d]`` on CUDA in fp16/bf16 runs FlashAttention-2's split-KV
   ("flash-decoding") forward; the mask must allow one contiguous run of keys per batch row.
@@ -181,10 +182,10 @@ def grouped_grad_backends(device_type: str, *, grouped: bool, grad: bool, masked
     which reads grouped heads natively and sums each group's dK/dV after computing them per
     query head (Dao 2023; PyTorch's ``mha_bwd``), as parallel as multi-head attention. Only where
     FlashAttention takes the call: no mask, and causal only over as many keys as queries
-    (``square``); a masked call keeps SDPA's choice. Why: on one H100 (torch 2.11) the compiled
-    llama-135m step at dropout 0, where SDPA prefers cuDNN, ran 21% (GQA) and 24% (MQA) slower
-    than its MHA, while GPT-2's MQA, kept on FlashAttention by its dropout rate, ran as fast as
-    its MHA; ``benchmarks/profile_train_step.py --preset llama-135m`` times the step both ways.
+    (``square``); a masked call keeps SDPA's choice. Why: where SDPA prefers cuDNN for grouped
+    heads (dropout 0), the grouped kinds' training step falls behind MHA's, while on
+    FlashAttention it keeps up (docs/benchmarks.md section 7;
+    ``benchmarks/profile_train_step.py --preset llama-135m`` times the step both ways).
     Off with :data:`GROUPED_GRAD_OFF_CUDNN`."""
     if not (GROUPED_GRAD_OFF_CUDNN and device_type == "cuda" and grouped and grad and not masked and square):
         return None
