@@ -67,7 +67,7 @@ def fold_model(model: nn.Module) -> nn.Module:
     return model
 
 
-# --- the inference view: what generation and beam search run -------------------------------------
+# --- the inference view: what generation and beam search run --------------------------------------
 def inference_view(model: nn.Module, kernel: str | None = None,
                    scope: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
     """``model`` with foldable MHE sublayers folded to MQA (fast MHE under rotary positions runs as it

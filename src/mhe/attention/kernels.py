@@ -290,7 +290,7 @@ def _repeat_kv(t: torch.Tensor, n_q: int) -> torch.Tensor:
     return t.repeat_interleave(n_q // h, dim=1)
 
 
-# --- the decode kernel policy: which kernel a one-token step runs ----------------------------------
+# --- the decode kernel policy: which kernel a one-token step runs ---------------------------------
 EXPAND_MAX_POSITIONS = 1024
 """The longest cache a one-row decode of a one-K/V-head model reads through ``sdpa-expand``; longer
 caches keep ``flash-decode``'s split over the keys, which spreads one row's work over the card

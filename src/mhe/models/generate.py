@@ -175,7 +175,7 @@ def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tenso
     return ids, mask
 
 
-# --- the session: what outlives one call ------------------------------
+# --- the session: what outlives one call ----------------------------------------------------------
 class Generator:
     """The decoding state one caller reuses across ``generate`` calls of ``batch`` prompts and
     up to ``max_len`` positions (prompt + new tokens). The view and steps are rebuilt when the
@@ -300,7 +300,7 @@ def _left_padded(prompt_mask: torch.Tensor) -> bool:
     return bool((prompt_mask[:, 1:] >= prompt_mask[:, :-1]).all())
 
 
-# --- default sessions: what generate uses when the caller holds none --------------------------------
+# --- default sessions: what generate uses when the caller holds none ------------------------------
 _DEFAULT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> [Generator], newest last
 
 
@@ -341,7 +341,7 @@ def release_default_sessions(model) -> None:
     _DEFAULT.pop(model, None)
 
 
-# --- the token state: the per-token bookkeeping on the device ------------
+# --- the token state: the per-token bookkeeping on the device -------------------------------------
 @dataclass(frozen=True)
 class Rule:
     """How one call chooses its tokens; a captured region serves one rule (:attr:`key`).
@@ -420,7 +420,7 @@ class TokenState:
         return torch.where(self.done, self.made, limit)
 
 
-# --- choosing the next token: greedy or sampling --------------------------
+# --- choosing the next token: greedy or sampling --------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
     """How the next token is chosen.
