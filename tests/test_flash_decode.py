@@ -5,14 +5,13 @@ output against the literal reference and under CUDA graphs and torch.compile."""
 import pytest
 import torch
 
-from mhe.attention import KERNELS, build_attention, masks
+from mhe.attention import KERNELS, build_attention, kernels, masks
 from mhe.attention.flash_decode import fast_path, key_offsets, mask_range, range_mask
-from mhe.attention.kernels import attend
+from mhe.attention.folding import inference_view
+from mhe.attention.kernels import EXPAND_MAX_POSITIONS, attend, decode_kernel, view_kernels
 from mhe.attention.kv_cache import KVCache
 from mhe.models import build_model
 from mhe.models.config import preset
-from mhe.models import decode_step
-from mhe.models.decode_step import EXPAND_MAX_POSITIONS, decode_kernel, inference_view, view_kernels
 from reference import softmax_attention
 
 CUDA = torch.device("cuda")  # only its type is read on a CPU-only machine
@@ -119,7 +118,7 @@ def test_kernel_is_registered_and_configurable():
 
 @pytest.mark.parametrize("kind,heads", [("mqa", 1), ("sha", 1), ("mhe-mul", 1), ("mha", 4), ("gqa", 2)])
 def test_decode_kernel_is_flash_decode_only_on_cuda_for_one_kv_head(kind, heads, monkeypatch):
-    monkeypatch.setattr(decode_step, "_cudnn_attention", lambda device: True)  # no card here
+    monkeypatch.setattr(kernels, "_cudnn_attention", lambda device: True)  # no card here
     opts = {"n_kv_heads": 2} if kind == "gqa" else {}
     attn = build_attention(kind, d_model=32, n_heads=4, **opts)
     assert attn.cache_heads == heads  # fast MHE caches one K/V head
@@ -132,7 +131,7 @@ def test_decode_kernel_is_flash_decode_only_on_cuda_for_one_kv_head(kind, heads,
     long_row = decode_kernel(attn, CUDA, torch.bfloat16, batch=1, positions=EXPAND_MAX_POSITIONS + 1)
     assert long_row == decode_kernel(attn, CUDA, torch.bfloat16, batch=2, positions=64)
     assert long_row == ("flash-decode" if heads == 1 else "sdpa")
-    monkeypatch.setattr(decode_step, "_cudnn_attention", lambda device: False)  # an older card, or cuDNN off
+    monkeypatch.setattr(kernels, "_cudnn_attention", lambda device: False)  # an older card, or cuDNN off
     assert decode_kernel(attn, CUDA, torch.bfloat16, batch=1, positions=64) == ("flash-decode" if heads == 1 else "sdpa")
 
 

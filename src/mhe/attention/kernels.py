@@ -15,11 +15,12 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
 * ``sdpa-expand``: as ``sdpa`` but key/value heads are repeated to the query heads first.
 * ``eager``: the softmax written out (tests, attention maps).
 * ``matmul-decode``: as ``sdpa``, except one-token grouped decoding is an explicit
-  matmul -> softmax -> matmul (measured 4x slower on an H200, docs/benchmarks.md section 3).
+  matmul -> softmax -> matmul, a point of comparison for SDPA's decode path (docs/benchmarks.md
+  section 3 compares them).
 * ``flash-decode`` (``attention/flash_decode.py``): as ``sdpa``, except one new token over a
   one-K/V-head cache ``[B, 1, S, d]`` on CUDA in fp16/bf16 runs FlashAttention-2's split-KV
   ("flash-decoding") forward; the mask must allow one contiguous run of keys per batch row.
-  Generation chooses it on a GPU for MQA, SHA and folded MHE (``decode_step.decode_kernel``).
+  Generation chooses it on a GPU for MQA, SHA and folded MHE (:func:`decode_kernel`).
   It registers ``reads_key_range``: for one causal query the model hands it a run of keys
   per row instead of a mask (:mod:`mhe.attention.masks`).
 * ``eager-one-token``: ``eager`` for one-token queries (a decode step), ``sdpa`` otherwise;
@@ -34,6 +35,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.attention import SDPBackend
 from torch.nn.attention import sdpa_kernel as restrict_backends
 
@@ -180,10 +182,10 @@ def grouped_grad_backends(device_type: str, *, grouped: bool, grad: bool, masked
     which reads grouped heads natively and sums each group's dK/dV after computing them per
     query head (Dao 2023; PyTorch's ``mha_bwd``), as parallel as multi-head attention. Only where
     FlashAttention takes the call: no mask, and causal only over as many keys as queries
-    (``square``); a masked call keeps SDPA's choice. Why: on one H100 (torch 2.11) the compiled
-    llama-135m step at dropout 0, where SDPA prefers cuDNN, ran 21% (GQA) and 24% (MQA) slower
-    than its MHA, while GPT-2's MQA, kept on FlashAttention by its dropout rate, ran as fast as
-    its MHA; ``benchmarks/profile_train_step.py --preset llama-135m`` times the step both ways.
+    (``square``); a masked call keeps SDPA's choice. Why: where SDPA prefers cuDNN for grouped
+    heads (dropout 0), the grouped kinds' training step falls behind MHA's, while on
+    FlashAttention it keeps up (docs/benchmarks.md section 7;
+    ``benchmarks/profile_train_step.py --preset llama-135m`` times the step both ways).
     Off with :data:`GROUPED_GRAD_OFF_CUDNN`."""
     if not (GROUPED_GRAD_OFF_CUDNN and device_type == "cuda" and grouped and grad and not masked and square):
         return None
@@ -286,6 +288,65 @@ def _repeat_kv(t: torch.Tensor, n_q: int) -> torch.Tensor:
     if h == 1 and not t.requires_grad:
         return t.expand(-1, n_q, -1, -1)
     return t.repeat_interleave(n_q // h, dim=1)
+
+
+# --- the decode kernel policy: which kernel a one-token step runs ---------------------------------
+EXPAND_MAX_POSITIONS = 1024
+"""The longest cache a one-row decode of a one-K/V-head model reads through ``sdpa-expand``; longer
+caches keep ``flash-decode``'s split over the keys, which spreads one row's work over the card
+(the crossover is measured in docs/benchmarks.md section 9)."""
+
+
+def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dtype | None = None,
+                  requested: str | None = None, *, batch: int | None = None, positions: int | None = None) -> str:
+    """The kernel ``module``'s attention sublayers decode one-token steps with: the generation
+    policy, for ``generate`` and beam search alike.
+
+    ``requested`` when given (the caller chose). Else, on CUDA, for sublayers configured with the
+    default ``sdpa``: ``eager-one-token`` in fp32 (SDPA has no fast fp32 one-query kernel,
+    docs/benchmarks.md section 6); where every cache holds one K/V head (MQA, SHA, fast MHE),
+    ``sdpa-expand`` for one row of at most :data:`EXPAND_MAX_POSITIONS` cache ``positions`` on a
+    card with SDPA's cuDNN kernel (the head expanded without a copy: one cuDNN kernel a layer, as
+    MHA gets, where FlashAttention's split-K step launches two; docs/benchmarks.md section 9) and
+    ``flash-decode`` otherwise (split-K FlashAttention over the keys, ``attention/flash_decode.py``).
+    Else the configured kernel, which a model configured with another kernel keeps. ``dtype``:
+    the decoding dtype (default: the weights').
+    """
+    if requested is not None:
+        return requested
+    attns = _sublayers(module)
+    configured = attns[0].cfg.kernel if attns else "sdpa"
+    if torch.device(device).type != "cuda" or any(a.cfg.kernel != "sdpa" for a in attns):
+        return configured
+    if (dtype or next(module.parameters()).dtype) == torch.float32:
+        return "eager-one-token"
+    if all(a.cache_heads == 1 for a in attns if a.supports_cache):
+        one_short_row = batch == 1 and positions is not None and positions <= EXPAND_MAX_POSITIONS
+        return "sdpa-expand" if one_short_row and _cudnn_attention(device) else "flash-decode"
+    return configured
+
+
+def _cudnn_attention(device: torch.device | str) -> bool:
+    """SDPA's cuDNN kernel is on and the card is a Hopper or later (sm90, where ``sdpa-expand``
+    takes it)."""
+    return torch.backends.cuda.cudnn_sdp_enabled() and torch.cuda.get_device_capability(torch.device(device)) >= (9, 0)
+
+
+def split_kernel(kernel: str) -> tuple[str, str | None]:
+    """A kernel option that may be ``auto`` (``mhe bench --kernel``) -> (the model's configured
+    kernel, the decode kernel asked for; None = the automatic choice of :func:`decode_kernel`)."""
+    return ("sdpa", None) if kernel == "auto" else (kernel, kernel)
+
+
+def view_kernels(module: nn.Module) -> str:
+    """The kernels ``module``'s attention sublayers run, e.g. ``flash-decode`` (for reports)."""
+    return ",".join(sorted({a.cfg.kernel for a in _sublayers(module)})) or "-"
+
+
+def _sublayers(module: nn.Module) -> list:
+    from mhe.attention.base import attention_sublayers  # base imports this module
+
+    return attention_sublayers(module)
 
 
 from mhe.attention import flash_decode  # noqa: E402,F401  registers "flash-decode" (it builds on sdpa)

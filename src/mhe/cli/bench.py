@@ -9,11 +9,11 @@ import torch
 
 from mhe.accounting.memory import byte_unit
 from mhe.attention import kernels, parse_kinds
+from mhe.attention.kernels import split_kernel
 from mhe.bench import (BENCH_KINDS, SMOKE, bench_attention, bench_decode, bench_decode_attention, bench_training,
                        generate_settings, run_generate_section)
 from mhe.errors import MheError, one_of
 from mhe.experiments.tables import print_table
-from mhe.models.decode_step import split_kernel
 from mhe.output_paths import check_output_file, make_folder
 from mhe.training.checkpoint import write_json_atomic
 
