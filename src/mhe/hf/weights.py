@@ -241,7 +241,7 @@ def import_hf(source, **from_pretrained_kwargs):
         raise one_of("Hugging Face model class", name, (*HF_CLASSES, *LLAMA_CLASSES))
     dtype = next(hf.parameters()).dtype
     model = MODEL_CLASSES[(arch, head)](cfg).to(dtype)
-    _load_exact(model, state)
+    load_exact(model, state)
     return model.train(hf.training)
 
 
@@ -267,11 +267,11 @@ def export_hf(model, family: str | None = None):
         state = mhe_to_llama(sd, cfg)
     else:
         state = _mhe_to_gpt2(sd, cfg) if cfg.arch == "decoder" else _mhe_to_bert(sd, cfg)
-    _load_exact(hf, state)
+    load_exact(hf, state)
     return hf.train(model.training)
 
 
-def _load_exact(target: torch.nn.Module, state: dict) -> None:
+def load_exact(target: torch.nn.Module, state: dict) -> None:
     """Copy every parameter; any parameter of ``target`` left without a value is an error."""
     own = dict(target.named_parameters(remove_duplicate=False))
     missing = [k for k in own if k not in state]
