@@ -172,3 +172,32 @@ def test_remote_code_imports_only_torch_and_transformers():
             else:
                 continue
             assert roots <= allowed, (name, roots)
+
+
+def test_from_run_folder_carries_the_tokenizer(lm_run, tmp_path):
+    """``mhe.hf.from_run(run).save_pretrained(folder)``: ``AutoTokenizer`` loads the folder (the
+    run's own tokenizer, its vocabulary unchanged) as ``AutoModelForCausalLM`` does."""
+    import mhe.hf
+    from mhe.data.tokenize import load_tokenizer
+
+    mhe.hf.from_run(lm_run).save_pretrained(tmp_path / "run")
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "run")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run")
+    own = load_tokenizer(lm_run)
+    assert len(tok) == own.get_vocab_size() == model.config.vocab_size
+    assert tok("the company said")["input_ids"] == own.encode("the company said").ids
+    assert (tok.eos_token, tok.pad_token) == ("[EOS]", "[PAD]")
+
+
+def test_export_hf_with_tokenizer(lm_run, tmp_path):
+    """``export_hf(model, tokenizer=tok).save_pretrained(folder)`` writes the tokenizer too, with
+    its end and padding ids in the config."""
+    from mhe.data.tokenize import load_tokenizer
+    from mhe.hf import export_hf
+
+    tok = load_tokenizer(lm_run)
+    export_hf(perturbed("llama-tiny", "gqa", vocab_size=tok.get_vocab_size()), tokenizer=tok).save_pretrained(tmp_path)
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    config = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert loaded("the company said")["input_ids"] == tok.encode("the company said").ids
+    assert (config.eos_token_id, config.bos_token_id) == (tok.token_to_id("[EOS]"), tok.token_to_id("[BOS]"))

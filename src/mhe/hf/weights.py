@@ -245,14 +245,16 @@ def import_hf(source, **from_pretrained_kwargs):
     return model.train(hf.training)
 
 
-def export_hf(model, family: str | None = None):
+def export_hf(model, family: str | None = None, *, tokenizer=None):
     """The Hugging Face model equal to an ``mhe`` model: ``GPT2LMHeadModel`` or ``BertFor*`` for
     MHA with attention biases and learned positions (the gpt2-*/bert-* presets);
     ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``MistralForCausalLM`` (``family``: ``llama``,
     ``qwen2``, ``mistral``; default Qwen2 for Q/K/V biases alone, else Llama) for a Llama-style
     decoder with mha, gqa or mqa attention. Keeps the weights bit for bit: every parameter of
     the new model is copied from ``model`` (its own initialisation is overwritten; a parameter
-    left without a source is an error)."""
+    left without a source is an error). With ``tokenizer`` (a ``tokenizers.Tokenizer`` or a
+    ``PreTrainedTokenizerFast``) the model's ``save_pretrained`` also writes the tokenizer, and its
+    config takes the tokenizer's ``[BOS]``/``[EOS]`` ids (:func:`mhe.hf.export.with_tokenizer`)."""
     import transformers
 
     cfg = model.cfg
@@ -268,7 +270,12 @@ def export_hf(model, family: str | None = None):
     else:
         state = _mhe_to_gpt2(sd, cfg) if cfg.arch == "decoder" else _mhe_to_bert(sd, cfg)
     load_exact(hf, state)
-    return hf.train(model.training)
+    hf = hf.train(model.training)
+    if tokenizer is None:
+        return hf
+    from mhe.hf.export import with_tokenizer
+
+    return with_tokenizer(hf, tokenizer)
 
 
 def load_exact(target: torch.nn.Module, state: dict) -> None:
