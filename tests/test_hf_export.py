@@ -71,6 +71,33 @@ def test_padded_decoder_batch():
         torch.testing.assert_close(got, core(x, attention_mask=mask.bool()).logits, **TOL)
 
 
+@pytest.mark.parametrize("preset", ["tiny-decoder", "llama-tiny"])
+def test_left_padded_generate(preset):
+    """A left-padded batch: each row continues as the core's ``generate`` continues it, and as the
+    row does alone (positions skip the padding), with the static and the dynamic cache."""
+    core = perturbed(preset, "mhe-mul")
+    hf = to_remote(core)
+    x, mask = ids(length=7), torch.ones(2, 7, dtype=torch.long)
+    x[0, :3], mask[0, :3] = 0, 0
+    with torch.no_grad():
+        want = core.generate(x, 5, attention_mask=mask.bool(), pad_id=0)
+        want = getattr(want, "tokens", want)
+        alone = hf.generate(x[:1, 3:], max_new_tokens=5, do_sample=False)
+        for cache in ("static", None):
+            got = hf.generate(x, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0,
+                              cache_implementation=cache)
+            assert torch.equal(got, want) and torch.equal(got[0, 3:], alone[0]), (cache, got, want, alone)
+
+
+def test_decoder_classifier_logits():
+    core = perturbed("tiny-decoder", "mhe-mul", head="classification", num_labels=3)
+    hf = to_remote(core)
+    x, mask = ids(), torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x, attention_mask=mask).logits, core(x, mask.bool()).logits, **TOL)
+
+
 ENCODERS = [(head, kind) for head in ("mlm", "classification", "qa") for kind in ("mha", "mhe-mul", "fnet")]
 
 
