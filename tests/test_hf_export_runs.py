@@ -28,7 +28,8 @@ TOL = dict(rtol=0, atol=1e-9)
 NEW = 8
 TRAIN = ["train.steps=2", "train.eval_every=2", "train.progress=false", "data.limit_lines=200",
          "train.batch_size=4", "model.n_layers=1", "model.d_model=32", "model.d_ff=64", "model.max_len=32"]
-AUTO = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM", "encoder-decoder": "AutoModelForSeq2SeqLM"}
+AUTO = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
+        "encoder-decoder": "AutoModelForSeq2SeqLM"}
 
 # the subprocess: mhe made unimportable before anything else runs
 LOADER = r"""

@@ -33,7 +33,8 @@ def attention_line(cfg: ModelConfig) -> str:
     """The kind and, for MHE, its psi and (under rotary positions) the order of psi and RoPE."""
     line = cfg.attention
     if cfg.attention.startswith("mhe-"):
-        line += " (multi-head embedding attention, psi = " + ("A * (1 + e_i)" if cfg.attention == "mhe-mul" else "A + e_i")
+        psi = "A * (1 + e_i)" if cfg.attention == "mhe-mul" else "A + e_i"
+        line += f" (multi-head embedding attention, psi = {psi}"
         if cfg.positions == "rotary":
             line += f"; rotary order {cfg.attn_options.rope_order}"
         line += ")"
@@ -74,7 +75,11 @@ def kv_cache_line(config) -> str:
     if heads == 0:
         return "none (the kind mixes whole sequences; generation recomputes them)"
     return (f"{2 * layers * heads * d * 2:,} bytes per token in bf16/fp16 "
-            f"(keys and values: {layers} layer{'s' if layers != 1 else ''} x {heads} K/V head{'s' if heads != 1 else ''} x {d})")
+            f"(keys and values: {layers} {_plural(layers, 'layer')} x {heads} K/V {_plural(heads, 'head')} x {d})")
+
+
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else word + "s"
 
 
 def _scores(results: dict) -> list[tuple[str, str]]:
@@ -89,7 +94,8 @@ def _scores(results: dict) -> list[tuple[str, str]]:
 def model_card(model, config, *, name: str, run: dict, results: dict, folder_format: str) -> str:
     """The card's Markdown (``config``: the exported remote configuration, for the cache)."""
     cfg = model.cfg
-    auto = AUTO[cfg.arch] if cfg.head in ("lm", "mlm", "seq2seq") else "AutoModelForSequenceClassification"
+    auto = AUTO[cfg.arch] if cfg.head in ("lm", "mlm", "seq2seq") else \
+        "AutoModelForQuestionAnswering" if cfg.head == "qa" else "AutoModelForSequenceClassification"
     trust = ", trust_remote_code=True" if folder_format == "remote-code" else ""
     rows = [("architecture", architecture(cfg)), ("attention", attention_line(cfg)),
             ("layers x width", f"{cfg.n_layers} x {cfg.d_model}"),

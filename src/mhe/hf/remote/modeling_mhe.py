@@ -126,7 +126,8 @@ class Rotary:
         d = head_dim(s)
         self.width = int(d * s.get("rope_fraction", 1.0))
         r = self.width
-        self.inv_freq = 1.0 / (float(s.get("rope_base", 10000.0)) ** (torch.arange(0, r, 2, dtype=torch.int64, device="cpu").float() / r))
+        steps = torch.arange(0, r, 2, dtype=torch.int64, device="cpu").float() / r
+        self.inv_freq = 1.0 / (float(s.get("rope_base", 10000.0)) ** steps)  # Llama's inv_freq
 
     def __call__(self, x, positions):
         """``x [B, h, T, d]`` rotated by ``positions`` (``[T]`` or ``[B, T]``)."""
