@@ -18,7 +18,14 @@ own modeling code (``trust_remote_code=True``, no mhe needed) or, with ``format=
 Llama/Qwen2/Mistral, GPT-2, BERT or GPTBigCode where one holds it exactly. A run folder in one
 call: ``from_run(run)`` (the model, its tokenizer attached: ``save_pretrained`` writes both) and
 ``export_run(run, out)`` (what ``mhe export`` writes). Those two read runs, so they live a layer
-up (``mhe.tasks.hf_runs``) and are named here lazily. Supported: transformers >= 5.0, < 6
+up (``mhe.tasks.hf_runs``) and are named here lazily.
+
+LoRA (peft) on these models targets the ``nn.Linear`` layers the forward calls as modules:
+``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` and the feed-forward's ``fc_in``/``fc_out`` or
+``gate``/``up``/``down``; fast MHE reads its query and output weights folded with the head
+embeddings, so its adapters go on ``k_proj``, ``v_proj`` and the feed-forward (the exported model,
+``to_remote``, takes all of them). Merge before ``generate``: its decode step reads the weights.
+Supported: transformers >= 5.0, < 6
 (tested with 5.17 and 5.24).
 """
 
