@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Callable, NamedTuple
 
-from mhe.cli import accounting, bench, compare, convert, evaluation, generate, training
+from mhe.cli import accounting, bench, compare, convert, evaluation, export, generate, training
 from mhe.errors import MheError
 from mhe.runtime import configure_threads
 from mhe.training.distributed import launched_rank
@@ -89,6 +89,10 @@ COMMANDS: dict[str, Command] = {
                        convert.convert_args, convert.cmd_convert,
                        "mhe convert --checkpoint runs/lm-ptb-tiny-decoder-mha --attention mhe-mul "
                        "--out runs/ptb-mhe-mul"),
+    "export": Command("write a trained run as a folder transformers loads without mhe (its own modeling code, "
+                      "or a standard architecture where one holds it exactly)",
+                      export.export_args, export.cmd_export,
+                      "mhe export --run runs/lm-ptb-tiny-decoder-mhe-mul --out tiny-mhe-mul"),
     # speed
     "bench": Command("time every attention kind side by side on this device",
                      bench.bench_args, bench.cmd_bench,
