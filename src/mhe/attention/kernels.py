@@ -22,6 +22,11 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
   Generation chooses it on a GPU for MQA, SHA and folded MHE (``decode_step.decode_kernel``).
   It registers ``reads_key_range``: for one causal query the model hands it a run of keys
   per row instead of a mask (:mod:`mhe.attention.masks`).
+* ``split-k-decode`` (``attention/triton_decode.py``): as ``sdpa``, except one new token over a
+  cache with fewer K/V heads than query heads (MQA, SHA, fast MHE, GQA) on CUDA runs two Triton
+  kernels: the query heads sharing a K/V head packed in one tile, so each K/V byte is read once,
+  and the keys split across the card. It reads key ranges as ``flash-decode`` does. Generation
+  chooses it wherever Triton is installed (``decode_step.decode_kernel``).
 * ``eager-one-token``: ``eager`` for one-token queries (a decode step), ``sdpa`` otherwise;
   generation picks it for fp32 decoding on CUDA, where SDPA has no fast fp32 one-query
   kernel (docs/benchmarks.md section 6).
@@ -122,7 +127,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch
     fn = get_kernel(kernel)
     if key_range is not None:
         if not reads_key_range(kernel):
-            raise MheError(f"key_range is read by the flash-decode kernel only, not by {kernel!r}")
+            raise MheError(f"key_range is read by the key-range kernels only (flash-decode, split-k-decode), "
+                           f"not by {kernel!r}")
         return fn(q, k, v, mask=None, is_causal=False, dropout_p=dropout_p, scale=scale, key_range=key_range)
     t, s = q.shape[2], k.shape[2]
     is_causal = False
@@ -289,3 +295,4 @@ def _repeat_kv(t: torch.Tensor, n_q: int) -> torch.Tensor:
 
 
 from mhe.attention import flash_decode  # noqa: E402,F401  registers "flash-decode" (it builds on sdpa)
+from mhe.attention import triton_decode  # noqa: E402,F401  registers "split-k-decode" (Triton, sdpa without it)

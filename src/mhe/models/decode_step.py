@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from mhe.attention import triton_decode
 from mhe.attention.base import Attention, set_kernel
 from mhe.attention.folding import fold_model
 from mhe.attention.mhe import _MHEBase
@@ -76,6 +77,9 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     card with SDPA's cuDNN kernel (the head expanded without a copy: one cuDNN kernel a layer, as
     MHA gets, where FlashAttention's split-K step launches two; docs/benchmarks.md section 9) and
     ``flash-decode`` otherwise (split-K FlashAttention over the keys, ``attention/flash_decode.py``).
+    With Triton installed, every cache with fewer K/V heads than query heads (MQA, SHA, fast MHE,
+    GQA) decodes with ``split-k-decode`` (``attention/triton_decode.py``: a group's query heads in
+    one tile, the keys split across the card), in fp32 too, except the one short row above.
     Else the configured kernel, which a model configured with another kernel keeps. ``dtype``:
     the decoding dtype (default: the weights').
     """
@@ -85,10 +89,17 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     configured = attns[0].cfg.kernel if attns else "sdpa"
     if torch.device(device).type != "cuda" or any(a.cfg.kernel != "sdpa" for a in attns):
         return configured
-    if (dtype or next(module.parameters()).dtype) == torch.float32:
+    fp32 = (dtype or next(module.parameters()).dtype) == torch.float32
+    one_short_row = batch == 1 and positions is not None and positions <= EXPAND_MAX_POSITIONS
+    cached = [a for a in attns if a.supports_cache]
+    one_head = all(a.cache_heads == 1 for a in cached)
+    if triton_decode.available() and cached and all(a.cache_heads < a.cfg.n_heads or a.cache_heads == 1
+                                                    for a in cached):
+        expand = one_head and not fp32 and one_short_row and _cudnn_attention(device)
+        return "sdpa-expand" if expand else "split-k-decode"
+    if fp32:
         return "eager-one-token"
-    if all(a.cache_heads == 1 for a in attns if a.supports_cache):
-        one_short_row = batch == 1 and positions is not None and positions <= EXPAND_MAX_POSITIONS
+    if one_head:
         return "sdpa-expand" if one_short_row and _cudnn_attention(device) else "flash-decode"
     return configured
 
