@@ -1,6 +1,6 @@
 """The ``split-k-decode`` kernel alone: correctness against SDPA and the rate it reads the cache.
 
-    python benchmarks/split_k_check.py [--batch 64] [--context 4096] [--reps 50] [--json out.json]
+    python benchmarks/split_k_check.py [--batch 64] [--context 4096] [--reps 50] [--json out.json] [--sweep]
 
 For llama-135m's and llama-1.1b's attention shapes (9 and 32 query heads of 64) with MQA, GQA
 (3 and 4 K/V heads) and MHA K/V heads, bf16, a full cache of ``--context`` positions per row:
@@ -9,7 +9,9 @@ fp32 against fp32 SDPA, which the kernel must match to 1e-5), then one decode st
 timed as CUDA-graph replays (``mhe.bench.common.timed``) for ``split-k-decode``, ``sdpa`` (the
 dense mask generation would hand it) and, for one K/V head, ``flash-decode``. The rate is the K/V
 bytes read / the step time, and its fraction of the card's copy bandwidth (a 1 GiB
-device-to-device copy, bytes read plus written). Needs a CUDA GPU and Triton.
+device-to-device copy, bytes read plus written). ``--sweep`` then times ``split-k-decode`` on the
+MQA and GQA shapes under other launch settings (``triton_decode.TILE``: positions per loop step,
+warps, pipelining stages; ``PROGRAMS_PER_SM``). Needs a CUDA GPU and Triton.
 """
 
 from __future__ import annotations
@@ -81,12 +83,39 @@ def row(preset, kind, hq, hk, *, batch, context, reps, bandwidth) -> dict:
     return out
 
 
+SWEEP = [dict(block_n=bn, num_warps=w, num_stages=st, programs=pp) for bn in (64, 128) for w in (4, 8)
+         for st in (2, 3) for pp in (4, 8)]
+
+
+def sweep(*, batch, context, reps, bandwidth) -> list[dict]:
+    """``split-k-decode``'s step time on the MQA and GQA shapes under each launch setting of
+    :data:`SWEEP` (the module's settings put back after)."""
+    saved, saved_pp = dict(triton_decode.TILE), triton_decode.PROGRAMS_PER_SM
+    cases = [(p, k, hq, hk) for p, k, hq, hk in SHAPES if k != "mha"]
+    data = {c: inputs(batch, c[2], c[3], context, torch.bfloat16) for c in cases}
+    out = []
+    try:
+        for setting in SWEEP:
+            triton_decode.TILE.update({k: setting[k] for k in ("block_n", "num_warps", "num_stages")})
+            triton_decode.PROGRAMS_PER_SM = setting["programs"]
+            for (preset, kind, hq, hk), (q, k, v, kr) in data.items():
+                ms = timed(lambda: attend(q, k, v, key_range=kr, kernel="split-k-decode"), warmup=3, reps=reps,
+                           cuda=True, graph=True)
+                frac = 2 * k.numel() * k.element_size() / (ms / 1e3) / bandwidth
+                out.append({**setting, "preset": preset, "kind": kind, "ms": round(ms, 4), "fraction": round(frac, 3)})
+    finally:
+        triton_decode.TILE.update(saved)
+        triton_decode.PROGRAMS_PER_SM = saved_pp
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sweep", action="store_true", help="also time 16 other launch settings (about a minute)")
     args = ap.parse_args()
     bw = copy_bandwidth()
     err = fp32_error()
@@ -99,10 +128,20 @@ def main() -> None:
         print(f"{r['preset']:<11} {r['kind']:<4} B={r['batch']} S={r['context']} splits={r['splits']:<3} "
               f"{r['kv_bytes'] / 2 ** 20:8.1f} MiB  err {r['max_err_split_k']:.1e} (sdpa {r['max_err_sdpa']:.1e})"
               f"  {times}")
+    swept = sweep(batch=args.batch, context=args.context, reps=min(args.reps, 20), bandwidth=bw) if args.sweep else []
+    if swept:
+        mean = {}
+        for r in swept:
+            mean.setdefault(tuple(r[k] for k in ("block_n", "num_warps", "num_stages", "programs")), []).append(
+                r["fraction"])
+        best = sorted(mean.items(), key=lambda kv: -sum(kv[1]) / len(kv[1]))[:8]
+        print("sweep (block_n, warps, stages, programs per SM): mean fraction of bandwidth over MQA and GQA")
+        for key, fr in best:
+            print(f"  {key}: {sum(fr) / len(fr):.3f}  ({', '.join(f'{x:.2f}' for x in fr)})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"card": torch.cuda.get_device_name(0), "copy_bandwidth": bw, "fp32_max_err": err,
-                       "rows": rows}, f, indent=1)
+                       "rows": rows, "sweep": swept}, f, indent=1)
 
 
 if __name__ == "__main__":

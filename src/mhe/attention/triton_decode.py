@@ -59,6 +59,9 @@ PROGRAMS_PER_SM = 4
 MIN_SPLIT_KEYS = 64
 """The fewest cache positions a chunk is given (a program's fixed work is loading its queries
 and writing its partial output)."""
+TILE = {"block_n": 64, "num_warps": 4, "num_stages": 2}
+"""The split kernel's launch: cache positions per loop step (32 for heads wider than 128), warps,
+and software-pipelining stages (``benchmarks/split_k_check.py --sweep`` times others)."""
 
 
 def available() -> bool:
@@ -181,7 +184,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tenso
     part_o = torch.empty(b * hq * splits, d, dtype=acc_dtype, device=q.device) if splits > 1 else out
     part_lse = torch.empty(b * hq * splits, dtype=acc_dtype, device=q.device) if splits > 1 else out
     block_d = max(16, _next_pow2(d))
-    block_n = 32 if block_d > 128 else 64
+    block_n = min(TILE["block_n"], 32) if block_d > 128 else TILE["block_n"]
     scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # float arguments reach Triton as float32
     split_kernel, merge_kernel = _jitted(interpreting())
     split_kernel[(splits, b * hk)](
@@ -189,7 +192,8 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tenso
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1),
         G=g, D=d, SPLITS=splits, BLOCK_G=max(16, _next_pow2(g)), BLOCK_N=block_n, BLOCK_D=block_d,
-        ACC=tl.float64 if acc_dtype == torch.float64 else tl.float32, num_warps=4, num_stages=2)
+        ACC=tl.float64 if acc_dtype == torch.float64 else tl.float32, num_warps=TILE["num_warps"],
+        num_stages=TILE["num_stages"])
     if splits > 1:
         merge_kernel[(b * hq,)](part_o, part_lse, out, hq, out.stride(0), out.stride(1),
                                 D=d, SPLITS=splits, BLOCK_S=max(2, _next_pow2(splits)), BLOCK_D=block_d,
