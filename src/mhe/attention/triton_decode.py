@@ -59,6 +59,8 @@ PROGRAMS_PER_SM = 4
 MIN_SPLIT_KEYS = 64
 """The fewest cache positions a chunk is given (a program's fixed work is loading its queries
 and writing its partial output)."""
+MERGE_TILE = 16384
+"""The most partial-output elements (chunks x head width) one merge program holds in registers."""
 TILE = {"block_n": 64, "num_warps": 4, "num_stages": 2}
 """The split kernel's launch: cache positions per loop step (32 for heads wider than 128), warps,
 and software-pipelining stages (``benchmarks/split_k_check.py --sweep`` times others)."""
@@ -171,19 +173,20 @@ def choose_splits(programs: int, keys: int, sms: int) -> int:
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tensor, used: torch.Tensor,
            scale: float, splits: int | None = None) -> torch.Tensor:
-    """The kernels on ``q: [B, h_q, 1, d]``, ``k, v: [B, h_kv, S, d]`` (any strides with a unit
-    last one), ``cum_k: [B + 1]`` and ``used: [B]`` int32; returns ``[B, h_q, 1, d]``.
+    """The kernels on ``q: [B, h_q, 1, d]``, ``k, v: [B, h_kv, S, d]`` (any strides; a last one
+    other than 1 is copied first), ``cum_k: [B + 1]`` and ``used: [B]`` int32; returns ``[B, h_q, 1, d]``.
     ``splits``: chunks per row (default :func:`choose_splits`)."""
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # the kernels step d by 1
     b, hq, _, d = q.shape
     hk, s = k.shape[1], k.shape[2]
     g = hq // hk
     sms = 8 if q.device.type == "cpu" else _sm_count(q.device.index or 0)
-    splits = splits or choose_splits(b * hk, s, sms)
+    block_d = max(16, _next_pow2(d))
+    splits = min(splits or choose_splits(b * hk, s, sms), max(1, MERGE_TILE // block_d))
     out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=q.device)
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     part_o = torch.empty(b * hq * splits, d, dtype=acc_dtype, device=q.device) if splits > 1 else out
     part_lse = torch.empty(b * hq * splits, dtype=acc_dtype, device=q.device) if splits > 1 else out
-    block_d = max(16, _next_pow2(d))
     block_n = min(TILE["block_n"], 32) if block_d > 128 else TILE["block_n"]
     scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # float arguments reach Triton as float32
     split_kernel, merge_kernel = _jitted(interpreting())
