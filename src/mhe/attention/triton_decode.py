@@ -76,9 +76,9 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _split_kernel(Q, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, scale_hi, scale_lo, S, H_KV,
+def _split_kernel(Q, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, scale_hi, scale_lo, S, H_KV, SPLITS,
                   sqb, sqh, skb, skh, sks, svb, svh, svs, sob, soh,
-                  G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_G: tl.constexpr,
+                  G: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr, BLOCK_G: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
     """One chunk of one row's keys for the G query heads of one K/V head: its partial output
     (normalised within the chunk) and log-sum-exp, or, with one chunk, the output itself."""
@@ -118,7 +118,7 @@ def _split_kernel(Q, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, scale_hi, scale_l
         m_i = m_new
     out = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]  # an empty chunk: zeros
     omask = gmask[:, None] & dmask[None, :]
-    if SPLITS == 1:
+    if DIRECT:  # one chunk: the output itself
         tl.store(OUT + b * sob + heads[:, None] * soh + dd[None, :], out.to(OUT.dtype.element_ty), mask=omask)
     else:
         row = (b * H_KV * G + heads) * SPLITS + split  # [BLOCK_G]: (b, query head, split)
@@ -126,8 +126,8 @@ def _split_kernel(Q, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, scale_hi, scale_l
         tl.store(PART_LSE + row, m_i + tl.log(l_i), mask=gmask)  # -inf for an empty chunk
 
 
-def _merge_kernel(PART_O, PART_LSE, OUT, H_Q, sob, soh,
-                  D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _merge_kernel(PART_O, PART_LSE, OUT, H_Q, SPLITS, sob, soh,
+                  D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     """One query head of one row: its chunks' outputs weighted by exp(lse_s - log-sum-exp of all)."""
     bh = tl.program_id(0).to(tl.int64)
     b = bh // H_Q
@@ -191,15 +191,15 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tenso
     scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # float arguments reach Triton as float32
     split_kernel, merge_kernel = _jitted(interpreting())
     split_kernel[(splits, b * hk)](
-        q, k, v, cum_k, used, out, part_o, part_lse, scale_hi, scale - scale_hi, s, hk,
+        q, k, v, cum_k, used, out, part_o, part_lse, scale_hi, scale - scale_hi, s, hk, splits,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1),
-        G=g, D=d, SPLITS=splits, BLOCK_G=max(16, _next_pow2(g)), BLOCK_N=block_n, BLOCK_D=block_d,
+        G=g, D=d, DIRECT=splits == 1, BLOCK_G=max(16, _next_pow2(g)), BLOCK_N=block_n, BLOCK_D=block_d,
         ACC=tl.float64 if acc_dtype == torch.float64 else tl.float32, num_warps=TILE["num_warps"],
         num_stages=TILE["num_stages"])
     if splits > 1:
-        merge_kernel[(b * hq,)](part_o, part_lse, out, hq, out.stride(0), out.stride(1),
-                                D=d, SPLITS=splits, BLOCK_S=max(2, _next_pow2(splits)), BLOCK_D=block_d,
+        merge_kernel[(b * hq,)](part_o, part_lse, out, hq, splits, out.stride(0), out.stride(1),
+                                D=d, BLOCK_S=max(2, _next_pow2(splits)), BLOCK_D=block_d,
                                 num_warps=4)
     return out
 
