@@ -180,8 +180,8 @@ def test_autograd_and_dropout_keep_sdpa(interpret):
                                               ("gqa", {"n_kv_heads": 2}, True), ("mha", {}, False)])
 def test_policy_chooses_split_k_decode_where_triton_is(kind, opts, chosen, monkeypatch):
     """With Triton, every cache with fewer K/V heads than query heads (or one) decodes through
-    ``split-k-decode`` on CUDA, fp32 included; one short row of a one-head cache keeps
-    ``sdpa-expand``. Without Triton the policy is as before (``test_flash_decode.py``)."""
+    ``split-k-decode`` on CUDA, fp32 included; one short row keeps one kernel a layer
+    (``sdpa-expand`` for one K/V head, ``sdpa`` for a grouped cache). Without Triton the policy is as before (``test_flash_decode.py``)."""
     monkeypatch.setattr(triton_decode, "available", lambda: True)
     monkeypatch.setattr(decode_step, "_cudnn_attention", lambda device: True)  # no card here
     attn = build_attention(kind, d_model=32, n_heads=4, **opts)
@@ -191,7 +191,7 @@ def test_policy_chooses_split_k_decode_where_triton_is(kind, opts, chosen, monke
     assert decode_kernel(attn, torch.device("cpu"), torch.bfloat16) == "sdpa"
     assert decode_kernel(attn, CUDA, torch.bfloat16, requested="flash-decode") == "flash-decode"
     short = decode_kernel(attn, CUDA, torch.bfloat16, batch=1, positions=EXPAND_MAX_POSITIONS)
-    assert short == ("sdpa-expand" if attn.cache_heads == 1 else want)
+    assert short == ("sdpa-expand" if attn.cache_heads == 1 else "sdpa")  # one kernel a layer, not two
     monkeypatch.setattr(triton_decode, "available", lambda: False)
     assert decode_kernel(attn, CUDA, torch.bfloat16, batch=8, positions=4096) == (
         "flash-decode" if attn.cache_heads == 1 else "sdpa")

@@ -79,7 +79,8 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     ``flash-decode`` otherwise (split-K FlashAttention over the keys, ``attention/flash_decode.py``).
     With Triton installed, every cache with fewer K/V heads than query heads (MQA, SHA, fast MHE,
     GQA) decodes with ``split-k-decode`` (``attention/triton_decode.py``: a group's query heads in
-    one tile, the keys split across the card), in fp32 too, except the one short row above.
+    one tile, the keys split across the card), in fp32 too, except one short row in bf16/fp16 on such
+    a card, which keeps one kernel a layer (``sdpa-expand``, or ``sdpa`` for a grouped cache).
     Else the configured kernel, which a model configured with another kernel keeps. ``dtype``:
     the decoding dtype (default: the weights').
     """
@@ -95,8 +96,9 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     one_head = all(a.cache_heads == 1 for a in cached)
     if triton_decode.available() and cached and all(a.cache_heads < a.cfg.n_heads or a.cache_heads == 1
                                                     for a in cached):
-        expand = one_head and not fp32 and one_short_row and _cudnn_attention(device)
-        return "sdpa-expand" if expand else "split-k-decode"
+        if one_short_row and not fp32 and _cudnn_attention(device):  # one kernel a layer, not split-K's two
+            return "sdpa-expand" if one_head else configured
+        return "split-k-decode"
     if fp32:
         return "eager-one-token"
     if one_head:
