@@ -23,6 +23,11 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
   Generation chooses it on a GPU for MQA, SHA and folded MHE (:func:`decode_kernel`).
   It registers ``reads_key_range``: for one causal query the model hands it a run of keys
   per row instead of a mask (:mod:`mhe.attention.masks`).
+* ``split-k-decode`` (``attention/triton_decode.py``): as ``sdpa``, except one new token over a
+  cache with fewer K/V heads than query heads (MQA, SHA, fast MHE, GQA) on CUDA runs two Triton
+  kernels: the query heads sharing a K/V head packed in one tile, so each K/V byte is read once,
+  and the keys split across the card. It reads key ranges as ``flash-decode`` does. Generation
+  chooses it wherever Triton is installed (:func:`decode_kernel`).
 * ``eager-one-token``: ``eager`` for one-token queries (a decode step), ``sdpa`` otherwise;
   generation picks it for fp32 decoding on CUDA, where SDPA has no fast fp32 one-query
   kernel (docs/benchmarks.md section 6).
@@ -124,7 +129,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch
     fn = get_kernel(kernel)
     if key_range is not None:
         if not reads_key_range(kernel):
-            raise MheError(f"key_range is read by the flash-decode kernel only, not by {kernel!r}")
+            raise MheError(f"key_range is read by the key-range kernels only (flash-decode, split-k-decode), "
+                           f"not by {kernel!r}")
         return fn(q, k, v, mask=None, is_causal=False, dropout_p=dropout_p, scale=scale, key_range=key_range)
     t, s = q.shape[2], k.shape[2]
     is_causal = False
@@ -309,6 +315,10 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     card with SDPA's cuDNN kernel (the head expanded without a copy: one cuDNN kernel a layer, as
     MHA gets, where FlashAttention's split-K step launches two; docs/benchmarks.md section 9) and
     ``flash-decode`` otherwise (split-K FlashAttention over the keys, ``attention/flash_decode.py``).
+    With Triton installed, every cache with fewer K/V heads than query heads (MQA, SHA, fast MHE,
+    GQA) decodes with ``split-k-decode`` (``attention/triton_decode.py``: a group's query heads in
+    one tile, the keys split across the card), in fp32 too, except one short row in bf16/fp16 on such
+    a card, which keeps one kernel a layer (``sdpa-expand``, or ``sdpa`` for a grouped cache).
     Else the configured kernel, which a model configured with another kernel keeps. ``dtype``:
     the decoding dtype (default: the weights').
     """
@@ -318,10 +328,18 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     configured = attns[0].cfg.kernel if attns else "sdpa"
     if torch.device(device).type != "cuda" or any(a.cfg.kernel != "sdpa" for a in attns):
         return configured
-    if (dtype or next(module.parameters()).dtype) == torch.float32:
+    fp32 = (dtype or next(module.parameters()).dtype) == torch.float32
+    one_short_row = batch == 1 and positions is not None and positions <= EXPAND_MAX_POSITIONS
+    cached = [a for a in attns if a.supports_cache]
+    one_head = all(a.cache_heads == 1 for a in cached)
+    if triton_decode.available() and cached and all(a.cache_heads < a.cfg.n_heads or a.cache_heads == 1
+                                                    for a in cached):
+        if one_short_row and not fp32 and _cudnn_attention(device):  # one kernel a layer, not split-K's two
+            return "sdpa-expand" if one_head else configured
+        return "split-k-decode"
+    if fp32:
         return "eager-one-token"
-    if all(a.cache_heads == 1 for a in attns if a.supports_cache):
-        one_short_row = batch == 1 and positions is not None and positions <= EXPAND_MAX_POSITIONS
+    if one_head:
         return "sdpa-expand" if one_short_row and _cudnn_attention(device) else "flash-decode"
     return configured
 
@@ -350,3 +368,4 @@ def _sublayers(module: nn.Module) -> list:
 
 
 from mhe.attention import flash_decode  # noqa: E402,F401  registers "flash-decode" (it builds on sdpa)
+from mhe.attention import triton_decode  # noqa: E402,F401  registers "split-k-decode" (Triton, sdpa without it)
