@@ -9,9 +9,11 @@ import torch
 
 from mhe.data.corpora import SPLITS, check_corpus, corpus, corpus_names, read_lines
 from mhe.errors import MheError
-from mhe.data.tokenize import load_tokenizer, save_tokenizer, special_id, train_tokenizer
+from mhe.data.tokenize import cached_tokenizer, load_tokenizer, save_tokenizer, special_id
 from mhe.progress import bar
+from mhe.runtime import cache_root
 from mhe.tasks.vocab import resolve_tokenizer
+from mhe.training.run_report import phase
 from mhe.training.task import Task, is_tiny
 
 
@@ -51,24 +53,28 @@ def corpus_lines(cfg, split: str) -> list[str]:
 def tokenizer_for(cfg, out: Path, train_lines: list[str], *, task: str, dist=None,
                   word_level_corpus: bool | None = None):
     """Reuse ``out/tokenizer.json`` when it exists (resume), else train and save one of the
-    kind and size the preset's convention and ``data.*`` choose (:mod:`mhe.tasks.vocab`).
-    Under DDP the main process trains it and the others load it.
+    kind and size the preset's convention and ``data.*`` choose (:mod:`mhe.tasks.vocab`), or take
+    the one an earlier run trained from the same lines and settings (:func:`mhe.data.tokenize.cached_tokenizer`,
+    in ``MHE_CACHE_DIR``). Under DDP the main process trains it and the others load it. Timed as
+    the run's ``tokenizer`` phase (:mod:`mhe.training.run_report`).
 
     ``word_level_corpus``: whether the corpus is already word-level (keeps its words);
     ``None`` looks it up in the corpus table (``cfg.data.dataset``)."""
-    if dist is not None and dist.world > 1:
-        if dist.main and not (out / "tokenizer.json").is_file():
-            tokenizer_for(cfg, out, train_lines, task=task, word_level_corpus=word_level_corpus)
-        dist.barrier()
-    if (out / "tokenizer.json").is_file():
-        return load_tokenizer(out)
-    if word_level_corpus is None:
-        word_level_corpus = corpus(cfg.data.dataset).word_level
-    choice = resolve_tokenizer(cfg, task, word_level_corpus=word_level_corpus)
-    tok = train_tokenizer(choice.kind, train_lines, choice.vocab_size, progress=cfg.train.progress)
-    out.mkdir(parents=True, exist_ok=True)
-    save_tokenizer(tok, out)
-    return tok
+    with phase("tokenizer"):
+        if dist is not None and dist.world > 1:
+            if dist.main and not (out / "tokenizer.json").is_file():
+                tokenizer_for(cfg, out, train_lines, task=task, word_level_corpus=word_level_corpus)
+            dist.barrier()
+        if (out / "tokenizer.json").is_file():
+            return load_tokenizer(out)
+        if word_level_corpus is None:
+            word_level_corpus = corpus(cfg.data.dataset).word_level
+        choice = resolve_tokenizer(cfg, task, word_level_corpus=word_level_corpus)
+        tok = cached_tokenizer(choice.kind, train_lines, choice.vocab_size, cache=cache_root(),
+                               progress=cfg.train.progress)
+        out.mkdir(parents=True, exist_ok=True)
+        save_tokenizer(tok, out)
+        return tok
 
 
 TOKENIZE_CHUNK = 10_000  # lines encoded per call (and per step of the progress bar)
