@@ -12,12 +12,12 @@ graphs, bf16) plus ``train.steps``, ``train.keep_checkpoints=false`` and ``train
   run filled. The first stage runs on empty caches (``MHE_CACHE_DIR=OUT/cache``: the tokenizer and
   inductor's FX graph and AOT autograd caches), so its time to the first step is the cold one and
   ``l135-warm``'s the warm one; the later kinds reuse the tokenizer but compile their own graphs.
-  About 7 minutes on one H100.
+  Estimated 7 minutes on one H100 (not yet timed).
 * group ``llama-1.1b``: ``l1b-mha``, ``l1b-gqa`` (4 K/V heads, the preset's), ``l1b-mhe-mul``, 30
   steps each with ``train.log_every=5``; on a card under 100 GiB (an H100) with
   ``train.activation_checkpointing=full`` (the weights, gradients and AdamW moments alone are
-  17.6 GB; the activations of 32 x 2,048 tokens are not held for 22 layers). About 8 minutes.
-* group ``gpt2``: ``gpt2-mha``, ``gpt2-mhe-mul``, 120 steps each. About 4 minutes.
+  17.6 GB; the activations of 32 x 2,048 tokens are not held for 22 layers). Estimated 8 minutes.
+* group ``gpt2``: ``gpt2-mha``, ``gpt2-mhe-mul``, 120 steps each. Estimated 4 minutes.
 
 Default: every group in that order (over one run's 10 minutes on one H100: run the groups as
 separate commands, ``--stages llama-135m`` etc., into the same OUT so the caches carry over). Once
