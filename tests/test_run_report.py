@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from mhe.data import tokenize
 from mhe.runtime import cache_root, configure_compile_cache
@@ -155,3 +156,35 @@ def test_compile_caches_are_on_and_kept_in_the_cache_folder_unless_the_user_chos
     assert inductor_config.fx_graph_cache and functorch_config.enable_autograd_cache
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert configure_compile_cache() == str(tmp_path / "mine")
+
+
+class CountingTokenizer:
+    """A trained tokenizer that counts its encode calls."""
+
+    def __init__(self, tok):
+        self.tok, self.calls = tok, 0
+
+    def encode_batch(self, *a, **k):
+        self.calls += 1
+        return self.tok.encode_batch(*a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+
+def test_a_training_split_is_tokenized_once_per_tokenizer_and_corpus(tmp_path, monkeypatch):
+    from mhe.tasks import text
+
+    monkeypatch.setenv("MHE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(text, "CACHED_FROM_LINES", 50)
+    tok = CountingTokenizer(tokenize.train_tokenizer("bpe", LINES, 300))
+    first = text.token_stream(tok, LINES)
+    again = text.token_stream(tok, LINES)
+    assert tok.calls == 1 and torch.equal(first, again) and again.dtype == torch.long
+    (entry,) = (tmp_path / "tokens").iterdir()
+    assert entry.stat().st_size == 4 * first.numel()
+    text.token_stream(tok, LINES[:-1])  # another corpus: tokenized
+    text.token_stream(CountingTokenizer(tokenize.train_tokenizer("bpe", LINES, 280)), LINES)  # another tokenizer
+    assert len(list((tmp_path / "tokens").iterdir())) == 3
+    text.token_stream(tok, LINES[:40])  # a short split (valid, test): never cached
+    assert tok.calls == 3 and len(list((tmp_path / "tokens").iterdir())) == 3
