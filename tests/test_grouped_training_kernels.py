@@ -156,7 +156,8 @@ def _literal(q, k, v, *, causal, key_mask=None):
 
 def _out_and_grads(fn, q, k, v):
     out = fn(q, k, v)
-    grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum(),
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+    grads = torch.autograd.grad((out * weights).sum(),
                                 (q, k, v))
     return [out.detach(), *grads]
 
@@ -229,3 +230,25 @@ def test_a_tiny_training_run_has_the_expanded_kernels_loss_curve(kind, monkeypat
     assert reference[-1] < reference[0] - 0.05  # it trains
     for curve in (native, repeated):
         assert curve == pytest.approx(reference, rel=1e-12, abs=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+def test_masked_grouped_training_attention_stays_off_the_math_backend_on_a_gpu(dtype):
+    """A grouped call FlashAttention refuses (a padding mask; float32) runs on a fused backend, over
+    repeated K/V heads where this torch's memory-efficient kernel does not read grouped ones, and
+    equals the per-head softmax (computed in float64) in its output and gradients."""
+    from mhe.bench.profiling import sdpa_calls
+
+    q, k, v = (t.detach().to("cuda", dtype).requires_grad_() for t in _grouped_inputs(n=8, g=2, t=128, s=128, d=64))
+    key_mask = torch.ones(B, 128, dtype=torch.bool, device="cuda")
+    key_mask[1, 100:] = False
+    with torch.profiler.profile() as prof:
+        got = _out_and_grads(lambda q, k, v: kernels.attend(q, k, v, causal=True, key_mask=key_mask), q, k, v)
+    assert "math" not in sdpa_calls(prof, 1)
+    ref = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    want = _out_and_grads(lambda q, k, v: _literal(q, k, v, causal=True, key_mask=key_mask.cpu()), *ref)
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4  # bf16: 8 bits of mantissa; float32: TF32 off in SDPA
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double().cpu(), b, rtol=tol, atol=tol * float(b.abs().max()))
