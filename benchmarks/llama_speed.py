@@ -13,7 +13,7 @@ graphs, bf16) plus ``train.steps``, ``train.keep_checkpoints=false`` and ``train
   inductor's FX graph and AOT autograd caches), so its time to the first step is the cold one and
   ``l135-warm``'s the warm one; the later kinds reuse the tokenizer but compile their own graphs.
   Estimated 7 minutes on one H100 (not yet timed).
-* group ``llama-1.1b``: ``l1b-mha``, ``l1b-gqa`` (4 K/V heads, the preset's), ``l1b-mhe-mul``, 30
+* group ``llama-1.1b``: ``l1b-mha``, ``l1b-mhe-mul``, ``l1b-gqa`` (4 K/V heads, the preset's), 30
   steps each with ``train.log_every=5``; on a card under 100 GiB (an H100) with
   ``train.activation_checkpointing=full`` (the weights, gradients and AdamW moments alone are
   17.6 GB; the activations of 32 x 2,048 tokens are not held for 22 layers). Estimated 8 minutes.
@@ -23,8 +23,15 @@ graphs, bf16) plus ``train.steps``, ``train.keep_checkpoints=false`` and ``train
   cuDNN on an H100 at dropout 0, as MHA gets) instead of FlashAttention-2's native grouped heads,
   rows of the llama-135m table: which of the two trains faster at 2,048 tokens. Estimated 4 minutes.
 
-Default: every group in that order (over one run's 10 minutes on one H100: run the groups as
-separate commands, ``--stages llama-135m`` etc., into the same OUT so the caches carry over). Once
+Default: every group in that order, more than 10 minutes on one H100: run it as separate commands
+into the same OUT (the caches carry over), each estimated under 9 minutes::
+
+    python benchmarks/llama_speed.py OUT --stages llama-135m
+    python benchmarks/llama_speed.py OUT --stages l1b-mha,l1b-mhe-mul
+    python benchmarks/llama_speed.py OUT --stages l1b-gqa,gpt2
+    python benchmarks/llama_speed.py OUT --stages llama-135m-expand
+
+Each command's report covers its own stages. Once
 ``--deadline`` seconds (default 570) have passed the rest are skipped and a running stage is stopped.
 
 Figures per run: tokens/s = batch x sequence / the median logged step time after the first third
@@ -89,7 +96,7 @@ def stages(smoke: bool, big_card: bool) -> list[Stage]:
             + [Stage("l135-warm", "llama-135m", l135, "mha", warm)]
             + [Stage(f"l135-{k}-expand", "llama-135m-expand", l135, k, n, (EXPAND,), "llama-135m")
                for k in ("gqa", "mhe-mul")]
-            + [Stage(f"l1b-{k}", "llama-1.1b", l1b, k, n1b, ("train.log_every=5", *ac)) for k in ("mha", "gqa", "mhe-mul")]
+            + [Stage(f"l1b-{k}", "llama-1.1b", l1b, k, n1b, ("train.log_every=5", *ac)) for k in ("mha", "mhe-mul", "gqa")]
             + [Stage(f"gpt2-{k}", "gpt2", gpt2, k, n) for k in ("mha", "mhe-mul")])
 
 
