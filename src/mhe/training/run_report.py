@@ -44,16 +44,19 @@ _IMPORTED = time.monotonic()
 
 
 def process_age() -> float:
-    """Seconds since this process started (Linux: from ``/proc``; elsewhere since this module was
-    imported, which misses the interpreter's and torch's import time)."""
+    """Seconds since this process started (Linux: from ``/proc``; elsewhere, or where that reading is
+    not between the time since this module's import and an hour more, since the import, which
+    misses part of the interpreter's and torch's import time)."""
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):
-        return time.monotonic() - _IMPORTED
+        age = -1.0
+    since_import = time.monotonic() - _IMPORTED
+    return age if since_import <= age < since_import + 3600 else since_import  # a clock that disagrees: the import
 
 
 @contextlib.contextmanager
