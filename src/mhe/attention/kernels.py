@@ -11,7 +11,9 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
   heads through ``enable_gqa``; one new token over a grouped cache stacks the query heads
   of a group as query rows of one head. A CUDA call with a dropout rate cuDNN would round
   (no multiple of 1/16) runs on the other backends (:func:`exact_dropout_backends`), and so
-  does a training call over grouped K/V heads (:func:`grouped_grad_backends`).
+  does a training call over grouped K/V heads (:func:`grouped_grad_backends`). A grouped call
+  no fused backend of the installed torch reads natively (a mask, float32 on CUDA before torch
+  2.14) gets its K/V heads repeated instead of the math backend (:func:`grouped_natively`).
 * ``sdpa-expand``: as ``sdpa`` but key/value heads are repeated to the query heads first.
 * ``eager``: the softmax written out (tests, attention maps).
 * ``matmul-decode``: as ``sdpa``, except one-token grouped decoding is an explicit
@@ -161,7 +163,8 @@ def _rows(q, k, mask):
 # SDPA's backends that apply any dropout rate exactly: cuDNN's kernels resolve it only in steps
 # of 1/16 (PyTorch pull request 174245, after which SDPA no longer routes other rates to cuDNN)
 EXACT_DROPOUT_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-_BACKENDS_TRACEABLE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 6)
+_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+_BACKENDS_TRACEABLE = _TORCH >= (2, 6)
 
 
 def exact_dropout_backends(device_type: str, dropout_p: float) -> list | None:
@@ -210,8 +213,33 @@ def sdpa_backends(q, k, v, kw: dict, device_type: str | None = None) -> list | N
         masked=kw.get("attn_mask") is not None, square=not kw.get("is_causal") or q.shape[2] == k.shape[2])
 
 
+MEM_EFFICIENT_GQA = _TORCH >= (2, 14)
+"""Whether CUDA's memory-efficient SDPA kernel reads grouped K/V heads (``enable_gqa``): from PyTorch
+pull request 191085 (torch 2.14) on. Before it, FlashAttention-2 is the only fused CUDA backend that
+admits them, and a grouped call it refuses (a mask, float32, head_dim over 256, causal over more keys
+than queries) fell through to the math backend, which repeats K/V and writes out every score."""
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def grouped_natively(q, k, kw: dict, device_type: str | None = None) -> bool:
+    """Whether SDPA reads the grouped K/V heads (``h_kv < h_q``) of the call with keywords ``kw``
+    natively on a fused backend: FlashAttention-2 (no mask, fp16/bf16, head_dim <= 256, causal only
+    over as many keys as queries), the memory-efficient kernel from torch 2.14 on, or the CPU's
+    fused kernel. Where not (:data:`MEM_EFFICIENT_GQA`), :func:`_sdpa` repeats K/V to the query
+    heads first, so the call runs on the memory-efficient or cuDNN kernel instead of the math
+    backend's quadratic memory. ``device_type`` (default q's) asks about another device."""
+    if (device_type or q.device.type) != "cuda" or k.shape[1] == q.shape[1] or MEM_EFFICIENT_GQA:
+        return True
+    return (kw.get("attn_mask") is None and q.dtype in _FLASH_DTYPES and q.shape[-1] <= 256
+            and (not kw.get("is_causal") or q.shape[2] == k.shape[2]))
+
+
 def _sdpa(q, k, v, **kw):
-    """``F.scaled_dot_product_attention`` on the backends :func:`sdpa_backends` allows."""
+    """``F.scaled_dot_product_attention`` on the backends :func:`sdpa_backends` allows, over K/V
+    heads repeated to the query heads where no fused backend reads them grouped (:func:`grouped_natively`)."""
+    if kw.get("enable_gqa") and not grouped_natively(q, k, kw):
+        n = q.shape[1]
+        k, v, kw = _repeat_kv(k, n, copy=True), _repeat_kv(v, n, copy=True), {**kw, "enable_gqa": False}
     backends = sdpa_backends(q, k, v, kw)
     if backends is None:
         return F.scaled_dot_product_attention(q, k, v, **kw)
@@ -284,14 +312,16 @@ def _probabilities(q, k, mask, scale):
     return scores.softmax(dim=-1)
 
 
-def _repeat_kv(t: torch.Tensor, n_q: int) -> torch.Tensor:
+def _repeat_kv(t: torch.Tensor, n_q: int, *, copy: bool = False) -> torch.Tensor:
     """``t: [B, h, S, d]`` with each head repeated for its ``n_q // h`` query heads. One head
-    outside autograd (a decode step reading its cache) is expanded without a copy (stride 0);
-    training keeps the copy, whose backward SDPA's kernels have always been given."""
+    outside autograd (a decode step reading its cache) is expanded without a copy (stride 0)
+    unless ``copy`` (the memory-efficient kernel has returned wrong numbers for such heads under a
+    mask, :data:`EXPANDED_HEAD_BACKENDS`); training keeps the copy, whose backward SDPA's kernels
+    have always been given."""
     h = t.shape[1]
     if h == n_q:
         return t
-    if h == 1 and not t.requires_grad:
+    if h == 1 and not t.requires_grad and not copy:
         return t.expand(-1, n_q, -1, -1)
     return t.repeat_interleave(n_q // h, dim=1)
 

@@ -13,6 +13,7 @@ from mhe.models.config import cpu_sized
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
 from mhe.tasks.text import TextTask, check_text_data, corpus_lines, is_word_level, token_stream
 from mhe.training.config import DataConfig
+from mhe.training.run_report import phase
 from mhe.training.task import is_tiny
 
 
@@ -48,7 +49,8 @@ class CausalLMTask(TextTask):
         self.test_lines = corpus_lines(cfg, "test")  # read now: a bad test split fails before training
         # continued pre-training: the source's tokenizer and weights
         source, self.tok = pretraining_tokenizer(cfg, out, train, task="lm", dist=dist)
-        model = self._build_model(cfg, dist)
+        with phase("model"):
+            model = self._build_model(cfg, dist)
         if source:
             init_weights(model, source)
         self.max_len = model.cfg.max_len
