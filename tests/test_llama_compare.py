@@ -94,6 +94,7 @@ def test_the_summary_names_the_rotary_order_and_its_prr_peop_follow_the_means(tm
     with open(tmp_path / "summary.csv") as f:
         head = next(csv.reader(f))
     assert head[:3] == ["kind", "attention_params", "kv_cache_bytes_per_token"]
+    assert (tmp_path / "score_vs_kv_cache.png").stat().st_size > 0  # where the two rotary orders part
 
 
 def test_a_sweep_runs_each_entry_in_its_own_folder(tmp_path):

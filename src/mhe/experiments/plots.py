@@ -46,21 +46,26 @@ def _plt():
     return plt
 
 
-def plot_score_vs_params(summary: dict, path: Path) -> None:
-    """The paper's argument in one picture: what each kind scores for what it costs."""
+def plot_score_vs_params(summary: dict, path: Path, *, cost: str = "attention_params") -> None:
+    """The paper's argument in one picture: what each kind scores for what it costs (``cost``:
+    its attention parameters, or ``kv_cache_bytes_per_token``, where two rotary orders of MHE
+    part)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in summary["rows"]:
-        x = max(r["attention_params"], 1)
+        x = max(r.get(cost) or 0, 1)
         spread = [r["std"]] if r["n_seeds"] > 1 else None  # no bar where one seed gives no spread
         ax.errorbar([x], [r["mean"]], yerr=spread, fmt=_marker(r["kind"]), ms=8, capsize=4, color=_colour(r["kind"]),
                     label=label(r["kind"]))
-        ax.annotate(label(r["kind"]), (x, r["mean"]), textcoords="offset points", xytext=(6, 4))
+        below = r["kind"].endswith("psi-then-rope")  # beside its rope-then-psi twin of the same size: below it
+        ax.annotate(label(r["kind"]), (x, r["mean"]), textcoords="offset points", xytext=(6, -12 if below else 4))
     ax.set_xscale("log")
-    ax.set_xlabel("attention parameters (log scale)")
+    ax.set_xlabel("attention parameters (log scale)" if cost == "attention_params" else
+                  "KV cache per token, bytes in bf16 (log scale)")
     direction = "higher" if summary["higher_is_better"] else "lower"
     ax.set_ylabel(f"{summary['metric']} ({direction} is better)")
-    ax.set_title(f"{summary['task']}: score against attention parameters")
+    ax.set_title(f"{summary['task']}: score against " + ("attention parameters" if cost == "attention_params"
+                                                         else "KV cache per token"))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

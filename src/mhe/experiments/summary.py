@@ -253,6 +253,8 @@ def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None
                         r["n_seeds"], r["prr"], r["peop"]])
     tmp.replace(out / "summary.csv")
     plot_score_vs_params(summary, out / "score_vs_params.png")
+    if kv_cache:
+        plot_score_vs_params(summary, out / "score_vs_kv_cache.png", cost="kv_cache_bytes_per_token")
     plot_curves(runs, out / "training_curves.png")
     if paper:
         rows = [(r["kind"], r["prr"], (paper["rows"].get(r["kind"]) or {}).get("prr")) for r in summary["rows"]]
