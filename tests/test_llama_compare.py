@@ -32,7 +32,7 @@ def test_the_preset_builds_seven_entries_with_distinct_rows():
         assert (m.attention, m.positions, m.norm, m.mlp) == (split_entry(e)[0], "rotary", "rmsnorm", "swiglu")
         assert (m.n_layers, m.d_model, m.n_heads, m.resolved_head_dim, m.max_len) == (6, 512, 8, 64, 256)
         assert c.train.seed == 2 and c.data.dataset == "offline-english"
-        assert c.data.task_options.also_test == ["ptb"]
+        assert c.data.task_options.also_test == ["ptb"] and c.train.compile is False and c.train.steps == 600
     assert cfgs["gqa"].model.attn_options.n_kv_heads == 2
     assert cfgs["mhe-mul psi-then-rope"].model.attn_options.rope_order == "psi-then-rope"
     assert cfgs["mhe-mul rope-then-psi"].model.attn_options.rope_order == "rope-then-psi"
