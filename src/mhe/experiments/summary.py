@@ -30,26 +30,26 @@ from mhe.training.run_files import read_json, read_results
 ORDER = list(PAPER_KINDS) + [k for k in KINDS if k not in PAPER_KINDS]
 
 
-def collect(out: Path) -> list[dict]:
-    """Every finished run's results.json under ``out/runs``, with its row name and, for a
-    decoder, its KV cache per token (both from the run's ``config.json``, where it has one)."""
+def collect(out: Path, *, kv_cache: bool = False) -> list[dict]:
+    """Every finished run's results.json under ``out/runs``, with its row name and (``kv_cache``,
+    a decoder) its KV cache per token, both from the run's ``config.json`` where it has one."""
     runs = []
     for f in sorted((out / "runs").glob("*/results.json")):
         r = read_results(f.parent)
         r["run_dir"] = str(f.parent)
-        r.update(_from_config(f.parent))
+        r.update(_from_config(f.parent, kv_cache))
         runs.append(r)
     return runs
 
 
-def _from_config(run_dir: Path) -> dict:
+def _from_config(run_dir: Path, kv_cache: bool) -> dict:
     """``row`` and ``kv_cache_bytes_per_token`` (bf16) of a run folder's resolved model."""
     f = run_dir / "config.json"
     model = read_json(f, what="run configuration").get("model") if f.is_file() else None
     if not isinstance(model, dict) or "attention" not in model:
         return {}
     out = {"row": row_name(model)}
-    if model.get("arch") == "decoder":
+    if kv_cache and model.get("arch") == "decoder":
         names = {fl.name for fl in dataclasses.fields(ModelConfig)}
         cfg = ModelConfig(**{k: v for k, v in model.items() if k in names})
         out["kv_cache_bytes_per_token"] = decoder_memory(cfg)["kv_cache_bytes_per_token"]
@@ -227,7 +227,7 @@ def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None
     A paper table of another task is refused; with ``strict_paper`` (``mhe report``) also
     one of another metric. ``also``: further numbers of every results.json, each tabulated
     (mean ± std, PRR, PEoP) under ``summary.json``'s ``also``; ``kv_cache``: a KV cache column."""
-    runs = collect(out)
+    runs = collect(out, kv_cache=kv_cache)
     if metric is None and paper_table and runs:
         wanted = _paper_metric(paper_table)  # the paper's metric where every run recorded it (MRPC:
         if wanted != runs[0]["metric"] and all(isinstance(r.get(wanted), float) for r in runs):  # accuracy)
