@@ -278,9 +278,9 @@ def llama_model(cfg: RunConfig) -> RunConfig:
 def gpu_llama(cfg: RunConfig) -> RunConfig:
     """:func:`llama_model` trained on ``offline-english`` (byte-level BPE of 8,192, as the
     uptraining study's) for 600 steps of 32 x 256 tokens (4.9M tokens, under one epoch of the
-    corpus), lr 1e-3, cosine after 60 warm-up steps, validation every 200 steps without early stopping, no checkpoints kept, eager (as
-    the estimate's gpu-ptb runs were: 21 processes compiling at once would spend much of a
-    600-step run compiling). Scored on WikiText-2's test split (the corpus's own) and Penn
+    corpus), lr 1e-3, cosine after 60 warm-up steps, validation every 200 steps without early
+    stopping, no checkpoints kept, eager (as the estimate's gpu-ptb runs were: 21 processes
+    compiling at once would spend much of a 600-step run compiling). Scored on WikiText-2's test split (the corpus's own) and Penn
     Treebank's (``also_test``), per token and per word, sliding window of stride 128 (half the
     window; stride 256 reported beside)."""
     cfg = llama_model(cfg)
