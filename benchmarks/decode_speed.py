@@ -85,8 +85,8 @@ def adapter_row(model, ids, mask, new: int, run) -> dict:
 
 def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
     """model.generate in the default mode and each of --modes; the adapter; kernels per token."""
-    from mhe.models import generator as generator_module
-    from mhe.models.decode_step import resolve_mode
+    from mhe.models import generate as generate_module
+    from mhe.models.captured_step import resolve_mode
 
     model = rows_mod.build(run.preset, kind, context, run.dev, run.dtype, run.smoke)
     ids, mask = rows_mod.prompts(model, batch, context - run.new, run.dev)
@@ -99,7 +99,7 @@ def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
             options["compile_options"] = {"backend": "aot_eager"}  # a CPU smoke run: no C++ compiler needed
         row = {"path": "model.generate", "mode": f"auto ({auto})" if mode == "auto" else mode,
                **rows_mod.generate_row(model, ids, mask, run.new, run.dev, run.reps, **options)}
-        row["kv_mib"] = sum(c.nbytes() for c in generator_module._DEFAULT[model][-1].caches) / 2**20  # the session used
+        row["kv_mib"] = sum(c.nbytes() for c in generate_module._DEFAULT[model][-1].caches) / 2**20  # the session used
         if batch == 1 and "kernels" in run.sections and kind in ADAPTER_KINDS:
             row.update(rows_mod.kernels_per_token(model, ids, mask, run.dev, **options))
         out.append(row)

@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 from mhe.accounting.params import decoder_params  # noqa: E402
+from mhe.bench.common import device_peak, flops_per_token  # noqa: E402
 from mhe.models.config import preset as model_preset  # noqa: E402
 
 GIB = 2 ** 30
@@ -57,6 +58,7 @@ BIG = {"llama": [dict(d_model=4096, n_layers=32, n_heads=32, d_ff=11008),     # 
                  dict(d_model=5120, n_layers=40, n_heads=40, d_ff=13824)],    # Llama-2-13B's shape
        "gpt2": [dict(d_model=4096, n_layers=32, n_heads=32, d_ff=16384),
                 dict(d_model=5120, n_layers=40, n_heads=40, d_ff=20480)]}
+KINDS = ("mha", "gqa", "mhe-mul")  # gqa: the preset's own grouping (llama-1.1b: 4 K/V heads)
 GPT2_1B = dict(d_model=2048, n_layers=22, n_heads=16, d_ff=8192, max_len=SEQ)
 
 
@@ -69,14 +71,13 @@ def stages(a, card_gib: float | None) -> list[dict]:
         big = dict(preset=small, model={"n_layers": 4}, seq=seq, steps=steps, per_gpu=2)
     else:
         one = dict(preset="gpt2-medium" if a.gpt2 else "llama-1.1b", model=GPT2_1B if a.gpt2 else {}, seq=SEQ,
-                   steps=24, per_gpu=4)
+                   steps=a.steps, per_gpu=4)
         big = dict(preset=one["preset"], model={**pick_big(family, one["preset"], card_gib, a.gpus), "max_len": SEQ},
                    seq=SEQ, steps=12, per_gpu=2)
-    out = [dict(one, name=f"base-{k}-{p}", kind=k, parallel=p, ac="none") for k in ("mha", "mhe-mul")
-           for p in ("ddp", "fsdp")]
-    out.insert(2, dict(big, name="big-mha-fsdp", kind="mha", parallel="fsdp", ac="full"))
+    out = [dict(one, name=f"base-{k}-{p}", kind=k, parallel=p, ac="none") for k in KINDS for p in ("ddp", "fsdp")]
+    out.append(dict(big, name="big-mha-fsdp", kind="mha", parallel="fsdp", ac="full"))
     if a.ddp_oom:
-        out.insert(3, dict(big, name="big-mha-ddp", kind="mha", parallel="ddp", ac="full"))
+        out.append(dict(big, name="big-mha-ddp", kind="mha", parallel="ddp", ac="full"))
     return out
 
 
@@ -113,7 +114,32 @@ def worker(spec: dict) -> None:
     if spec["data"]:  # the timing needs no evaluation
         task.evaluate, task.final = (lambda model: {task.metric: 0.0}), (lambda model: {"score": 0.0})
     rank = int(os.environ.get("RANK", "0"))
-    Trainer(cfg, task, spec["out"], log=print if rank == 0 else (lambda *_: None)).fit()
+    trainer = Trainer(cfg, task, spec["out"], log=print if rank == 0 else (lambda *_: None))
+    if not spec.get("profile"):
+        trainer.fit()
+        return
+    activity = torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available() else torch.profiler.ProfilerActivity.CPU
+    with torch.profiler.profile(activities=[activity]) as prof:
+        trainer.fit()
+    if rank == 0:
+        write_profile(prof, spec)
+
+
+def write_profile(prof, spec: dict) -> None:
+    """GPU time per step by kernel category, the SDPA backend and the top kernels of a profiled
+    run (every step, the first's compilation included), next to the run's log."""
+    from mhe.bench.profiling import by_category, kernel_times, sdpa_calls
+
+    steps = spec["steps"]
+    times = kernel_times(prof, steps)
+    lines = [f"# {spec['name']}: GPU ms per step over all {steps} steps (rank 0)", "",
+             f"SDPA: {sdpa_calls(prof, steps)}; GPU busy {sum(ms for ms, _ in times.values()):.1f} ms per step", "",
+             "| category | ms per step |", "|---|---:|"]
+    lines += [f"| {c} | {ms:.2f} |" for c, ms in by_category(times).items() if ms > 0]
+    lines += ["", "| kernel | ms per step | launches per step |", "|---|---:|---:|"]
+    top = sorted(times.items(), key=lambda kv: -kv[1][0])[:25]
+    lines += [f"| {name[:110]} | {ms:.2f} | {n:g} |" for name, (ms, n) in top]
+    (Path(spec["out"]).parent.parent / "logs" / f"profile-{spec['name']}.md").write_text("\n".join(lines) + "\n")
 
 
 class Runner:
@@ -177,17 +203,35 @@ def figures(run: Path, stage: dict, gpus: int) -> dict | None:
             "params": params}
 
 
-def table(results: list[tuple[dict, str, dict | None]], gpus: int, card_gib: float | None) -> list[str]:
-    lines = ["| run | parameters | parallel | act. ckpt | tokens/s (all GPUs) | tokens/s per GPU | peak GiB (rank 0) "
-             "| 16 B/param (DDP's state) |", "|---|---:|---|---|---:|---:|---:|---:|"]
+def mfu(stage: dict, f: dict | None, peak: float | None) -> str:
+    """Model FLOPs utilisation per GPU: (6N + 12 L T n d) x tokens/s per GPU over the card's dense
+    bf16 peak (:func:`mhe.bench.common.flops_per_token`, N every real parameter)."""
+    if not f or not peak or not f.get("params"):
+        return "-"
+    cfg = model_preset(stage["preset"]).replace(attention=stage["kind"], **stage["model"])
+    return f"{100 * flops_per_token(f['params'], cfg, stage['seq']) * f['per_gpu'] / peak:.1f}%"
+
+
+def vs_ddp(stage: dict, f: dict | None, results) -> str:
+    """FSDP's rate over the same kind's DDP rate in this run."""
+    twin = next((g for s, st, g in results if s["kind"] == stage["kind"] and s["parallel"] == "ddp"
+                 and s["preset"] == stage["preset"] and s["model"] == stage["model"] and st == "ok" and g), None)
+    return f"{f['tokens_per_s'] / twin['tokens_per_s']:.2f}x" if f and twin and stage["parallel"] == "fsdp" else "-"
+
+
+def table(results: list[tuple[dict, str, dict | None]], gpus: int, card_gib: float | None,
+          peak: float | None = None) -> list[str]:
+    lines = ["| run | parameters | parallel | act. ckpt | tokens/s (all GPUs) | tokens/s per GPU | MFU | FSDP/DDP "
+             "| peak GiB (rank 0) | 16 B/param (DDP's state) |", "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for stage, status, f in results:
         params = (f or {}).get("params") or n_params(stage["preset"], stage["kind"], stage["model"])
         bound = 16 * params / GIB
         over = f" > {card_gib:.0f} GiB card" if card_gib and bound > card_gib else ""
         label = f"{stage['name']}: {stage['kind']}, {stage['per_gpu']} x {stage['seq']} per GPU"
-        cells = (f"{f['tokens_per_s']:,.0f} | {f['per_gpu']:,.0f} | "
+        cells = (f"{f['tokens_per_s']:,.0f} | {f['per_gpu']:,.0f} | {mfu(stage, f, peak)} | "
+                 f"{vs_ddp(stage, f, results)} | "
                  f"{'-' if f['peak_gib'] is None else format(f['peak_gib'], '.1f')}") if f and status == "ok" \
-            else f"{status} | | "
+            else f"{status} | | | | "
         size = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
         lines.append(f"| {label} | {size} | {stage['parallel']} | {stage['ac']} | {cells} | {bound:.3g} GiB{over} |")
     big = next((s for s, _, _ in results if s["name"] == "big-mha-fsdp"), None)
@@ -208,9 +252,12 @@ def main() -> int:
     ap.add_argument("--data", default="", help="a corpus mhe pretrain reads (default: random tokens)")
     ap.add_argument("--data-dir", default=os.environ.get("MHE_DATA", ""))
     ap.add_argument("--deadline", type=float, default=400.0)
+    ap.add_argument("--steps", type=int, default=30, help="steps of each llama-1.1b run (the first third is warm-up)")
     ap.add_argument("--ddp-oom", action="store_true", help="also try the big model under DDP")
     ap.add_argument("--only", default="", help="comma-separated stage names to run (default: all)")
     ap.add_argument("--cpu-smoke", action="store_true", help="two gloo processes, tiny presets, a few steps")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile every run's GPU kernels (OUT/logs/profile-STAGE.md); slows the runs")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -235,7 +282,7 @@ def main() -> int:
         if a.data and first.is_file() and not (out / "runs" / stage["name"]).exists():
             (out / "runs" / stage["name"]).mkdir(parents=True)
             shutil.copy(first, out / "runs" / stage["name"] / "tokenizer.json")
-        spec = dict(stage, out=str(out / "runs" / stage["name"]), data=a.data,
+        spec = dict(stage, out=str(out / "runs" / stage["name"]), data=a.data, profile=a.profile,
                     data_dir=str(Path(a.data_dir).resolve()) if a.data_dir else "", cpu=not cuda)
         status = runner.run(stage, spec)
         results.append((stage, status, figures(out / "runs" / stage["name"], stage, gpus)))
@@ -243,9 +290,10 @@ def main() -> int:
     head = [f"# DDP and FSDP on {gpus} GPUs of one host", "",
             f"Cards: {gpus} x {card}{memory}; torch {torch.__version__}; `python benchmarks/fsdp_speed.py OUT "
             f"--gpus {gpus}{' --gpt2' if a.gpt2 else ''}{' --cpu-smoke' if a.cpu_smoke else ''}`; data: "
-            f"{a.data or 'random tokens'}; tokens/s: median logged step time after the first third of the steps.",
+            f"{a.data or 'random tokens'}; tokens/s: median logged step time after the first third of the steps; "
+            f"MFU: (6N + 12 L T n d) FLOPs per token x tokens/s per GPU over the card's dense bf16 peak.",
             "", "Commands:", ""] + [f"* {c}" for c in runner.commands] + [""]
-    text = "\n".join(head + table(results, gpus, card_gib)) + "\n"
+    text = "\n".join(head + table(results, gpus, card_gib, device_peak(card) if cuda else None)) + "\n"
     (out / "fsdp-speed.md").write_text(text)
     print("\n" + text)
     return 0

@@ -2,11 +2,11 @@
 
     python benchmarks/profile_train_step.py OUT [--presets gpt2-base,bert-base] [--kinds mha,mhe-mul,mqa]
         [--no-dropout-kinds mha,mhe-mul] [--batch 32] [--layers N] [--sdpa-both]
-        [--data wikitext-2 --data-dir DIR] [--deadline 215] [--cuda-graphs auto|true|false] [--cpu-smoke]
+        [--data wikitext-2 --data-dir DIR] [--deadline 215] [--cuda-graphs auto|true|false] [--seq 512] [--cpu-smoke]
 
 For each preset (gpt2-base: causal LM; bert-base: masked LM; a Llama-style one such as
 llama-135m: causal LM) and attention kind, the step exactly as ``mhe pretrain`` runs it with its
-defaults (batch ``--batch`` x 512, bf16 autocast, compiled on CUDA, padded vocabulary, chunked
+defaults (batch ``--batch`` x ``--seq`` (512), bf16 autocast, compiled on CUDA, padded vocabulary, chunked
 cross-entropy, fused AdamW, clipping, prefetched batches; :mod:`mhe.bench.step_profile`), on
 random token blocks (``--data``: a corpus instead). After warm-up (which holds the compilation) it
 times 10 steps (wall time per step, as the trainer logs it, and the host's time to queue a step),
@@ -237,11 +237,14 @@ def _args():
     ap.add_argument("--deadline", type=float, default=215.0, help="seconds; later configurations are skipped")
     ap.add_argument("--cuda-graphs", default="auto", choices=("auto", "true", "false"),
                     help="train.cuda_graphs (auto: the step replayed as CUDA graphs on CUDA, as mhe pretrain)")
+    ap.add_argument("--seq", type=int, default=0, help="tokens per sequence (default 512; 32 in smoke); llama-135m's "
+                    "mhe pretrain default is 2048")
     ap.add_argument("--cpu-smoke", action="store_true")
     a = ap.parse_args()
     smoke = a.cpu_smoke
     a.device = "cpu" if smoke or not torch.cuda.is_available() else "cuda"
-    a.seq, a.warmup, a.timed, a.profiled = (32, 1, 3, 2) if smoke else (512, 3, 10, 3)
+    seq, a.warmup, a.timed, a.profiled = (32, 1, 3, 2) if smoke else (512, 3, 10, 3)
+    a.seq = a.seq or seq
     a.batch = a.batch or (4 if smoke else 32)
     return a
 

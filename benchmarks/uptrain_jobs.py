@@ -4,6 +4,7 @@ the study's own process (:class:`InlinePool`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,6 +45,8 @@ def common_sets(args, kind: str = "", *, model: bool = True) -> list[str]:
             items.append(f"model.attn_options.n_kv_heads={args.n_kv_heads}")
     if args.limit_lines:
         items.append(f"data.limit_lines={args.limit_lines}")
+    if args.also_test:  # further test sets every run is scored on (results.json: CORPUS_word_perplexity)
+        items.append(f"data.task_options.also_test={json.dumps(args.also_test.split(','))}")
     items.append(f"train.compile={'true' if args.compile else 'false'}")  # eager unless asked (RUN.md says why)
     if args.cpu_smoke:  # one sliding window at the score's stride (half the window), not a second one at 256
         items += ["train.device=cpu", "data.eval_stride=16"]

@@ -11,12 +11,16 @@ from pathlib import Path
 from uptrain_jobs import ROOT, Job, fraction_label
 
 
-def job_score(runs: Path, job: Job) -> float | None:
-    """The run's test perplexity (``results.json``), None when it did not finish."""
+def job_results(runs: Path, job: Job) -> dict:
+    """The run's ``results.json``, {} when it did not finish."""
     import json
 
     f = runs / job.name / "results.json"
-    return json.loads(f.read_text())["score"] if f.is_file() else None
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
+# the per-word numbers beside the per-token score: (row prefix, results.json key)
+WORD = (("word", "word_perplexity"), ("ptb", "ptb_word_perplexity"))
 
 
 def summarise(args, out: Path, study: dict) -> dict:
@@ -25,7 +29,8 @@ def summarise(args, out: Path, study: dict) -> dict:
     import statistics
 
     runs, conv = out / "runs", study["conversions"]
-    scores = {j.name: job_score(runs, j) for j in study["jobs"]}
+    results = {j.name: job_results(runs, j) for j in study["jobs"]}
+    scores = {name: r.get("score") for name, r in results.items()}
     longest = max(round(f * args.steps) for f in args.fractions)
     rows = []
     for kind in ("mha", *args.kinds):
@@ -42,8 +47,29 @@ def summarise(args, out: Path, study: dict) -> dict:
             row[f"seeds_up_{fraction_label(f)}"] = len(vals)
         row["ppl_scratch"] = scores.get(f"scratch-{kind}") if kind != "mha" else None
         row["scratch_steps"] = args.steps + longest if kind != "mha" else args.steps
+        row.update(_word_columns(args, kind, c, study["jobs"], results))
         rows.append(row)
     return {"rows": rows, "scores": scores}
+
+
+def _word_columns(args, kind: str, conv: dict, jobs: list, results: dict) -> dict:
+    """Perplexity per word of WikiText-2's test split (step 0 from the conversion) and of every
+    ``--also-test`` corpus (PTB), after each uptraining (mean and std) and from scratch; the
+    source's own under ``mha``."""
+    import statistics
+
+    row = {"word_converted": conv.get("word_converted"), "word_naive": conv.get("word_naive")}
+    own = results.get("pretrain-mha" if kind == "mha" else f"scratch-{kind}", {})
+    for name, key in WORD:
+        if name == "ptb":
+            row["ptb_source"] = own.get(key) if kind == "mha" else None
+        for f in args.fractions:
+            vals = [results[j.name][key] for j in jobs if j.role == "uptrain" and j.kind == kind
+                    and j.fraction == f and key in results[j.name]]
+            row[f"{name}_up_{fraction_label(f)}"] = statistics.fmean(vals) if vals else None
+            row[f"{name}_std_up_{fraction_label(f)}"] = statistics.stdev(vals) if len(vals) > 1 else None
+        row[f"{name}_scratch"] = own.get(key) if kind != "mha" else None
+    return row
 
 
 def fmt(x, digits: int = 2) -> str:
@@ -67,7 +93,32 @@ def markdown_table(args, rows: list[dict]) -> str:
                          + f" ({k} seed{'s' if k != 1 else ''})")
         cells.append(fmt(r["ppl_scratch"]))
         lines.append("| " + " | ".join(cells) + " |")
+    if any(r.get(f"ptb_up_{fraction_label(f)}") is not None for r in rows for f in args.fractions):
+        lines += ["", *word_table(args, rows)]
     return "\n".join(lines) + "\n"
+
+
+def _mean_std(mean, std) -> str:
+    return "—" if mean is None else f"{mean:,.2f}" + (f" ± {std:,.2f}" if std is not None else "")
+
+
+def word_table(args, rows: list[dict]) -> list[str]:
+    """Perplexity per word: WikiText-2's test split (step 0, uptrained, from scratch) and PTB's
+    (uptrained, from scratch; the source's own in the step-0 column), mean ± std over seeds."""
+    n = args.steps
+    ups = [(fraction_label(f), f"{100 * f:g}%") for f in args.fractions]
+    head = ["kind", "WikiText-2 converted (step 0)"] + [f"WikiText-2 uptrained {t}" for _, t in ups] + [
+        "WikiText-2 from scratch", "PTB source"] + [f"PTB uptrained {t}" for _, t in ups] + ["PTB from scratch"]
+    lines = ["Perplexity per word (the same runs; PTB: the test split of `ptb`, scored with each run's tokenizer "
+             "after training, not at step 0):", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["kind"] if r["kind"] != "mha" else f"mha (source, {n} steps)", fmt(r["word_converted"])]
+        cells += [_mean_std(r[f"word_up_{lab}"], r[f"word_std_up_{lab}"]) for lab, _ in ups]
+        cells += [fmt(r["word_scratch"]), fmt(r["ptb_source"])]
+        cells += [_mean_std(r[f"ptb_up_{lab}"], r[f"ptb_std_up_{lab}"]) for lab, _ in ups]
+        cells.append(fmt(r["ptb_scratch"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_tables(args, out: Path, summary: dict) -> None:
@@ -213,7 +264,10 @@ def _what_ran(args) -> list[str]:
         "shown (it has seen a few more steps than they have).",
         "", f"Perplexity: {test} test split, per BPE token, sliding window (stride: half the window), as `mhe eval` "
         "computes it; step 0 is the converted model before any training, and `naive init` the mean of the heads "
-        "with zero head embeddings."]
+        "with zero head embeddings."
+        + (f" Every trained run is also scored per word, on the same split and on the test split of "
+           f"{', '.join(f'`{c}`' for c in args.also_test.split(','))} (`data.task_options.also_test`): the second "
+           "table." if args.also_test else "")]
 
 
 def portable_command(argv: list[str]) -> str:

@@ -41,13 +41,16 @@ def convert_all(args, runs: Path, log) -> dict:
     with Converter(runs / "pretrain-mha", device=device, split="test", calibration=32, log=log) as conv:
         src = conv.source_score()
         rows["mha"] = {"ppl_source": src["score"], "attention_params": count_attention_params(conv.src.model),
-                       "kv_bytes_per_token": kv_cache_bytes_per_token(conv.src.model)}
+                       "kv_bytes_per_token": kv_cache_bytes_per_token(conv.src.model),
+                       "word_converted": src.get("word_perplexity")}
         for kind in args.kinds:
             kv = args.n_kv_heads if kind == "gqa" else 0
             model, rep = conv.convert(kind, runs / f"convert-{kind}", n_kv_heads=kv, align=args.align)
             _, naive = conv.convert(kind, None, n_kv_heads=kv, naive=True)
             rows[kind] = {"ppl_converted": rep.scores["converted"]["score"],
                           "ppl_naive": naive.scores["converted"]["score"],
+                          "word_converted": rep.scores["converted"].get("word_perplexity"),
+                          "word_naive": naive.scores["converted"].get("word_perplexity"),
                           "attention_params": count_attention_params(model),
                           "kv_bytes_per_token": kv_cache_bytes_per_token(model),
                           "errors": rep.mean_errors()}

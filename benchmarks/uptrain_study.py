@@ -3,10 +3,12 @@
 
     python benchmarks/uptrain_study.py --data-dir DATA --out results/uptrain-gpt2-6x384
     python benchmarks/uptrain_study.py --preset llama-135m --data-dir DATA --out results/uptrain-llama-135m
+    python benchmarks/uptrain_study.py --preset llama-6x512 --data-dir DATA --out results/uptrain-llama-6x512
     python benchmarks/uptrain_study.py --cpu-smoke --data-dir DATA --out /tmp/uptrain-smoke
 
 1. Pre-train an MHA decoder (GPT-2-shaped, or the Llama-style ``llama-135m`` with rotary
-   positions) on ``offline-english`` for N steps (``mhe pretrain``).
+   positions, or ``llama-6x512``: that layer at the shape of the from-scratch comparison
+   ``gpu-llama-6x512``, issue 43) on ``offline-english`` for N steps (``mhe pretrain``).
 2. Convert it to every kind (``mhe convert``'s fitted initialisation, through its Python API,
    in this process) and score each converted model on WikiText-2's test split before training
    (and the naive initialisation, mean of the heads and zero head embeddings, beside it).
@@ -44,10 +46,20 @@ from uptrain_report import (markdown_table, plot, portable_command, software, su
                             write_run_md, write_tables)
 from uptrain_stages import run_study  # noqa: E402
 
+from mhe.experiments.presets import LLAMA_6x512  # noqa: E402
+
 KINDS = ("mqa", "gqa", "mhe-mul", "mhe-add", "sha")
 # the default model: GPT-2's layout at 6 layers x 384, 8 heads of 48 (GQA: 2 K/V heads), 256 tokens
 GPT2_6x384 = ("model.n_layers=6", "model.d_model=384", "model.n_heads=8", "model.d_ff=1536", "model.max_len=256")
 MODEL_SETS = {"gpt2-base": GPT2_6x384, "llama-135m": ("model.max_len=256",)}  # the llama: 30 x 576, 9 heads
+# study shapes: a model preset at other sizes, with the study's defaults for it. llama-6x512 is the
+# shape of `mhe compare --preset gpu-llama-6x512` (6 layers x 512, 8 heads of 64, GQA 2 K/V heads),
+# pre-trained for 1200 steps so the study fits about 6 minutes of one H100 (issue 43; the GPT-2
+# study's 2000 steps of a 6 x 384 model took 6.1 min, and this model costs about 1.7 times as much
+# a token), scored on PTB's test split as well.
+SHAPES = {"llama-6x512": dict(preset="llama-135m", model_set=tuple(f"model.{k}={v}" for k, v in LLAMA_6x512.items()),
+                              n_kv_heads=LLAMA_6x512["n_heads"] // 4, steps=1200,
+                              kinds=("mqa", "gqa", "mhe-mul", "mhe-add"), also_test="ptb")}
 SMOKE_MODEL = ("model.n_layers=2", "model.d_model=32", "model.n_heads=8", "model.d_ff=64", "model.max_len=32")
 
 
@@ -58,20 +70,26 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="output folder (results/uptrain-...)")
     p.add_argument("--preset", default=None,
                    help="model preset of the decoder: gpt2-base (default), llama-135m (the Llama-style decoder: "
-                        "RMSNorm, SwiGLU, rotary positions); --cpu-smoke: tiny-decoder (default) or llama-tiny")
+                        "RMSNorm, SwiGLU, rotary positions) or llama-6x512 (that decoder at 6 x 512, GQA with 2 K/V "
+                        "heads, 1200 steps, also scored on PTB); --cpu-smoke: tiny-decoder (default), llama-tiny "
+                        "or llama-6x512 (its layer at the smoke size)")
     p.add_argument("--model-set", action="append", default=None, metavar="model.KEY=VALUE",
                    help="model settings (default for gpt2-base: 6 layers x 384, 8 heads, d_ff 1536, 256 tokens; "
                         "for llama-135m: its own sizes at 256 tokens)")
     p.add_argument("--data", default=None, help="the training corpus (default offline-english; --cpu-smoke: "
                                                  "wikitext-2); the scores are on its test split")
-    p.add_argument("--steps", type=int, default=2000, help="pre-training steps N (default 2000)")
+    p.add_argument("--steps", type=int, default=None, help="pre-training steps N (default 2000; llama-6x512: 1200)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per step (default 32)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of every run (default 1e-3)")
     p.add_argument("--vocab-size", type=int, default=8192, help="byte-level BPE size (default 8192)")
     p.add_argument("--fractions", default="0.05,0.1", help="uptraining steps as fractions of N (default 0.05,0.1)")
     p.add_argument("--seeds", type=int, default=3, help="uptraining seeds per kind and fraction, as the budget "
                                                         "allows (default 3)")
-    p.add_argument("--kinds", default=None, help=f"kinds to convert to (default {','.join(KINDS)})")
+    p.add_argument("--kinds", default=None, help=f"kinds to convert to (default {','.join(KINDS)}; llama-6x512: "
+                                                 "mqa,gqa,mhe-mul,mhe-add)")
+    p.add_argument("--also-test", default=None, metavar="CORPUS[,CORPUS]",
+                   help="score every trained run on these corpora's test splits as well (lm's also_test; "
+                        "default none; llama-6x512: ptb)")
     p.add_argument("--n-kv-heads", type=int, default=0,
                    help="GQA's K/V heads, converted and from scratch (default: the preset's own for a GQA preset, "
                         "e.g. 3 for llama-135m; else n/4)")
@@ -96,7 +114,16 @@ def parse_args(argv=None):
 
 
 def resolve(args):
-    """The defaults that depend on other arguments (the preset, --cpu-smoke)."""
+    """The defaults that depend on other arguments (the preset or study shape, --cpu-smoke)."""
+    shape = SHAPES.get(args.preset, {})
+    if shape:
+        args.preset = shape["preset"]
+        if args.model_set is None and not args.cpu_smoke:
+            args.model_set = list(shape["model_set"])
+        args.n_kv_heads = args.n_kv_heads or shape["n_kv_heads"]
+        args.kinds = args.kinds or ",".join(shape["kinds"])
+    args.steps = args.steps or shape.get("steps", 2000)
+    args.also_test = shape.get("also_test", "") if args.also_test is None else args.also_test
     if args.cpu_smoke:
         args.preset = args.preset or "tiny-decoder"
         args.model_set = list(SMOKE_MODEL) if args.model_set is None else args.model_set

@@ -13,7 +13,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ["MHE_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["MKL_NUM_THREADS"] = "1"
+# Runs keep trained tokenizers and compiled kernels in MHE_CACHE_DIR (mhe.runtime); tests train their
+# own, so what a test prints never depends on which test ran before it (test_run_report turns it on).
+os.environ["MHE_CACHE_DIR"] = "off"
 torch.set_num_threads(1)
+# Without a GPU, Triton's kernels run in its interpreter on CPU tensors (tests/test_split_k_decode.py);
+# Triton reads the switch when it is imported, which no test has done yet.
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

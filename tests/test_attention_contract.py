@@ -185,7 +185,7 @@ def test_cache_overflow_is_named():
         mod(x64(B, 5, D_MODEL), cache=cache)
 
 
-KERNELS = ("sdpa", "sdpa-expand", "eager", "matmul-decode", "eager-one-token")
+KERNELS = ("sdpa", "sdpa-expand", "eager", "matmul-decode", "eager-one-token", "split-k-decode")
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

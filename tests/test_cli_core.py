@@ -93,3 +93,19 @@ def test_bad_input_from_a_real_process_has_no_traceback():
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown preset 'nope'; valid: bert-base" in lines[0]
+
+
+@pytest.mark.parametrize("rank,speaks", [("0", True), ("1", False)])
+def test_under_torchrun_only_rank_0_prints_an_error_and_every_rank_exits_2(monkeypatch, capsys, tmp_path, rank,
+                                                                           speaks):
+    """Both kinds of bad input: a settings error (MheError) and an argument error (argparse)."""
+    monkeypatch.setenv("RANK", rank)
+    assert main(["pretrain", "--preset", "tiny-decoder", "--data", "ptb", "--out", str(tmp_path / "r"),
+                 "--set", "train.steps=-1"]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["params", "--no-such-flag"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == (2 if speaks else 0), err
+    if speaks:
+        assert "train.steps" in err[0] and "--no-such-flag" in err[1]

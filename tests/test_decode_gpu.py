@@ -65,7 +65,7 @@ def test_compiled_region_agrees_with_eager(kind):
 def test_adapter_generate_runs_the_captured_step_on_cuda():
     pytest.importorskip("transformers")
     from mhe.hf import to_hf
-    from mhe.models import generator as generator_module
+    from mhe.models import generate as generate_module
 
     model = tiny("mhe-mul")
     ids, mask = prompts()
@@ -73,5 +73,5 @@ def test_adapter_generate_runs_the_captured_step_on_cuda():
     got = hf.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
                       cache_implementation="static")
     assert torch.equal(got, model.generate(ids, 12, attention_mask=mask))
-    session = generator_module._DEFAULT[model][-1]
+    session = generate_module._DEFAULT[model][-1]
     assert session.caches[0].k.shape[1] == 1 and session.mode in ("graph", "compile")

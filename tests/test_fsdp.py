@@ -34,6 +34,9 @@ from mhe.tasks import default_run
 from mhe.training.loop import Trainer
 
 STOP = 3  # the step the interrupted run saves
+# The GPU's defaults where torch allows them on a CPU: bf16 gathers and compute with float32
+# gradient reduction (the policy FSDP's input casting applies to every block), each block compiled.
+MIXED = ("train.precision=bf16", "train.compile=true", "train.activation_checkpointing=selective")
 
 
 class PaddedRecall(RecallTask):
@@ -69,7 +72,7 @@ def _worker(rank: int, world: int, port: int, out: str, extra: list, interrupt: 
         torch.compile = lambda fn, **kw: compile_(fn, backend="aot_eager", **kw)
     task = PaddedRecall(interrupt=interrupt and rank == 0)
     Trainer(config("train.parallel=fsdp", *extra), task, out, resume=resume, log=lambda *_: None).fit()
-    if "train.compile=true" in extra and rank == 0:
+    if "train.compile=true" in extra and rank == 0 and not resume:
         from torch._dynamo.utils import counters
         (Path(out) / "graphs.json").write_text(json.dumps(counters["stats"]["unique_graphs"]))
 
@@ -81,13 +84,17 @@ def fsdp(out, *extra, interrupt=False, resume=False):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """one: one process, full batch; whole: FSDP, 6 steps, selective activation checkpointing;
-    compiled: FSDP with each block compiled (dynamo, aot_eager) and fully checkpointed; resumed:
+    compiled: FSDP with each block compiled (dynamo, aot_eager) and fully checkpointed; mixed: the
+    GPU's mixed precision and per-block compile, once whole and once stopped and resumed; resumed:
     FSDP stopped by a signal at step 3, then resumed on two processes; moved: the same checkpoint
     resumed on one process."""
     root = tmp_path_factory.mktemp("fsdp")
     Trainer(config(), RecallTask(), root / "one", log=lambda *_: None).fit()
     fsdp(root / "whole", "train.activation_checkpointing=selective")
     fsdp(root / "compiled", "train.compile=true", "train.activation_checkpointing=full")
+    fsdp(root / "mixed", *MIXED)
+    fsdp(root / "mixed-stopped", *MIXED, f"train.stop_at={STOP}")
+    fsdp(root / "mixed-stopped", *MIXED, resume=True)
     fsdp(root / "resumed", interrupt=True)
     stopped = {p.name for p in ckpt.list_checkpoints(root / "resumed" / "checkpoints")}
     shutil.copytree(root / "resumed", root / "moved")
@@ -186,3 +193,23 @@ def test_a_compile_failure_under_fsdp_is_one_line_naming_the_way_out(tmp_path):
     with pytest.raises(mp.ProcessRaisedException, match=r"MheError: torch.compile cannot compile this configuration "
                        r"under FSDP \(RuntimeError: no working C compiler\); set train.compile=false"):
         mp.spawn(_broken_compile_worker, args=(2, _free_port(), str(tmp_path / "run")), nprocs=2, join=True)
+
+
+@pytest.mark.slow
+def test_fsdp_with_the_gpus_mixed_precision_and_compile_trains_and_resumes_exactly(runs):
+    """bf16 gathers make FSDP cast every block's inputs (masks included) to bf16, the path a GPU
+    run takes and a float32 CPU run never did; the run trains as the float32 one does, to bf16's
+    tolerance, and a stopped run resumed on two processes repeats the uninterrupted one."""
+    root, _ = runs
+    assert json.loads((root / "mixed" / "graphs.json").read_text()) >= 1  # compiled, not eager
+    full, mixed, resumed = records(root / "whole"), records(root / "mixed"), records(root / "mixed-stopped")
+    assert [r["step"] for r in mixed] == [r["step"] for r in resumed] == list(range(1, STEPS + 1))
+    for rf, rm in zip(full, mixed):
+        assert rm["loss"] == pytest.approx(rf["loss"], rel=2e-2)
+        assert rm["loss"] != rf["loss"]  # computed in bf16, not float32
+    for rm, rr in zip(mixed, resumed):
+        assert (rr["loss"], rr["grad_norm"]) == (rm["loss"], rm["grad_norm"]), rr["step"]
+    wm, wr = final_weights(root / "mixed"), final_weights(root / "mixed-stopped")
+    for name in wm:
+        assert wm[name].dtype == torch.float32  # the sharded weights the optimiser updates stay float32
+        assert torch.equal(wr[name], wm[name]), name

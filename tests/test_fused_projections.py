@@ -6,9 +6,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mhe.attention import AttentionMask, masks
+from mhe.attention.folding import inference_view, shared_copy
 from mhe.attention.fused_projections import fuse_projections, fused_projection
 from mhe.models import build_model
-from mhe.models.decode_step import inference_view, shared_copy
 
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
 FUSING = [("tiny-decoder", k) for k in ("mha", "mqa", "gqa", "mhe-mul", "mhe-add")] + \

@@ -133,3 +133,122 @@ def test_grouped_training_attention_runs_on_flash_attention_on_a_gpu(kind):
     with torch.autocast("cuda", dtype=torch.bfloat16), torch.profiler.profile() as prof:
         model(ids, labels=ids).loss.backward()
     assert sdpa_calls(prof, 1) == f"flash {LLAMA['n_layers']} fwd / {LLAMA['n_layers']} bwd"
+
+
+# --- native grouped heads against the literal equations (issue 42) ---------------------------------
+
+def _grouped_inputs(n=4, g=2, t=6, s=6, d=8):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, h, L, d, generator=gen, dtype=torch.float64, requires_grad=True)
+               for h, L in ((n, t), (g, s), (g, s)))
+    return q, k, v
+
+
+def _literal(q, k, v, *, causal, key_mask=None):
+    """Head by head, query head i over K/V head i // (n / g), the softmax written out (tests/reference.py)."""
+    from reference import softmax_attention
+
+    n, g = q.shape[1], k.shape[1]
+    heads = [softmax_attention(q[:, i], k[:, i // (n // g)], v[:, i // (n // g)], causal=causal, key_mask=key_mask)
+             for i in range(n)]
+    return torch.stack(heads, 1)  # [B, n, T, d]
+
+
+def _out_and_grads(fn, q, k, v):
+    out = fn(q, k, v)
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+    grads = torch.autograd.grad((out * weights).sum(),
+                                (q, k, v))
+    return [out.detach(), *grads]
+
+
+@pytest.mark.parametrize("expand", (False, True), ids=("native", "repeated"))
+@pytest.mark.parametrize("masked", (False, True), ids=("causal", "causal+padding"))
+@pytest.mark.parametrize("g", (1, 2))
+def test_grouped_sdpa_equals_the_literal_equations_forward_and_gradients(g, masked, expand, monkeypatch):
+    """The sdpa kernel over g < n K/V heads, read natively (``enable_gqa``) or repeated where no fused
+    backend would read them (the rule forced), equals the per-head softmax in float64: the output
+    and the gradients of q, k and v (each K/V head's gradient summed over its group)."""
+    calls, sdpa = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, k, v, **kw: calls.append((k.shape[1], kw))
+                        or sdpa(q, k, v, **kw))
+    if expand:
+        monkeypatch.setattr(kernels, "grouped_natively", lambda *a, **kw: False)
+    q, k, v = _grouped_inputs(g=g)
+    key_mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2]) if masked else None
+    got = _out_and_grads(lambda q, k, v: kernels.attend(q, k, v, causal=True, key_mask=key_mask), q, k, v)
+    want = _out_and_grads(lambda q, k, v: _literal(q, k, v, causal=True, key_mask=key_mask), q, k, v)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert len(calls) == 1
+    heads, kw = calls[0]
+    assert heads == (4 if expand else g) and kw["enable_gqa"] is not expand
+
+
+def test_grouped_heads_are_repeated_only_where_no_fused_backend_reads_them(monkeypatch):
+    monkeypatch.setattr(kernels, "MEM_EFFICIENT_GQA", False)
+    rule = kernels.grouped_natively
+    q = torch.zeros(1, 4, 8, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 8, 64, dtype=torch.bfloat16)
+    flash = dict(attn_mask=None, is_causal=True, enable_gqa=True)
+    assert rule(q, k, flash, "cuda")
+    assert rule(q, q, flash, "cuda") and rule(q, k, {**flash, "attn_mask": torch.ones(8, 8, dtype=torch.bool)}, "cpu")
+    assert not rule(q, k, {**flash, "attn_mask": torch.ones(8, 8, dtype=torch.bool)}, "cuda")  # FlashAttention: no mask
+    assert not rule(q.float(), k.float(), flash, "cuda")  # FlashAttention: fp16/bf16 only
+    assert not rule(torch.zeros(1, 4, 8, 512, dtype=torch.bfloat16), torch.zeros(1, 2, 8, 512, dtype=torch.bfloat16),
+                    flash, "cuda")  # head_dim over 256
+    assert not rule(q[:, :, :2], k, flash, "cuda") and rule(q[:, :, :2], k, {**flash, "is_causal": False}, "cuda")
+    monkeypatch.setattr(kernels, "MEM_EFFICIENT_GQA", True)
+    assert rule(q.float(), k.float(), {**flash, "attn_mask": torch.ones(8, 8, dtype=torch.bool)}, "cuda")
+
+
+def _loss_curve(kind: str, kernel: str, steps: int = 6) -> list[float]:
+    from mhe.attention.base import set_kernel
+
+    torch.manual_seed(0)
+    model = set_kernel(_llama(kind), kernel).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    ids = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(2))  # one batch, learnt
+    curve = []
+    for _ in range(steps):
+        loss = model(ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        curve.append(loss.item())
+    return curve
+
+
+@pytest.mark.parametrize("kind", ("gqa", "mqa", "mhe-mul"))
+def test_a_tiny_training_run_has_the_expanded_kernels_loss_curve(kind, monkeypatch):
+    """Six AdamW steps in float64: native grouped heads, and heads repeated by the fallback rule, give
+    the loss curve of the written-out softmax over K/V repeated per query head (``eager``) within rounding."""
+    reference = _loss_curve(kind, "eager")
+    native = _loss_curve(kind, "sdpa")
+    monkeypatch.setattr(kernels, "grouped_natively", lambda *a, **kw: False)
+    repeated = _loss_curve(kind, "sdpa")
+    assert reference[-1] < reference[0] - 0.05  # it trains
+    for curve in (native, repeated):
+        assert curve == pytest.approx(reference, rel=1e-12, abs=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+def test_masked_grouped_training_attention_stays_off_the_math_backend_on_a_gpu(dtype):
+    """A grouped call FlashAttention refuses (a padding mask; float32) runs on a fused backend, over
+    repeated K/V heads where this torch's memory-efficient kernel does not read grouped ones, and
+    equals the per-head softmax (computed in float64) in its output and gradients."""
+    from mhe.bench.profiling import sdpa_calls
+
+    q, k, v = (t.detach().to("cuda", dtype).requires_grad_() for t in _grouped_inputs(n=8, g=2, t=128, s=128, d=64))
+    key_mask = torch.ones(B, 128, dtype=torch.bool, device="cuda")
+    key_mask[1, 100:] = False
+    with torch.profiler.profile() as prof:
+        got = _out_and_grads(lambda q, k, v: kernels.attend(q, k, v, causal=True, key_mask=key_mask), q, k, v)
+    assert "math" not in sdpa_calls(prof, 1)
+    ref = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    want = _out_and_grads(lambda q, k, v: _literal(q, k, v, causal=True, key_mask=key_mask.cpu()), *ref)
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4  # bf16: 8 bits of mantissa; float32: TF32 off in SDPA
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double().cpu(), b, rtol=tol, atol=tol * float(b.abs().max()))

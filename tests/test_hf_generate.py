@@ -9,7 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from mhe.hf import to_hf  # noqa: E402
 from mhe.models import build_model  # noqa: E402
-from mhe.models import generator as generator_module  # noqa: E402
+from mhe.models import generate as generate_module  # noqa: E402
 
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, n_layers=2, max_len=32, dropout=0.0, attn_dropout=0.0)
 
@@ -56,7 +56,7 @@ def test_static_generate_equals_transformers_loop_and_model_generate(kind, sampl
     assert torch.equal(fast, ours)
     again, _ = both(hf, ids, seed=1, **kw)
     assert torch.equal(again, fast) != sample  # sampling follows the seed
-    assert len(generator_module._DEFAULT[model]) == 1  # one session served every call
+    assert len(generate_module._DEFAULT[model]) == 1  # one session served every call
 
 
 @pytest.mark.parametrize("kind", ["mha", "mhe-mul"])

@@ -11,10 +11,9 @@ import torch
 
 from conftest import B, D_MODEL, N_HEADS, T
 from mhe.attention import KINDS, attention_class, build_attention
-from mhe.attention.folding import fold_mhe, fold_model
+from mhe.attention.folding import fold_mhe, fold_model, inference_view
 from mhe.attention.rotary import RotaryEmbedding
 from mhe.errors import MheError
-from mhe.models.decode_step import inference_view
 from reference import reference_forward
 
 ROTARY_KINDS = [k for k in KINDS if attention_class(k).supports_cache]

@@ -10,9 +10,8 @@ import copy
 import pytest
 import torch
 
-from mhe.attention.folding import fold_model
+from mhe.attention.folding import fold_model, inference_view
 from mhe.models import build_model
-from mhe.models.decode_step import inference_view
 from mhe.tasks.init_from import init_weights, source_checkpoint
 from mhe.tasks.runs import load_run
 from mhe.tasks.translation import TranslationTask

@@ -23,6 +23,7 @@ from mhe.tasks import TASKS, default_run
 
 SETTINGS = "test_task_settings"
 EFFECTS: dict[str, dict[str, str]] = {
+    "lm": {"also_test": "test_option_effects::test_lm_also_test_scores_each_named_corpus"},
     "recall": {f: f"{SETTINGS}::test_every_recall_option_shapes_the_data"
                for f in ("n_keys", "n_values", "pairs", "queries", "train_size", "test_size", "data_seed")},
     "mt": {
@@ -235,6 +236,25 @@ def test_last_n_sets_how_many_checkpoints_are_decoded(tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["bleu_last5_steps"] == [4, 6, 8] and len(res["bleu_last5"]) == 3
     assert res["bleu_last5_mean"] == pytest.approx(sum(res["bleu_last5"]) / 3, abs=1e-12)
+
+
+# ---------------------------------------------------------------- lm's further test corpora
+def test_lm_also_test_scores_each_named_corpus(lm_run):
+    """``also_test`` adds each named corpus's test perplexity to the final results: the figure
+    ``mhe eval --data`` gives (:func:`corpus_perplexity`), and none without it."""
+    import dataclasses as dc
+
+    from mhe.tasks.cross_eval import corpus_perplexity
+    from mhe.tasks.runs import load_run
+
+    root = require_data("wikitext-2/wiki.test.tokens.gz", "ptb/ptb.test.txt.gz")
+    model, cfg, task = load_run(lm_run, data_dir=str(root))
+    task.cfg.data.limit_lines = 30  # a short test split for both corpora
+    assert not [k for k in task.final(model) if k.startswith("wikitext-2")]
+    task.cfg.data.task_options = dc.replace(task.cfg.data.task_options, also_test=["wikitext-2"])
+    res = task.final(model)
+    other = corpus_perplexity(task, model, task.cfg, "wikitext-2")
+    assert res["wikitext-2_perplexity"] == other["perplexity"] and res["score"] != other["perplexity"]
 
 
 # ---------------------------------------------------------------- fine-tuning's data and weights

@@ -2,7 +2,7 @@
 
 Every ```python block of README.md is picked up and run on its own: a fresh namespace in an
 empty working directory, so a block that leans on an import or a name from another section
-fails. A block that needs an optional package (``transformers``, ``accelerate``, ``datasets``)
+fails. A block that needs an optional package (``transformers``, ``accelerate``, ``datasets``, ``peft``)
 is skipped when that package is absent (the ``test`` extra installs transformers, so CI runs
 those blocks). The one substitution: a
 block that names a run folder ``runs/NAME`` finds there, under that name, a tiny run of the same
@@ -20,7 +20,7 @@ import pytest
 
 README = Path(__file__).parents[1] / "README.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-OPTIONAL = ("transformers", "accelerate", "datasets")  # the optional extras of pyproject.toml
+OPTIONAL = ("transformers", "accelerate", "datasets", "peft")  # the optional extras of pyproject.toml
 RUN_FOLDER = re.compile(r"runs/([A-Za-z0-9_.-]+)")
 RUN_FIXTURES = {"lm": "lm_run", "mt": "mt_run"}  # the first word of a run folder's name -> its stand-in
 

@@ -11,10 +11,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mhe.models import build_model
-from mhe.models import generator as generator_module
-from mhe.models.decode_step import compile_step
-from mhe.models.generate import release_default_sessions
-from mhe.models.sampling import SamplingConfig, draw, filter_logits
+from mhe.models import generate as generate_module
+from mhe.models.captured_step import compile_step
+from mhe.models.generate import SamplingConfig, draw, filter_logits, release_default_sessions
 
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
 AOT = {"backend": "aot_eager"}
@@ -157,18 +156,18 @@ def test_default_sessions_are_reused_bounded_and_go_with_the_model():
     attributes = set(vars(model))
     ids = torch.randint(3, 99, (2, 5))
     model.generate(ids, 6)
-    (first,) = generator_module._DEFAULT[model]
+    (first,) = generate_module._DEFAULT[model]
     assert first.max_len == SMALL["max_len"]  # 11 rounded up to 64, at most the model's 40 positions
     model.generate(ids, 1)  # fits (6 <= 40 <= 2 x 6 rounded up): reused
     model.generate(ids[:, :3], 9)
-    assert generator_module._DEFAULT[model] == [first]
+    assert generate_module._DEFAULT[model] == [first]
     model.generate(ids[:1], 4)  # another batch size: a second session
     model.generate(ids, 4, step_mode="eager", kernel="eager")  # other options: a third; two are kept
-    held = generator_module._DEFAULT[model]
+    held = generate_module._DEFAULT[model]
     assert len(held) == 2 and first not in held and held[-1].kernel == "eager"
     assert set(vars(model)) == attributes  # nothing on the model
     release_default_sessions(model)
-    assert model not in generator_module._DEFAULT
+    assert model not in generate_module._DEFAULT
     model.generate(ids, 2)
     ref = weakref.ref(model)
     del model, held, first

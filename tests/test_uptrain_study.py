@@ -82,3 +82,44 @@ def test_cpu_smoke_runs_end_to_end(tmp_path, preset):
     record = json.loads((out / "runs" / "convert-mhe-mul" / "config.json").read_text())
     assert record["model"]["positions"] == ("rotary" if preset == "llama-tiny" else "learned")
     assert record["model"]["attn_options"]["rope_order"] == "rope-then-psi"
+
+
+def test_the_llama_6x512_plan_has_the_comparisons_shape_and_scores_ptb(tmp_path, capsys):
+    """``--preset llama-6x512`` (issue 43): llama-135m's layer at the from-scratch comparison's shape
+    (6 x 512, 8 heads of 64), GQA with 2 K/V heads, 1200 steps, four kinds, every run scored on PTB too."""
+    cmds, err = plan(tmp_path, capsys, "--preset", "llama-6x512")
+    kinds = ["mqa", "gqa", "mhe-mul", "mhe-add"]
+    assert len(cmds) == 1 + 4 + 4 * 2 * 3
+    pre = cmds[0]
+    assert pre.preset == "llama-135m" and "train.steps=1200" in pre.set and "train.steps=1320" in cmds[1].set
+    for item in ("model.n_layers=6", "model.d_model=512", "model.n_heads=8", "model.d_ff=1408", "model.max_len=256"):
+        assert item in pre.set
+    assert all('data.task_options.also_test=["ptb"]' in c.set for c in cmds)  # uptraining runs too
+    assert [c.attention for c in cmds[1:5]] == kinds and all(c.init_from for c in cmds[5:])
+    assert [c.set for c in cmds[5:]][0].count("train.steps=60") == 1  # 5% of 1200
+    lines = dict(line.split(": ", 1) for line in err.splitlines())
+    assert set(lines) == {"mha", *kinds}
+    # 2 (K and V) x 6 layers x cached heads x 64 x 2 bytes
+    assert "12,288 B of KV cache" in lines["mha"] and "3,072 B of KV cache" in lines["gqa"]
+    assert "n_kv_heads=2" in lines["gqa"] and "1,536 B of KV cache" in lines["mhe-mul"]
+
+
+@pytest.mark.slow
+def test_the_llama_6x512_study_runs_end_to_end_on_a_tiny_model(tmp_path):
+    """The Llama-style source through every stage at the smoke size, with the per-word table (WikiText-2
+    and PTB) beside the per-token one."""
+    root = require_data("wikitext-2/wiki.train.tokens.xz", "wikitext-2/wiki.valid.tokens.gz",
+                        "wikitext-2/wiki.test.tokens.gz", "ptb")
+    out = tmp_path / "smoke"
+    assert study().main(["--cpu-smoke", "--preset", "llama-6x512", "--data-dir", str(root), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["kind"] for r in summary["rows"]] == ["mha", "mqa", "gqa", "mhe-mul", "mhe-add"]
+    src = summary["rows"][0]
+    assert src["word_converted"] > src["ppl_converted"] > 1 and src["ptb_source"] > 1
+    for r in summary["rows"][1:]:
+        assert r["word_converted"] > 1 and r["word_up_25pct"] > 1 and r["word_scratch"] > 1
+        assert r["ptb_up_25pct"] > 1 and r["ptb_scratch"] > 1
+    table = (out / "summary.md").read_text()
+    assert "| kind | WikiText-2 converted (step 0) |" in table and "PTB from scratch |" in table
+    record = json.loads((out / "runs" / "convert-mhe-mul" / "config.json").read_text())
+    assert record["model"]["positions"] == "rotary" and record["model"]["mlp"] == "swiglu"

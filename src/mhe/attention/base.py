@@ -296,11 +296,16 @@ def _check_floating(name: str, t, module: nn.Module) -> None:
         raise MheError(f"{name} is {t.dtype} but the weights are {w.dtype}; cast one to the other or use autocast")
 
 
+def attention_sublayers(module: nn.Module) -> list[Attention]:
+    """Every attention sublayer of ``module`` (``module`` itself included), in module order."""
+    return [m for m in module.modules() if isinstance(m, Attention)]
+
+
 def set_kernel(module: nn.Module, name: str) -> nn.Module:
     """Point every attention sublayer of ``module`` at kernel ``name`` (in place; a kernel never
     changes the function, only how it runs). The one place kernels are set after building."""
     kernels.check_kernel(name)
-    for m in module.modules():
-        if isinstance(m, Attention) and m.cfg.kernel != name:
+    for m in attention_sublayers(module):
+        if m.cfg.kernel != name:
             m.cfg = dataclasses.replace(m.cfg, kernel=name)
     return module

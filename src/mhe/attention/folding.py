@@ -11,13 +11,23 @@ Only a sublayer whose identity makes it a plain MQA sublayer folds (``foldable``
 without rotary positions). Under rotary positions MHE applies its per-head query factors after
 the rotation, which no (n*d) x m query weight can express; such a sublayer is left as it is
 (its fast path already caches one K/V head) and :func:`fold_mhe` refuses it.
+
+:func:`inference_view` is what generation and beam search run: the model with every foldable
+MHE sublayer folded, sharing every other weight, so MHE decodes exactly like MQA with no
+per-step folding work, and with the decode kernel
+(:func:`~mhe.attention.kernels.decode_kernel`) set on its sublayers (:func:`set_kernel`).
+:func:`weights_version` tells a holder of a view when the model's weights changed under it.
 """
 
 from __future__ import annotations
 
+import copy
+from typing import Callable
+
 import torch
 from torch import nn
 
+from mhe.attention.base import attention_sublayers, set_kernel
 from mhe.attention.mhe import _MHEBase
 from mhe.attention.registry import build_attention
 from mhe.errors import MheError
@@ -55,3 +65,37 @@ def fold_model(model: nn.Module) -> nn.Module:
             if isinstance(child, _MHEBase) and child.foldable:
                 setattr(parent, name, fold_mhe(child))
     return model
+
+
+# --- the inference view: what generation and beam search run --------------------------------------
+def inference_view(model: nn.Module, kernel: str | None = None,
+                   scope: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
+    """``model`` with foldable MHE sublayers folded to MQA (fast MHE under rotary positions runs as it
+    is, with its one-head cache) and, with ``kernel``, the attention
+    sublayers of ``scope(view)`` (default: all) set to it; shares all parameters and buffers with
+    ``model``, which is left unchanged (``model`` itself when nothing changes). Computes the same
+    function as ``model`` (the folded sublayers by the identities above), built only from the
+    attention package's own classes, so model code never branches on an attention kind."""
+    part = scope or (lambda m: m)
+    fold = any(isinstance(m, _MHEBase) and m.foldable for m in model.modules())
+    if not fold and (kernel is None or all(a.cfg.kernel == kernel for a in attention_sublayers(part(model)))):
+        return model
+    view = shared_copy(model)
+    if fold:
+        view = fold_model(view).eval()
+    if kernel is not None:
+        set_kernel(part(view), kernel)
+    return view
+
+
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s modules that shares every parameter and buffer with it (a view that
+    holds no reference to ``model`` itself)."""
+    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def weights_version(model: nn.Module) -> tuple:
+    """Changes whenever a parameter is modified in place (an optimiser step, a load) or replaced
+    (``model.to(...)``)."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())

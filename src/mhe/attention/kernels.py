@@ -11,17 +11,25 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
   heads through ``enable_gqa``; one new token over a grouped cache stacks the query heads
   of a group as query rows of one head. A CUDA call with a dropout rate cuDNN would round
   (no multiple of 1/16) runs on the other backends (:func:`exact_dropout_backends`), and so
-  does a training call over grouped K/V heads (:func:`grouped_grad_backends`).
+  does a training call over grouped K/V heads (:func:`grouped_grad_backends`). A grouped call
+  no fused backend of the installed torch reads natively (a mask, float32 on CUDA before torch
+  2.14) gets its K/V heads repeated instead of the math backend (:func:`grouped_natively`).
 * ``sdpa-expand``: as ``sdpa`` but key/value heads are repeated to the query heads first.
 * ``eager``: the softmax written out (tests, attention maps).
 * ``matmul-decode``: as ``sdpa``, except one-token grouped decoding is an explicit
-  matmul -> softmax -> matmul (measured 4x slower on an H200, docs/benchmarks.md section 3).
+  matmul -> softmax -> matmul, a point of comparison for SDPA's decode path (docs/benchmarks.md
+  section 3 compares them).
 * ``flash-decode`` (``attention/flash_decode.py``): as ``sdpa``, except one new token over a
   one-K/V-head cache ``[B, 1, S, d]`` on CUDA in fp16/bf16 runs FlashAttention-2's split-KV
   ("flash-decoding") forward; the mask must allow one contiguous run of keys per batch row.
-  Generation chooses it on a GPU for MQA, SHA and folded MHE (``decode_step.decode_kernel``).
+  Generation chooses it on a GPU for MQA, SHA and folded MHE (:func:`decode_kernel`).
   It registers ``reads_key_range``: for one causal query the model hands it a run of keys
   per row instead of a mask (:mod:`mhe.attention.masks`).
+* ``split-k-decode`` (``attention/triton_decode.py``): as ``sdpa``, except one new token over a
+  cache with fewer K/V heads than query heads (MQA, SHA, fast MHE, GQA) on CUDA runs two Triton
+  kernels: the query heads sharing a K/V head packed in one tile, so each K/V byte is read once,
+  and the keys split across the card. It reads key ranges as ``flash-decode`` does. Generation
+  chooses it wherever Triton is installed (:func:`decode_kernel`).
 * ``eager-one-token``: ``eager`` for one-token queries (a decode step), ``sdpa`` otherwise;
   generation picks it for fp32 decoding on CUDA, where SDPA has no fast fp32 one-query
   kernel (docs/benchmarks.md section 6).
@@ -34,6 +42,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.attention import SDPBackend
 from torch.nn.attention import sdpa_kernel as restrict_backends
 
@@ -122,7 +131,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch
     fn = get_kernel(kernel)
     if key_range is not None:
         if not reads_key_range(kernel):
-            raise MheError(f"key_range is read by the flash-decode kernel only, not by {kernel!r}")
+            raise MheError(f"key_range is read by the key-range kernels only (flash-decode, split-k-decode), "
+                           f"not by {kernel!r}")
         return fn(q, k, v, mask=None, is_causal=False, dropout_p=dropout_p, scale=scale, key_range=key_range)
     t, s = q.shape[2], k.shape[2]
     is_causal = False
@@ -153,7 +163,8 @@ def _rows(q, k, mask):
 # SDPA's backends that apply any dropout rate exactly: cuDNN's kernels resolve it only in steps
 # of 1/16 (PyTorch pull request 174245, after which SDPA no longer routes other rates to cuDNN)
 EXACT_DROPOUT_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-_BACKENDS_TRACEABLE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 6)
+_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+_BACKENDS_TRACEABLE = _TORCH >= (2, 6)
 
 
 def exact_dropout_backends(device_type: str, dropout_p: float) -> list | None:
@@ -180,10 +191,10 @@ def grouped_grad_backends(device_type: str, *, grouped: bool, grad: bool, masked
     which reads grouped heads natively and sums each group's dK/dV after computing them per
     query head (Dao 2023; PyTorch's ``mha_bwd``), as parallel as multi-head attention. Only where
     FlashAttention takes the call: no mask, and causal only over as many keys as queries
-    (``square``); a masked call keeps SDPA's choice. Why: on one H100 (torch 2.11) the compiled
-    llama-135m step at dropout 0, where SDPA prefers cuDNN, ran 21% (GQA) and 24% (MQA) slower
-    than its MHA, while GPT-2's MQA, kept on FlashAttention by its dropout rate, ran as fast as
-    its MHA; ``benchmarks/profile_train_step.py --preset llama-135m`` times the step both ways.
+    (``square``); a masked call keeps SDPA's choice. Why: where SDPA prefers cuDNN for grouped
+    heads (dropout 0), the grouped kinds' training step falls behind MHA's, while on
+    FlashAttention it keeps up (docs/benchmarks.md section 7;
+    ``benchmarks/profile_train_step.py --preset llama-135m`` times the step both ways).
     Off with :data:`GROUPED_GRAD_OFF_CUDNN`."""
     if not (GROUPED_GRAD_OFF_CUDNN and device_type == "cuda" and grouped and grad and not masked and square):
         return None
@@ -202,8 +213,33 @@ def sdpa_backends(q, k, v, kw: dict, device_type: str | None = None) -> list | N
         masked=kw.get("attn_mask") is not None, square=not kw.get("is_causal") or q.shape[2] == k.shape[2])
 
 
+MEM_EFFICIENT_GQA = _TORCH >= (2, 14)
+"""Whether CUDA's memory-efficient SDPA kernel reads grouped K/V heads (``enable_gqa``): from PyTorch
+pull request 191085 (torch 2.14) on. Before it, FlashAttention-2 is the only fused CUDA backend that
+admits them, and a grouped call it refuses (a mask, float32, head_dim over 256, causal over more keys
+than queries) fell through to the math backend, which repeats K/V and writes out every score."""
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def grouped_natively(q, k, kw: dict, device_type: str | None = None) -> bool:
+    """Whether SDPA reads the grouped K/V heads (``h_kv < h_q``) of the call with keywords ``kw``
+    natively on a fused backend: FlashAttention-2 (no mask, fp16/bf16, head_dim <= 256, causal only
+    over as many keys as queries), the memory-efficient kernel from torch 2.14 on, or the CPU's
+    fused kernel. Where not (:data:`MEM_EFFICIENT_GQA`), :func:`_sdpa` repeats K/V to the query
+    heads first, so the call runs on the memory-efficient or cuDNN kernel instead of the math
+    backend's quadratic memory. ``device_type`` (default q's) asks about another device."""
+    if (device_type or q.device.type) != "cuda" or k.shape[1] == q.shape[1] or MEM_EFFICIENT_GQA:
+        return True
+    return (kw.get("attn_mask") is None and q.dtype in _FLASH_DTYPES and q.shape[-1] <= 256
+            and (not kw.get("is_causal") or q.shape[2] == k.shape[2]))
+
+
 def _sdpa(q, k, v, **kw):
-    """``F.scaled_dot_product_attention`` on the backends :func:`sdpa_backends` allows."""
+    """``F.scaled_dot_product_attention`` on the backends :func:`sdpa_backends` allows, over K/V
+    heads repeated to the query heads where no fused backend reads them grouped (:func:`grouped_natively`)."""
+    if kw.get("enable_gqa") and not grouped_natively(q, k, kw):
+        n = q.shape[1]
+        k, v, kw = _repeat_kv(k, n, copy=True), _repeat_kv(v, n, copy=True), {**kw, "enable_gqa": False}
     backends = sdpa_backends(q, k, v, kw)
     if backends is None:
         return F.scaled_dot_product_attention(q, k, v, **kw)
@@ -276,16 +312,90 @@ def _probabilities(q, k, mask, scale):
     return scores.softmax(dim=-1)
 
 
-def _repeat_kv(t: torch.Tensor, n_q: int) -> torch.Tensor:
+def _repeat_kv(t: torch.Tensor, n_q: int, *, copy: bool = False) -> torch.Tensor:
     """``t: [B, h, S, d]`` with each head repeated for its ``n_q // h`` query heads. One head
-    outside autograd (a decode step reading its cache) is expanded without a copy (stride 0);
-    training keeps the copy, whose backward SDPA's kernels have always been given."""
+    outside autograd (a decode step reading its cache) is expanded without a copy (stride 0)
+    unless ``copy`` (the memory-efficient kernel has returned wrong numbers for such heads under a
+    mask, :data:`EXPANDED_HEAD_BACKENDS`); training keeps the copy, whose backward SDPA's kernels
+    have always been given."""
     h = t.shape[1]
     if h == n_q:
         return t
-    if h == 1 and not t.requires_grad:
+    if h == 1 and not t.requires_grad and not copy:
         return t.expand(-1, n_q, -1, -1)
     return t.repeat_interleave(n_q // h, dim=1)
 
 
+# --- the decode kernel policy: which kernel a one-token step runs ---------------------------------
+EXPAND_MAX_POSITIONS = 1024
+"""The longest cache a one-row decode of a one-K/V-head model reads through ``sdpa-expand``; longer
+caches keep ``flash-decode``'s split over the keys, which spreads one row's work over the card
+(the crossover is measured in docs/benchmarks.md section 9)."""
+
+
+def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dtype | None = None,
+                  requested: str | None = None, *, batch: int | None = None, positions: int | None = None) -> str:
+    """The kernel ``module``'s attention sublayers decode one-token steps with: the generation
+    policy, for ``generate`` and beam search alike.
+
+    ``requested`` when given (the caller chose). Else, on CUDA, for sublayers configured with the
+    default ``sdpa``: ``eager-one-token`` in fp32 (SDPA has no fast fp32 one-query kernel,
+    docs/benchmarks.md section 6); where every cache holds one K/V head (MQA, SHA, fast MHE),
+    ``sdpa-expand`` for one row of at most :data:`EXPAND_MAX_POSITIONS` cache ``positions`` on a
+    card with SDPA's cuDNN kernel (the head expanded without a copy: one cuDNN kernel a layer, as
+    MHA gets, where FlashAttention's split-K step launches two; docs/benchmarks.md section 9) and
+    ``flash-decode`` otherwise (split-K FlashAttention over the keys, ``attention/flash_decode.py``).
+    With Triton installed, every cache with fewer K/V heads than query heads (MQA, SHA, fast MHE,
+    GQA) decodes with ``split-k-decode`` (``attention/triton_decode.py``: a group's query heads in
+    one tile, the keys split across the card), in fp32 too, except one short row in bf16/fp16 on such
+    a card, which keeps one kernel a layer (``sdpa-expand``, or ``sdpa`` for a grouped cache).
+    Else the configured kernel, which a model configured with another kernel keeps. ``dtype``:
+    the decoding dtype (default: the weights').
+    """
+    if requested is not None:
+        return requested
+    attns = _sublayers(module)
+    configured = attns[0].cfg.kernel if attns else "sdpa"
+    if torch.device(device).type != "cuda" or any(a.cfg.kernel != "sdpa" for a in attns):
+        return configured
+    fp32 = (dtype or next(module.parameters()).dtype) == torch.float32
+    one_short_row = batch == 1 and positions is not None and positions <= EXPAND_MAX_POSITIONS
+    cached = [a for a in attns if a.supports_cache]
+    one_head = all(a.cache_heads == 1 for a in cached)
+    if triton_decode.available() and cached and all(a.cache_heads < a.cfg.n_heads or a.cache_heads == 1
+                                                    for a in cached):
+        if one_short_row and not fp32 and _cudnn_attention(device):  # one kernel a layer, not split-K's two
+            return "sdpa-expand" if one_head else configured
+        return "split-k-decode"
+    if fp32:
+        return "eager-one-token"
+    if one_head:
+        return "sdpa-expand" if one_short_row and _cudnn_attention(device) else "flash-decode"
+    return configured
+
+
+def _cudnn_attention(device: torch.device | str) -> bool:
+    """SDPA's cuDNN kernel is on and the card is a Hopper or later (sm90, where ``sdpa-expand``
+    takes it)."""
+    return torch.backends.cuda.cudnn_sdp_enabled() and torch.cuda.get_device_capability(torch.device(device)) >= (9, 0)
+
+
+def split_kernel(kernel: str) -> tuple[str, str | None]:
+    """A kernel option that may be ``auto`` (``mhe bench --kernel``) -> (the model's configured
+    kernel, the decode kernel asked for; None = the automatic choice of :func:`decode_kernel`)."""
+    return ("sdpa", None) if kernel == "auto" else (kernel, kernel)
+
+
+def view_kernels(module: nn.Module) -> str:
+    """The kernels ``module``'s attention sublayers run, e.g. ``flash-decode`` (for reports)."""
+    return ",".join(sorted({a.cfg.kernel for a in _sublayers(module)})) or "-"
+
+
+def _sublayers(module: nn.Module) -> list:
+    from mhe.attention.base import attention_sublayers  # base imports this module
+
+    return attention_sublayers(module)
+
+
 from mhe.attention import flash_decode  # noqa: E402,F401  registers "flash-decode" (it builds on sdpa)
+from mhe.attention import triton_decode  # noqa: E402,F401  registers "split-k-decode" (Triton, sdpa without it)

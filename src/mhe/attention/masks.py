@@ -11,7 +11,7 @@ says so in the kernel registry (:func:`mhe.attention.kernels.reads_key_range`), 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +43,13 @@ class AttentionMask:
     causal: bool = False
     key_range: tuple[torch.Tensor, ...] | None = None
     padding: torch.Tensor | None = None
-    _additive: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # dtype -> additive dense
+
+    def __post_init__(self) -> None:
+        # dtype -> ``dense`` in additive form, made on first use. Deliberately not a dataclass
+        # field: FSDP2 rebuilds every block's inputs with ``dataclasses.replace`` (moving them to
+        # the device, casting them under its mixed-precision policy), which refuses a field
+        # declared ``init=False``; a copy made that way starts with an empty cache of its own.
+        object.__setattr__(self, "_additive", {})
 
     def for_kernel(self, kernel: str, dtype: torch.dtype) -> torch.Tensor | None:
         """``dense`` as ``kernel`` reads it. SDPA turns a boolean mask into an additive one (0 to

@@ -6,7 +6,7 @@ context 4096) and (batch 1, context 1024): tokens/s and KV bytes.
 ``kernel`` picks the attention kernel (``mhe.attention.kernels.KERNELS``) through the model
 configuration; nothing global is switched. ``auto`` is ``sdpa``, except that the decode
 sections decode as a user's ``generate`` call does: on a GPU, sublayers with a one-K/V-head
-cache use ``flash-decode`` (``decode_step.decode_kernel``); every decode row names the kernel
+cache use ``flash-decode`` (``attention.kernels.decode_kernel``); every decode row names the kernel
 that ran.
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 
 from mhe.attention import build_attention, masks
-from mhe.attention.folding import fold_mhe, fold_model
+from mhe.attention.folding import fold_mhe, fold_model, inference_view
+from mhe.attention.kernels import decode_kernel, split_kernel, view_kernels
 from mhe.bench.common import bench_config, model_shape, timed
 from mhe.models import build_model
-from mhe.models.decode_step import decode_kernel, inference_view, split_kernel, view_kernels
 
 
 def _variants(kinds):

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from mhe.models import preset as model_preset
-from mhe.models.decode_step import StepRunner
+from mhe.models.captured_step import StepRunner
 
 BENCH_KINDS = ("mha", "mqa", "gqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul")
 SMOKE = "smoke sizes: every model shrunk to 2 layers, width 64, 4 heads, vocabulary 512"

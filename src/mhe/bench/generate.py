@@ -21,10 +21,10 @@ import time
 
 import torch
 
+from mhe.attention.kernels import split_kernel, view_kernels
 from mhe.bench.common import bench_config, timed
 from mhe.models import build_model
 from mhe.models import preset as model_preset
-from mhe.models.decode_step import split_kernel, view_kernels
 
 
 def generate_settings(batches: str, long: str, small: bool) -> list[tuple[int, int, int]]:

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Callable, NamedTuple
 
-from mhe.cli import accounting, bench, compare, convert, evaluation, generate, training
+from mhe.cli import accounting, bench, compare, convert, evaluation, export, generate, training
 from mhe.errors import MheError
 from mhe.runtime import configure_threads
 from mhe.training.distributed import launched_rank
@@ -89,6 +89,10 @@ COMMANDS: dict[str, Command] = {
                        convert.convert_args, convert.cmd_convert,
                        "mhe convert --checkpoint runs/lm-ptb-tiny-decoder-mha --attention mhe-mul "
                        "--out runs/ptb-mhe-mul"),
+    "export": Command("write a trained run as a folder transformers loads without mhe (its own modeling code, "
+                      "or a standard architecture where one holds it exactly)",
+                      export.export_args, export.cmd_export,
+                      "mhe export --run runs/lm-ptb-tiny-decoder-mhe-mul --out tiny-mhe-mul"),
     # speed
     "bench": Command("time every attention kind side by side on this device",
                      bench.bench_args, bench.cmd_bench,
@@ -101,7 +105,13 @@ class OneLineParser(argparse.ArgumentParser):
     other bad input; ``--help`` still prints the full usage."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}\n" if _speaks() else None)
+
+
+def _speaks() -> bool:
+    """Whether this process prints errors: under torchrun every rank meets the same bad input,
+    and rank 0 alone says so (the exit status is 2 on every rank)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
             return int(COMMANDS[args.command].run(args) or 0)
     except MheError as e:
-        print(f"mhe {args.command}: error: {e}", file=sys.stderr)
+        if _speaks():
+            print(f"mhe {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         print(f"mhe {args.command}: interrupted", file=sys.stderr)

@@ -9,11 +9,11 @@ import torch
 
 from mhe.accounting.memory import byte_unit
 from mhe.attention import kernels, parse_kinds
+from mhe.attention.kernels import split_kernel
 from mhe.bench import (BENCH_KINDS, SMOKE, bench_attention, bench_decode, bench_decode_attention, bench_training,
                        generate_settings, run_generate_section)
 from mhe.errors import MheError, one_of
 from mhe.experiments.tables import print_table
-from mhe.models.decode_step import split_kernel
 from mhe.output_paths import check_output_file, make_folder
 from mhe.training.checkpoint import write_json_atomic
 
@@ -44,8 +44,9 @@ def bench_args(p):
     p.add_argument("--no-graphs", action="store_true", help="time decode eagerly, not as CUDA graph replays")
     p.add_argument("--kernel", default="auto",
                    help="attention kernel (model.attn_kernel): auto (default: sdpa, and in the decode and generate "
-                        "sections flash-decode for one-K/V-head caches on a GPU), sdpa, sdpa-expand, eager, "
-                        "matmul-decode, flash-decode")
+                        "sections split-k-decode for caches with fewer K/V heads than query heads on a GPU with "
+                        "Triton, else flash-decode for one-K/V-head caches), sdpa, sdpa-expand, eager, "
+                        "matmul-decode, flash-decode, split-k-decode")
     p.add_argument("--gen-batches", default="1,64", help="generate section: batches at prompt 256 + 256 new tokens")
     p.add_argument("--gen-long", default="64x4096", help="generate section: BATCHxCONTEXT runs (256 new tokens)")
     p.add_argument("--no-peer", action="store_true",

@@ -14,6 +14,7 @@ from mhe.cli.common import DATA_DIR_HELP, refuse_set_keys
 from mhe.data.corpora import corpus_names
 from mhe.data.benchmarks import BENCH_TASKS as BENCH
 from mhe.errors import MheError, one_of
+from mhe.experiments.entries import parse_entries
 from mhe.experiments.paper import paper_table
 from mhe.experiments.presets import DEFAULT, EXPERIMENTS, experiment
 from mhe.experiments.summary import overview, write_summary
@@ -29,7 +30,9 @@ def compare_args(p):
                                                 "(default: the preset's)")
     p.add_argument("--preset", default=None,
                    help="a comparison preset (cpu-recall, cpu-ptb, gpu-ptb, paper-table2, ...) or a model preset")
-    p.add_argument("--kinds", default=None, help="comma-separated attention kinds (default: the paper's seven)")
+    p.add_argument("--kinds", default=None,
+                   help="comma-separated attention kinds (default: the preset's); an MHE kind may name its rotary "
+                        "order, e.g. 'mhe-mul psi-then-rope'")
     p.add_argument("--seeds", type=int, default=None, help="seeds per kind (default: the preset's)")
     p.add_argument("--data", default=None, help=f"corpus for lm/mlm: {corpus_names()}")
     p.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
@@ -58,7 +61,7 @@ def build_sweep(args):
     if name in EXPERIMENTS:
         exp = experiment(name)
         sweep = Sweep(exp.task, exp.preset, list(exp.kinds), exp.seeds, exp.data, args.data_dir, [], exp.paper,
-                      metric=exp.metric, experiment=name)
+                      metric=exp.metric, experiment=name, also=tuple(exp.also), kv_cache=exp.kv_cache)
     elif name in PRESETS:
         sweep = Sweep(args.task or "recall", name, list(experiment(DEFAULT).kinds), 1, args.data or "",
                       args.data_dir, [])
@@ -73,7 +76,7 @@ def build_sweep(args):
     if args.pretrained:
         sweep.pretrained = str(args.pretrained)
     if args.kinds is not None:
-        sweep.kinds = list(parse_kinds(args.kinds))
+        sweep.kinds = list(parse_kinds(args.kinds) if args.kinds in ("paper", "all") else parse_entries(args.kinds))
     if args.seeds is not None:
         if args.seeds <= 0:
             raise MheError(f"--seeds must be positive, got {args.seeds}")
@@ -124,12 +127,14 @@ def report_args(p):
 def cmd_report(args) -> int:
     for d in args.dirs:
         d = Path(d)
-        paper, metric = args.paper, args.metric
+        paper, metric, also, kv = args.paper, args.metric, (), False
         if (d / "sweep.json").exists():
             recorded = json.loads((d / "sweep.json").read_text())
             paper = recorded.get("paper", "") if paper is None else paper
             metric = metric or recorded.get("metric") or None
-        summary = write_summary(d, paper_table=paper or "", metric=metric, strict_paper=True)
+            also, kv = tuple(recorded.get("also") or ()), bool(recorded.get("kv_cache"))
+        summary = write_summary(d, paper_table=paper or "", metric=metric, strict_paper=True, also=also,
+                                kv_cache=kv)
         print(f"## {d}\n")
         print(summary["markdown"])
     return 0

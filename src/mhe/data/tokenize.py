@@ -10,9 +10,12 @@ Every tokenizer has the special tokens ``[PAD]`` (id 0), ``[UNK]``, ``[CLS]``,
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
 from pathlib import Path
 
+import tokenizers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from mhe.errors import MheError, one_of
@@ -20,6 +23,7 @@ from mhe.progress import note
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]"]
 KINDS = ("bpe", "wordpiece", "word")
+RECIPE = 1  # raise when train_tokenizer would train another tokenizer from the same lines: old cache entries miss
 
 
 def train_tokenizer(kind: str, texts, vocab_size: int, *, lowercase: bool = False,
@@ -53,6 +57,46 @@ def train_tokenizer(kind: str, texts, vocab_size: int, *, lowercase: bool = Fals
         tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
         trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=bar)
     tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def tokenizer_key(kind: str, texts: list[str], vocab_size: int, *, lowercase: bool = False) -> str:
+    """SHA-256 of what :func:`train_tokenizer` learns from: every line (the corpus's checksum, as
+    read: ``data.limit_lines`` included), the kind, the size, the recipe and the library's version."""
+    h = hashlib.sha256(f"{RECIPE}|{tokenizers.__version__}|{kind}|{vocab_size}|{lowercase}|{len(texts)}\n".encode())
+    for line in texts:
+        h.update(line.encode("utf-8", "surrogatepass"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def cached_tokenizer(kind: str, texts: list[str], vocab_size: int, *, cache: Path | None, lowercase: bool = False,
+                     progress: bool = False) -> Tokenizer:
+    """:func:`train_tokenizer`, or the tokenizer it trained before from the same lines and settings
+    (:func:`tokenizer_key`), kept in ``cache/tokenizers`` (None: always train). Written atomically
+    (a temporary name per process, then renamed): runs that train the same one at once each write a
+    whole file. An unreadable entry is trained again; a cache that cannot be written is skipped."""
+    if cache is None:
+        return train_tokenizer(kind, texts, vocab_size, lowercase=lowercase, progress=progress)
+    key = tokenizer_key(kind, texts, vocab_size, lowercase=lowercase)
+    path = Path(cache) / "tokenizers" / f"{kind}-{vocab_size}-{key[:24]}.json"
+    if path.is_file():
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception:  # noqa: BLE001  the library raises a bare Exception for a corrupt file: train again
+            tok = None
+        if tok is not None:
+            note(f"reusing the {kind} tokenizer of at most {vocab_size:,} entries trained before on these "
+                 f"{len(texts):,} lines ({path})", enabled=progress)
+            return tok
+    tok = train_tokenizer(kind, texts, vocab_size, lowercase=lowercase, progress=progress)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tok.save(str(tmp))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
     return tok
 
 

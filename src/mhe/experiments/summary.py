@@ -1,39 +1,70 @@
 """Aggregate finished runs into the paper's table shape: score ± std, attention
 parameters, PRR against MHA and PEoP against SHA (section 4.6); Markdown, CSV,
-JSON and plots."""
+JSON and plots. A row is a kind, or a kind and its rotary order
+(:func:`mhe.experiments.entries.row_name`); a comparison may also tabulate further numbers of
+every ``results.json`` (``also``: another test set) and each row's KV cache per token."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import statistics
 from pathlib import Path
 
 from mhe.accounting import model_attention_params
+from mhe.accounting.memory import decoder_memory
 from mhe.attention import KINDS, PAPER_KINDS
 from mhe.data.benchmarks import BENCH_TASKS as BENCH
+from mhe.data.corpora import CORPORA
 from mhe.errors import MheError
+from mhe.attention.mhe import ROPE_ORDERS
+from mhe.experiments.entries import row_name
 from mhe.experiments.paper import paper_table, source
-from mhe.experiments.plots import LABELS, plot_curves, plot_prr_vs_paper, plot_score_vs_params
+from mhe.experiments.plots import label, plot_curves, plot_prr_vs_paper, plot_score_vs_params
 from mhe.metrics import peop, prr
-from mhe.models import preset
+from mhe.models import ModelConfig, preset
 from mhe.training.checkpoint import write_json_atomic, write_text_atomic
-from mhe.training.run_files import read_results
+from mhe.training.run_files import read_json, read_results
 
 ORDER = list(PAPER_KINDS) + [k for k in KINDS if k not in PAPER_KINDS]
 
 
-def collect(out: Path) -> list[dict]:
-    """Every finished run's results.json under ``out/runs``."""
+def collect(out: Path, *, kv_cache: bool = False) -> list[dict]:
+    """Every finished run's results.json under ``out/runs``, with its row name and (``kv_cache``,
+    a decoder) its KV cache per token, both from the run's ``config.json`` where it has one."""
     runs = []
     for f in sorted((out / "runs").glob("*/results.json")):
         r = read_results(f.parent)
         r["run_dir"] = str(f.parent)
+        r.update(_from_config(f.parent, kv_cache))
         runs.append(r)
     return runs
 
 
+def _from_config(run_dir: Path, kv_cache: bool) -> dict:
+    """``row`` and ``kv_cache_bytes_per_token`` (bf16) of a run folder's resolved model."""
+    f = run_dir / "config.json"
+    model = read_json(f, what="run configuration").get("model") if f.is_file() else None
+    if not isinstance(model, dict) or "attention" not in model:
+        return {}
+    out = {"row": row_name(model)}
+    if kv_cache and model.get("arch") == "decoder":
+        names = {fl.name for fl in dataclasses.fields(ModelConfig)}
+        cfg = ModelConfig(**{k: v for k, v in model.items() if k in names})
+        out["kv_cache_bytes_per_token"] = decoder_memory(cfg)["kv_cache_bytes_per_token"]
+    return out
+
+
 LOWER_IS_BETTER = ("perplexity", "word_perplexity", "loss", "mlm_loss", "nll")  # and their _strideN forms
+
+
+def _lower_is_better(metric: str) -> bool:
+    """Whether a results.json number is better lower: a perplexity, loss or NLL, also of another
+    test set (``ptb_word_perplexity``, lm's ``also_test``)."""
+    for corpus in CORPORA:
+        metric = metric.removeprefix(f"{corpus}_")
+    return metric.startswith(LOWER_IS_BETTER)
 
 
 def aggregate(runs: list[dict], metric: str | None = None) -> dict:
@@ -48,7 +79,7 @@ def aggregate(runs: list[dict], metric: str | None = None) -> dict:
     for r in runs:
         if r["metric"] != primary:
             raise MheError(f"runs mix metrics {primary!r} and {r['metric']!r}")
-        by_kind.setdefault(r["attention"], []).append(r)
+        by_kind.setdefault(r.get("row") or r["attention"], []).append(r)
     key = "score"
     if metric and metric != primary:
         for r in runs:
@@ -56,14 +87,17 @@ def aggregate(runs: list[dict], metric: str | None = None) -> dict:
                 numbers = sorted(k for k, v in r.items() if isinstance(v, float) and k != "score")
                 raise MheError(f"run {r.get('run_dir', r['attention'])} has no metric {metric!r}; "
                                f"valid: {', '.join(numbers)}")
-        key, hib = metric, not metric.startswith(LOWER_IS_BETTER)
+        key, hib = metric, not _lower_is_better(metric)
     metric = metric or primary
     rows = []
-    for kind in sorted(by_kind, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
+    for kind in sorted(by_kind, key=_order):
         scores = [r[key] for r in sorted(by_kind[kind], key=lambda r: r.get("seed", 0))]
-        rows.append({"kind": kind, "attention_params": by_kind[kind][0]["attention_params"],
+        first = by_kind[kind][0]
+        rows.append({"kind": kind, "attention_params": first["attention_params"],
                      "mean": statistics.fmean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
-                     "n_seeds": len(scores), "scores": scores, "prr": None, "peop": None})
+                     "n_seeds": len(scores), "scores": scores, "prr": None, "peop": None,
+                     **({"kv_cache_bytes_per_token": first["kv_cache_bytes_per_token"]}
+                        if "kv_cache_bytes_per_token" in first else {})})
     ref = {r["kind"]: r for r in rows}
     for row in rows:
         if "mha" in ref and ref["mha"]["mean"] != 0:
@@ -72,6 +106,14 @@ def aggregate(runs: list[dict], metric: str | None = None) -> dict:
             row["peop"] = _safe_peop(row["mean"], row["attention_params"], ref["sha"]["mean"],
                                      ref["sha"]["attention_params"], hib)
     return {"task": task, "metric": metric, "higher_is_better": hib, "rows": rows}
+
+
+def _order(name: str) -> tuple:
+    """Rows in the paper's order of kinds, a kind's rotary orders after one another (the default,
+    ``rope-then-psi``, first)."""
+    kind, _, variant = name.partition(" ")
+    return (ORDER.index(kind) if kind in ORDER else len(ORDER),
+            ROPE_ORDERS.index(variant) if variant in ROPE_ORDERS else -1, name)
 
 
 def _safe_peop(score, params, sha_score, sha_params, hib):
@@ -103,8 +145,9 @@ def paper_columns(summary: dict, table: str) -> dict:
 
 
 def _label(kind: str) -> str:
-    """The paper's name for a kind (EL-att, MHE-Add, MHE-Mul, ...), as its tables print it."""
-    return LABELS.get(kind, kind)
+    """The paper's name for a kind (EL-att, MHE-Add, MHE-Mul, ...), as its tables print it, and
+    a row's rotary order after it."""
+    return label(kind)
 
 
 def _fmt(x, digits=4):
@@ -118,14 +161,17 @@ def _mean_std(mean, std, n_seeds: int, mean_text: str, std_text: str) -> str:
     return f"{mean_text} ± {std_text}" if n_seeds > 1 else mean_text
 
 
-def markdown(summary: dict, paper: dict | None = None) -> str:
-    m = summary["metric"]
-    head = ["Attention", "#params", f"{m} (mean ± std)", "seeds", "PRR (%)", "PEoP"]
+def _table(rows: list[dict], metric: str, paper: dict | None, kv_cache: bool) -> list[str]:
+    """One Markdown table of summary rows (with the paper's columns, and the KV cache column)."""
+    head = ["Attention", "#params"] + (["KV cache / token (bf16)"] if kv_cache else []) + [
+        f"{metric} (mean ± std)", "seeds", "PRR (%)", "PEoP"]
     if paper:
         head += [f"paper {paper['metric']}", "paper PRR (%)", "paper PEoP"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
-    for r in summary["rows"]:
-        cells = [_label(r["kind"]), f"{r['attention_params'] / 1e6:.3f}M",
+    for r in rows:
+        kv = r.get("kv_cache_bytes_per_token")
+        cells = [_label(r["kind"]), f"{r['attention_params'] / 1e6:.3f}M"] + (
+            ["-" if kv is None else f"{kv:,} B"] if kv_cache else []) + [
                  _mean_std(r["mean"], r["std"], r["n_seeds"], _fmt(r["mean"]), _fmt(r["std"], 2)), str(r["n_seeds"]),
                  "-" if r["prr"] is None else f"{100 * r['prr']:.1f}", "-" if r["peop"] is None else f"{r['peop']:.2f}"]
         if paper:
@@ -134,10 +180,21 @@ def markdown(summary: dict, paper: dict | None = None) -> str:
                 f"{p['score']:g}", "-" if p["prr"] is None else f"{100 * p['prr']:.1f}",
                 "-" if p["peop"] is None else f"{p['peop']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(summary: dict, paper: dict | None = None) -> str:
+    """The summary's table (and one table per ``also`` number), then what the columns mean."""
+    m, kv = summary["metric"], bool(summary.get("kv_cache"))
+    lines = _table(summary["rows"], m, paper, kv)
+    for other, part in (summary.get("also") or {}).items():
+        lines += ["", f"`{other}`:", ""] + _table(part["rows"], other, None, kv)
     direction = "higher" if summary["higher_is_better"] else "lower"
     lines.append("")
     lines.append(f"Task `{summary['task']}`, metric `{m}` ({direction} is better). PRR against MHA, PEoP against SHA "
-                 "(section 4.6); PEoP is inverted for lower-is-better metrics.")
+                 "(section 4.6); PEoP is inverted for lower-is-better metrics."
+                 + (" KV cache: bytes per token of one sequence in bf16 (2 x layers x cached K/V heads x head "
+                    "dimension x 2)." if kv else ""))
     if paper:
         lines.append(f"Paper columns: `{paper['table']}` from {source()} PRR/PEoP recomputed from the printed numbers."
                      + (" The paper prints percentages; they are shown here as fractions." if paper.get("percent")
@@ -165,16 +222,21 @@ def _paper_metric(table: str) -> str:
 
 
 def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None,
-                  strict_paper: bool = False) -> dict:
+                  strict_paper: bool = False, also: tuple = (), kv_cache: bool = False) -> dict:
     """Write summary.json, summary.md, summary.csv and the plots; returns the summary.
     A paper table of another task is refused; with ``strict_paper`` (``mhe report``) also
-    one of another metric."""
-    runs = collect(out)
+    one of another metric. ``also``: further numbers of every results.json, each tabulated
+    (mean ± std, PRR, PEoP) under ``summary.json``'s ``also``; ``kv_cache``: a KV cache column."""
+    runs = collect(out, kv_cache=kv_cache)
     if metric is None and paper_table and runs:
         wanted = _paper_metric(paper_table)  # the paper's metric where every run recorded it (MRPC:
         if wanted != runs[0]["metric"] and all(isinstance(r.get(wanted), float) for r in runs):  # accuracy)
             metric = wanted
     summary = aggregate(runs, metric)
+    if kv_cache:
+        summary["kv_cache"] = True
+    if also:
+        summary["also"] = {m: {k: v for k, v in aggregate(runs, m).items() if k != "task"} for m in also}
     if paper_table:
         check_paper_matches(summary, paper_table, metric=strict_paper)
     paper = paper_columns(summary, paper_table) if paper_table else None
@@ -184,11 +246,15 @@ def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None
     tmp = out / ".summary.csv.tmp"
     with open(tmp, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["kind", "attention_params", "mean", "std", "n_seeds", "prr", "peop"])
+        kv = ["kv_cache_bytes_per_token"] if kv_cache else []
+        w.writerow(["kind", "attention_params", *kv, "mean", "std", "n_seeds", "prr", "peop"])
         for r in summary["rows"]:
-            w.writerow([r["kind"], r["attention_params"], r["mean"], r["std"], r["n_seeds"], r["prr"], r["peop"]])
+            w.writerow([r["kind"], r["attention_params"], *(r.get(k) for k in kv), r["mean"], r["std"],
+                        r["n_seeds"], r["prr"], r["peop"]])
     tmp.replace(out / "summary.csv")
     plot_score_vs_params(summary, out / "score_vs_params.png")
+    if kv_cache:
+        plot_score_vs_params(summary, out / "score_vs_kv_cache.png", cost="kv_cache_bytes_per_token")
     plot_curves(runs, out / "training_curves.png")
     if paper:
         rows = [(r["kind"], r["prr"], (paper["rows"].get(r["kind"]) or {}).get("prr")) for r in summary["rows"]]

@@ -18,6 +18,7 @@ import torch
 
 from mhe.data.benchmarks import BENCH_TASKS as BENCH
 from mhe.errors import MheError
+from mhe.experiments.entries import entry_dir, split_entry
 from mhe.experiments.paper import paper_tables
 from mhe.experiments.presets import EXPERIMENTS, experiment
 from mhe.experiments.summary import write_summary
@@ -45,11 +46,18 @@ class Sweep:
     pretrained: str = ""  # fine-tuning: a comparison folder of pre-training runs, one per kind
     metric: str = ""      # summarise this number of results.json instead of the score ("" = the score)
     experiment: str = ""  # a comparison preset whose settings every run starts from ("" = the task's defaults)
+    also: tuple = ()      # further results.json numbers the summary tabulates (e.g. ptb_word_perplexity)
+    kv_cache: bool = False  # the summary shows each row's KV cache per token
+
+    def report(self) -> dict:
+        """How the summary is written (sweep.json keeps it for ``mhe report``); not run settings."""
+        return {"paper_table": self.paper, "metric": self.metric or None, "also": tuple(self.also),
+                "kv_cache": self.kv_cache}
 
     def identity(self) -> dict:
         """What sweep.json records: the request and ``run``, the settings every run shares."""
         d = asdict(self)
-        for k in ("data_dir", "paper", "metric"):
+        for k in ("data_dir", "paper", "metric", "also", "kv_cache"):
             d.pop(k)
         d["run"] = self.shared_run()
         return d
@@ -88,15 +96,17 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def run_config(sweep: Sweep, kind: str, seed: int):
-    """The RunConfig of one (kind, seed): the task's defaults (or the experiment's settings),
-    the sweep's --set items, the seed."""
+def run_config(sweep: Sweep, entry: str, seed: int):
+    """The RunConfig of one (entry, seed): the task's defaults (or the experiment's settings)
+    for the entry's kind, the entry's variant (:mod:`mhe.experiments.entries`), the sweep's
+    --set items, the seed."""
+    kind, entry_sets = split_entry(entry)
     if sweep.task in BENCH:
         if not sweep.pretrained:
             raise MheError(f"fine-tuning {sweep.task!r} needs --pretrained DIR, a comparison of pre-training runs")
-        ckpt = Path(sweep.pretrained) / "runs" / f"{kind}-seed0"
+        ckpt = Path(sweep.pretrained) / "runs" / f"{entry_dir(entry)}-seed0"
         if not (ckpt / "results.json").exists():
-            raise MheError(f"no finished pre-training run for {kind!r} at {ckpt}")
+            raise MheError(f"no finished pre-training run for {entry!r} at {ckpt}")
         cfg = finetune_config(sweep.task, str(ckpt), data_dir=sweep.data_dir, overrides=list(sweep.overrides or []),
                               seed=seed)
         cfg.train.progress = False
@@ -106,7 +116,7 @@ def run_config(sweep: Sweep, kind: str, seed: int):
     else:
         cfg = default_run(sweep.task, sweep.preset, kind, sweep.data)
     cfg.data.data_dir = sweep.data_dir
-    cfg = apply_overrides(cfg, list(sweep.overrides or []))
+    cfg = apply_overrides(cfg, entry_sets + list(sweep.overrides or []))
     cfg.train.seed = seed
     cfg.train.progress = False
     return cfg
@@ -123,7 +133,7 @@ def finetune_paper_table(sweep: Sweep) -> str:
     (:func:`run_config` then says what is missing)."""
     if not sweep.pretrained or not sweep.kinds:
         return ""
-    ckpt = Path(sweep.pretrained) / "runs" / f"{sweep.kinds[0]}-seed0"
+    ckpt = Path(sweep.pretrained) / "runs" / f"{entry_dir(sweep.kinds[0])}-seed0"
     if not (ckpt / "config.json").is_file():
         return ""
     arch = read_run_record(ckpt)["model"].get("arch", "")
@@ -163,7 +173,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, resume: bool =
     for kind in sweep.kinds:  # every run's configuration and data checked before any folder is made
         cfg = run_config(sweep, kind, 0)
         build_task(cfg.task).check(cfg)
-    runs = [(kind, seed, out / "runs" / f"{kind}-seed{seed}") for seed in range(sweep.seeds) for kind in sweep.kinds]
+    runs = [(kind, seed, out / "runs" / f"{entry_dir(kind)}-seed{seed}") for seed in range(sweep.seeds)
+            for kind in sweep.kinds]
     unfinished = [f"{k} seed {s}" for k, s, d in runs if is_run_dir(d) and not (d / RESULTS).is_file()]
     if unfinished and not resume:
         raise MheError(f"{out} holds {len(unfinished)} unfinished run(s) of this comparison ({', '.join(unfinished)}); "
@@ -171,13 +182,15 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, resume: bool =
     jobs = [(k, s, d) for k, s, d in runs if not (d / RESULTS).is_file()]
     if not jobs:
         log(f"already finished: results in {out}")
-        return write_summary(out, paper_table=sweep.paper, metric=sweep.metric or None)
+        return write_summary(out, **sweep.report())
     model = f"the models of {sweep.pretrained}" if sweep.pretrained else sweep.preset  # fine-tuning: not the preset
     log(f"comparing {', '.join(sweep.kinds)} on {sweep.task} ({model}"
         f"{', ' + sweep.data if sweep.data else ''}), {sweep.seeds} seed(s)")
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "sweep.json", {"sweep": sweep.identity(), "paper": sweep.paper,
-                                           **({"metric": sweep.metric} if sweep.metric else {})})
+                                           **({"metric": sweep.metric} if sweep.metric else {}),
+                                           **({"also": list(sweep.also)} if sweep.also else {}),
+                                           **({"kv_cache": True} if sweep.kv_cache else {})})
     if len(jobs) < len(runs):
         log(f"{len(runs) - len(jobs)} run(s) already finished: results in {out / 'runs'}")
     log(f"{len(jobs)} run(s) to do, {workers} at a time -> {out}")
@@ -188,7 +201,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, resume: bool =
                 raise RunInterrupted(res["signal"])
     else:
         _run_parallel(sweep, jobs, workers, log)
-    return write_summary(out, paper_table=sweep.paper, metric=sweep.metric or None)
+    return write_summary(out, **sweep.report())
 
 
 def _run_inprocess(sweep, kind, seed, run_dir: Path, log) -> dict:

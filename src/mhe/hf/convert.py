@@ -43,9 +43,15 @@ def from_hf(hf_model):
     return hf_model.mhe
 
 
+SPECIAL_ROLES = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                 "mask_token": "[MASK]", "bos_token": "[BOS]", "eos_token": "[EOS]"}
+"""transformers' special-token roles -> our special tokens (:data:`mhe.data.tokenize.SPECIALS`)."""
+
+
 def to_hf_tokenizer(tok):
-    """A ``PreTrainedTokenizerFast`` around a ``tokenizers`` tokenizer with our special tokens."""
+    """A ``PreTrainedTokenizerFast`` around a ``tokenizers`` tokenizer with our special tokens
+    (those the tokenizer has: none is added, so the vocabulary keeps its size)."""
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]", bos_token="[BOS]", eos_token="[EOS]")
+    roles = {role: token for role, token in SPECIAL_ROLES.items() if tok.token_to_id(token) is not None}
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **roles)

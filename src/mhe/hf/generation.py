@@ -21,7 +21,7 @@ import torch
 from transformers import GenerationConfig
 
 from mhe.errors import MheError
-from mhe.models.sampling import SamplingConfig
+from mhe.models.generate import SamplingConfig
 
 SUPPORTED = {"max_length", "max_new_tokens", "min_length", "min_new_tokens", "do_sample", "temperature", "top_k",
              "top_p", "eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id",

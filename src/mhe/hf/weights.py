@@ -241,18 +241,20 @@ def import_hf(source, **from_pretrained_kwargs):
         raise one_of("Hugging Face model class", name, (*HF_CLASSES, *LLAMA_CLASSES))
     dtype = next(hf.parameters()).dtype
     model = MODEL_CLASSES[(arch, head)](cfg).to(dtype)
-    _load_exact(model, state)
+    load_exact(model, state)
     return model.train(hf.training)
 
 
-def export_hf(model, family: str | None = None):
+def export_hf(model, family: str | None = None, *, tokenizer=None):
     """The Hugging Face model equal to an ``mhe`` model: ``GPT2LMHeadModel`` or ``BertFor*`` for
     MHA with attention biases and learned positions (the gpt2-*/bert-* presets);
     ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``MistralForCausalLM`` (``family``: ``llama``,
     ``qwen2``, ``mistral``; default Qwen2 for Q/K/V biases alone, else Llama) for a Llama-style
     decoder with mha, gqa or mqa attention. Keeps the weights bit for bit: every parameter of
     the new model is copied from ``model`` (its own initialisation is overwritten; a parameter
-    left without a source is an error)."""
+    left without a source is an error). With ``tokenizer`` (a ``tokenizers.Tokenizer`` or a
+    ``PreTrainedTokenizerFast``) the model's ``save_pretrained`` also writes the tokenizer, and its
+    config takes the tokenizer's ``[BOS]``/``[EOS]`` ids (:func:`mhe.hf.export.with_tokenizer`)."""
     import transformers
 
     cfg = model.cfg
@@ -267,11 +269,16 @@ def export_hf(model, family: str | None = None):
         state = mhe_to_llama(sd, cfg)
     else:
         state = _mhe_to_gpt2(sd, cfg) if cfg.arch == "decoder" else _mhe_to_bert(sd, cfg)
-    _load_exact(hf, state)
-    return hf.train(model.training)
+    load_exact(hf, state)
+    hf = hf.train(model.training)
+    if tokenizer is None:
+        return hf
+    from mhe.hf.export import with_tokenizer
+
+    return with_tokenizer(hf, tokenizer)
 
 
-def _load_exact(target: torch.nn.Module, state: dict) -> None:
+def load_exact(target: torch.nn.Module, state: dict) -> None:
     """Copy every parameter; any parameter of ``target`` left without a value is an error."""
     own = dict(target.named_parameters(remove_duplicate=False))
     missing = [k for k in own if k not in state]

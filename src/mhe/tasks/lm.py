@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from mhe.data.corpora import word_count
+from mhe.data.corpora import CORPORA, check_corpus, word_count
 from mhe.data.tokenize import load_tokenizer
 from mhe.errors import MheError
 from mhe.metrics.perplexity import perplexity, sliding_window_nll
 from mhe.models import build_model
 from mhe.models.config import cpu_sized
+from mhe.tasks.cross_eval import corpus_perplexity
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
 from mhe.tasks.text import TextTask, check_text_data, corpus_lines, is_word_level, token_stream
 from mhe.training.config import DataConfig
+from mhe.training.run_report import phase
 from mhe.training.task import is_tiny
 
 
@@ -22,12 +25,29 @@ ADAPTIVE_FROM = 20_000
 ADAPTIVE_CUTOFFS = (2000, 10000)
 
 
+@dataclass(frozen=True)
+class LMOptions:
+    """``data.task_options`` of lm: ``also_test`` names further corpora whose test split the
+    finished model is scored on as well, with the run's tokenizer and the same sliding window
+    (the paper pre-trains once and reports WikiText-103 and PTB, section 4.5). Each adds
+    ``CORPUS_perplexity`` (and, for a sub-word tokenizer, ``CORPUS_word_perplexity``) to
+    ``results.json``; the score stays the training corpus's own test split."""
+
+    also_test: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        for name in self.also_test:
+            if name not in CORPORA:
+                raise MheError(f"data.task_options.also_test: unknown corpus {name!r}; valid: {', '.join(CORPORA)}")
+
+
 class CausalLMTask(TextTask):
     name = "lm"
     metric = "perplexity"
     higher_is_better = False
     summary = "causal language modelling (decoder presets), test perplexity"
     static_shapes = True  # batch_size x seq_len blocks, full batches only (an adaptive softmax: not; setup)
+    options = LMOptions
 
     @classmethod
     def default_data(cls, preset, dataset):
@@ -39,6 +59,8 @@ class CausalLMTask(TextTask):
         if cfg.model.arch != "decoder":
             raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({cfg.model.arch})")
         check_text_data(cfg, "language modelling")
+        for name in cfg.data.task_options.also_test:  # their files there before training starts
+            check_corpus(name, ("test",), data_dir=cfg.data.data_dir or None, source=cfg.data.source)
 
     def setup(self, cfg, out: Path, dist):
         self.check(cfg)
@@ -48,7 +70,8 @@ class CausalLMTask(TextTask):
         self.test_lines = corpus_lines(cfg, "test")  # read now: a bad test split fails before training
         # continued pre-training: the source's tokenizer and weights
         source, self.tok = pretraining_tokenizer(cfg, out, train, task="lm", dist=dist)
-        model = self._build_model(cfg, dist)
+        with phase("model"):
+            model = self._build_model(cfg, dist)
         if source:
             init_weights(model, source)
         self.max_len = model.cfg.max_len
@@ -123,6 +146,11 @@ class CausalLMTask(TextTask):
             out[f"perplexity_stride{asked}"] = extra["perplexity"]
             if "word_perplexity" in extra:
                 out[f"word_perplexity_stride{asked}"] = extra["word_perplexity"]
+        for name in self.cfg.data.task_options.also_test:
+            other = corpus_perplexity(self, model, self.cfg, name)
+            out[f"{name}_perplexity"] = other["perplexity"]
+            if "word_perplexity" in other:
+                out[f"{name}_word_perplexity"] = other["word_perplexity"]
         return out
 
     def split_perplexity(self, model, split: str, *, progress: bool = False) -> dict:

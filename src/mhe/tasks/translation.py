@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
+from mhe.attention.folding import weights_version
 from mhe.data.parallel import parallel_files, read_parallel
 from mhe.data.tokenize import load_tokenizer, special_id
 from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
 from mhe.models.beam_search import BeamSearcher, beam_search, source_bucket
-from mhe.models.decode_step import weights_version
 from mhe.models.losses import IGNORE
 from mhe.progress import bar
 from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores

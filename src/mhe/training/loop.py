@@ -29,6 +29,7 @@ from mhe.errors import MheError
 from mhe.models.vocab_padding import pad_optimizer_state, pad_vocabulary, padding_numel
 from mhe.output_paths import free_name, make_folder
 from mhe.progress import note
+from mhe.runtime import configure_compile_cache
 from mhe.training import checkpoint as ckpt
 from mhe.training import distributed
 from mhe.training.atomic import remove_temporaries, write_json_atomic
@@ -40,6 +41,7 @@ from mhe.training.prefetch import Prefetcher
 from mhe.training.run_files import (CONFIG, METRICS, RESULTS, differences, is_run_dir, read_results, read_run_record,
                                     run_config_from_dict, truncate_metrics)
 from mhe.training.run_log import RunLog, SignalWatch
+from mhe.training.run_report import RunClock, vocabulary_note
 from mhe.training.state import TrainerState, seed_all
 from mhe.training.state_check import saved_shapes
 from mhe.training.step import StepModule, StepWindow, train_step
@@ -76,47 +78,77 @@ class Trainer:
         self.last_saved: Path | None = None
         self.prefetch = prefetch
         self.window = StepWindow()
+        self.trained = None  # the Dist of a run this trainer trained (not one it found finished)
+        self.vocab_note = None
 
     def fit(self) -> dict:
         """Set up (or resume), train until the schedule ends, the run stops early or a signal
-        arrives, then evaluate the best weights and write ``results.json``."""
+        arrives, then evaluate the best weights and write ``results.json`` (with the run's wall
+        clock by phase, :mod:`mhe.training.run_report`)."""
+        self.clock = RunClock()
+        with self.clock.running():
+            result = self._fit()
+        return self._report(result)
+
+    def _fit(self) -> dict:
         t = self.cfg.train
         self.task.check(self.cfg)  # every setting, path and data source, before any folder is created
         dist = self._start()
         if is_run_dir(self.out) and (self.out / RESULTS).is_file():
             return self._already_finished(dist)
-        model, state = self._build(dist)
-        step = self._step_module(model, dist)
+        self.trained = dist
+        with self.clock.phase("model"):
+            model, state = self._build(dist)
+            step = self._step_module(model, dist)
+        self.clock.warm_steps = 3 if step.cuda_graphs else 2 if step.compiled else 1  # run_report's docstring
         ahead = dist.device.type == "cuda" if self.prefetch is None else self.prefetch
         data = Prefetcher(state.data, self.task.collate, dist.device, ahead=ahead)
         stop = min(t.stop_at, t.steps) if t.stop_at else t.steps
         status = "finished"
-        with SignalWatch() as watch, contextlib.closing(RunLog(
+        with self.clock.phase("steps"), SignalWatch() as watch, contextlib.closing(RunLog(
                 self.out, main=dist.main, log_every=t.log_every, start=state.step, stop=stop,
                 progress=t.progress, tensorboard=t.tensorboard)) as log:
             while state.step < stop:
                 if dist.agreed_signal(watch.signal) is not None:  # every process stops here
                     status = "interrupted"
                     break
-                tokens = train_step(step, data, state, self.task, t, dist, self.window)
+                with self.clock.step(dist.device):
+                    tokens = train_step(step, data, state, self.task, t, dist, self.window)
                 saving = bool(t.save_every and state.step % t.save_every == 0 and state.step < stop)
                 evaluating = bool(t.eval_every and state.step % t.eval_every == 0)
                 values = self._settle(dist) if log.due(state.step) or saving or evaluating else None
-                metrics = self._evaluate_if_due(model, state, data, dist)
+                with self.clock.phase("evaluations"):
+                    metrics = self._evaluate_if_due(model, state, data, dist)
                 log.step(state.step, tokens=tokens, lr=state.scheduler.get_last_lr()[0], values=values,
                          metrics=metrics, memory=distributed.peak_memory(dist.device))
                 if t.patience and state.bad_evals >= t.patience:
                     status = "early_stopped"
                     break
                 if saving:
-                    self._save(model, state, data, dist)
+                    with self.clock.phase("writing"):
+                        self._save(model, state, data, dist)
             if status == "finished" and state.step < t.steps:
                 status = "stopped"
             if t.keep_checkpoints or status not in DONE:
-                self._save(model, state, data, dist)
-        self._settle(dist)
+                with self.clock.phase("writing"):
+                    self._save(model, state, data, dist)
+            self._settle(dist)
         step.release()
-        return self._finish(model, state, status, dist.agreed_signal(watch.signal), dist)
+        with self.clock.phase("final_evaluation"):
+            return self._finish(model, state, status, dist.agreed_signal(watch.signal), dist)
+
+    def _report(self, result: dict) -> dict:
+        """The run's wall clock (and where its vocabulary is not its preset's) in the log and, for a
+        finished run, in ``results.json``, rewritten with them once the rest of it is safe."""
+        if not self.trained:  # finished before: its results stand as they are
+            return result
+        clock = self.clock.report()
+        if self.trained.main:  # standard error, with the run's other progress lines (train.progress)
+            note(RunClock.line(clock), enabled=self.cfg.train.progress)
+        result = {**result, "wall_clock": clock, **({"vocabulary": self.vocab_note} if self.vocab_note else {})}
+        if self.trained.main and result.get("status") in DONE and (self.out / RESULTS).is_file():
+            write_json_atomic(self.out / RESULTS, result)
+        return result
 
     def _step_module(self, model, dist) -> StepModule:
         """The step's module: compiled, and replayed as CUDA graphs, where the settings, the device
@@ -126,7 +158,10 @@ class Trainer:
         if t.cuda_graphs is True and not graphs:
             note("train.cuda_graphs=true has no effect here: CUDA graphs need a compiled model on CUDA, not under "
                  "FSDP; training without them")
-        return StepModule(model, dist, compiled=compile_wanted(t, dist.device), note=note, mode=self.parallel.mode,
+        compiled = compile_wanted(t, dist.device)
+        if compiled:  # a later run of the same graphs loads their kernels (mhe.runtime)
+            configure_compile_cache()
+        return StepModule(model, dist, compiled=compiled, note=note, mode=self.parallel.mode,
                           cuda_graphs=graphs, static_shapes=self.task.static_shapes, grad_reduce=t.grad_reduce)
 
     # ------------------------------------------------------------------ setup
@@ -181,7 +216,13 @@ class Trainer:
     def _build(self, dist) -> tuple[torch.nn.Module, TrainerState]:
         t = self.cfg.train
         seed_all(t.seed)
-        model = self.task.setup(self.cfg, self.out, dist).to(self.parallel.home)
+        with self.clock.phase("data"):
+            model = self.task.setup(self.cfg, self.out, dist)
+        model = model.to(self.parallel.home)
+        self.vocab_note = vocabulary_note(getattr(self.cfg.model, "vocab_size", None), model.cfg.vocab_size,
+                                          self.cfg.preset)
+        if self.vocab_note and dist.main:
+            note(self.vocab_note, enabled=t.progress)
         if dist.device.type == "cuda":  # full tensor-core tiles; the state dicts keep the real vocabulary
             pad_vocabulary(model)
         if t.epochs > 0:  # the schedule follows the data: epochs x batches per epoch

@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from mhe.compile_fallback import run_or_fall_back
 from mhe.errors import MheError
 from mhe.models.losses import chunked_loss
 from mhe.training.activation_checkpointing import transformer_blocks
@@ -89,30 +90,30 @@ class StepModule:
         a one-line error naming ``train.compile=false``."""
         if self.cuda_graphs:  # the last step's graph outputs (loss, gradients) have been consumed
             torch.compiler.cudagraph_mark_step_begin()
-        if self.proven:
+        def compiled():
             with self._whole_graph(), self._loss_choice():
                 return micro_step(self.net)
-        try:
-            with self._whole_graph(), self._loss_choice():
-                out = micro_step(self.net)
-        except MheError:
-            raise
-        except Exception as e:  # noqa: BLE001  dynamo, inductor or a missing compiler
-            first = (str(e).strip().splitlines() or [""])[0][:160]
-            if self.blocks:  # FSDP's gather/free state cannot be rewound from a pass cut short
-                raise MheError(f"torch.compile cannot compile this configuration under FSDP ({type(e).__name__}: "
-                               f"{first}); set train.compile=false to train it eagerly") from e
-            if self.ddp:  # the same DDP wrapper (its hooks are on the parameters), eager inside
-                self.net.module = self.model
-            else:
-                self.net = self.model
-            self.model.zero_grad(set_to_none=True)  # a backward pass cut short leaves partial gradients
-            self.eager_fallback = True
-            with self._loss_choice():
-                out = micro_step(self.net)
-            self.note(f"torch.compile cannot compile this configuration ({type(e).__name__}: {first}); "
-                      "training eagerly")
+        if self.proven:
+            return compiled()
+        out = run_or_fall_back(compiled, lambda error, why: self._eager(micro_step, error, why))
         self.proven = True
+        return out
+
+    def _eager(self, micro_step: Callable[[torch.nn.Module], object], error: Exception, why: str):
+        """Run ``micro_step`` (and every later one) on the eager module after compiling failed with
+        ``error`` (``why``: its one line); under FSDP, a one-line error instead."""
+        if self.blocks:  # FSDP's gather/free state cannot be rewound from a pass cut short
+            raise MheError(f"torch.compile cannot compile this configuration under FSDP ({why}); "
+                           "set train.compile=false to train it eagerly") from error
+        if self.ddp:  # the same DDP wrapper (its hooks are on the parameters), eager inside
+            self.net.module = self.model
+        else:
+            self.net = self.model
+        self.model.zero_grad(set_to_none=True)  # a backward pass cut short leaves partial gradients
+        self.eager_fallback = True
+        with self._loss_choice():
+            out = micro_step(self.net)
+        self.note(f"torch.compile cannot compile this configuration ({why}); training eagerly")
         return out
 
     def _loss_choice(self):

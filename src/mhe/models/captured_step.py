@@ -1,8 +1,8 @@
-"""The decode step's machinery: the view of the model it runs, the kernel policy, and the
-runner that replays it as a CUDA graph (its eager kernels, or kernels fused by ``torch.compile``).
+"""The captured step: a decode step run eagerly, replayed as a CUDA graph, or compiled by
+``torch.compile`` and replayed, and the policy that picks one of these modes.
 
 A step reads and writes only tensors (a static :class:`~mhe.attention.kv_cache.KVCache`, the
-token state of :mod:`mhe.models.token_step`, a mask built from the cache's write position), so
+token state of :mod:`mhe.models.generate`, a mask built from the cache's write position), so
 the same graph serves every token. :class:`StepRunner` runs it in one of the
 :data:`STEP_MODES`: ``eager``; ``graph``, captured once with ``torch.cuda.graph`` and replayed
 (the same kernels as eager, so the output is bit-identical); ``compile``, compiled once by
@@ -11,26 +11,21 @@ activation, the cache writes) and, on CUDA, captured in the same kind of graph, 
 launches the fused kernels with no host work. ``auto`` is :data:`CUDA_STEP_MODE` on CUDA and
 ``eager`` elsewhere.
 
-:func:`inference_view` is what generation and beam search run: the model with every fast MHE
-sublayer folded into the multi-query sublayer it equals at inference (paper-notes;
-``attention/folding.py``), sharing every other weight, so MHE decodes exactly like MQA with no
-per-step folding work, and with the decode kernel of :func:`decode_kernel`, the one kernel
-policy, set on it (:func:`mhe.attention.set_kernel`).
+What the step runs on (the inference view of the model, its decode kernel) belongs to the
+attention package: :func:`mhe.attention.folding.inference_view`,
+:func:`mhe.attention.kernels.decode_kernel`. Generation (:mod:`mhe.models.generate`) and beam
+search (:mod:`mhe.models.beam_search`) build their steps here.
 """
 
 from __future__ import annotations
 
-import copy
 import types
 import warnings
 from typing import Callable, Sequence
 
 import torch
-from torch import nn
 
-from mhe.attention.base import Attention, set_kernel
-from mhe.attention.folding import fold_model
-from mhe.attention.mhe import _MHEBase
+from mhe.compile_fallback import run_or_fall_back
 from mhe.errors import MheError, one_of
 
 STEP_MODES = ("auto", "eager", "graph", "compile")
@@ -56,88 +51,6 @@ def resolve_mode(mode: str, device: torch.device, cuda_default: str = CUDA_STEP_
     if mode == "graph" and device.type != "cuda":
         return "eager"  # CUDA graphs need a CUDA device
     return mode
-
-
-def weights_version(model: nn.Module) -> tuple:
-    """Changes whenever a parameter is modified in place (an optimiser step, a load) or replaced
-    (``model.to(...)``)."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
-
-
-def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dtype | None = None,
-                  requested: str | None = None, *, batch: int | None = None, positions: int | None = None) -> str:
-    """The kernel ``module``'s attention sublayers decode one-token steps with: the generation
-    policy, for ``generate`` and beam search alike.
-
-    ``requested`` when given (the caller chose). Else, on CUDA, for sublayers configured with the
-    default ``sdpa``: ``eager-one-token`` in fp32 (SDPA has no fast fp32 one-query kernel,
-    docs/benchmarks.md section 6); where every cache holds one K/V head (MQA, SHA, fast MHE),
-    ``sdpa-expand`` for one row of at most :data:`EXPAND_MAX_POSITIONS` cache ``positions`` on a
-    card with SDPA's cuDNN kernel (the head expanded without a copy: one cuDNN kernel a layer, as
-    MHA gets, where FlashAttention's split-K step launches two; docs/benchmarks.md section 9) and
-    ``flash-decode`` otherwise (split-K FlashAttention over the keys, ``attention/flash_decode.py``).
-    Else the configured kernel, which a model configured with another kernel keeps. ``dtype``:
-    the decoding dtype (default: the weights').
-    """
-    if requested is not None:
-        return requested
-    attns = _attention(module)
-    configured = attns[0].cfg.kernel if attns else "sdpa"
-    if torch.device(device).type != "cuda" or any(a.cfg.kernel != "sdpa" for a in attns):
-        return configured
-    if (dtype or next(module.parameters()).dtype) == torch.float32:
-        return "eager-one-token"
-    if all(a.cache_heads == 1 for a in attns if a.supports_cache):
-        one_short_row = batch == 1 and positions is not None and positions <= EXPAND_MAX_POSITIONS
-        return "sdpa-expand" if one_short_row and _cudnn_attention(device) else "flash-decode"
-    return configured
-
-
-EXPAND_MAX_POSITIONS = 1024
-"""The longest cache a one-row decode of a one-K/V-head model reads through ``sdpa-expand`` (the
-measured case: 768 positions on an H100, 0.562 against 0.604 ms a token for MHE-Mul; longer
-caches keep the split over keys, which spreads one row's work over the card)."""
-
-
-def _cudnn_attention(device: torch.device | str) -> bool:
-    """SDPA's cuDNN kernel is on and the card is a Hopper or later (sm90, where ``sdpa-expand``
-    was measured to take it)."""
-    return torch.backends.cuda.cudnn_sdp_enabled() and torch.cuda.get_device_capability(torch.device(device)) >= (9, 0)
-
-
-def split_kernel(kernel: str) -> tuple[str, str | None]:
-    """A kernel option that may be ``auto`` (``mhe bench --kernel``) -> (the model's configured
-    kernel, the decode kernel asked for; None = the automatic choice of :func:`decode_kernel`)."""
-    return ("sdpa", None) if kernel == "auto" else (kernel, kernel)
-
-
-def inference_view(model: nn.Module, kernel: str | None = None,
-                   scope: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
-    """``model`` with foldable MHE sublayers folded to MQA (fast MHE under rotary positions runs as it
-    is, with its one-head cache) and, with ``kernel``, the attention
-    sublayers of ``scope(view)`` (default: all) set to it; shares all parameters and buffers with
-    ``model``, which is left unchanged (``model`` itself when nothing changes). Computes the same
-    function as ``model`` (the folded sublayers by the identities above)."""
-    part = scope or (lambda m: m)
-    fold = any(isinstance(m, _MHEBase) and m.foldable for m in model.modules())
-    if not fold and (kernel is None or all(a.cfg.kernel == kernel for a in _attention(part(model)))):
-        return model
-    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    view = copy.deepcopy(model, memo)
-    if fold:
-        view = fold_model(view).eval()
-    if kernel is not None:
-        set_kernel(part(view), kernel)
-    return view
-
-
-def view_kernels(view: nn.Module) -> str:
-    """The kernels a view's attention sublayers run, e.g. ``flash-decode`` (for reports)."""
-    return ",".join(sorted({a.cfg.kernel for a in _attention(view)})) or "-"
-
-
-def _attention(model: nn.Module) -> list[Attention]:
-    return [m for m in model.modules() if isinstance(m, Attention)]
 
 
 class StepRunner:
@@ -220,7 +133,7 @@ def compile_step(step: Callable[..., torch.Tensor], *, device: torch.device,
     graphs (and its limit of 8 per code object) belongs to this step and goes with it: a process
     that decodes with many models or shapes never falls back to eager. If compilation fails
     (no working compiler, an operator inductor cannot lower), one warning says so and the step
-    runs its eager kernels, as the trainer does (``mhe.training.step``)."""
+    runs its eager kernels, as the trainer does (:mod:`mhe.compile_fallback`)."""
     opts = dict(options or {})
     if device.type == "cuda" and opts.get("mode") in ("reduce-overhead", "max-autotune"):
         raise MheError(f"compile_options mode {opts['mode']!r} captures CUDA graphs of its own; the decode step "
@@ -241,16 +154,13 @@ class _CompiledStep:
     def __call__(self, *args):
         if self.proven:
             return self.run(*args)
-        try:
-            out = self.run(*args)
-        except MheError:
-            raise
-        except Exception as e:  # noqa: BLE001  dynamo, inductor or a missing compiler
-            first = (str(e).strip().splitlines() or [""])[0][:160]
-            warnings.warn(f"torch.compile cannot compile this decode step ({type(e).__name__}: {first}); "
-                          "it runs its eager kernels", RuntimeWarning, stacklevel=2)
+
+        def eager(error: Exception, why: str) -> torch.Tensor:
+            warnings.warn(f"torch.compile cannot compile this decode step ({why}); it runs its eager kernels",
+                          RuntimeWarning, stacklevel=4)  # the step's caller
             self.run = self.eager
-            out = self.run(*args)
+            return self.run(*args)
+        out = run_or_fall_back(lambda: self.run(*args), eager)
         self.proven = True
         return out
 
@@ -264,10 +174,3 @@ def restorer(tensors: Sequence[torch.Tensor]) -> Callable[[], None]:
         for t, s in zip(tensors, saved):
             t.copy_(s)
     return restore
-
-
-def shared_copy(model: nn.Module) -> nn.Module:
-    """A copy of ``model``'s modules that shares every parameter and buffer with it (a view that
-    holds no reference to ``model`` itself)."""
-    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    return copy.deepcopy(model, memo)

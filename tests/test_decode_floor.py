@@ -1,0 +1,41 @@
+"""benchmarks/decode_floor.py at smoke sizes on a CPU: its rows, the bytes a decode step must read
+(paper-notes: every cached key and value of the context once plus every weight once), the floor
+and the server rows' largest batch, written where the command says."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "decode_floor.py"
+spec = importlib.util.spec_from_file_location("decode_floor", SCRIPT)
+decode_floor = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(decode_floor)
+
+
+def test_floor_rows_bytes_and_server_rows(tmp_path):
+    decode_floor.main(["--cpu-smoke", "--presets", "llama-135m", "--server-presets", "llama-135m",
+                       "--kinds", "mha,mqa", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "decode-floor-cpu.json").read_text())
+    assert [(r["kind"], r["batch"], r["context"]) for r in rows] == [
+        ("mha", 1, 300), ("mha", 2, 300), ("mqa", 1, 300), ("mqa", 2, 300)]
+    # smoke sizes: 2 layers, 4 heads of 16 (MQA: one K/V head), float32 on a CPU
+    for r in rows:
+        model = decode_floor.build("llama-135m", r["kind"], 364, torch.device("cpu"), torch.float32, small=True)
+        emb = model.decoder.embed.tokens.weight
+        tied = model.lm_head.weight is emb
+        weights = sum(p.numel() for p in model.parameters()) * 4 - (0 if tied else emb.numel() * 4)
+        heads = 4 if r["kind"] == "mha" else 1
+        cache = 2 * 2 * heads * 16 * r["context"] * r["batch"] * 4  # L * 2 * h_kv * d * S * B * bytes
+        assert r["bytes_per_step"] == cache + weights
+        assert r["fraction_of_bandwidth"] == round(r["floor_ms"] / r["step_ms"], 3)
+        assert r["step_ms"] > 0 and r["prefill_ms"] > 0 and r["card"] == "cpu"
+    run = json.loads((tmp_path / "decode-floor-cpu-run.json").read_text())
+    bandwidth = run["copy_bandwidth_bytes_per_s"]
+    for r in rows:
+        assert abs(r["floor_ms"] - r["bytes_per_step"] / bandwidth * 1e3) <= 1e-4
+    server = json.loads((tmp_path / "decode-server-cpu.json").read_text())
+    assert [(r["kind"], r["context"], r["batch"]) for r in server] == [("mha", 300, 4), ("mqa", 300, 4)]
+    for r in server:
+        assert abs(r["decode_tokens_per_s"] - r["batch"] / r["step_ms"] * 1e3) <= 1  # step_ms is stored rounded

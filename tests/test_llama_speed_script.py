@@ -1,0 +1,36 @@
+"""benchmarks/llama_speed.py's arithmetic and stage selection (the GPU run itself is the lead's):
+N for MFU leaves out exactly the input embedding lookups, and a group name selects its stages."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import llama_speed  # noqa: E402
+from mhe.models.config import preset  # noqa: E402
+
+
+def test_n_leaves_out_the_input_lookups_only():
+    llama = preset("llama-1.1b").replace(vocab_size=50_257)  # untied: the input table is a lookup
+    assert llama_speed.matmul_params(1_000_000_000, llama) == 1_000_000_000 - 50_257 * 2048
+    tied = preset("llama-135m").replace(vocab_size=50_257)  # tied, rotary: the one table is the output layer
+    assert llama_speed.matmul_params(135_000_000, tied) == 135_000_000
+    gpt2 = preset("gpt2-base")  # tied, learned positions: the position table is a lookup
+    assert llama_speed.matmul_params(124_000_000, gpt2) == 124_000_000 - 512 * 768
+
+
+def test_groups_and_stages_select_the_runs_in_order():
+    pick = lambda s: [x.name for x in llama_speed.parse_args(["out", "--stages", s]).selected]  # noqa: E731
+    assert pick("llama-135m") == ["l135-mha", "l135-gqa", "l135-mhe-mul", "l135-warm"]
+    assert pick("l1b-gqa,gpt2") == ["l1b-gqa", "gpt2-mha", "gpt2-mhe-mul"]
+    assert pick("llama-135m-expand") == ["l135-gqa-expand", "l135-mhe-mul-expand"]
+    every = llama_speed.parse_args(["out"]).selected
+    assert len(every) == 11 and every[0].name == "l135-mha"  # the cold run first
+    big = [s for s in llama_speed.stages(False, big_card=False) if s.group == "llama-1.1b"]
+    assert all("train.activation_checkpointing=full" in s.sets for s in big)
+    assert not any("activation" in v for s in llama_speed.stages(False, big_card=True) for v in s.sets)
+    with pytest.raises(SystemExit) as e:
+        llama_speed.parse_args(["out", "--stages", "l1b"])
+    assert e.value.code == 2

@@ -1,0 +1,225 @@
+"""The ``split-k-decode`` kernel (``attention/triton_decode.py``): its Triton kernels run by Triton's
+interpreter (``TRITON_INTERPRET=1``, CPU tensors) against the literal softmax in float64, its
+fallback to ``sdpa``, its registration, the generation policy that chooses it, and generation
+through it for MQA, GQA, folded MHE and MHE under rotary positions with ragged, left-padded
+prompts. The GPU checks are in ``test_split_k_decode_gpu.py``."""
+
+import math
+
+import pytest
+import torch
+
+from mhe.attention import KERNELS, build_attention, kernels, masks, triton_decode
+from mhe.attention.flash_decode import key_offsets, range_mask
+from mhe.attention.kernels import EXPAND_MAX_POSITIONS, attend, decode_kernel, reads_key_range, view_kernels
+from mhe.models import build_model
+from reference import softmax_attention
+
+launch = triton_decode.launch
+CUDA = torch.device("cuda")  # only its type is read on a CPU-only machine
+needs_triton = pytest.mark.skipif(not triton_decode.available(), reason="Triton is not installed "
+                                  "(pip install triton; the interpreter runs its kernels on a CPU)")
+
+
+@pytest.fixture
+def interpret():
+    """Triton's interpreter: the kernels run on CPU tensors, in float64 where the inputs are.
+    conftest.py turns it on before Triton is imported, on a machine without a GPU."""
+    if not triton_decode.interpreting():
+        pytest.skip("Triton's interpreter is on only without a GPU (TRITON_INTERPRET=1 before importing triton)")
+
+
+def ragged_range(batch: int, length: int, pos: int, pads: list[int]) -> tuple[torch.Tensor, ...]:
+    """The key range of one causal query at ``pos`` over a cache of ``length`` with left padding
+    ``pads`` per row, as a decode step's model builds it."""
+    key_mask = torch.ones(batch, length, dtype=torch.bool)
+    for row, pad in enumerate(pads):
+        key_mask[row, :pad] = False
+    return masks.decode_key_range(key_mask, torch.tensor(pos), length, batch=batch, device=torch.device("cpu"))
+
+
+def gold(q, k, v, key_range) -> torch.Tensor:
+    """The literal softmax per query head (Eq. 3) in float64, head i reading K/V head i // G."""
+    b, hq, _, _ = q.shape
+    g = hq // k.shape[1]
+    allowed = range_mask(key_range, k.shape[2])[:, 0, 0]  # [B, S]
+    heads = [softmax_attention(q[:, i].double(), k[:, i // g].double(), v[:, i // g].double(), key_mask=allowed)
+             for i in range(hq)]
+    return torch.stack(heads, 1)  # [B, h_q, 1, d]
+
+
+def inputs(b, hq, hk, s, d, dtype, *, shared_query_layout=False):
+    """q ``[B, h_q, 1, d]`` (optionally laid out ``[B, 1, h_q, d]`` with unit-free strides, as MHE's
+    per-head factors leave it) and a cache ``k, v`` of ``[2, B, h_kv, S, d]``'s halves."""
+    q = torch.randn(b, 1, hq, d, dtype=dtype).transpose(1, 2) if shared_query_layout else \
+        torch.randn(b, hq, 1, d, dtype=dtype)
+    kv = torch.randn(2, b, hk, s, d, dtype=dtype)
+    return q, kv[0], kv[1]
+
+
+def test_registered_as_a_key_range_kernel():
+    assert "split-k-decode" in KERNELS and reads_key_range("split-k-decode")
+    assert build_attention("gqa", d_model=32, n_heads=4, n_kv_heads=2, kernel="split-k-decode").cfg.kernel == \
+        "split-k-decode"
+
+
+def test_choose_splits_fills_the_card_within_its_bounds():
+    assert triton_decode.choose_splits(64, 4096, 132) == 9  # 4 programs per SM over 64 rows
+    assert triton_decode.choose_splits(1, 4096, 132) == 64  # at least 64 positions a chunk
+    assert triton_decode.choose_splits(1, 32768, 132) == triton_decode.MAX_SPLITS
+    assert triton_decode.choose_splits(4096, 32768, 132) == 1  # enough rows: no split, no merge
+
+
+@needs_triton
+@pytest.mark.parametrize("hq,hk", [(4, 1), (6, 2), (20, 1), (3, 3)])
+@pytest.mark.parametrize("splits", [1, 3, 7])
+def test_interpreted_kernels_equal_the_reference_in_float64(interpret, hq, hk, splits):
+    """MQA (4 and 20 query heads: a group wider than one 16-row tile's minimum), GQA and MHA over a
+    ragged, left-padded, partly written cache: the literal softmax to 1e-12. 7 chunks of a run
+    as short as 3 positions leave chunks empty (their log-sum-exp -inf, weight 0)."""
+    torch.manual_seed(0)
+    b, s, d, pos = 3, 70, 16, 60
+    q, k, v = inputs(b, hq, hk, s, d, torch.float64, shared_query_layout=True)
+    key_range = ragged_range(b, s, pos, [0, 9, 58])  # rows see 61, 52 and 3 keys
+    got = triton_decode.launch(q, k, v, key_range[0], key_range[1], 1 / math.sqrt(d), splits=splits)
+    torch.testing.assert_close(got, gold(q, k, v, key_range), rtol=1e-12, atol=1e-12)
+
+
+@needs_triton
+def test_interpreted_kernels_with_a_wide_head_and_an_odd_width(interpret):
+    """A head width that is no power of two (48: the tile is masked to it) and a scale given."""
+    torch.manual_seed(1)
+    q, k, v = inputs(2, 8, 2, 40, 48, torch.float64)
+    key_range = ragged_range(2, 40, 39, [5, 0])
+    got = triton_decode.launch(q, k, v, key_range[0], key_range[1], 0.3, splits=2)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=range_mask(key_range, 40),
+                                                            enable_gqa=True, scale=0.3)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float16, 2e-3)])
+def test_interpreted_kernels_in_float32_and_float16(interpret, dtype, tol):
+    """float32 (IEEE products, no TF32) and float16 against the float64 reference, within a few
+    units of their rounding (float16 rounds the probabilities before the product with V);
+    bfloat16 products are not emulated correctly by this Triton's interpreter, so bf16 runs on
+    the GPU only."""
+    torch.manual_seed(2)
+    q, k, v = inputs(2, 6, 2, 50, 16, dtype)
+    key_range = ragged_range(2, 50, 45, [3, 30])
+    got = triton_decode.launch(q, k, v, key_range[0], key_range[1], 0.25, splits=3)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), gold(q, k, v, key_range), rtol=tol, atol=tol)  # scale 1/sqrt(16)
+
+
+@needs_triton
+def test_a_dense_mask_is_read_as_its_run(interpret):
+    """Called with the dense mask a layer builds instead of a key range: the same numbers."""
+    torch.manual_seed(3)
+    q, k, v = inputs(3, 4, 1, 24, 16, torch.float64)
+    key_mask = torch.ones(3, 24, dtype=torch.bool)
+    key_mask[0, :4] = False
+    key_mask[2, :11] = False
+    token = torch.zeros(3, 1, dtype=torch.long)
+    dense = masks.self_attention_mask(token, key_mask, start=torch.tensor(17), keys=24).dense
+    key_range = masks.self_attention_mask(token, key_mask, start=torch.tensor(17), keys=24,
+                                          kernel="split-k-decode").key_range
+    by_mask = attend(q, k, v, mask=dense, kernel="split-k-decode")
+    by_range = attend(q, k, v, key_range=key_range, kernel="split-k-decode")
+    assert torch.equal(by_mask, by_range)
+    torch.testing.assert_close(by_range, gold(q, k, v, key_range), rtol=1e-12, atol=1e-12)
+
+
+@needs_triton
+def test_compiled_call_is_one_operator_with_the_eager_numbers(interpret):
+    """Inside torch.compile the launch is the ``mhe::split_k_decode`` operator (traced through its
+    fake implementation, no graph break) and returns the eager call's numbers."""
+    torch.manual_seed(4)
+    q, k, v = inputs(2, 4, 2, 30, 16, torch.float64)
+    key_range = ragged_range(2, 30, 20, [0, 6])
+
+    def step(q, k, v, offsets, used):
+        return attend(q, k, v, key_range=(offsets, used), kernel="split-k-decode") * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(q, k, v, *key_range[:2]), step(q, k, v, *key_range[:2]))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_fallback_outside_the_interpreter_is_sdpa_exactly(t, monkeypatch):
+    """A CPU tensor outside Triton's interpreter (or several query tokens) runs sdpa unchanged."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v = inputs(2, 4, 2, 10, 8, torch.float32)
+    q = q.expand(-1, -1, t, -1)
+    key_mask = torch.ones(2, 10, dtype=torch.bool)
+    key_mask[1, :4] = False
+    tokens = torch.zeros(2, t, dtype=torch.long)
+    mask = masks.self_attention_mask(tokens, key_mask, start=torch.tensor(5), keys=10).dense
+    assert not triton_decode.fast_path(q, k, v, mask, False, 0.0)
+    assert torch.equal(attend(q, k, v, mask=mask, kernel="split-k-decode"), attend(q, k, v, mask=mask, kernel="sdpa"))
+    if t == 1:
+        kr = masks.self_attention_mask(tokens, key_mask, start=torch.tensor(5), keys=10,
+                                       kernel="split-k-decode").key_range
+        assert torch.equal(kr[0], key_offsets(torch.tensor([0, 4], dtype=torch.int32), 10))
+        assert torch.equal(attend(q, k, v, key_range=kr, kernel="split-k-decode"),
+                           attend(q, k, v, mask=mask, kernel="sdpa"))
+
+
+@needs_triton
+def test_autograd_and_dropout_keep_sdpa(interpret):
+    q, k, v = inputs(1, 4, 1, 8, 16, torch.float64)
+    assert triton_decode.fast_path(q, k, v, None, False, 0.0)
+    assert not triton_decode.fast_path(q.requires_grad_(), k, v, None, False, 0.0)  # no backward here
+    assert not triton_decode.fast_path(q.detach(), k, v, None, False, 0.1)  # dropout
+
+
+@pytest.mark.parametrize("kind,opts,chosen", [("mqa", {}, True), ("sha", {}, True), ("mhe-mul", {}, True),
+                                              ("gqa", {"n_kv_heads": 2}, True), ("mha", {}, False)])
+def test_policy_chooses_split_k_decode_where_triton_is(kind, opts, chosen, monkeypatch):
+    """With Triton, every cache with fewer K/V heads than query heads (or one) decodes through
+    ``split-k-decode`` on CUDA, fp32 included; one short row keeps one kernel a layer
+    (``sdpa-expand`` for one K/V head, ``sdpa`` for a grouped cache). Without Triton the policy is as before (``test_flash_decode.py``)."""
+    monkeypatch.setattr(triton_decode, "available", lambda: True)
+    monkeypatch.setattr(kernels, "_cudnn_attention", lambda device: True)  # no card here
+    attn = build_attention(kind, d_model=32, n_heads=4, **opts)
+    want = "split-k-decode" if chosen else "sdpa"
+    assert decode_kernel(attn, CUDA, torch.bfloat16, batch=8, positions=4096) == want
+    assert decode_kernel(attn, CUDA, torch.float32) == (want if chosen else "eager-one-token")
+    assert decode_kernel(attn, torch.device("cpu"), torch.bfloat16) == "sdpa"
+    assert decode_kernel(attn, CUDA, torch.bfloat16, requested="flash-decode") == "flash-decode"
+    short = decode_kernel(attn, CUDA, torch.bfloat16, batch=1, positions=EXPAND_MAX_POSITIONS)
+    assert short == ("sdpa-expand" if attn.cache_heads == 1 else "sdpa")  # one kernel a layer, not two
+    monkeypatch.setattr(triton_decode, "available", lambda: False)
+    assert decode_kernel(attn, CUDA, torch.bfloat16, batch=8, positions=4096) == (
+        "flash-decode" if attn.cache_heads == 1 else "sdpa")
+
+
+SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
+MODELS = [("tiny-decoder", "mqa", {}), ("tiny-decoder", "gqa", {"n_kv_heads": 2}), ("tiny-decoder", "mhe-mul", {}),
+          ("llama-tiny", "mhe-mul", {}), ("llama-tiny", "gqa", {"n_kv_heads": 2})]
+
+
+@needs_triton
+@pytest.mark.parametrize("name,kind,opts", MODELS)
+def test_generation_through_the_kernel_equals_sdpa_in_float64(interpret, name, kind, opts, monkeypatch):
+    """``model.generate`` with every decode step's attention in the interpreted kernels: the
+    logits of sdpa decoding to 1e-12 and the same greedy tokens, for ragged left-padded prompts
+    (MHE-Mul folded to MQA on the GPT-2-style model; under rotary positions, its per-head
+    factors applied to the rotated query over one cached head)."""
+    torch.manual_seed(0)
+    model = build_model(name, attention=kind, attn_options=opts or None, **SMALL).double().eval()
+    ids = torch.randint(3, 99, (3, 7))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[1, :2] = 0
+    mask[2, :5] = 0
+    want, lw = model.generate(ids, 5, attention_mask=mask, kernel="sdpa", return_logits=True)
+    launches = []
+    monkeypatch.setattr(triton_decode, "launch", lambda *a, **kw: launches.append(1) or launch(*a, **kw))
+    session = model.generator(3, 12, kernel="split-k-decode")
+    got, lg = model.generate(ids, 5, attention_mask=mask, session=session, return_logits=True)
+    assert view_kernels(session.view) == "split-k-decode" and len(launches) == 2 * 4  # 2 layers, 4 steps
+    assert {c.k.shape[1] for c in session.caches} == {2 if kind == "gqa" else 1}
+    torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
+    assert torch.equal(got, want)
