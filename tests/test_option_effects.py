@@ -266,7 +266,8 @@ def test_finetune_options_choose_the_benchmark_weights_and_examples(lm_run, tmp_
     from mhe.training.distributed import Dist
     from mhe.training.weights import read_sealed_weights
 
-    root = require_data("glue/RTE/train.tsv.gz", "glue/RTE/dev.tsv.gz", "superglue/CB/train.jsonl.gz", "superglue/CB/val.jsonl")
+    root = require_data("glue/RTE/train.tsv.gz", "glue/RTE/dev.tsv.gz", "superglue/CB/train.jsonl.gz",
+                        "superglue/CB/val.jsonl")
     dev = read_examples("rte", "dev", data_dir=root)
 
     def setup(**options):

@@ -9,20 +9,15 @@ that are not UTF-8 is one line; a checkpoint a resume skips is set aside, never 
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 
 from conftest import require_data
 from mhe.cli import main
-from mhe.errors import MheError
-from mhe.tasks import build_run, read_run_config
+from mhe.tasks import build_run, default_run, read_run_config
 from mhe.tasks.init_from import continued_run
 from mhe.tasks.recall import RecallTask
 from mhe.training import checkpoint as ckpt
 from mhe.training.config import apply_overrides
-from mhe.tasks import default_run
 from mhe.training.loop import Trainer
 
 
@@ -125,7 +120,9 @@ SMALL = ["model.d_model=32", "model.d_ff=64", "model.n_layers=1",
 
 
 def test_a_checkpoint_a_resume_skips_is_set_aside_not_overwritten(tmp_path):
-    cfg = lambda *extra: apply_overrides(default_run("recall", "tiny-decoder", "mha"), SMALL + list(extra))  # noqa: E731
+    def cfg(*extra):
+        return apply_overrides(default_run("recall", "tiny-decoder", "mha"), SMALL + list(extra))
+
     Trainer(cfg("train.stop_at=8"), RecallTask(), tmp_path, log=lambda *_: None).fit()
     (tmp_path / "results.json").unlink(missing_ok=True)
     newest = ckpt.list_checkpoints(tmp_path / "checkpoints")[-1]

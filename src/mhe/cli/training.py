@@ -37,7 +37,8 @@ def add_set_args(p) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
 
 
-def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, data_help: str = "", out_help: str = "runs/TASK-DATA-PRESET-KIND", from_source: bool = False) -> None:
+def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, data_help: str = "",
+                 out_help: str = "runs/TASK-DATA-PRESET-KIND", from_source: bool = False) -> None:
     """The options every single-run training command shares (``from_source``: preset and kind
     may come from the run given by ``--init-from``)."""
     if task_choice:
