@@ -85,11 +85,11 @@ def test_ddp_without_torchrun_is_refused_before_anything_is_written(tmp_path, ca
     (["train-mt", "--preset", "tiny-encoder-decoder", "--src", "de", "--set", "data.task_options.src=fr"],
      "--src de and --set data.task_options.src=fr disagree"),
     (["finetune", "--task", "rte", "--run", "{tmp}/none", "--seeds", "2", "--set", "train.seed=4"],
-     "--set train.seed=4 would be overwritten: this command sets train.seed with --seeds 2"),
+     "--set train.seed=4 clashes with this command's own train.seed, set by --seeds 2"),
     (["compare", "--preset", "cpu-recall", "--kinds", "mqa", "--seeds", "1", "--set", "model.attention=mha"],
-     "--set model.attention=mha would be overwritten: this command sets model.attention with --kinds"),
+     "--set model.attention=mha clashes with this command's own model.attention, set by --kinds"),
     (["compare", "--preset", "cpu-recall", "--kinds", "mqa", "--seeds", "1", "--set", "train.seed=2"],
-     "--set train.seed=2 would be overwritten: this command sets train.seed with --seeds"),
+     "--set train.seed=2 clashes with this command's own train.seed, set by --seeds"),
 ], ids=["seed", "attention", "data", "src", "finetune-seeds", "compare-kinds", "compare-seeds"])
 def test_an_option_and_a_set_item_that_disagree_are_refused(argv, named, tmp_path, capsys):
     out = tmp_path / "out"

@@ -15,8 +15,9 @@ def add_run_folder_arg(p, help: str = RUN_HELP) -> None:
 
 def refuse_set_keys(items: list[str], owned: dict[str, str]) -> None:
     """Refuse a ``--set`` item of a key an option of this command owns (``owned``: key -> what
-    sets it), which the command would otherwise overwrite without a word."""
+    sets it): one of the two would otherwise be dropped without a word."""
     for item in items:
         key = item.split("=", 1)[0].strip()
         if key in owned:
-            raise MheError(f"--set {item} would be overwritten: this command sets {key} with {owned[key]}")
+            raise MheError(f"--set {item} clashes with this command's own {key}, set by {owned[key]}; "
+                           "drop the item")
