@@ -254,7 +254,10 @@ def test_only_rank_0_prints_under_torchrun(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     assert main(args) == 0
     assert capsys.readouterr().out == ""
-    assert main(["params", "--preset", "no-such-preset"]) == 2  # errors still reach standard error
+    assert main(["params", "--preset", "no-such-preset"]) == 2  # every rank exits 2; rank 0 alone says why
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert main(["params", "--preset", "no-such-preset"]) == 2
     assert "no-such-preset" in capsys.readouterr().err
 
 
