@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from mhe.data.parallel import parallel_files, read_parallel
+from mhe.data.parallel_text import parallel_files, read_parallel
 from mhe.data.tokenize import load_tokenizer, special_id
 from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
