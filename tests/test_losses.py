@@ -174,12 +174,13 @@ def test_a_compiled_translation_step_compiles_once_for_every_batch_shape():
     model = build_model("tiny-encoder-decoder", attention="mha", dropout=0.0, attn_dropout=0.0)
     from torch._dynamo.utils import counters
 
+    from mhe.training.config import TrainConfig
     from mhe.training.distributed import Dist
-    from mhe.training.step import StepModule
+    from mhe.training.parallelize import parallelize
 
     counters.clear()
     compiled = torch.compile(model, backend="aot_eager")  # AOTAutograd traces the loss's own backward, as inductor
-    trainer_step = StepModule(model, Dist(), compiled=True, note=print, mode="none", static_shapes=False)
+    trainer_step = parallelize(model, TrainConfig(compile=True), Dist(), static_shapes=False, note=print).step
     with trainer_step._loss_choice(), torch.autocast("cpu", dtype=torch.bfloat16):  # bf16: chunked by default
         for src_len, tgt_len in ((7, 5), (9, 6), (12, 4), (5, 11), (8, 8)):
             src, tgt = torch.randint(3, 500, (3, src_len)), torch.randint(3, 500, (3, tgt_len))
@@ -192,22 +193,27 @@ def test_a_compiled_translation_step_compiles_once_for_every_batch_shape():
 
 def test_training_step_module_scores_varying_shapes_with_the_plain_loss_when_compiled():
     from mhe.models import losses
+    from mhe.training.config import TrainConfig
     from mhe.training.distributed import Dist
-    from mhe.training.step import StepModule
+    from mhe.training.parallelize import parallelize
 
     model = torch.nn.Linear(2, 2)
+
+    def step(compiled, static, module=model):
+        return parallelize(module, TrainConfig(compile=compiled), Dist(), static_shapes=static, note=print).step
+
     seen = []
 
     def wanted(net):
         seen.append(losses.chunked_loss_wanted(torch.ones(1, dtype=torch.bfloat16), torch.ones(1, dtype=torch.bfloat16)))
 
     for compiled, static in ((True, False), (True, True), (False, False)):
-        StepModule(model, Dist(), compiled=compiled, note=print, mode="none", static_shapes=static).run(wanted)
+        step(compiled, static).run(wanted)
     assert seen == [False, True, True]  # only a compiled step of varying shapes leaves the chunked loss
-    fsdp = StepModule(torch.nn.Sequential(), Dist(), compiled=True, note=print, mode="none", static_shapes=False)
+    fsdp = step(True, False, torch.nn.Sequential())
     fsdp.blocks = [(model, model.forward)]  # FSDP compiles the blocks only: head and loss run eagerly
     fsdp.run(wanted)
-    fallen = StepModule(model, Dist(), compiled=True, note=print, mode="none", static_shapes=False)
+    fallen = step(True, False)
     fallen.eager_fallback = True
     fallen.run(wanted)
     assert seen[3:] == [True, True]  # neither compiles the loss: it keeps the chunked one
