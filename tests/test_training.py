@@ -137,8 +137,8 @@ def test_sigint_saves_a_checkpoint_and_exits_cleanly(tmp_path):
 
 
 class NaNTask(RecallTask):
-    def loss(self, model, batch):
-        loss, n = super().loss(model, batch)
+    def loss(self, model, batch, **kw):
+        loss, n = super().loss(model, batch, **kw)
         self.k = getattr(self, "k", 0) + 1
         return (loss * float("nan") if self.k == 6 else loss), n
 

@@ -150,9 +150,9 @@ class TranslationTask(Task):
         return {"src": src, "src_mask": src != self.pad, "tgt": tgt_in, "tgt_mask": labels != -100,
                 "labels": labels, "n_tokens": int((labels != IGNORE).sum())}
 
-    def loss(self, model, batch):
+    def loss(self, model, batch, *, chunked_loss=None):
         out = model(batch["src"], batch["tgt"], batch["src_mask"], batch["tgt_mask"], labels=batch["labels"],
-                    label_smoothing=self.cfg.train.label_smoothing, return_logits=False)
+                    label_smoothing=self.cfg.train.label_smoothing, return_logits=False, chunked_loss=chunked_loss)
         return out.loss, batch["n_tokens"]  # counted on the host: no device sync
 
     # ------------------------------------------------------------------ decoding

@@ -21,7 +21,6 @@ from typing import Callable
 import torch
 
 from mhe.errors import MheError
-from mhe.models.losses import chunked_loss
 from mhe.training.config import TrainConfig
 from mhe.training.distributed import Dist
 from mhe.training.fsdp import plain
@@ -67,10 +66,10 @@ class StepModule:
         if self.cuda_graphs:  # the last step's graph outputs (loss, gradients) have been consumed
             torch.compiler.cudagraph_mark_step_begin()
         if self.proven:
-            with self._whole_graph(), self._loss_choice():
+            with self._whole_graph():
                 return micro_step(self.net)
         try:
-            with self._whole_graph(), self._loss_choice():
+            with self._whole_graph():
                 out = micro_step(self.net)
         except MheError:
             raise
@@ -85,20 +84,21 @@ class StepModule:
                 self.net = self.model
             self.model.zero_grad(set_to_none=True)  # a backward pass cut short leaves partial gradients
             self.eager_fallback = True
-            with self._loss_choice():
-                out = micro_step(self.net)
+            out = micro_step(self.net)
             self.note(f"torch.compile cannot compile this configuration ({type(e).__name__}: {first}); "
                       "training eagerly")
         self.proven = True
         return out
 
-    def _loss_choice(self):
-        """A step compiled whole whose batches change shape (translation, fine-tuning) scores the
-        output layer with the plain loss of its logits, which inductor fuses (no float32 copy of them):
-        the chunked loss loops over the rows, and dynamo would compile the step again for every
-        row count (:func:`~mhe.models.losses.linear_cross_entropy`)."""
+    @property
+    def chunked_loss(self) -> bool | None:
+        """The ``chunked_loss`` the step passes its task's loss: False for a step compiled whole
+        whose batches change shape (translation, fine-tuning), which scores the output layer with
+        the plain loss of its logits, which inductor fuses (no float32 copy of them): the chunked
+        loss loops over the rows, and dynamo would compile the step again for every row count
+        (:func:`~mhe.models.losses.linear_cross_entropy`); else None (by precision)."""
         whole = self.compiled and not self.blocks and not self.eager_fallback  # FSDP compiles blocks only
-        return chunked_loss(False) if whole and not self.static_shapes else contextlib.nullcontext()
+        return False if whole and not self.static_shapes else None
 
     def _whole_graph(self):
         """Under DDP, dynamo compiles the model as one graph (its DDP optimiser, which would split
@@ -155,7 +155,7 @@ def train_step(step: StepModule, data: Prefetcher, state: TrainerState, task: Ta
 
     def micro_step(net, batch, last):
         with step.sync(last), torch.autocast(dist.device.type, dtype=amp, enabled=amp is not None):
-            loss, n = task.loss(net, batch)
+            loss, n = task.loss(net, batch, chunked_loss=step.chunked_loss)
         (loss / t.grad_accum).backward()
         return loss.detach(), n
 
