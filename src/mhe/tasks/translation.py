@@ -83,6 +83,10 @@ class TranslationTask(Task):
     command = "train-mt"
     options = TranslationOptions
 
+    def __init__(self) -> None:
+        self.searcher: BeamSearcher | None = None  # the beam searcher of the model decoded last (_searcher)
+        self.cast: tuple | None = None  # ((id, weights version, dtype), the model's bf16 copy) (_decoding_model)
+
     @classmethod
     def default_train(cls, preset, dataset):
         return translation_train(preset)
@@ -190,10 +194,9 @@ class TranslationTask(Task):
     def _searcher(self, model) -> BeamSearcher:
         """The beam searcher of ``model``, kept across calls: batches of one shape share its captured
         steps (it rebuilds them when the weights change)."""
-        kept = self.__dict__.get("_beam_searcher")
-        if kept is None or kept.model is not model:
-            kept = self.__dict__["_beam_searcher"] = BeamSearcher(model)
-        return kept
+        if self.searcher is None or self.searcher.model is not model:
+            self.searcher = BeamSearcher(model)
+        return self.searcher
 
     def _decoding_model(self, model, dtype: str):
         """``model`` itself for float32; a bfloat16 copy (kept while the weights do not change) otherwise.
@@ -204,10 +207,9 @@ class TranslationTask(Task):
         if next(model.parameters()).dtype == want:
             return model
         key = (id(model), weights_version(model), dtype)
-        kept = self.__dict__.get("_cast")
-        if kept is None or kept[0] != key:
-            kept = self.__dict__["_cast"] = (key, copy.deepcopy(model).to(want).eval())
-        return kept[1]
+        if self.cast is None or self.cast[0] != key:
+            self.cast = (key, copy.deepcopy(model).to(want).eval())
+        return self.cast[1]
 
     def evaluate(self, model):
         n = int(self.o["eval_sentences"])
