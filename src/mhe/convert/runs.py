@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mhe.accounting import count_attention_params
 from mhe.convert.model import check_conversion, convert_model
 from mhe.convert.report import ConversionReport
 from mhe.convert.sources import Source, data_task, load_source
@@ -33,7 +32,7 @@ from mhe.training.batches import BatchOrder
 from mhe.training.checkpoint import save_checkpoint
 from mhe.training.config import RunConfig, check_device
 from mhe.training.optim import build_optimizer
-from mhe.training.run_files import CONFIG
+from mhe.training.run_files import write_run_record
 from mhe.training.state import TrainerState
 
 SPLITS = ("valid", "test")
@@ -184,15 +183,6 @@ def score(task, src: Source, model: nn.Module, split: str, device: torch.device)
         model.cpu()
 
 
-def run_record(cfg: RunConfig, model: nn.Module, src: Source, report: ConversionReport) -> dict:
-    """``config.json`` of the converted run, as the trainer writes one, with where it came from."""
-    return {"run": cfg.to_dict(), "resolved_train": copy.deepcopy(cfg.to_dict()["train"]),
-            "model": model.cfg.to_dict(), "config_hash": cfg.hash(),
-            "attention_params": count_attention_params(model), "torch": torch.__version__, "device": "cpu",
-            "converted_from": {"path": str(src.path), "origin": src.origin, "attention": src.model.cfg.attention,
-                               "kind": report.kind, "options": report.options}}
-
-
 def write_run(out: Path, src: Source, model: nn.Module, report: ConversionReport) -> Path:
     """Write the converted run folder atomically (module docstring)."""
     cfg = copy.deepcopy(src.cfg)
@@ -202,7 +192,9 @@ def write_run(out: Path, src: Source, model: nn.Module, report: ConversionReport
     tmp = new_temp_folder(out.parent, out.name)
     try:
         save_tokenizer(src.tokenizer, tmp)
-        write_json_atomic(tmp / CONFIG, run_record(cfg, model, src, report))
+        write_run_record(tmp, cfg, model, train=cfg.train, device="cpu", converted_from={
+            "path": str(src.path), "origin": src.origin, "attention": src.model.cfg.attention, "kind": report.kind,
+            "options": report.options})
         opt, sched = build_optimizer(model, cfg.train)
         state = TrainerState(opt, sched, BatchOrder(1, 1, seed=cfg.train.seed), config_hash=cfg.hash())
         save_checkpoint(tmp / "checkpoints", model=model, state=state.state_dict())

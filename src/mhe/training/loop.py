@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -38,7 +37,7 @@ from mhe.training.optim import param_groups
 from mhe.training.parallelize import Parallelized, home, parallelize, resolve_mode
 from mhe.training.prefetch import Prefetcher
 from mhe.training.run_files import (CONFIG, METRICS, RESULTS, differences, is_run_dir, read_results, read_run_record,
-                                    run_config_from_dict, truncate_metrics)
+                                    run_config_from_dict, truncate_metrics, write_run_record)
 from mhe.training.run_log import RunLog, SignalWatch
 from mhe.training.state import TrainerState, seed_all, state_problem
 from mhe.training.state_check import saved_shapes
@@ -215,12 +214,8 @@ class Trainer:
         return snapshot
 
     def _write_config(self, model, dist) -> None:
-        write_json_atomic(self.out / CONFIG, {
-            "run": self.original.to_dict(), "resolved_train": dataclasses.asdict(self.cfg.train),
-            "model": model.cfg.to_dict(), "config_hash": self.cfg_hash,
-            "attention_params": count_attention_params(model), "torch": torch.__version__,
-            "device": distributed.device_name(dist.device),
-        })
+        write_run_record(self.out, self.original, model, train=self.cfg.train,
+                         device=distributed.device_name(dist.device))
 
     def _settle(self, dist) -> dict | None:
         """Read the steps since the last read: the last loss and gradient norm, or the stop
