@@ -202,7 +202,7 @@ def test_the_kind_lives_in_the_model_with_typed_options(items):
     cfg = apply_overrides(base("lm"), items)
     assert cfg.model.attention == cfg.kind == "gqa" and cfg.model.attn_options == GroupedQueryOptions(n_kv_heads=2)
     assert not hasattr(cfg, "attention")
-    assert cfg.model.attention_options(causal=True)["n_kv_heads"] == 2
+    assert cfg.model.attention_config(causal=True).options.n_kv_heads == 2
     # another kind starts from its own defaults
     assert apply_overrides(cfg, ["model.attention=mqa"]).model.attn_options == NoOptions()
     mhe = apply_overrides(base("lm"), ["model.attention=mhe-mul", "model.attn_options.impl=reference"])

@@ -53,7 +53,8 @@ def build_run(task: str, preset: str, *, attention: str = "mha", data: str = "",
     The run starts from the preset's own kind, so a kind of the same family keeps the preset's
     options (``--preset llama-135m --attention gqa``: its 3 K/V heads)."""
     cfg = default_run(task, preset, get_preset(preset).attention, data)
-    items = [f"model.attention={attention}"]
+    cfg.model = cfg.model.replace(attention=attention)  # the typed kind, checked by ModelConfig
+    items = []
     if data_dir:
         cfg.data.data_dir = data_dir
     if seed is not None:
