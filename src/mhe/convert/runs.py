@@ -1,10 +1,11 @@
 """``convert_run``: a source (run folder or Hugging Face directory) in, a converted run folder
 out, with the score of both models on a held-out split before any training.
 
-The converted folder is a normal run folder at step 0: ``config.json`` (the source run's
-configuration with the new kind), ``tokenizer.json`` (the source's), ``checkpoints/step-00000000``
-(the weights and a fresh trainer state) and ``conversion.json`` (the report). It is written in a
-temporary folder and renamed into place, so it exists whole or not at all.
+The converted folder is a run folder at step 0: ``config.json`` (the source run's configuration
+with the new kind), ``tokenizer.json`` (the source's), ``checkpoints/step-00000000`` (the weights
+alone: ``pretrain --init-from`` starts a fresh optimiser on them, as does a run resumed there)
+and ``conversion.json`` (the report). It is written in a temporary folder and renamed into
+place, so it exists whole or not at all.
 """
 
 from __future__ import annotations
@@ -28,12 +29,9 @@ from mhe.data.tokenize import save_tokenizer
 from mhe.errors import MheError
 from mhe.output_paths import check_output_dir, free_name
 from mhe.training.atomic import new_temp_folder, write_json_atomic
-from mhe.training.batches import BatchOrder
-from mhe.training.checkpoint import save_checkpoint
+from mhe.training.checkpoint import save_weights
 from mhe.training.config import RunConfig, check_device
-from mhe.training.optim import build_optimizer
 from mhe.training.run_files import write_run_record
-from mhe.training.state import TrainerState
 
 SPLITS = ("valid", "test")
 
@@ -195,9 +193,7 @@ def write_run(out: Path, src: Source, model: nn.Module, report: ConversionReport
         write_run_record(tmp, cfg, model, train=cfg.train, device="cpu", converted_from={
             "path": str(src.path), "origin": src.origin, "attention": src.model.cfg.attention, "kind": report.kind,
             "options": report.options})
-        opt, sched = build_optimizer(model, cfg.train)
-        state = TrainerState(opt, sched, BatchOrder(1, 1, seed=cfg.train.seed), config_hash=cfg.hash())
-        save_checkpoint(tmp / "checkpoints", model=model, state=state.state_dict())
+        save_weights(tmp / "checkpoints", model=model)
         write_json_atomic(tmp / "conversion.json", report.to_dict())
         if out.exists():
             out.rmdir()  # empty (checked before any work)

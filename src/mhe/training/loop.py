@@ -196,7 +196,8 @@ class Trainer:
 
     def _resume(self, model, order: BatchOrder, dist) -> dict | None:
         """Load the newest checkpoint that agrees with the run into the (whole) model; returns its
-        trainer state for the optimiser built after the wrapping, or None (nothing to resume)."""
+        trainer state for the optimiser built after the wrapping, or None (nothing to resume, or
+        a checkpoint of weights alone)."""
         shapes = saved_shapes(model)  # a padded vocabulary's moments are saved with the real rows
         groups = [g["params"] for g in param_groups(model, self.cfg.train)]
         found = ckpt.resumable_checkpoint(
@@ -209,8 +210,8 @@ class Trainer:
         last, weights, snapshot = found
         model.load_state_dict(weights)
         self.last_saved = last
-        if dist.main:
-            self.log(f"resuming from {last} (step {snapshot['step']})")
+        if dist.main:  # weights alone (mhe convert's step 0): a fresh trainer state on them
+            self.log(f"resuming from {last} (step {0 if snapshot is None else snapshot['step']})")
         return snapshot
 
     def _write_config(self, model, dist) -> None:
