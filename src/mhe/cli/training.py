@@ -9,7 +9,7 @@ import statistics
 
 from mhe.cli.common import DATA_DIR_HELP, add_run_folder_arg
 from mhe.data.corpora import corpus_names
-from mhe.data.parallel import PARALLEL
+from mhe.data.parallel_text import PARALLEL
 from mhe.errors import MheError, one_of
 from mhe.experiments.summary import metric_means
 from mhe.models import preset

@@ -4,12 +4,12 @@ the command line's help and errors are built from it."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from mhe.errors import one_of
 from mhe.models.config import preset as get_preset
+from mhe.settings import set_path
 from mhe.tasks.finetune import FinetuneTask
 from mhe.tasks.lm import CausalLMTask
 from mhe.tasks.mlm import MaskedLMTask
@@ -53,14 +53,14 @@ def build_run(task: str, preset: str, *, attention: str = "mha", data: str = "",
     The run starts from the preset's own kind, so a kind of the same family keeps the preset's
     options (``--preset llama-135m --attention gqa``: its 3 K/V heads)."""
     cfg = default_run(task, preset, get_preset(preset).attention, data)
-    items = [f"model.attention={attention}"]
+    cfg.model = cfg.model.replace(attention=attention)  # the typed kind, checked by ModelConfig
     if data_dir:
         cfg.data.data_dir = data_dir
-    if seed is not None:
-        items.append(f"train.seed={seed}")
+    if seed is not None:  # values, checked by type and range as --set items are (no text to parse)
+        set_path(cfg.train, ["seed"], seed, "train.seed", text=False)
     if task_options:
-        items.append(f"data.task_options={json.dumps(task_options)}")
-    return apply_overrides(cfg, items + list(overrides))
+        set_path(cfg.data, ["task_options"], task_options, "data.task_options", text=False)
+    return apply_overrides(cfg, list(overrides))
 
 
 def run_config_from_dict(d: object, *, source: str | Path) -> RunConfig:
