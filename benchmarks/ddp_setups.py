@@ -3,7 +3,7 @@
     torchrun --standalone --nproc_per_node 2 benchmarks/ddp_setups.py SETUP OUT [profile_train_step.py options]
 
 Runs ``benchmarks/profile_train_step.py`` (every option after ``OUT`` is its own) with the
-trainer's :class:`~mhe.training.step.StepModule` built one of these ways:
+trainer's step module (:func:`~mhe.training.parallelize.parallelize`) built one of these ways:
 
 * ``whole`` (the trainer's default): the model compiled whole, then wrapped by DDP; dynamo's DDP
   optimiser off while a step runs, so the step is one graph and the gradient buckets are reduced
@@ -37,11 +37,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
-from mhe.training import step as step_module  # noqa: E402
+from mhe.training import parallelize as wrapping  # noqa: E402
 from mhe.training.activation_checkpointing import transformer_blocks  # noqa: E402
 
 SETUPS = ("whole", "wrapped-split", "wrapped-whole", "inner-split", "blocks")
-_trainers_init = step_module.StepModule.__init__
+_trainers_parallelize = wrapping.parallelize
 
 
 def _ddp(module, dist):
@@ -49,29 +49,32 @@ def _ddp(module, dist):
     return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids, gradient_as_bucket_view=True)
 
 
-def _init(setup: str):
-    """``StepModule.__init__`` building the DDP step as ``setup`` says (the trainer's own for ``whole``)."""
+def _parallelize(setup: str):
+    """``parallelize`` building the DDP step as ``setup`` says (the trainer's own for ``whole``): the
+    trainer's, then, for a compiled DDP step, its module rebuilt from the model (the trainer's DDP
+    wrapper is dropped, as its hooks go with it)."""
 
-    def init(self, model, dist, *, compiled, note, mode="ddp", cuda_graphs=False, static_shapes=True):
-        _trainers_init(self, model, dist, compiled=compiled, note=note, mode=mode, cuda_graphs=cuda_graphs,
-                       static_shapes=static_shapes)
-        if setup == "whole" or not (self.ddp and compiled):
-            return
+    def parallelize(model, t, dist, *, static_shapes, note):
+        ready = _trainers_parallelize(model, t, dist, static_shapes=static_shapes, note=note)
+        step = ready.step
+        if setup == "whole" or not (step.ddp and step.compiled):
+            return ready
         if setup == "blocks":
-            self.cuda_graphs = False  # the graphs are the whole step's; blocks compile one by one
+            step.cuda_graphs = False  # the graphs are the whole step's; blocks compile one by one
             for block in transformer_blocks(model):
                 block.forward = torch.compile(block.forward)
-            self.net = _ddp(model, dist)
+            step.net = _ddp(model, dist)
         elif setup == "inner-split":
-            self.net = _ddp(step_module.compile_model(model, self.cuda_graphs), dist)
+            step.net = _ddp(wrapping.compile_model(model, step.cuda_graphs), dist)
         else:  # wrapped-*: DDP first, then the wrapper compiled
-            self.net = step_module.compile_model(_ddp(model, dist), self.cuda_graphs)
+            step.net = wrapping.compile_model(_ddp(model, dist), step.cuda_graphs)
         split = setup.endswith("split")
-        self._whole_graph = (lambda: contextlib.nullcontext()) if split else \
+        step._whole_graph = (lambda: contextlib.nullcontext()) if split else \
             (lambda: torch._dynamo.config.patch(optimize_ddp=False))
-        self.proven = True
+        step.proven = True
+        return ready
 
-    return init
+    return parallelize
 
 
 def main() -> None:
@@ -79,7 +82,7 @@ def main() -> None:
         print(f"usage: ddp_setups.py SETUP OUT [profile_train_step.py options]; SETUP one of {', '.join(SETUPS)}",
               file=sys.stderr)
         raise SystemExit(2)
-    step_module.StepModule.__init__ = _init(sys.argv[1])
+    wrapping.parallelize = _parallelize(sys.argv[1])
     sys.argv = [str(ROOT / "benchmarks" / "profile_train_step.py")] + sys.argv[2:]
     runpy.run_path(sys.argv[0], run_name="__main__")
 

@@ -223,13 +223,13 @@ def _m30k(root: Path, files: dict[str, bytes]) -> None:
 
 
 def _read_m30k(root: Path, split: str = "train"):
-    from mhe.data.parallel import read_parallel
+    from mhe.data.parallel_text import read_parallel
 
     return read_parallel("multi30k", split, "en", "de", data_dir=root)
 
 
 def _read_wmt_test(root: Path):
-    from mhe.data.parallel import read_parallel
+    from mhe.data.parallel_text import read_parallel
 
     return read_parallel("wmt14", "test", "en", "de", data_dir=root)
 
@@ -425,7 +425,7 @@ def test_data_file_bad_input(write, read, named, tmp_path):
 
 
 def test_truncated_gzip_in_parallel_corpus_names_file(tmp_path):
-    from mhe.data.parallel import read_parallel
+    from mhe.data.parallel_text import read_parallel
 
     _m30k(tmp_path, {"train.en": b"a\n"})
     (tmp_path / "multi30k" / "train.en").unlink()

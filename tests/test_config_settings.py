@@ -202,7 +202,7 @@ def test_the_kind_lives_in_the_model_with_typed_options(items):
     cfg = apply_overrides(base("lm"), items)
     assert cfg.model.attention == cfg.kind == "gqa" and cfg.model.attn_options == GroupedQueryOptions(n_kv_heads=2)
     assert not hasattr(cfg, "attention")
-    assert cfg.model.attention_options(causal=True)["n_kv_heads"] == 2
+    assert cfg.model.attention_config(causal=True).options.n_kv_heads == 2
     # another kind starts from its own defaults
     assert apply_overrides(cfg, ["model.attention=mqa"]).model.attn_options == NoOptions()
     mhe = apply_overrides(base("lm"), ["model.attention=mhe-mul", "model.attn_options.impl=reference"])
@@ -374,3 +374,29 @@ def test_eval_stride_is_checked_before_loading(stride, tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(tmp_path / "none"), "--stride", stride]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--stride={stride} is out of range; --stride must be > 0" in err[0]
+
+
+def test_build_run_sets_its_typed_arguments_without_parsing_text(monkeypatch):
+    """``--attention``, ``--seed`` and the task options reach the configuration as values (the kind
+    checked by ModelConfig, the rest by type and range), never as ``KEY=VALUE`` text parsed again;
+    ``--set`` items are the only text."""
+    import mhe.settings
+    import mhe.training.config
+    from mhe.tasks import build_run
+
+    parsed, parse = [], mhe.settings.parse_text
+
+    def recording(key, raw, tp):
+        parsed.append(key)
+        return parse(key, raw, tp)
+
+    monkeypatch.setattr(mhe.settings, "parse_text", recording)
+    monkeypatch.setattr(mhe.training.config, "parse_text", recording)
+    cfg = build_run("recall", "tiny-decoder", attention="gqa", seed=3, task_options={"pairs": 2, "queries": 2})
+    assert parsed == []
+    assert cfg.model.attention == "gqa" and type(cfg.model.attn_options).__name__ == "GroupedQueryOptions"
+    assert cfg.train.seed == 3 and cfg.data.task_options.pairs == 2
+    build_run("recall", "tiny-decoder", attention="mqa", overrides=["train.lr=0.001"])
+    assert parsed == ["train.lr"]
+    with pytest.raises(MheError, match=r"^train.seed=-1 is out of range"):
+        build_run("recall", "tiny-decoder", seed=-1)

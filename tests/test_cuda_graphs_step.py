@@ -8,7 +8,8 @@ import torch
 from mhe.errors import MheError
 from mhe.tasks import TASKS
 from mhe.settings import check_fields
-from mhe.training.config import TrainConfig, cuda_graphs_wanted
+from mhe.training.config import TrainConfig
+from mhe.training.parallelize import cuda_graphs_wanted, parallelize
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 
@@ -60,14 +61,14 @@ def _train(cuda_graphs: bool, steps: int = 6):
 
     from mhe.models import build_model
     from mhe.training.distributed import Dist
-    from mhe.training.step import StepModule
 
     torch.manual_seed(0)
     model = build_model("tiny-decoder", attention="mhe-mul", dropout=0.0, attn_dropout=0.0).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     start = [p.detach().clone() for p in model.parameters()]
-    step = StepModule(model, Dist(rank=0, world=1, local_rank=0, device=CUDA), compiled=True,
-                      note=print, cuda_graphs=cuda_graphs)
+    t = TrainConfig(compile=True, cuda_graphs=cuda_graphs)
+    step = parallelize(model, t, Dist(rank=0, world=1, local_rank=0, device=CUDA), static_shapes=True,
+                       note=print).step
     ids = torch.randint(0, model.cfg.vocab_size, (steps, 4, 32), generator=torch.Generator().manual_seed(1)).cuda()
     losses = []
 

@@ -61,7 +61,7 @@ def final_weights(out):
 @pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_two_gloo_processes_at_half_batch_equal_one_at_full_batch(tmp_path, compiled):
-    """Compiled: DDP wraps the compiled model (``training/step.py``); a wrapper that lost the
+    """Compiled: DDP wraps the compiled model (``training/parallelize.py``); a wrapper that lost the
     gradient hooks or the averaging would let the runs drift apart."""
     one = tmp_path / "one"
     Trainer(config(compiled), RecallTask(), one, log=lambda *_: None).fit()

@@ -1,4 +1,4 @@
-"""The trainer's DDP step under ``torch.compile`` is one graph (``training/step.py``): dynamo's DDP
+"""The trainer's DDP step under ``torch.compile`` is one graph (``training/parallelize.py``): dynamo's DDP
 optimiser, which splits the graph at the gradient buckets, must never run, because the split
 step costs more host time than its overlap saves (docs/benchmarks.md section 7). One gloo
 process is enough to build the DDP wrapper; the control case leaves the optimiser on and sees it
@@ -15,8 +15,9 @@ import torch.distributed as dist
 from torch._dynamo.backends import distributed as dynamo_ddp
 
 from mhe.models import build_model
+from mhe.training.config import TrainConfig
 from mhe.training.distributed import Dist
-from mhe.training.step import StepModule
+from mhe.training.parallelize import parallelize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +47,8 @@ def test_compiled_ddp_step_is_one_graph(one_process_group, monkeypatch, whole):
     torch._dynamo.reset()  # no graph compiled by another test (or the other case) is reused
     torch.manual_seed(0)
     model = build_model("tiny-decoder", attention="mhe-mul", d_model=256, d_ff=512, n_layers=2, vocab_size=512)
-    step = StepModule(model, Dist(world=2), compiled=True, note=lambda _: None)  # world 2: the DDP path
+    step = parallelize(model, TrainConfig(compile=True), Dist(world=2), static_shapes=True,  # world 2: DDP
+                       note=lambda _: None).step
     assert isinstance(step.net, torch.nn.parallel.DistributedDataParallel)
     if not whole:  # the control: the same step with dynamo's DDP optimiser left on does split
         step._whole_graph = lambda: torch._dynamo.config.patch(optimize_ddp=True)
@@ -72,19 +74,24 @@ def test_ddp_setups_refuses_an_unknown_setup(tmp_path):
 
 
 @pytest.mark.parametrize("setup", ["whole", "wrapped-split", "inner-split", "blocks"])
-def test_ddp_setups_build_the_trainers_step_with_its_arguments(setup, monkeypatch):
-    """Each set-up's constructor takes every argument the trainer passes (one process, eager: the
-    set-ups differ only under DDP and compilation, which the GPU runs measure)."""
+def test_ddp_setups_build_the_trainers_step_with_its_arguments(setup, monkeypatch, one_process_group):
+    """Each set-up's ``parallelize`` takes every argument the trainer passes and builds the DDP step
+    it names (compiled, world 2: the DDP path; nothing is traced until a step runs)."""
     import importlib.util
 
-    from mhe.models import build_model
-    from mhe.training import step as step_module
-    from mhe.training.distributed import Dist
+    from torch._dynamo.eval_frame import OptimizedModule
 
+    from mhe.training import parallelize as wrapping
     spec = importlib.util.spec_from_file_location("ddp_setups", ROOT / "benchmarks" / "ddp_setups.py")
     setups = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(setups)
-    monkeypatch.setattr(step_module.StepModule, "__init__", setups._init(setup))
+    monkeypatch.setattr(wrapping, "parallelize", setups._parallelize(setup))
     model = build_model("tiny-decoder", attention="mha")
-    step = step_module.StepModule(model, Dist(), compiled=False, note=print, mode="ddp", cuda_graphs=False)
-    assert step.net is model and not step.cuda_graphs
+    ready = wrapping.parallelize(model, TrainConfig(compile=True), Dist(world=2), static_shapes=True, note=print)
+    net, ddp = ready.step.net, torch.nn.parallel.DistributedDataParallel
+    if setup == "wrapped-split":
+        assert isinstance(net, OptimizedModule) and isinstance(net._orig_mod, ddp)
+    else:
+        assert isinstance(net, ddp)
+        assert isinstance(net.module, OptimizedModule) if setup != "blocks" else net.module is model
+    assert ready.step.ddp and ready.step.model is model

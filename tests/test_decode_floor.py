@@ -29,7 +29,7 @@ def test_floor_rows_bytes_and_server_rows(tmp_path):
         heads = 4 if r["kind"] == "mha" else 1
         cache = 2 * 2 * heads * 16 * r["context"] * r["batch"] * 4  # L * 2 * h_kv * d * S * B * bytes
         assert r["bytes_per_step"] == cache + weights
-        assert r["fraction_of_bandwidth"] == round(r["floor_ms"] / r["step_ms"], 3)
+        assert abs(r["fraction_of_bandwidth"] - r["floor_ms"] / r["step_ms"]) <= 1.5e-3  # of the unrounded times
         assert r["step_ms"] > 0 and r["prefill_ms"] > 0 and r["card"] == "cpu"
     run = json.loads((tmp_path / "decode-floor-cpu-run.json").read_text())
     bandwidth = run["copy_bandwidth_bytes_per_s"]

@@ -50,8 +50,8 @@ class BadAt(RecallTask):
     def __init__(self, at, what="loss"):
         self.at, self.what, self.calls = at, what, 0
 
-    def loss(self, model, batch):
-        loss, n = super().loss(model, batch)
+    def loss(self, model, batch, **kw):
+        loss, n = super().loss(model, batch, **kw)
         self.calls += 1
         if self.calls == self.at:
             if self.what == "loss":
@@ -75,8 +75,8 @@ def test_a_nan_between_log_boundaries_stops_at_its_step_and_nothing_after_it_is_
 def test_a_nan_stops_the_cli_with_exit_2_and_one_line(tmp_path, capsys, monkeypatch):
     calls = []
 
-    def loss(self, model, batch):
-        out, n = RecallTask_loss(self, model, batch)
+    def loss(self, model, batch, **kw):
+        out, n = RecallTask_loss(self, model, batch, **kw)
         calls.append(1)
         return (out * float("nan") if len(calls) == 3 else out), n
 
@@ -179,7 +179,7 @@ def test_mlm_training_is_unchanged_by_the_forward_route(tmp_path):
     """A CPU run trains through the new route exactly as before: the same loss at every step
     as computing each step with masked_lm_loss (the earlier route)."""
     class Earlier(MaskedLMTask):
-        def loss(self, model, batch):
+        def loss(self, model, batch, **kw):
             return model.masked_lm_loss(batch["input_ids"], batch["labels"]).loss, batch["n_tokens"]
 
     Trainer(mlm_run(), MaskedLMTask(), tmp_path / "new", log=quiet).fit()
@@ -254,7 +254,10 @@ def test_only_rank_0_prints_under_torchrun(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     assert main(args) == 0
     assert capsys.readouterr().out == ""
-    assert main(["params", "--preset", "no-such-preset"]) == 2  # errors still reach standard error
+    assert main(["params", "--preset", "no-such-preset"]) == 2  # every rank exits 2; rank 0 alone says why
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert main(["params", "--preset", "no-such-preset"]) == 2
     assert "no-such-preset" in capsys.readouterr().err
 
 

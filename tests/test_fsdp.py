@@ -71,7 +71,10 @@ def _worker(rank: int, world: int, port: int, out: str, extra: list, interrupt: 
         compile_ = torch.compile
         torch.compile = lambda fn, **kw: compile_(fn, backend="aot_eager", **kw)
     task = PaddedRecall(interrupt=interrupt and rank == 0)
+    built, init = [], torch.optim.AdamW.__init__
+    torch.optim.AdamW.__init__ = lambda self, *a, **kw: (built.append(1), init(self, *a, **kw))[1]
     Trainer(config("train.parallel=fsdp", *extra), task, out, resume=resume, log=lambda *_: None).fit()
+    (Path(out) / f"optimisers-built-rank{rank}.txt").write_text(str(len(built)))  # once, on the shards
     if "train.compile=true" in extra and rank == 0 and not resume:
         from torch._dynamo.utils import counters
         (Path(out) / "graphs.json").write_text(json.dumps(counters["stats"]["unique_graphs"]))
@@ -112,6 +115,8 @@ def test_fsdp_at_half_batch_per_process_equals_one_process_at_full_batch(runs):
         assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-6)
         assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-6)  # averaged, not summed
     assert a[-1]["loss"] < a[0]["loss"]
+    for run in ("whole", "resumed"):  # the optimiser is built once, after sharding (resumed: loaded into it)
+        assert [(root / run / f"optimisers-built-rank{r}.txt").read_text() for r in (0, 1)] == ["1", "1"], run
     wa, wb = final_weights(root / "one"), final_weights(root / "whole")
     assert wa.keys() == wb.keys()
     for name in wa:  # the gathered weights, real vocabulary rows only

@@ -1,8 +1,8 @@
 """``train.grad_reduce``: DDP's gradient all-reduce in float32 (the default) or in bf16 (torch's
-``bf16_compress_hook``, registered by ``mhe.training.step.data_parallel``).
+``bf16_compress_hook``, registered by ``mhe.training.parallelize.data_parallel``).
 
 Two gloo processes on a CPU run one forward and backward pass of a tiny model through
-:class:`~mhe.training.step.StepModule` on different batches. In float32 the reduced gradients
+:func:`~mhe.training.parallelize.parallelize`'s step module on different batches. In float32 the reduced gradients
 are the mean of the two processes' own gradients (halving by two is exact, so only the sum's
 rounding differs). In bf16 every reduced gradient is a bf16 value (the hook casts the bucket to
 bf16 for the wire and back): a hook that was not registered leaves float32 values, most of which
@@ -32,10 +32,10 @@ from mhe.errors import MheError
 from mhe.models import build_model
 from mhe.tasks import default_run, run_config_from_dict
 from mhe.tasks.recall import RecallTask
-from mhe.training.config import apply_overrides
+from mhe.training.config import TrainConfig, apply_overrides
 from mhe.training.distributed import Dist
 from mhe.training.loop import Trainer
-from mhe.training.step import StepModule
+from mhe.training.parallelize import parallelize
 
 VOCAB = 64
 SAVED = Path(__file__).parents[1] / "results" / "decoder-lm" / "runs" / "mha-seed0" / "config.json"
@@ -64,8 +64,9 @@ def gradients(rank: int, world: int, mode: str, notes: list[str]) -> dict[str, t
         if mode != "bf16-cpu":  # the build check only: the hook itself runs as on CUDA
             torch.nn.parallel.DistributedDataParallel._check_comm_hook = lambda self, hook: None
         try:
-            step = StepModule(model, Dist(rank=rank, world=world, local_rank=rank), compiled=False,
-                              note=notes.append, mode="ddp", grad_reduce=mode.removesuffix("-cpu"))
+            t = TrainConfig(compile=False, grad_reduce=mode.removesuffix("-cpu"))
+            step = parallelize(model, t, Dist(rank=rank, world=world, local_rank=rank), static_shapes=True,
+                               note=notes.append).step
         finally:
             torch.nn.parallel.DistributedDataParallel._check_comm_hook = checked
         step.run(micro_step)

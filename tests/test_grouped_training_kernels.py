@@ -198,6 +198,11 @@ def test_grouped_heads_are_repeated_only_where_no_fused_backend_reads_them(monke
     assert not rule(torch.zeros(1, 4, 8, 512, dtype=torch.bfloat16), torch.zeros(1, 2, 8, 512, dtype=torch.bfloat16),
                     flash, "cuda")  # head_dim over 256
     assert not rule(q[:, :, :2], k, flash, "cuda") and rule(q[:, :, :2], k, {**flash, "is_causal": False}, "cuda")
+    # under bf16 autocast SDPA casts a float32 query (MHE-Mul's, after its float32 head factors)
+    # before it picks a backend: FlashAttention reads it natively (no card here: autocast stubbed)
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device=None: device == "cuda")
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device: torch.bfloat16)
+    assert rule(q.float(), k, flash, "cuda")
     monkeypatch.setattr(kernels, "MEM_EFFICIENT_GQA", True)
     assert rule(q.float(), k.float(), {**flash, "attn_mask": torch.ones(8, 8, dtype=torch.bool)}, "cuda")
 

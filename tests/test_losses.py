@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mhe.models.losses import (IGNORE, causal_lm_loss, chunked_loss, classification_loss, linear_cross_entropy,
+from mhe.models.losses import (IGNORE, causal_lm_loss, classification_loss, linear_cross_entropy,
                                span_loss, token_loss)
 
 
@@ -137,11 +137,12 @@ def test_models_score_the_same_with_the_chunked_loss():
     ce = lambda logits, y, eps=0.0: F.cross_entropy(logits.flatten(0, -2), y.flatten(), ignore_index=IGNORE,  # noqa: E731
                                                      label_smoothing=eps)
     runs = {  # (the training loss, the float64 loss of the logits)
-        "tiny-decoder": (lambda m: m(ids, labels=ids, return_logits=False).loss,
+        "tiny-decoder": (lambda m: m(ids, labels=ids, return_logits=False, chunked_loss=True).loss,
                          lambda m: ce(m(ids).logits[:, :-1], ids[:, 1:])),
-        "tiny-encoder": (lambda m: m(ids, labels=labels, masked_positions=pos).loss,
+        "tiny-encoder": (lambda m: m(ids, labels=labels, masked_positions=pos, chunked_loss=True).loss,
                          lambda m: ce(m(ids).logits, labels)),
-        "tiny-encoder-decoder": (lambda m: m(ids, ids, labels=labels, label_smoothing=0.1, return_logits=False).loss,
+        "tiny-encoder-decoder": (lambda m: m(ids, ids, labels=labels, label_smoothing=0.1, return_logits=False,
+                                             chunked_loss=True).loss,
                                  lambda m: ce(m(ids, ids).logits, labels, 0.1)),
     }
     for name, (loss_of, reference) in runs.items():
@@ -150,8 +151,7 @@ def test_models_score_the_same_with_the_chunked_loss():
         want = reference(model)
         grads_want = torch.autograd.grad(want, list(model.parameters()))
         assert pad_vocabulary(model) == 128
-        with chunked_loss(True):
-            got = loss_of(model)
+        got = loss_of(model)
         grads = torch.autograd.grad(got, list(model.parameters()))
         torch.testing.assert_close(got, want, rtol=1e-12, atol=0, msg=name)
         for (n, p), gw, gg in zip(model.named_parameters(), grads_want, grads):
@@ -167,23 +167,25 @@ def test_a_compiled_translation_step_compiles_once_for_every_batch_shape():
     it gave up (minutes per shape on a GPU). Two graphs at most: the first, static, and the dynamic
     one that serves every later shape; losses equal the eager model's."""
     from mhe.models import build_model
-    from mhe.models.losses import chunked_loss
 
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = build_model("tiny-encoder-decoder", attention="mha", dropout=0.0, attn_dropout=0.0)
     from torch._dynamo.utils import counters
 
+    from mhe.training.config import TrainConfig
     from mhe.training.distributed import Dist
-    from mhe.training.step import StepModule
+    from mhe.training.parallelize import parallelize
 
     counters.clear()
     compiled = torch.compile(model, backend="aot_eager")  # AOTAutograd traces the loss's own backward, as inductor
-    trainer_step = StepModule(model, Dist(), compiled=True, note=print, mode="none", static_shapes=False)
-    with trainer_step._loss_choice(), torch.autocast("cpu", dtype=torch.bfloat16):  # bf16: chunked by default
+    trainer_step = parallelize(model, TrainConfig(compile=True), Dist(), static_shapes=False, note=print).step
+    assert trainer_step.chunked_loss is False
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16: chunked by default
         for src_len, tgt_len in ((7, 5), (9, 6), (12, 4), (5, 11), (8, 8)):
             src, tgt = torch.randint(3, 500, (3, src_len)), torch.randint(3, 500, (3, tgt_len))
-            got = compiled(src, tgt, labels=tgt, return_logits=False).loss  # as the trainer calls it
+            got = compiled(src, tgt, labels=tgt, return_logits=False,  # as the trainer calls it
+                           chunked_loss=trainer_step.chunked_loss).loss
             got.backward()
             want = model(src, tgt, labels=tgt, return_logits=False).loss
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
@@ -191,23 +193,21 @@ def test_a_compiled_translation_step_compiles_once_for_every_batch_shape():
 
 
 def test_training_step_module_scores_varying_shapes_with_the_plain_loss_when_compiled():
-    from mhe.models import losses
+    """The step passes its task's loss ``chunked_loss=False`` only where the step is compiled whole
+    and its batches change shape; the chunked loss (by precision) everywhere else."""
+    from mhe.training.config import TrainConfig
     from mhe.training.distributed import Dist
-    from mhe.training.step import StepModule
+    from mhe.training.parallelize import parallelize
 
     model = torch.nn.Linear(2, 2)
-    seen = []
 
-    def wanted(net):
-        seen.append(losses.chunked_loss_wanted(torch.ones(1, dtype=torch.bfloat16), torch.ones(1, dtype=torch.bfloat16)))
+    def step(compiled, static, module=model):
+        return parallelize(module, TrainConfig(compile=compiled), Dist(), static_shapes=static, note=print).step
 
-    for compiled, static in ((True, False), (True, True), (False, False)):
-        StepModule(model, Dist(), compiled=compiled, note=print, mode="none", static_shapes=static).run(wanted)
-    assert seen == [False, True, True]  # only a compiled step of varying shapes leaves the chunked loss
-    fsdp = StepModule(torch.nn.Sequential(), Dist(), compiled=True, note=print, mode="none", static_shapes=False)
+    seen = [step(compiled, static).chunked_loss for compiled, static in ((True, False), (True, True), (False, False))]
+    assert seen == [False, None, None]  # only a compiled step of varying shapes leaves the chunked loss
+    fsdp = step(True, False, torch.nn.Sequential())
     fsdp.blocks = [(model, model.forward)]  # FSDP compiles the blocks only: head and loss run eagerly
-    fsdp.run(wanted)
-    fallen = StepModule(model, Dist(), compiled=True, note=print, mode="none", static_shapes=False)
+    fallen = step(True, False)
     fallen.eager_fallback = True
-    fallen.run(wanted)
-    assert seen[3:] == [True, True]  # neither compiles the loss: it keeps the chunked one
+    assert fsdp.chunked_loss is None and fallen.chunked_loss is None  # neither compiles the loss

@@ -89,7 +89,7 @@ def test_last5_protocol_decodes_the_last_five_checkpoints(tmp_path):
     assert res["score"] == res["bleu_last5_mean"] and "bleu_averaged_weights" in res
     # one of them again, by hand: checkpoint step 6 decoded with the final beam settings
     from mhe.tasks.runs import load_run
-    from mhe.data.parallel import read_parallel
+    from mhe.data.parallel_text import read_parallel
     from mhe.metrics.bleu import corpus_bleu
 
     model, _, task = load_run(out / "checkpoints" / "step-00000006", data_dir=str(tmp_path))

@@ -126,3 +126,26 @@ def test_the_weightless_copy_holds_the_full_weights_while_filled_and_none_after(
         assert torch.equal(full.eval()(ids).logits, m(ids).logits)
     assert all(p.is_meta for p in copy.module.parameters())
     assert copy.module.lm_head.weight is copy.module.decoder.embed.tokens.weight
+
+
+def test_parallelize_checkpoints_then_compiles_and_the_optimiser_trains_what_the_steps_update():
+    """One process: activation checkpointing is applied to the blocks the compiled module runs
+    (compile wraps the checkpointed model), and the optimiser is built on the parameters of
+    the module the steps call, each once."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from mhe.training.config import TrainConfig
+    from mhe.training.parallelize import parallelize
+
+    m, notes = model(), []
+    t = TrainConfig(compile=True, activation_checkpointing="selective")
+    ready = parallelize(m, t, Dist(), static_shapes=True, note=notes.append)
+    assert ready.mode == "none" and ready.copy is None and ready.model is m
+    assert isinstance(ready.step.net, OptimizedModule) and ready.step.net._orig_mod is m
+    assert [getattr(b, "_checkpointed", False) for b in transformer_blocks(m)] == [True, False, True]
+    assert notes == ["activation checkpointing (selective): 2 block(s) recompute their activations"]
+    opt, _ = ready.optimizer(t)
+    trained = [p for g in opt.param_groups for p in g["params"]]
+    assert len({id(p) for p in trained}) == len(trained) == len({id(p) for p in m.parameters()})
+    with ready.full() as full:
+        assert full is m  # without FSDP the readers of weights see the model itself

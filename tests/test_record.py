@@ -6,12 +6,12 @@ import json
 import pytest
 import torch
 
-from mhe.data.record import parse_record, read_record
+from mhe.data.record_reader import parse_record, read_record
 from mhe.data.tokenize import train_tokenizer
 from mhe.errors import MheError
-from mhe.metrics.record import record_scores
+from mhe.metrics.record_scores import record_scores
 from mhe.models import build_model
-from mhe.tasks.record import classifier_scorer, predict_record
+from mhe.tasks.record_candidates import classifier_scorer, predict_record
 
 TEXT = "Paris (CNN) -- The Eiffel Tower in Paris drew record crowds.\n@highlight\nGustave Eiffel built it"
 

@@ -98,7 +98,7 @@ def test_an_option_and_a_set_item_that_disagree_are_refused(argv, named, tmp_pat
 
 
 def test_an_option_and_a_set_item_that_agree_are_one_value():
-    cfg = build_run("recall", "tiny-decoder", seed=3, overrides=["train.seed=3"], flags={"train.seed": "--seed 3"})
+    cfg = build_run("recall", "tiny-decoder", seed=3, overrides=["train.seed=3"], flags={"train.seed": ("--seed", 3)})
     assert cfg.train.seed == 3
     cfg = build_run("recall", "tiny-decoder", overrides=["train.seed=5"], flags={})  # no --seed: the item sets it
     assert cfg.train.seed == 5

@@ -208,7 +208,7 @@ def test_beam_search_through_the_kernel_equals_the_eager_one_token_path(kind, op
 def test_hf_adapter_generates_through_the_kernel():
     pytest.importorskip("transformers")
     from mhe.hf import to_hf
-    from mhe.models import generator as generator_module
+    from mhe.models import generate as generator_module
 
     model = tiny("tiny-decoder", "mhe-mul", None, torch.float32)
     hf = to_hf(model).eval()

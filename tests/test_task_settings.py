@@ -9,7 +9,7 @@ import torch
 
 from conftest import require_data
 from mhe.data.bench_types import Example
-from mhe.data.parallel import read_parallel
+from mhe.data.parallel_text import read_parallel
 from mhe.data.tokenize import train_tokenizer
 from mhe.models import build_model
 from mhe.tasks import TASKS, default_run

@@ -137,8 +137,8 @@ def test_sigint_saves_a_checkpoint_and_exits_cleanly(tmp_path):
 
 
 class NaNTask(RecallTask):
-    def loss(self, model, batch):
-        loss, n = super().loss(model, batch)
+    def loss(self, model, batch, **kw):
+        loss, n = super().loss(model, batch, **kw)
         self.k = getattr(self, "k", 0) + 1
         return (loss * float("nan") if self.k == 6 else loss), n
 
@@ -296,3 +296,35 @@ def test_a_padded_vocabularys_checkpoint_passes_its_checks():
     saved = state.state_dict()
     assert state.problem(saved, 1, saved_shapes(model)) is None
     assert "has shape (99, 32), its parameter (128, 32)" in state.problem(saved, 1)  # the padded shapes: refused
+
+
+class FirstWeights(RecallTask):
+    """Recall that keeps the weights its first training step sees."""
+
+    first = None
+
+    def loss(self, model, batch, **kw):
+        if self.first is None:
+            self.first = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return super().loss(model, batch, **kw)
+
+
+def test_a_checkpoint_of_weights_alone_resumes_on_its_weights_with_a_fresh_trainer_state(tmp_path):
+    """``mhe convert`` writes its step 0 as weights alone (no optimiser, schedule or data order):
+    a run resumed there trains every step from those weights (they would be skipped as a
+    checkpoint without a trainer state, and the run start from a fresh initialisation)."""
+    Trainer(tiny_run(extra=["train.stop_at=4"]), RecallTask(), tmp_path, log=quiet).fit()
+    step4 = ckpt.list_checkpoints(tmp_path / "checkpoints")[-1]
+    model = RecallTask().setup(tiny_run(), tmp_path / "scratch", None)
+    ckpt.load_checkpoint(step4, model=model)  # trained weights: not what a fresh model starts with
+    shutil.rmtree(tmp_path / "checkpoints")
+    (tmp_path / "metrics.jsonl").unlink()
+    ckpt.save_weights(tmp_path / "checkpoints", model=model)
+    manifest = json.loads((tmp_path / "checkpoints" / "step-00000000" / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"model.safetensors"}
+    task, messages = FirstWeights(), []
+    res = Trainer(tiny_run(), task, tmp_path, resume=True, log=messages.append).fit()
+    assert any("resuming from" in m and "step-00000000 (step 0)" in m for m in messages), messages
+    assert res["status"] == "finished" and res["step"] == 12 and len(losses(tmp_path)) == 12
+    for k, v in model.state_dict().items():
+        assert torch.equal(task.first[k], v), k

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import require_data
-from mhe.data.parallel import read_parallel, read_sgml
+from mhe.data.parallel_text import read_parallel, read_sgml
 from mhe.data.tokenize import train_tokenizer
 from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from mhe.accounting.params import attention_params, decoder_params
-from mhe.attention import build_attention
+from mhe.attention import attention_from_config
 from mhe.attention.base import Attention
 from mhe.attention.rotary import RotaryEmbedding
 from mhe.errors import require_positive
@@ -96,8 +96,7 @@ def decoder_memory(cfg, *, cache_bytes: int = 2) -> dict[str, int]:
     are the sublayer's own (``cache_heads``: n for MHA and SKV, g for GQA, one for MQA, SHA and
     fast MHE, n for MHE with psi before RoPE), read from the sublayer built on the meta device."""
     with torch.device("meta"):
-        attn = build_attention(cfg.attention, d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
-                               **cfg.attention_options(causal=True))
+        attn = attention_from_config(cfg.attention, cfg.attention_config(causal=True))
     if cfg.positions == "rotary":  # MHE's cache depends on where the rotation sits (rope_order)
         attn.attach_rotary(RotaryEmbedding(cfg.resolved_head_dim, base=cfg.rope_base, fraction=cfg.rope_fraction,
                                            max_len=1))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from mhe.attention.base import Attention
+from mhe.attention.base import Attention, AttentionConfig
 from mhe.attention.multi_head import kv_heads
 from mhe.attention.registry import make_config
 from mhe.errors import MheError, one_of
@@ -41,7 +41,13 @@ def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | N
     option ``qkv_bias=True``, as Qwen2 has them).
     """
     cfg = make_config(kind, d_model=d_model, n_heads=n_heads, head_dim=head_dim, bias=bias, **options)
-    m, n, d = cfg.d_model, cfg.n_heads, cfg.head_dim
+    return sublayer_params(kind, cfg, include_output=include_output)
+
+
+def sublayer_params(kind: str, cfg: AttentionConfig, *, include_output: bool = True) -> int:
+    """:func:`attention_params` of a sublayer's typed configuration (a model's:
+    :meth:`~mhe.models.ModelConfig.attention_config`)."""
+    m, n, d, bias = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.bias
     nd = n * d
     if kind == "fnet":
         return 0
@@ -134,8 +140,7 @@ def decoder_params(cfg: ModelConfig) -> dict[str, int]:
         raise MheError(f"decoder_params counts decoder language models with a linear output layer, "
                        f"got arch={cfg.arch!r}, head={cfg.head!r}" + (", adaptive softmax" if cfg.adaptive_cutoffs else ""))
     m, L = cfg.d_model, cfg.n_layers
-    opts = cfg.attention_options(causal=True)  # the sublayer's own options: grouping, biases, ...
-    attn = attention_params(cfg.attention, d_model=m, n_heads=cfg.n_heads, head_dim=cfg.head_dim, **opts)
+    attn = sublayer_params(cfg.attention, cfg.attention_config(causal=True))  # its grouping, biases, ...
     ffn = 3 * m * cfg.d_ff if cfg.mlp == "swiglu" else 2 * m * cfg.d_ff + cfg.d_ff + m
     norm = m if cfg.norm == "rmsnorm" else 2 * m
     parts = {"embeddings": cfg.vocab_size * m + (cfg.max_len * m if cfg.positions == "learned" else 0),

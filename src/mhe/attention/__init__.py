@@ -13,6 +13,7 @@ from mhe.attention.registry import (
     KINDS,
     PAPER_KINDS,
     attention_class,
+    attention_from_config,
     build_attention,
     make_config,
     options_class,
@@ -21,5 +22,5 @@ from mhe.attention.registry import (
 
 __all__ = ["ATTENTION_CLASSES", "Attention", "AttentionConfig", "AttentionMask", "CachePosition", "CrossCache",
            "GroupedQueryOptions", "KERNELS", "KVCache", "KINDS", "LinearOptions", "MHEOptions", "NoOptions",
-           "PAPER_KINDS", "attention_class", "build_attention", "make_config", "options_class", "parse_kinds",
+           "PAPER_KINDS", "attention_class", "attention_from_config", "build_attention", "make_config", "options_class", "parse_kinds",
            "register_kernel", "layer_caches", "set_kernel"]

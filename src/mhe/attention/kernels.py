@@ -230,8 +230,16 @@ def grouped_natively(q, k, kw: dict, device_type: str | None = None) -> bool:
     backend's quadratic memory. ``device_type`` (default q's) asks about another device."""
     if (device_type or q.device.type) != "cuda" or k.shape[1] == q.shape[1] or MEM_EFFICIENT_GQA:
         return True
-    return (kw.get("attn_mask") is None and q.dtype in _FLASH_DTYPES and q.shape[-1] <= 256
+    return (kw.get("attn_mask") is None and _sdpa_dtype(q) in _FLASH_DTYPES and q.shape[-1] <= 256
             and (not kw.get("is_causal") or q.shape[2] == k.shape[2]))
+
+
+def _sdpa_dtype(q: torch.Tensor) -> torch.dtype:
+    """The dtype SDPA computes ``q`` in: autocast's where it is on for CUDA (a float32 query, such
+    as MHE-Mul's after its float32 head factors, is cast before the backend is chosen), else q's."""
+    if q.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return q.dtype
 
 
 def _sdpa(q, k, v, **kw):

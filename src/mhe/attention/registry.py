@@ -95,5 +95,11 @@ def build_attention(kind: str, *, d_model: int, n_heads: int, head_dim: int | No
             fields of the kind's options dataclass (:func:`options_class`): ``n_kv_heads``
             (gqa), ``max_len`` (linear), ``impl``, ``init_std``, ``query_fold``, ``rope_order`` (mhe-*).
     """
-    cfg = make_config(kind, d_model=d_model, n_heads=n_heads, head_dim=head_dim, **options)
+    return attention_from_config(kind, make_config(kind, d_model=d_model, n_heads=n_heads, head_dim=head_dim,
+                                                   **options))
+
+
+def attention_from_config(kind: str, cfg: AttentionConfig) -> Attention:
+    """One attention sublayer of ``kind`` built with its typed configuration as it is (a model's
+    sublayers: :meth:`mhe.models.ModelConfig.attention_config`)."""
     return attention_class(kind)(cfg, kind=kind)

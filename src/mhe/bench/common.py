@@ -55,7 +55,8 @@ def timed(fn: Callable[[], object], *, warmup: int, reps: int, cuda: bool, graph
     time replays of ``fn`` captured once as a CUDA graph (the decode step's runner, so no
     launch overhead)."""
     if graph:  # the decode step runner's capture: warm-up on a side stream, then one graph
-        fn = StepRunner(lambda _: fn(), [torch.zeros((), device="cuda")], mode="graph")
+        call = fn  # the lambda must not see the name rebound to the runner (it would call itself)
+        fn = StepRunner(lambda _: call(), [torch.zeros((), device="cuda")], mode="graph")
     for _ in range(warmup):
         fn()
     times = []

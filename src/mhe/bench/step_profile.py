@@ -1,8 +1,8 @@
 """One configuration of ``benchmarks/profile_train_step.py``: ``mhe pretrain``'s training step set
 up as :class:`~mhe.training.loop.Trainer` sets it up, timed and profiled on random token blocks.
 
-The step is the trainer's own: :class:`~mhe.training.step.StepModule` (compiled where
-:func:`~mhe.training.config.compile_wanted` says, as on CUDA by default),
+The step is the trainer's own: the model made ready by :func:`~mhe.training.parallelize.parallelize`
+(compiled where :func:`~mhe.training.config.compile_wanted` says, as on CUDA by default),
 :class:`~mhe.training.prefetch.Prefetcher`, :class:`~mhe.training.step.StepWindow` and
 :func:`~mhe.training.step.train_step`, with the task's own collate and loss (padded vocabulary,
 chunked cross-entropy, fused AdamW, clipping). :func:`measure` compiles and warms up, times
@@ -36,15 +36,14 @@ from mhe.bench.common import SMOKE_SIZES, device_peak, flops_per_token
 from mhe.bench.profiling import by_category, kernel_times, sdpa_calls
 from mhe.bench.training import RandomLM, RandomMLM, real_params
 from mhe.models import preset as model_preset
-from mhe.models.vocab_padding import pad_optimizer_state, pad_vocabulary
+from mhe.models.vocab_padding import pad_vocabulary
 from mhe.tasks import build_run, build_task
 from mhe.training import distributed
 from mhe.training.batches import BatchOrder
-from mhe.training.config import compile_wanted, cuda_graphs_wanted
-from mhe.training.optim import build_optimizer
+from mhe.training import parallelize as wrapping
 from mhe.training.prefetch import Prefetcher
 from mhe.training.state import TrainerState, seed_all
-from mhe.training.step import StepModule, StepWindow, train_step
+from mhe.training.step import StepWindow, train_step
 
 
 def build(preset: str, kind: str, dropout: bool, s, out: Path) -> dict:
@@ -64,15 +63,12 @@ def build(preset: str, kind: str, dropout: bool, s, out: Path) -> dict:
     cuda = dist.device.type == "cuda"
     if cuda:
         pad_vocabulary(model)
-    opt, sched = build_optimizer(model, t)
-    pad_optimizer_state(opt, model)
+    ready = wrapping.parallelize(model, t, dist, static_shapes=task.static_shapes, note=print if dist.main else _quiet)
+    opt, sched = ready.optimizer(t)
     order = BatchOrder(task.n_train_items(), t.batch_size, seed=t.seed, rank=dist.rank, world=dist.world)
     state = TrainerState(opt, sched, order)
-    step = StepModule(model, dist, compiled=compile_wanted(t, dist.device), note=print if dist.main else _quiet,
-                      cuda_graphs=cuda_graphs_wanted(t, dist.device, static_shapes=task.static_shapes),
-                      static_shapes=task.static_shapes)
     data = Prefetcher(order, task.collate, dist.device, ahead=cuda)
-    return dict(cfg=cfg, task=task, dist=dist, model=model, state=state, step=step, data=data, window=StepWindow())
+    return dict(cfg=cfg, task=task, dist=dist, model=model, state=state, step=ready.step, data=data, window=StepWindow())
 
 
 def _quiet(*_) -> None:

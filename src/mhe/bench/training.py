@@ -36,7 +36,7 @@ from mhe.tasks import build_run
 from mhe.training.loop import Trainer
 from mhe.training.optim import build_optimizer
 from mhe.training.run_files import read_metrics, read_results
-from mhe.training.step import compile_model as compile_step
+from mhe.training.parallelize import compile_model as compile_step
 
 
 def real_params(model) -> int:

@@ -9,7 +9,7 @@ import statistics
 
 from mhe.cli.common import DATA_DIR_HELP, add_run_folder_arg, refuse_set_keys
 from mhe.data.corpora import corpus_names
-from mhe.data.parallel import PARALLEL
+from mhe.data.parallel_text import PARALLEL
 from mhe.errors import MheError, one_of
 from mhe.experiments.summary import metric_means
 from mhe.models import preset
@@ -62,17 +62,17 @@ def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, dat
     add_set_args(p)
 
 
-def given_flags(args) -> dict[str, str]:
+def given_flags(args) -> dict[str, tuple[str, object]]:
     """The settings this command line's options gave explicitly (key -> the option as typed):
     a ``--set`` item of the same key must agree (:func:`mhe.tasks.check_flags_agree`)."""
     named = {"train.seed": ("--seed", args.seed), "model.attention": ("--attention", args.attention),
              "data.dataset": ("--data", args.data or None),
              "data.task_options.src": ("--src", getattr(args, "src", None)),
              "data.task_options.tgt": ("--tgt", getattr(args, "tgt", None))}
-    return {key: f"{flag} {value}" for key, (flag, value) in named.items() if value is not None}
+    return {key: (flag, value) for key, (flag, value) in named.items() if value is not None}
 
 
-def _run_from_args(task: str, args, task_options: dict | None = None, flags: dict[str, str] | None = None):
+def _run_from_args(task: str, args, task_options: dict | None = None, flags: dict | None = None):
     return build_run(task, args.preset, attention=args.attention or "mha", data=args.data or "", data_dir=args.data_dir,
                      seed=args.seed, overrides=args.set, task_options=task_options,
                      flags=given_flags(args) if flags is None else flags)

@@ -1,10 +1,11 @@
 """``convert_run``: a source (run folder or Hugging Face directory) in, a converted run folder
 out, with the score of both models on a held-out split before any training.
 
-The converted folder is a normal run folder at step 0: ``config.json`` (the source run's
-configuration with the new kind), ``tokenizer.json`` (the source's), ``checkpoints/step-00000000``
-(the weights and a fresh trainer state) and ``conversion.json`` (the report). It is written in a
-temporary folder and renamed into place, so it exists whole or not at all.
+The converted folder is a run folder at step 0: ``config.json`` (the source run's configuration
+with the new kind), ``tokenizer.json`` (the source's), ``checkpoints/step-00000000`` (the weights
+alone: ``pretrain --init-from`` starts a fresh optimiser on them, as does a run resumed there)
+and ``conversion.json`` (the report). It is written in a temporary folder and renamed into
+place, so it exists whole or not at all.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mhe.accounting import count_attention_params
 from mhe.convert.model import check_conversion, convert_model
 from mhe.convert.report import ConversionReport
 from mhe.convert.sources import Source, data_task, load_source
@@ -29,12 +29,9 @@ from mhe.data.tokenize import save_tokenizer
 from mhe.errors import MheError
 from mhe.output_paths import check_output_dir, free_name
 from mhe.training.atomic import new_temp_folder, write_json_atomic
-from mhe.training.batches import BatchOrder
-from mhe.training.checkpoint import save_checkpoint
+from mhe.training.checkpoint import save_weights
 from mhe.training.config import RunConfig, check_device
-from mhe.training.optim import build_optimizer
-from mhe.training.run_files import CONFIG
-from mhe.training.state import TrainerState
+from mhe.training.run_files import write_run_record
 
 SPLITS = ("valid", "test")
 
@@ -184,15 +181,6 @@ def score(task, src: Source, model: nn.Module, split: str, device: torch.device)
         model.cpu()
 
 
-def run_record(cfg: RunConfig, model: nn.Module, src: Source, report: ConversionReport) -> dict:
-    """``config.json`` of the converted run, as the trainer writes one, with where it came from."""
-    return {"run": cfg.to_dict(), "resolved_train": copy.deepcopy(cfg.to_dict()["train"]),
-            "model": model.cfg.to_dict(), "config_hash": cfg.hash(),
-            "attention_params": count_attention_params(model), "torch": torch.__version__, "device": "cpu",
-            "converted_from": {"path": str(src.path), "origin": src.origin, "attention": src.model.cfg.attention,
-                               "kind": report.kind, "options": report.options}}
-
-
 def write_run(out: Path, src: Source, model: nn.Module, report: ConversionReport) -> Path:
     """Write the converted run folder atomically (module docstring)."""
     cfg = copy.deepcopy(src.cfg)
@@ -202,10 +190,10 @@ def write_run(out: Path, src: Source, model: nn.Module, report: ConversionReport
     tmp = new_temp_folder(out.parent, out.name)
     try:
         save_tokenizer(src.tokenizer, tmp)
-        write_json_atomic(tmp / CONFIG, run_record(cfg, model, src, report))
-        opt, sched = build_optimizer(model, cfg.train)
-        state = TrainerState(opt, sched, BatchOrder(1, 1, seed=cfg.train.seed), config_hash=cfg.hash())
-        save_checkpoint(tmp / "checkpoints", model=model, state=state.state_dict())
+        write_run_record(tmp, cfg, model, train=cfg.train, device="cpu", converted_from={
+            "path": str(src.path), "origin": src.origin, "attention": src.model.cfg.attention, "kind": report.kind,
+            "options": report.options})
+        save_weights(tmp / "checkpoints", model=model)
         write_json_atomic(tmp / "conversion.json", report.to_dict())
         if out.exists():
             out.rmdir()  # empty (checked before any work)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from mhe.data.bench_readers import parse_record
 from mhe.data.bench_types import BenchTask, Example
+from mhe.data.paths import hub_split
 from mhe.errors import MheError
 
 # task -> (hub dataset, configuration, validation split)
@@ -28,20 +29,11 @@ HUB_TEXT = {"cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("se
 
 
 def from_hub(t: BenchTask, split: str) -> list[Example]:
-    try:
-        import datasets
-    except ImportError as e:
-        files = ", ".join(str(p) for p in t.files[split]) if not isinstance(t.files[split][0], list) else t.name
-        raise MheError(f"loading {t.name} from the hub needs the optional 'datasets' package "
-                       f"(pip install mhe[datasets]); offline, put {files} under --data-dir") from e
+    files = ", ".join(str(p) for p in t.files[split]) if not isinstance(t.files[split][0], list) else t.name
     name, config, valid = HUB[t.name]
-    hub_split = "train" if split == "train" else valid
-    try:
-        rows = datasets.load_dataset(name, config, split=hub_split)
-    except Exception as e:
-        raise MheError(f"could not load {name} ({config}) from the hub ({type(e).__name__}); "
-                       "offline, point --data-dir at local files") from e
-    where = Path(f"{name}:{hub_split}")
+    which = "train" if split == "train" else valid
+    rows = hub_split(t.name, name, config, which, offline=f"put {files} under --data-dir")
+    where = Path(f"{name}:{which}")
     out: list[Example] = []
     for n, r in enumerate(rows):
         if t.name in HUB_TEXT:

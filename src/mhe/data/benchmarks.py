@@ -15,7 +15,7 @@ Every task yields :class:`Example` records. Input construction:
   by a model fine-tuned on RTE (``mhe diagnostics``); AX-g's ``group`` names each minimal
   pair (two consecutive records with the same hypothesis, differing in the pronoun's gender).
 
-ReCoRD has its own reader (:mod:`mhe.data.record`). The file formats are read by the
+ReCoRD has its own reader (:mod:`mhe.data.record_reader`). The file formats are read by the
 functions registered in :data:`mhe.data.bench_readers.READERS`; a split without one example
 is an error.
 """

@@ -13,7 +13,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from mhe.data.paths import data_root, find_file, iter_lines
+from mhe.data.paths import data_root, find_file, hub_split, iter_lines
 from mhe.errors import MheError, one_of
 
 SPLITS = ("train", "valid", "test")
@@ -103,17 +103,8 @@ def read_lines(name: str, split: str, *, data_dir: str | Path | None = None, sou
 def _from_hub(c: Corpus, split: str, limit: int | None) -> list[str]:
     if not c.hub:
         raise MheError(f"{c.name!r} has no hub source; it is composed of local files (--data-dir)")
-    try:
-        import datasets  # optional
-    except ImportError as e:
-        raise MheError(f"loading {c.name!r} from the hub needs the optional 'datasets' package "
-                       f"(pip install mhe[datasets]); offline, put {c.files[split]} under --data-dir") from e
-    hub_split = {"valid": "validation"}.get(split, split)
-    try:
-        ds = datasets.load_dataset(c.hub[0], c.hub[1], split=hub_split)
-    except Exception as e:  # network or hub failure: say what is missing and where to put it
-        raise MheError(f"could not load {c.hub[0]} ({c.hub[1]}) from the hub ({type(e).__name__}); "
-                       f"offline, put {c.files[split]} under --data-dir") from e
+    ds = hub_split(repr(c.name), c.hub[0], c.hub[1], {"valid": "validation"}.get(split, split),
+                   offline=f"put {c.files[split]} under --data-dir")
     key = "sentence" if "sentence" in ds.column_names else "text"
     lines = [t.strip() for t in ds[key] if t.strip()]
     if not lines:

@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 from mhe.data.bench_readers import TAG
 from mhe.data.benchmarks import read_examples
 from mhe.data.paths import data_root, find_file, iter_lines, open_text, record_shape
-from mhe.data.parallel import parallel_corpus, read_sgml
+from mhe.data.parallel_text import parallel_corpus, read_sgml
 from mhe.errors import MheError
 
 NAME = "offline-english"

@@ -148,3 +148,19 @@ def read_source_lines(source: str) -> list[str]:
         lines.append(_decode(raw, "standard input", n, offset).rstrip("\r\n"))
         offset += len(raw)
     return lines
+
+
+def hub_split(name: str, repo: str, config: str | None, split: str, *, offline: str):
+    """The ``split`` of the hub's dataset ``repo`` (``config``), loaded by the optional ``datasets``
+    package (``data.source=hub``): the one hub loader of corpora, parallel text and benchmarks.
+    ``name`` is what is loaded and ``offline`` what to do instead (``put FILE under --data-dir``),
+    for the one-line errors: the package missing, or the hub or network failing."""
+    try:
+        import datasets  # optional
+    except ImportError as e:
+        raise MheError(f"loading {name} from the hub needs the optional 'datasets' package "
+                       f"(pip install mhe[datasets]); offline, {offline}") from e
+    try:
+        return datasets.load_dataset(repo, config, split=split)
+    except Exception as e:  # network or hub failure: say what is missing and where to put it
+        raise MheError(f"could not load {repo} ({config}) from the hub ({type(e).__name__}); offline, {offline}") from e

@@ -131,22 +131,19 @@ def _names(cfg: ModelConfig) -> dict[str, str]:
     return out
 
 
+def _renamed(sd: dict, names: dict[str, str]) -> dict:
+    """The weights and biases of ``sd`` whose prefix ``names`` maps, under the mapped prefix."""
+    return {f"{new}.{leaf}": sd[f"{old}.{leaf}"] for old, new in names.items() for leaf in ("weight", "bias")
+            if f"{old}.{leaf}" in sd}
+
+
 def llama_to_mhe(sd: dict, cfg: ModelConfig) -> dict:
     """A Hugging Face Llama/Qwen2/Mistral state dict under ``mhe``'s names."""
-    out = {}
-    for theirs, ours in _names(cfg).items():
-        for leaf in ("weight", "bias"):
-            if f"{theirs}.{leaf}" in sd:
-                out[f"{ours}.{leaf}"] = sd[f"{theirs}.{leaf}"]
+    out = _renamed(sd, _names(cfg))
     out.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])  # a tied head
     return out
 
 
 def mhe_to_llama(sd: dict, cfg: ModelConfig) -> dict:
-    """An ``mhe`` Llama-style state dict under Hugging Face's names."""
-    out = {}
-    for theirs, ours in _names(cfg).items():
-        for leaf in ("weight", "bias"):
-            if f"{ours}.{leaf}" in sd:
-                out[f"{theirs}.{leaf}"] = sd[f"{ours}.{leaf}"]
-    return out
+    """An ``mhe`` Llama-style state dict under Hugging Face's names (the same map, inverted)."""
+    return _renamed(sd, {ours: theirs for theirs, ours in _names(cfg).items()})

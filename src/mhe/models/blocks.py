@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from mhe.attention import build_attention
+from mhe.attention import attention_from_config
 from mhe.attention.kv_cache import CrossCache, KVCache
 from mhe.errors import MheError
 from mhe.models.config import ModelConfig
@@ -18,8 +18,8 @@ __all__ = ["Block", "Embeddings", "activation", "build_sublayer", "init_model", 
 
 
 def build_sublayer(cfg: ModelConfig, *, causal: bool):
-    return build_attention(cfg.attention, d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
-                           **cfg.attention_options(causal=causal))
+    """One attention sublayer of the model's kind, built with its typed configuration."""
+    return attention_from_config(cfg.attention, cfg.attention_config(causal=causal))
 
 
 class Block(nn.Module):

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mhe.attention.base import AttentionConfig
 from mhe.attention.registry import KINDS, options_class
 from mhe.attention.rotary import rotary_width
 from mhe.errors import MheError, one_of
@@ -112,14 +113,16 @@ class ModelConfig:
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.d_model // self.n_heads
 
-    def attention_options(self, *, causal: bool) -> dict:
-        """Keyword options for :func:`build_attention` for one sublayer of this model."""
-        own = dataclasses.asdict(self.attn_options)
-        if "max_len" in own and own["max_len"] is None:  # linear: the model's max_len
-            own["max_len"] = self.max_len
-        extra = {"qkv_bias": True} if self.qkv_bias else {}
-        return {"dropout": self.attn_dropout, "bias": self.attn_bias, "causal": causal, "kernel": self.attn_kernel,
-                **extra, **own}
+    def attention_config(self, *, causal: bool) -> AttentionConfig:
+        """The typed configuration of one attention sublayer of this model: the shared settings
+        (``attn_dropout``, ``attn_bias``, ``qkv_bias``, ``attn_kernel``) and the kind's options
+        dataclass ``attn_options`` itself (linear's unset ``max_len``: the model's)."""
+        own = self.attn_options
+        if any(f.name == "max_len" for f in dataclasses.fields(own)) and own.max_len is None:
+            own = dataclasses.replace(own, max_len=self.max_len)
+        return AttentionConfig(d_model=self.d_model, n_heads=self.n_heads, head_dim=self.head_dim,
+                               dropout=self.attn_dropout, causal=causal, bias=self.attn_bias, qkv_bias=self.qkv_bias,
+                               kernel=self.attn_kernel, options=own)
 
     def replace(self, **changes) -> "ModelConfig":
         valid = {f.name for f in dataclasses.fields(self)}

@@ -117,18 +117,19 @@ class DecoderForCausalLM(_DecoderModel):
         return self.lm_head(h)[..., :self.cfg.vocab_size]  # [B, T, V]: padding rows never score
 
     def forward(self, input_ids, attention_mask=None, labels=None, caches=None, return_logits=True,
-                position_ids=None, last_only=False):
+                position_ids=None, last_only=False, chunked_loss=None):
         """``labels`` are the inputs themselves: position t is scored on token t+1;
         -100 marks positions to ignore. ``return_logits=False`` skips the full output
         distribution where only the loss is needed (adaptive softmax; the full softmax below
         float32 scores chunk by chunk, :func:`~mhe.models.losses.head_loss`, and ``logits`` is
-        None); ``last_only`` computes the logits of the last position only (``[B, 1, V]``)."""
+        None; ``chunked_loss`` True or False chooses, :func:`~mhe.models.losses.chunked_loss_wanted`);
+        ``last_only`` computes the logits of the last position only (``[B, 1, V]``)."""
         h = self.decoder(input_ids, attention_mask, caches, position_ids)
         check_labels("labels", labels, input_ids.shape)
         if last_only and labels is None:
             h = h[:, -1:]
         if self.adaptive is None:
-            if labels is not None and not return_logits and chunked_loss_wanted(h, self.lm_head.weight):
+            if labels is not None and not return_logits and chunked_loss_wanted(h, self.lm_head.weight, chunked_loss):
                 return ModelOutput(None, head_loss(self.lm_head, h[:, :-1], labels[:, 1:],
                                                    vocab_size=self.cfg.vocab_size), h)
             logits = self._logits(h)  # [B, T, V]

@@ -57,15 +57,17 @@ class EncoderForMaskedLM(_EncoderModel):
             self.decoder.weight = self.encoder.embed.tokens.weight
         self.vocab_modules = ("encoder.embed.tokens", "decoder")  # a row per token (mhe.models.vocab_padding)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, masked_positions=None):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, masked_positions=None,
+                chunked_loss=None):
         """``masked_positions``: the flat indices (into ``[B*T]``) of the labelled positions, as
         the data collator lists them where reading them costs no device sync (extra entries
         may repeat any position whose label is -100, so that a batch has a fixed size); then the
-        head runs only there, as in :meth:`masked_lm_loss`, and only the loss is returned."""
+        head runs only there, as in :meth:`masked_lm_loss`, and only the loss is returned
+        (``chunked_loss``: :func:`~mhe.models.losses.chunked_loss_wanted`)."""
         h = self.encoder(input_ids, attention_mask, token_type_ids)
         check_labels("labels", labels, input_ids.shape)
         if masked_positions is not None:
-            return self._masked_head(h, labels, masked_positions, return_logits=False)
+            return self._masked_head(h, labels, masked_positions, return_logits=False, chunked_loss=chunked_loss)
         logits = self._logits(self.transform(h))  # [B, T, V]
         loss = None
         if labels is not None:
@@ -84,10 +86,10 @@ class EncoderForMaskedLM(_EncoderModel):
         h = self.encoder(input_ids, attention_mask, token_type_ids)
         return self._masked_head(h, labels, (labels.flatten() != -100).nonzero().squeeze(1))
 
-    def _masked_head(self, h, labels, positions, *, return_logits=True) -> ModelOutput:
+    def _masked_head(self, h, labels, positions, *, return_logits=True, chunked_loss=None) -> ModelOutput:
         x = self.transform(h.flatten(0, 1)[positions])  # [N, m]
         target = labels.flatten()[positions]  # [N]
-        if not return_logits and x.shape[0] and chunked_loss_wanted(x, self.decoder.weight):
+        if not return_logits and x.shape[0] and chunked_loss_wanted(x, self.decoder.weight, chunked_loss):
             return ModelOutput(None, head_loss(self.decoder, x, target, vocab_size=self.cfg.vocab_size), h)
         logits = self._logits(x)  # [N, V]
         if logits.shape[0] == 0:

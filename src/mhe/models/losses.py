@@ -7,11 +7,11 @@ convention) marks positions that are not scored.
 (:func:`linear_cross_entropy`), never materialising the float32 ``[N, V]`` logits; models use
 it where :func:`chunked_loss_wanted` says so (a precision below float32: bf16 autocast, the
 GPU default), and the plain :func:`token_loss` of their logits in float32, so float32 (CPU)
-results stay bit-identical to the unchunked computation."""
+results stay bit-identical to the unchunked computation. A caller may choose either way with
+the models' ``chunked_loss`` argument (the trainer's compiled step of varying batch shapes asks
+for the plain loss: :attr:`~mhe.training.step.StepModule.chunked_loss`)."""
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,6 @@ from torch import nn
 
 IGNORE = -100  # label of a position that is not scored (padding, unmasked MLM tokens)
 CHUNK_BYTES = 2 ** 28  # scores of one chunk of rows, in the matrix products' dtype: 256 MiB
-_chunked: bool | None = None  # None: chunked under reduced precision (see head_loss)
 
 
 def token_loss(logits: torch.Tensor, labels: torch.Tensor, *, label_smoothing: float = 0.0,
@@ -64,11 +63,12 @@ def span_loss(logits: torch.Tensor, start_positions: torch.Tensor, end_positions
     return (F.cross_entropy(start, start_positions) + F.cross_entropy(end, end_positions)) / 2
 
 
-def chunked_loss_wanted(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+def chunked_loss_wanted(hidden: torch.Tensor, weight: torch.Tensor, chunked: bool | None = None) -> bool:
     """Whether a model scores ``hidden`` through its output layer with :func:`head_loss` (the
     scores would be computed below float32 precision: bf16 autocast, the GPU default) or with
-    the plain :func:`token_loss` of its logits (float32: bit-identical to earlier releases)."""
-    return _chunked if _chunked is not None else _compute_dtype(hidden, weight).itemsize < 4
+    the plain :func:`token_loss` of its logits (float32: bit-identical to earlier releases).
+    ``chunked``: the caller's choice (the models' ``chunked_loss`` argument); None: by precision."""
+    return chunked if chunked is not None else _compute_dtype(hidden, weight).itemsize < 4
 
 
 def head_loss(head: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor, *, vocab_size: int,
@@ -77,18 +77,6 @@ def head_loss(head: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor, *, vo
     hold padding rows, :mod:`mhe.models.vocab_padding`), by :func:`linear_cross_entropy`."""
     return linear_cross_entropy(hidden, head.weight, head.bias, labels, vocab_size=vocab_size,
                                 label_smoothing=label_smoothing)
-
-
-@contextlib.contextmanager
-def chunked_loss(enabled: bool | None):
-    """Make :func:`chunked_loss_wanted` say ``enabled`` inside the block (None: by precision);
-    ``mhe bench`` times both losses."""
-    global _chunked
-    before, _chunked = _chunked, enabled
-    try:
-        yield
-    finally:
-        _chunked = before
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -112,7 +100,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
     The loop over the chunks makes ``torch.compile`` specialise on the number of rows (dynamo
     shows a dynamic size to Python as an int), so a compiled step whose batches change shape
     would be compiled again for every shape: the trainer scores those with the plain loss
-    (:class:`~mhe.training.step.StepModule`).
+    (:attr:`~mhe.training.step.StepModule.chunked_loss`).
     """
     flat, target = hidden.flatten(0, -2), labels.flatten()  # [N, m], [N]
     divisor = (target != IGNORE).sum() if num_items is None else num_items

@@ -90,15 +90,16 @@ class EncoderDecoder(nn.Module):
         return self.lm_head(x)[..., :self.cfg.vocab_size] if head else x  # [B, T, V]: padding rows never score
 
     def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, labels=None, label_smoothing=0.0,
-                return_logits=True):
+                return_logits=True, chunked_loss=None):
         """Teacher forcing: ``tgt_ids`` are the decoder inputs, ``labels`` the tokens
         each position must predict (-100 ignored). ``return_logits=False``: only the loss is
         needed (below float32 it is scored chunk by chunk, :func:`~mhe.models.losses.head_loss`,
-        and ``logits`` is None)."""
+        and ``logits`` is None; ``chunked_loss`` True or False chooses,
+        :func:`~mhe.models.losses.chunked_loss_wanted`)."""
         memory = self.encode(src_ids, src_mask)
         check_labels("labels", labels, tgt_ids.shape)
         x = self.decode(tgt_ids, memory, src_mask, tgt_mask, head=False)  # [B, T, m]
-        if labels is not None and not return_logits and chunked_loss_wanted(x, self.lm_head.weight):
+        if labels is not None and not return_logits and chunked_loss_wanted(x, self.lm_head.weight, chunked_loss):
             return ModelOutput(None, head_loss(self.lm_head, x, labels, vocab_size=self.cfg.vocab_size,
                                                label_smoothing=label_smoothing), memory)
         logits = self.lm_head(x)[..., :self.cfg.vocab_size]  # [B, T, V]

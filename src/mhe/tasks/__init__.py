@@ -5,18 +5,17 @@ the command line's help and errors are built from it."""
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from mhe.errors import MheError, one_of
 from mhe.models.config import preset as get_preset
+from mhe.settings import set_path
 from mhe.tasks.finetune import FinetuneTask
 from mhe.tasks.lm import CausalLMTask
 from mhe.tasks.mlm import MaskedLMTask
 from mhe.tasks.recall import RecallTask
 from mhe.tasks.translation import TranslationTask
-from mhe.settings import field_types, parse_text
 from mhe.training import run_files
 from mhe.training.config import RunConfig, apply_overrides
 from mhe.training.task import Task
@@ -49,41 +48,36 @@ def default_run(task: str, preset: str, attention: str = "mha", dataset: str = "
 
 def build_run(task: str, preset: str, *, attention: str = "mha", data: str = "", data_dir: str = "",
               seed: int | None = None, overrides: Sequence[str] = (), task_options: dict | None = None,
-              flags: dict[str, str] | None = None) -> RunConfig:
+              flags: dict[str, tuple[str, object]] | None = None) -> RunConfig:
     """A run's typed configuration as the training commands build it: the task's defaults, then
     the attention kind, the data folder, the seed, the task options and every ``--set`` item
     (in that order, so a ``--set`` item wins), all checked before anything is read or written.
     The run starts from the preset's own kind, so a kind of the same family keeps the preset's
     options (``--preset llama-135m --attention gqa``: its 3 K/V heads).
 
-    ``flags``: the settings the command line's options gave explicitly (key -> the option as
-    typed, e.g. ``{"train.seed": "--seed 3"}``); a ``--set`` item of the same key that ends at
+    ``flags``: the settings the command line's options gave explicitly (key -> the option and its
+    value, e.g. ``{"train.seed": ("--seed", 3)}``); a ``--set`` item of the same key that ends at
     another value is refused, naming both (:func:`check_flags_agree`)."""
     cfg = default_run(task, preset, get_preset(preset).attention, data)
-    items = [f"model.attention={attention}"]
+    cfg.model = cfg.model.replace(attention=attention)  # the typed kind, checked by ModelConfig
     if data_dir:
         cfg.data.data_dir = data_dir
-    if seed is not None:
-        items.append(f"train.seed={seed}")
+    if seed is not None:  # values, checked by type and range as --set items are (no text to parse)
+        set_path(cfg.train, ["seed"], seed, "train.seed", text=False)
     if task_options:
-        items.append(f"data.task_options={json.dumps(task_options)}")
-    cfg = apply_overrides(cfg, items + list(overrides))
+        set_path(cfg.data, ["task_options"], task_options, "data.task_options", text=False)
+    cfg = apply_overrides(cfg, list(overrides))
     check_flags_agree(cfg, flags or {}, overrides)
     return cfg
 
 
-def check_flags_agree(cfg: RunConfig, flags: dict[str, str], overrides: Sequence[str]) -> None:
-    """Refuse a ``--set`` item that sets what an option (``flags``: key -> ``"--seed 3"``) set,
-    to another value: ``--seed 3 --set train.seed=5`` is one line naming both, not seed 5."""
+def check_flags_agree(cfg: RunConfig, flags: dict[str, tuple[str, object]], overrides: Sequence[str]) -> None:
+    """Refuse a ``--set`` item that sets what an option (``flags``: key -> (option, value)) set, to
+    another value: ``--seed 3 --set train.seed=5`` is one line naming both, not seed 5."""
     last = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
-    for key, flag in flags.items():
-        if key not in last:
-            continue
-        *path, name = key.split(".")
-        owner = functools.reduce(getattr, path, cfg)
-        wanted = parse_text(key, flag.split(" ", 1)[1], field_types(type(owner))[name])
-        if getattr(owner, name) != wanted:
-            raise MheError(f"{flag} and --set {last[key]} disagree; give the value once")
+    for key, (option, value) in flags.items():
+        if key in last and functools.reduce(getattr, key.split("."), cfg) != value:
+            raise MheError(f"{option} {value} and --set {last[key]} disagree; give the value once")
 
 
 def run_config_from_dict(d: object, *, source: str | Path) -> RunConfig:

@@ -195,7 +195,7 @@ class FinetuneTask(FinetuneSettings):
             return ModelOutput(logits, loss)
         return model(batch["input_ids"], batch["attention_mask"], labels=batch["labels"], **kw)
 
-    def loss(self, model, batch):
+    def loss(self, model, batch, *, chunked_loss=None):  # classification and span heads: no chunked loss
         out = self._forward(model, batch)
         return out.loss, batch["n_tokens"]
 

@@ -110,9 +110,9 @@ class CausalLMTask(TextTask):
         x = self.blocks[indices]
         return {"input_ids": x}
 
-    def loss(self, model, batch):
+    def loss(self, model, batch, *, chunked_loss=None):
         x = batch["input_ids"]
-        return model(x, labels=x, return_logits=False).loss, x.numel()
+        return model(x, labels=x, return_logits=False, chunked_loss=chunked_loss).loss, x.numel()
 
     def _ppl(self, model, ids, lines, stride, *, progress: bool = False):
         nll, n = sliding_window_nll(model, ids, max_len=self.max_len, stride=stride,

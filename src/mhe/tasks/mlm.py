@@ -115,9 +115,10 @@ class MaskedLMTask(TextTask):
         return {"input_ids": inputs, "labels": labels, "masked_positions": pos,
                 "n_tokens": int((labels != -100).sum())}
 
-    def loss(self, model, batch):
+    def loss(self, model, batch, *, chunked_loss=None):
         # the model's forward (so a compiled or DDP-wrapped model runs it), the head on the masked rows only
-        out = model(batch["input_ids"], labels=batch["labels"], masked_positions=batch["masked_positions"])
+        out = model(batch["input_ids"], labels=batch["labels"], masked_positions=batch["masked_positions"],
+                    chunked_loss=chunked_loss)
         return out.loss, batch["n_tokens"]
 
     def evaluate(self, model):

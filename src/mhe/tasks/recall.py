@@ -110,7 +110,7 @@ class RecallTask(Task):
         y = self.y[indices]
         return {"input_ids": self.x[indices], "labels": y, "n_tokens": int((y[:, 1:] != IGNORE).sum())}
 
-    def loss(self, model, batch):
+    def loss(self, model, batch, *, chunked_loss=None):  # scores its logits: no chunked loss
         x, y = batch["input_ids"], batch["labels"]
         loss = causal_lm_loss(model(x).logits, y)  # position t predicts t+1
         return loss, batch["n_tokens"]  # counted on the host: no device sync

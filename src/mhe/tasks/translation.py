@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from mhe.attention.folding import weights_version
-from mhe.data.parallel import parallel_files, read_parallel
+from mhe.data.parallel_text import parallel_files, read_parallel
 from mhe.data.tokenize import load_tokenizer, special_id
 from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
@@ -82,6 +82,10 @@ class TranslationTask(Task):
     summary = "translation with the encoder-decoder, test BLEU"
     command = "train-mt"
     options = TranslationOptions
+
+    def __init__(self) -> None:
+        self.searcher: BeamSearcher | None = None  # the beam searcher of the model decoded last (_searcher)
+        self.cast: tuple | None = None  # ((id, weights version, dtype), the model's bf16 copy) (_decoding_model)
 
     @classmethod
     def default_train(cls, preset, dataset):
@@ -150,9 +154,9 @@ class TranslationTask(Task):
         return {"src": src, "src_mask": src != self.pad, "tgt": tgt_in, "tgt_mask": labels != -100,
                 "labels": labels, "n_tokens": int((labels != IGNORE).sum())}
 
-    def loss(self, model, batch):
+    def loss(self, model, batch, *, chunked_loss=None):
         out = model(batch["src"], batch["tgt"], batch["src_mask"], batch["tgt_mask"], labels=batch["labels"],
-                    label_smoothing=self.cfg.train.label_smoothing, return_logits=False)
+                    label_smoothing=self.cfg.train.label_smoothing, return_logits=False, chunked_loss=chunked_loss)
         return out.loss, batch["n_tokens"]  # counted on the host: no device sync
 
     # ------------------------------------------------------------------ decoding
@@ -190,10 +194,9 @@ class TranslationTask(Task):
     def _searcher(self, model) -> BeamSearcher:
         """The beam searcher of ``model``, kept across calls: batches of one shape share its captured
         steps (it rebuilds them when the weights change)."""
-        kept = self.__dict__.get("_beam_searcher")
-        if kept is None or kept.model is not model:
-            kept = self.__dict__["_beam_searcher"] = BeamSearcher(model)
-        return kept
+        if self.searcher is None or self.searcher.model is not model:
+            self.searcher = BeamSearcher(model)
+        return self.searcher
 
     def _decoding_model(self, model, dtype: str):
         """``model`` itself for float32; a bfloat16 copy (kept while the weights do not change) otherwise.
@@ -204,10 +207,9 @@ class TranslationTask(Task):
         if next(model.parameters()).dtype == want:
             return model
         key = (id(model), weights_version(model), dtype)
-        kept = self.__dict__.get("_cast")
-        if kept is None or kept[0] != key:
-            kept = self.__dict__["_cast"] = (key, copy.deepcopy(model).to(want).eval())
-        return kept[1]
+        if self.cast is None or self.cast[0] != key:
+            self.cast = (key, copy.deepcopy(model).to(want).eval())
+        return self.cast[1]
 
     def evaluate(self, model):
         n = int(self.o["eval_sentences"])

@@ -7,6 +7,10 @@ configuration hash, optimiser, scheduler, random generators) flattened generical
 (:mod:`mhe.training.flat_state`) into ``trainer.safetensors`` (every tensor, keyed by its
 path, e.g. ``optimizer/state/0/exp_avg``) and ``trainer.json`` (everything else). A folder
 without a manifest, or whose files do not match it, is reported and skipped, never loaded.
+
+A checkpoint of weights alone (:func:`save_weights`: ``mhe convert``'s step 0, whose run has
+not trained yet) is sealed the same way; a run resumed from it starts a fresh trainer state on
+its weights.
 """
 
 from __future__ import annotations
@@ -60,6 +64,21 @@ def save_checkpoint(root: str | Path, *, model: torch.nn.Module, state: dict, ke
     for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save_weights(root: str | Path, *, model: torch.nn.Module, step: int = 0) -> Path:
+    """Write ``model``'s weights alone atomically as ``root/step-XXXXXXXX`` (no trainer state:
+    nothing has trained; see the module docstring)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = new_temp_folder(root, f"{PREFIX}{step:08d}")
+    save_file(tensors_for_saving(model.state_dict()), str(tmp / WEIGHTS))
+    return seal_and_place(tmp, root / f"{PREFIX}{step:08d}", step=step)
+
+
+def weights_only(path: Path) -> bool:
+    """Whether the sealed checkpoint ``path`` holds weights and no trainer state (:func:`save_weights`)."""
+    return not any((path / name).exists() for name in (STATE_TENSORS, STATE_JSON) + OLD_STATE_FILES)
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
@@ -129,13 +148,14 @@ def load_checkpoint(path: str | Path, *, model: torch.nn.Module,
 
 
 def resumable_checkpoint(root: str | Path, *, model: torch.nn.Module, check, map_location="cpu",
-                         report=print, rejected: list | None = None) -> tuple[Path, dict, dict] | None:
+                         report=print, rejected: list | None = None) -> tuple[Path, dict, dict | None] | None:
     """(folder, weights, trainer state) of the newest checkpoint whose every part agrees with
     ``model`` and, through ``check(state, step)`` (``TrainerState.problem``), with the run and
-    itself. A checkpoint that is incomplete, corrupt or disagrees is reported (the folder, the
-    file and the disagreement) and the one before it tried; ``rejected`` collects each as
-    (folder, reason) for :func:`set_aside`. One in the earlier layout is refused with the
-    command that converts it. Nothing is loaded here."""
+    itself; the state is None for a checkpoint of weights alone (:func:`save_weights`). A
+    checkpoint that is incomplete, corrupt or disagrees is reported (the folder, the file and
+    the disagreement) and the one before it tried; ``rejected`` collects each as (folder,
+    reason) for :func:`set_aside`. One in the earlier layout is refused with the command that
+    converts it. Nothing is loaded here."""
     for path in reversed(list_checkpoints(root)):
         _check_layout(path)
         found, reason, problem = _resume_candidate(path, model, check, map_location)
@@ -155,13 +175,13 @@ def _resume_candidate(path: Path, model, check, map_location) -> tuple[tuple | N
         return None, "incomplete" if problem.startswith("no manifest") else "corrupt", problem
     try:
         weights = load_file(str(path / WEIGHTS), device=str(map_location))
-        state = _read_state(path, map_location)
+        state = None if weights_only(path) else _read_state(path, map_location)
     except (MheError, SafetensorError, OSError) as e:
         return None, "unreadable", str(e)
     fit = state_problem(model, weights)
     if fit:
         return None, "weights", f"{WEIGHTS}: {fit}"
-    problem = check(state, folder_step(path))
+    problem = None if state is None else check(state, folder_step(path))
     if problem is not None:
         return None, "state", problem
     return (path, weights, state), "", ""

@@ -65,13 +65,13 @@ class TrainConfig:
     precision: Precision = "auto"              # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     compile: bool | Literal["auto"] = "auto"   # torch.compile the model; auto: on CUDA (compile_wanted)
     cuda_graphs: bool | Literal["auto"] = "auto"  # replay the compiled step as CUDA graphs; auto: for
-                                               # fixed-shape batches (pre-training) on CUDA (cuda_graphs_wanted)
+                                               # fixed-shape batches (pre-training) on CUDA (parallelize.cuda_graphs_wanted)
     parallel: Parallel = "auto"                # several processes: ddp (auto) copies the model, fsdp shards it
     grad_reduce: GradReduce = "float32"        # DDP's gradient all-reduce; bf16: each bucket cast to bf16 for the
                                                # wire (half the bytes; the averaged gradients carry bf16 rounding),
                                                # torch's bf16_compress_hook (PyTorch docs: DDP Communication Hooks);
                                                # no effect on one process, nor without CUDA and NCCL, which torch's
-                                               # hook needs (noted); refused under fsdp (training/step.py)
+                                               # hook needs (noted); refused under fsdp (training/parallelize.py)
     activation_checkpointing: Checkpointing = "none"  # full: recompute every block's activations in the
                                                # backward pass; selective: every other block (training/activation_checkpointing.py)
     progress: bool = True
@@ -229,21 +229,6 @@ def compile_wanted(t: TrainConfig, device: torch.device) -> bool:
     (where the compiled step is about twice as fast, docs/benchmarks.md) and not on a CPU, where
     compiling costs more than it saves in short runs and eager results are the reference."""
     return t.compile is True or (t.compile == "auto" and device.type == "cuda")
-
-
-def cuda_graphs_wanted(t: TrainConfig, device: torch.device, *, static_shapes: bool, mode: str = "ddp") -> bool:
-    """Whether the compiled step is replayed as CUDA graphs (``torch.compile(mode="reduce-overhead")``):
-    ``train.cuda_graphs`` true, or ``auto`` for a task whose batches all have one shape (causal and
-    masked LM pre-training; a graph is captured per shape, so variable-length batches would capture
-    one per length). Only for a compiled model on CUDA, not under FSDP, whose hooks gather and free
-    the shards between the blocks, and not with ``train.grad_accum`` > 1: the first micro-batch's
-    gradients stay in the graph's output memory, which the next replay overwrites (PyTorch issue
-    169545; ``validate`` refuses ``cuda_graphs=true`` with it). The replay queues a step's ~900 kernels at once: the
-    gpt2-base step at 16 rows on an H100 went from 29.0 ms of host time (host-bound) to 9.3 ms,
-    its GPU time unchanged (docs/benchmarks.md section 7)."""
-    if not compile_wanted(t, device) or device.type != "cuda" or mode == "fsdp" or t.grad_accum > 1:
-        return False
-    return t.cuda_graphs is True or (t.cuda_graphs == "auto" and static_shapes)
 
 
 def check_device(device: str) -> None:

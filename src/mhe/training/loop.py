@@ -3,8 +3,8 @@
 AdamW (fused on CUDA) with LambdaLR schedules, gradient accumulation and clipping, bf16
 autocast on GPU (fp32 on CPU), ``torch.compile`` (by default on CUDA), evaluation every N
 steps with early stopping, atomic checkpoints with exact resume, SIGINT/SIGTERM
-handling, DDP or FSDP under ``torchrun`` with the same global batch as one process
-(:mod:`mhe.training.parallel`), activation checkpointing.
+handling, and, through :func:`~mhe.training.parallelize.parallelize`, activation checkpointing,
+``torch.compile`` and DDP or FSDP under ``torchrun`` with the same global batch as one process.
 The run's state lives in one :class:`~mhe.training.state.TrainerState`.
 
 On a GPU a step never waits for the device: the next batch is prepared during the step
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch
 
 from mhe.accounting import count_attention_params
 from mhe.errors import MheError
-from mhe.models.vocab_padding import pad_optimizer_state, pad_vocabulary, padding_numel
+from mhe.models.vocab_padding import pad_vocabulary, padding_numel
 from mhe.output_paths import free_name, make_folder
 from mhe.progress import note
 from mhe.runtime import configure_compile_cache
@@ -34,17 +33,17 @@ from mhe.training import checkpoint as ckpt
 from mhe.training import distributed
 from mhe.training.atomic import remove_temporaries, write_json_atomic
 from mhe.training.batches import BatchOrder
-from mhe.training.config import RunConfig, compile_wanted, cuda_graphs_wanted
-from mhe.training.optim import build_optimizer
-from mhe.training.parallel import Parallel
+from mhe.training.config import RunConfig, compile_wanted
+from mhe.training.optim import param_groups
+from mhe.training.parallelize import Parallelized, home, parallelize, resolve_mode
 from mhe.training.prefetch import Prefetcher
 from mhe.training.run_files import (CONFIG, METRICS, RESULTS, differences, is_run_dir, read_results, read_run_record,
-                                    run_config_from_dict, truncate_metrics)
+                                    run_config_from_dict, truncate_metrics, write_run_record)
 from mhe.training.run_log import RunLog, SignalWatch
 from mhe.training.run_report import RunClock, vocabulary_note
-from mhe.training.state import TrainerState, seed_all
+from mhe.training.state import TrainerState, seed_all, state_problem
 from mhe.training.state_check import saved_shapes
-from mhe.training.step import StepModule, StepWindow, train_step
+from mhe.training.step import StepWindow, train_step
 from mhe.training.task import Task
 from mhe.training.weights import BEST, has_best, load_best, save_best
 
@@ -80,6 +79,7 @@ class Trainer:
         self.window = StepWindow()
         self.trained = None  # the Dist of a run this trainer trained (not one it found finished)
         self.vocab_note = None
+        self.parallel: Parallelized | None = None  # the model made ready for the steps (_build)
 
     def fit(self) -> dict:
         """Set up (or resume), train until the schedule ends, the run stops early or a signal
@@ -98,8 +98,8 @@ class Trainer:
             return self._already_finished(dist)
         self.trained = dist
         with self.clock.phase("model"):
-            model, state = self._build(dist)
-            step = self._step_module(model, dist)
+            state = self._build(dist)
+            step = self.parallel.step
         self.clock.warm_steps = 3 if step.cuda_graphs else 2 if step.compiled else 1  # run_report's docstring
         ahead = dist.device.type == "cuda" if self.prefetch is None else self.prefetch
         data = Prefetcher(state.data, self.task.collate, dist.device, ahead=ahead)
@@ -118,7 +118,7 @@ class Trainer:
                 evaluating = bool(t.eval_every and state.step % t.eval_every == 0)
                 values = self._settle(dist) if log.due(state.step) or saving or evaluating else None
                 with self.clock.phase("evaluations"):
-                    metrics = self._evaluate_if_due(model, state, data, dist)
+                    metrics = self._evaluate_if_due(state, data, dist)
                 log.step(state.step, tokens=tokens, lr=state.scheduler.get_last_lr()[0], values=values,
                          metrics=metrics, memory=distributed.peak_memory(dist.device))
                 if t.patience and state.bad_evals >= t.patience:
@@ -126,16 +126,16 @@ class Trainer:
                     break
                 if saving:
                     with self.clock.phase("writing"):
-                        self._save(model, state, data, dist)
+                        self._save(state, data, dist)
             if status == "finished" and state.step < t.steps:
                 status = "stopped"
             if t.keep_checkpoints or status not in DONE:
                 with self.clock.phase("writing"):
-                    self._save(model, state, data, dist)
+                    self._save(state, data, dist)
             self._settle(dist)
         step.release()
         with self.clock.phase("final_evaluation"):
-            return self._finish(model, state, status, dist.agreed_signal(watch.signal), dist)
+            return self._finish(state, status, dist.agreed_signal(watch.signal), dist)
 
     def _report(self, result: dict) -> dict:
         """The run's wall clock (and where its vocabulary is not its preset's) in the log and, for a
@@ -150,25 +150,11 @@ class Trainer:
             write_json_atomic(self.out / RESULTS, result)
         return result
 
-    def _step_module(self, model, dist) -> StepModule:
-        """The step's module: compiled, and replayed as CUDA graphs, where the settings, the device
-        and the task's batch shapes allow (a ``train.cuda_graphs=true`` that cannot apply is noted)."""
-        t, note = self.cfg.train, (self.log if dist.main else lambda _: None)
-        graphs = cuda_graphs_wanted(t, dist.device, static_shapes=self.task.static_shapes, mode=self.parallel.mode)
-        if t.cuda_graphs is True and not graphs:
-            note("train.cuda_graphs=true has no effect here: CUDA graphs need a compiled model on CUDA, not under "
-                 "FSDP; training without them")
-        compiled = compile_wanted(t, dist.device)
-        if compiled:  # a later run of the same graphs loads their kernels (mhe.runtime)
-            configure_compile_cache()
-        return StepModule(model, dist, compiled=compiled, note=note, mode=self.parallel.mode,
-                          cuda_graphs=graphs, static_shapes=self.task.static_shapes, grad_reduce=t.grad_reduce)
-
     # ------------------------------------------------------------------ setup
     def _start(self) -> distributed.Dist:
         dist = distributed.setup(self.cfg.train.device)
         try:
-            self.parallel = Parallel.resolve(self.cfg.train, dist)
+            resolve_mode(self.cfg.train, dist)  # train.parallel=fsdp on one process: refused before any folder
         except MheError:
             distributed.teardown()
             raise
@@ -213,12 +199,15 @@ class Trainer:
         distributed.teardown()
         return result
 
-    def _build(self, dist) -> tuple[torch.nn.Module, TrainerState]:
+    def _build(self, dist) -> TrainerState:
+        """The model (whole, with a resumed checkpoint's weights), made ready for the steps
+        (:func:`~mhe.training.parallelize.parallelize`: ``self.parallel``), then its optimiser and
+        the trainer state (a resumed checkpoint's moments, schedule, data position and generators)."""
         t = self.cfg.train
         seed_all(t.seed)
         with self.clock.phase("data"):
             model = self.task.setup(self.cfg, self.out, dist)
-        model = model.to(self.parallel.home)
+        model = model.to(home(t, dist))
         self.vocab_note = vocabulary_note(getattr(self.cfg.model, "vocab_size", None), model.cfg.vocab_size,
                                           self.cfg.preset)
         if self.vocab_note and dist.main:
@@ -231,57 +220,61 @@ class Trainer:
             t.eval_every = t.eval_every or per_epoch
         if dist.main:
             self._write_config(model, dist)
-        opt, sched = build_optimizer(model, t)
-        pad_optimizer_state(opt, model)
         order = BatchOrder(self.task.n_train_items(), t.batch_size, seed=t.seed, rank=dist.rank, world=dist.world)
+        snapshot = self._resume(model, order, dist) if self.resume else None
+        if compile_wanted(t, dist.device):  # a later run of the same graphs loads their kernels (mhe.runtime)
+            configure_compile_cache()
+        say = self.log if dist.main else (lambda _: None)
+        self.parallel = parallelize(model, t, dist, static_shapes=self.task.static_shapes, note=say)
+        opt, sched = self.parallel.optimizer(t)
         state = TrainerState(opt, sched, order, config_hash=self.cfg_hash)
-        if self.resume:
-            self._resume(model, state, dist)
-        self.parallel.prepare(model, state, t, log=self.log)  # FSDP: sharded, the optimiser moved onto the shards
+        if snapshot is not None:
+            state.load_state_dict(snapshot)  # FSDP: the full moments sharded as they load
         if dist.main and truncate_metrics(self.out / METRICS, state.step):  # a killed attempt's records
             self.log(f"cut {self.out / METRICS} back to step {state.step}")
-        return model, state
+        return state
 
-    def _resume(self, model, state: TrainerState, dist) -> None:
+    def _resume(self, model, order: BatchOrder, dist) -> dict | None:
+        """Load the newest checkpoint that agrees with the run into the (whole) model; returns its
+        trainer state for the optimiser built after the wrapping, or None (nothing to resume, or
+        a checkpoint of weights alone)."""
         shapes = saved_shapes(model)  # a padded vocabulary's moments are saved with the real rows
+        groups = [g["params"] for g in param_groups(model, self.cfg.train)]
         rejected = []
-        found = ckpt.resumable_checkpoint(self.out / "checkpoints", model=model, map_location=dist.device,
-                                          check=lambda saved, step: state.problem(saved, step, shapes),
-                                          report=self.log, rejected=rejected)
+        found = ckpt.resumable_checkpoint(
+            self.out / "checkpoints", model=model, map_location=dist.device, report=self.log, rejected=rejected,
+            check=lambda saved, step: state_problem(saved, step, groups=groups, data=order,
+                                                    config_hash=self.cfg_hash, shapes=shapes))
         dist.barrier()  # every process has read the folders before they move
         for path, reason in rejected if dist.main else ():  # kept as evidence: a later save never overwrites it
             self.log(f"kept the skipped checkpoint {path.name} aside as {ckpt.set_aside(path, reason)}")
         if found is None:
             self.log(f"no complete checkpoint in {self.out / 'checkpoints'}; starting from step 0")
-            return
+            return None
         last, weights, snapshot = found
         model.load_state_dict(weights)
-        state.load_state_dict(snapshot)
         self.last_saved = last
-        if dist.main:
-            self.log(f"resuming from {last} (step {state.step})")
+        if dist.main:  # weights alone (mhe convert's step 0): a fresh trainer state on them
+            self.log(f"resuming from {last} (step {0 if snapshot is None else snapshot['step']})")
+        return snapshot
 
     def _write_config(self, model, dist) -> None:
-        write_json_atomic(self.out / CONFIG, {
-            "run": self.original.to_dict(), "resolved_train": dataclasses.asdict(self.cfg.train),
-            "model": model.cfg.to_dict(), "config_hash": self.cfg_hash,
-            "attention_params": count_attention_params(model), "torch": torch.__version__,
-            "device": distributed.device_name(dist.device),
-        })
+        write_run_record(self.out, self.original, model, train=self.cfg.train,
+                         device=distributed.device_name(dist.device))
 
     def _settle(self, dist) -> dict | None:
         """Read the steps since the last read: the last loss and gradient norm, or the stop
         at the first non-finite one."""
         return self.window.read(dist, lambda step, what, value: self._nonfinite(step, what, value))
 
-    def _evaluate_if_due(self, model, state: TrainerState, data: Prefetcher, dist) -> dict | None:
+    def _evaluate_if_due(self, state: TrainerState, data: Prefetcher, dist) -> dict | None:
         """Evaluate every ``eval_every`` steps; a new best score seals its weights in ``best/``."""
         every = self.cfg.train.eval_every
         if not every or state.step % every:
             return None
         self._settle(dist)  # nothing past a non-finite step is evaluated
         data.rewind()
-        with self.parallel.full(model) as full:
+        with self.parallel.full() as full:
             metrics = self._evaluate(full)
             if state.improved(metrics[self.task.metric], self.task.higher_is_better) and dist.main:
                 save_best(self.out, full, state.step, state.best)
@@ -292,11 +285,11 @@ class Trainer:
         with torch.no_grad():
             return self.task.evaluate(model)
 
-    def _save(self, model, state: TrainerState, data: Prefetcher, dist) -> None:
+    def _save(self, state: TrainerState, data: Prefetcher, dist) -> None:
         self._settle(dist)  # nothing past a non-finite step is saved
         data.rewind()  # the data position and random generators as the steps left them
         snapshot = state.state_dict()  # FSDP: the optimiser's shards gathered (on every process)
-        with self.parallel.full(model) as full:
+        with self.parallel.full() as full:
             if dist.main:
                 self.last_saved = ckpt.save_checkpoint(self.out / "checkpoints", model=full, state=snapshot,
                                                        keep_last=self.cfg.train.keep_last)
@@ -307,7 +300,7 @@ class Trainer:
         return TrainingStopped(f"non-finite {what} ({value}) at step {step}; stopped; {where}")
 
     # ------------------------------------------------------------------ end
-    def _finish(self, model, state: TrainerState, status: str, signum: int | None, dist) -> dict:
+    def _finish(self, state: TrainerState, status: str, signum: int | None, dist) -> dict:
         """Final evaluation on the best weights and ``results.json`` (finished runs), or the stop report."""
         result = {"status": status, "step": state.step}
         if status == "interrupted":
@@ -317,7 +310,7 @@ class Trainer:
                          "continue with --resume")
         if status in DONE:
             state.optimizer.state.clear()  # the moments are saved or done with: room for FSDP's gathered copy
-            with self.parallel.full(model) as full:  # FSDP: the gathered weights
+            with self.parallel.full() as full:  # FSDP: the gathered weights
                 if state.best is not None and has_best(self.out):
                     load_best(self.out, full)
                 if dist.main:

@@ -40,11 +40,10 @@ def warmup_steps(t: TrainConfig) -> int:
     return int(round(t.warmup_ratio * t.steps)) if t.warmup_ratio > 0 else t.warmup_steps
 
 
-def build_optimizer(model: torch.nn.Module, t: TrainConfig):
-    """AdamW; no weight decay on biases, LayerNorm weights and MHE head embeddings
-    (1-D or embedding-like vectors, as BERT leaves out biases and LayerNorm). On CUDA the
-    fused implementation (one kernel for every parameter's update, no host synchronisation);
-    elsewhere the default one, whose results the CPU tests and figures were made with."""
+def param_groups(model: torch.nn.Module, t: TrainConfig) -> list[dict]:
+    """AdamW's parameter groups: no weight decay on biases, LayerNorm weights and MHE head
+    embeddings (1-D or embedding-like vectors, as BERT leaves out biases and LayerNorm); each
+    trainable parameter once (tied ones are one)."""
     decay, no_decay = [], []
     seen = set()
     for name, p in model.named_parameters():
@@ -52,8 +51,16 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig):
             continue
         seen.add(id(p))
         (no_decay if p.dim() < 2 or name.endswith("head_embed") else decay).append(p)
-    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = bool(seen) and all(p.is_cuda for p in decay + no_decay)
+    return [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: torch.nn.Module, t: TrainConfig):
+    """AdamW over :func:`param_groups` with its schedule. On CUDA the fused implementation (one
+    kernel for every parameter's update, no host synchronisation); elsewhere the default one,
+    whose results the CPU tests and figures were made with."""
+    groups = param_groups(model, t)
+    params = [p for g in groups for p in g["params"]]
+    fused = bool(params) and all(p.is_cuda for p in params)
     opt = torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, **({"fused": True} if fused else {}))
     w = warmup_steps(t)
     sched = LambdaLR(opt, lambda s: lr_factor(s, schedule=t.schedule, warmup=w, total=t.steps, restarts=t.restarts))

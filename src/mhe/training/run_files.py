@@ -1,5 +1,6 @@
 """The one place that reads a run folder's files: each malformed or incomplete file
-becomes a one-line :class:`MheError` naming the file and what is wrong.
+becomes a one-line :class:`MheError` naming the file and what is wrong; and the one writer
+of its run record (``config.json``: :func:`write_run_record`).
 
 A run folder holds ``config.json`` (``run``: the configuration asked for,
 ``model``: the resolved model configuration, ...), ``tokenizer.json``,
@@ -9,13 +10,17 @@ A run folder holds ``config.json`` (``run``: the configuration asked for,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from mhe.accounting import count_attention_params
 from mhe.errors import MheError
-from mhe.training.atomic import write_text_atomic
-from mhe.training.config import RunConfig, from_dict
+from mhe.training.atomic import write_json_atomic, write_text_atomic
+from mhe.training.config import RunConfig, TrainConfig, from_dict
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -35,6 +40,18 @@ def read_json(path: str | Path, *, what: str = "JSON file") -> object:
         raise MheError(f"{path}: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
     except OSError as e:
         raise MheError(f"{path}: cannot be read ({e.strerror})") from e
+
+
+def write_run_record(folder: str | Path, run: RunConfig, model: torch.nn.Module, *, train: TrainConfig,
+                     device: str, **extra) -> None:
+    """Write ``folder/config.json`` atomically: the configuration asked for (``run``, and its hash),
+    the training settings as resolved (``train``: epochs turned into steps), the model's resolved
+    configuration, its attention parameter count, the torch version, the card (``device``) and
+    ``extra`` entries (a converted run: where it came from)."""
+    write_json_atomic(Path(folder) / CONFIG, {
+        "run": run.to_dict(), "resolved_train": dataclasses.asdict(train), "model": model.cfg.to_dict(),
+        "config_hash": run.hash(), "attention_params": count_attention_params(model), "torch": torch.__version__,
+        "device": device, **extra})
 
 
 def run_config_from_dict(d: object, *, source: str | Path, options_of: Callable[[str], type]) -> RunConfig:

@@ -138,10 +138,10 @@ class RunClock:
         """``{"total_s", "time_to_first_step_s", <phase>_s..., "other_s"}`` rounded to 0.01 s."""
         self._split_steps()
         total = time.monotonic() - self.origin
-        out = {"total_s": round(total, 2), "time_to_first_step_s":
-               None if self.first_step_s is None else round(self.first_step_s, 2)}
-        out.update({f"{k}_s": round(v, 2) for k, v in self.seconds.items()})
-        out["other_s"] = round(max(0.0, total - sum(self.seconds.values())), 2)
+        out = {"total_s": round(total, 3), "time_to_first_step_s":
+               None if self.first_step_s is None else round(self.first_step_s, 3)}
+        out.update({f"{k}_s": round(v, 3) for k, v in self.seconds.items()})
+        out["other_s"] = round(max(0.0, total - sum(self.seconds.values())), 3)
         return out
 
     @staticmethod

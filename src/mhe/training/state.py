@@ -72,23 +72,34 @@ class TrainerState:
                 "rng": rng_state()}
 
     def problem(self, state: dict, step: int | None, shapes: dict | None = None) -> str | None:
-        """How a saved ``state`` (from the checkpoint folder of ``step``) disagrees with this
-        run (its configuration hash, optimiser and data) or with itself, or None: checked
-        before :meth:`load_state_dict` changes anything (:mod:`mhe.training.state_check`;
-        ``shapes``: the parameters' saved shapes, :func:`~mhe.training.state_check.saved_shapes`)."""
-        per_epoch = self.data.n // self.data.batch
-        return (counters_problem(state, step=-1 if step is None else step, config_hash=self.config_hash,
-                                 batches_per_epoch=per_epoch)
-                or optimizer_problem(state["optimizer"], self.optimizer, shapes)
-                or scheduler_problem(state["scheduler"], step=state["step"], n_groups=len(self.optimizer.param_groups))
-                or rng_problem(state["rng"]))
+        """How a saved ``state`` disagrees with this run (:func:`state_problem`)."""
+        return state_problem(state, step, groups=[g["params"] for g in self.optimizer.param_groups],
+                             data=self.data, config_hash=self.config_hash, shapes=shapes)
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.best, self.bad_evals = int(state["step"]), state.get("best"), int(state.get("bad_evals", 0))
         self.best_step = state.get("best_step")
         self.config_hash = state.get("config_hash", "")
         self.data.load_state_dict(state["data"])
+        kernels = [{k: g[k] for k in ("fused", "foreach", "capturable") if k in g} for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, own in zip(self.optimizer.param_groups, kernels):  # built for this run's device: kept
+            group.update(own)
         self.scheduler.load_state_dict(state["scheduler"])
         if "rng" in state:
             set_rng_state(state["rng"])
+
+
+def state_problem(state: dict, step: int | None, *, groups: list[list[torch.Tensor]], data: BatchOrder,
+                  config_hash: str, shapes: dict | None = None) -> str | None:
+    """How a saved trainer ``state`` (from the checkpoint folder of ``step``) disagrees with a run
+    (its configuration hash, its optimiser's parameter ``groups`` and its ``data`` order) or with
+    itself, or None: checked before anything is loaded (:mod:`mhe.training.state_check`;
+    ``shapes``: the parameters' saved shapes, :func:`~mhe.training.state_check.saved_shapes`).
+    Needs no optimiser: a run checks a checkpoint before it builds its own."""
+    per_epoch = data.n // data.batch
+    return (counters_problem(state, step=-1 if step is None else step, config_hash=config_hash,
+                             batches_per_epoch=per_epoch)
+            or optimizer_problem(state["optimizer"], groups, shapes)
+            or scheduler_problem(state["scheduler"], step=state["step"], n_groups=len(groups))
+            or rng_problem(state["rng"]))

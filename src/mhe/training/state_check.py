@@ -49,20 +49,21 @@ def saved_shapes(model: torch.nn.Module) -> dict[int, torch.Size]:
     return {id(p): state[name].shape for name, p in model.named_parameters() if name in state}
 
 
-def optimizer_problem(saved: object, optimizer: torch.optim.Optimizer,
+def optimizer_problem(saved: object, groups: list[list[torch.Tensor]],
                       shapes: dict[int, torch.Size] | None = None) -> str | None:
-    """The optimiser state against the optimiser's parameter groups and parameter shapes
-    (``shapes``: as :func:`saved_shapes` gives them; default the parameters' own)."""
-    own = optimizer.state_dict()
+    """The optimiser state against the optimiser's parameter groups (``groups``: each group's
+    parameters, as an optimiser holds them or :func:`~mhe.training.optim.param_groups` gives
+    them before one is built) and parameter shapes (``shapes``: as :func:`saved_shapes` gives
+    them; default the parameters' own)."""
     if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list) \
             or not isinstance(saved.get("state"), dict):
         return f"{JSON}: optimizer is not an optimiser state (param_groups and state)"
-    groups = saved["param_groups"]
-    if [len(g.get("params", [])) for g in groups] != [len(g["params"]) for g in own["param_groups"]]:
-        return (f"{JSON}: optimizer has parameter groups of {[len(g.get('params', [])) for g in groups]} "
-                f"parameters, the model's optimiser {[len(g['params']) for g in own['param_groups']]}")
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    position = {i: k for k, i in enumerate(i for g in groups for i in g["params"])}  # saved id -> parameter
+    saved_groups = saved["param_groups"]
+    if [len(g.get("params", [])) for g in saved_groups] != [len(g) for g in groups]:
+        return (f"{JSON}: optimizer has parameter groups of {[len(g.get('params', [])) for g in saved_groups]} "
+                f"parameters, the model's optimiser {[len(g) for g in groups]}")
+    params = [p for g in groups for p in g]
+    position = {i: k for k, i in enumerate(i for g in saved_groups for i in g["params"])}  # saved id -> parameter
     for index, slots in saved["state"].items():
         if index not in position:
             return f"{JSON}: optimizer state for parameter {index!r}, which no parameter group holds"

@@ -1,22 +1,10 @@
 """What a training step runs through and what it leaves for the log, without waiting on the GPU.
 
-:class:`StepModule` is the module the steps call: the model, compiled where
-:func:`~mhe.training.config.compile_wanted` says so, and wrapped for DDP when several processes
-train. Under DDP the compiled model is wrapped (compiled first) and compiled whole, without
-dynamo's DDP optimiser: splitting the graph at the gradient buckets would let each bucket's
-all-reduce overlap the backward pass, but the step is bound by the host's time to queue its
-kernels, and the split graph (and dynamo's breaks in DDP's own forward) cost more host time
-than the overlap saves (docs/benchmarks.md section 7: 55 ms against 39 ms per step for
-gpt2-base at 16 rows per GPU on two H100s); the buckets are reduced after the backward pass,
-about 2 ms on NVLink for gpt2-base's float32 gradients (``train.grad_reduce=bf16`` sends them as
-bf16, half the bytes: :func:`data_parallel`). Under FSDP the
-model is already sharded (:mod:`mhe.training.fsdp`) and each transformer block's forward is
-compiled on its own, as torchtitan does, between the hooks that gather and free its weights.
-Where batches have one shape (pre-training) the compiled step is also replayed as CUDA graphs
-(:func:`~mhe.training.config.cuda_graphs_wanted`): the host queues a replay instead of each of
-the step's kernels, which is what bounds a compiled step at small batches or many layers.
-A configuration that torch.compile cannot handle trains eagerly after a one-line note (under
-FSDP it stops with a one-line error: a pass cut short leaves the shards' state behind).
+:class:`StepModule` is the module the steps call, as :func:`~mhe.training.parallelize.parallelize`
+made it (checkpointed, compiled, wrapped for FSDP or DDP): it runs each micro-step, in DDP's
+no-sync context until the last micro-batch, and where compiling fails on the first one it trains
+eagerly after a one-line note (under FSDP it stops with a one-line error: a pass cut short leaves
+the shards' state behind).
 
 :class:`StepWindow` keeps each step's loss and gradient norm as device tensors and reads them
 once per log interval (one host synchronisation instead of four per step). A non-finite value
@@ -34,8 +22,6 @@ import torch
 
 from mhe.compile_fallback import run_or_fall_back
 from mhe.errors import MheError
-from mhe.models.losses import chunked_loss
-from mhe.training.activation_checkpointing import transformer_blocks
 from mhe.training.config import TrainConfig
 from mhe.training.distributed import Dist
 from mhe.training.fsdp import plain
@@ -45,29 +31,19 @@ from mhe.training.task import Task
 
 
 class StepModule:
-    """The (DDP-wrapped, compiled) module of a run; ``net`` is what the steps call. ``mode``:
-    ``none``, ``ddp`` or ``fsdp`` (:class:`~mhe.training.parallel.Parallel`)."""
+    """The module of a run's steps: ``net`` is what they call (``model`` compiled and, under DDP,
+    wrapped), ``model`` the module itself. ``blocks``: under FSDP, each compiled transformer block
+    with its eager forward (the model itself is not compiled); ``compiled``: ``net`` or the blocks
+    are compiled; ``cuda_graphs``: the compiled step is replayed as CUDA graphs."""
 
-    def __init__(self, model: torch.nn.Module, dist: Dist, *, compiled: bool, note: Callable[[str], None],
-                 mode: str = "ddp", cuda_graphs: bool = False, static_shapes: bool = True,
-                 grad_reduce: str = "float32") -> None:
-        self.model, self.note, self.dist = model, note, dist
-        self.ddp = mode == "ddp" and dist.world > 1
-        self.compiled = compiled
+    def __init__(self, model: torch.nn.Module, net: torch.nn.Module, dist: Dist, *, ddp: bool, compiled: bool,
+                 note: Callable[[str], None], blocks: list[tuple[torch.nn.Module, Callable]] | None = None,
+                 cuda_graphs: bool = False, static_shapes: bool = True) -> None:
+        self.model, self.net, self.note, self.dist = model, net, note, dist
+        self.ddp, self.compiled, self.cuda_graphs = ddp, compiled, cuda_graphs
+        self.blocks = blocks or []
         self.static_shapes = static_shapes
         self.eager_fallback = False  # compiling failed and the steps run eagerly
-        self.cuda_graphs = compiled and cuda_graphs and mode != "fsdp"
-        self.blocks: list[tuple[torch.nn.Module, Callable]] = []  # FSDP: (block, its eager forward)
-        if compiled and mode == "fsdp":
-            self.blocks = [(block, block.forward) for block in transformer_blocks(model)]
-            for block, forward in self.blocks:
-                block.forward = torch.compile(forward)
-        self.net = compile_model(model, self.cuda_graphs) if compiled and mode != "fsdp" else model
-        if self.ddp:
-            self.net = data_parallel(self.net, dist, grad_reduce, note)
-        elif grad_reduce != "float32":
-            note(f"train.grad_reduce={grad_reduce} has no effect here: only DDP over several processes reduces "
-                 "gradients through it; training on as it is")
         self.proven = not compiled  # a compiled module is proven by its first micro-step
 
     def release(self) -> None:
@@ -91,7 +67,7 @@ class StepModule:
         if self.cuda_graphs:  # the last step's graph outputs (loss, gradients) have been consumed
             torch.compiler.cudagraph_mark_step_begin()
         def compiled():
-            with self._whole_graph(), self._loss_choice():
+            with self._whole_graph():
                 return micro_step(self.net)
         if self.proven:
             return compiled()
@@ -111,53 +87,26 @@ class StepModule:
             self.net = self.model
         self.model.zero_grad(set_to_none=True)  # a backward pass cut short leaves partial gradients
         self.eager_fallback = True
-        with self._loss_choice():
-            out = micro_step(self.net)
+        out = micro_step(self.net)
         self.note(f"torch.compile cannot compile this configuration ({why}); training eagerly")
         return out
 
-    def _loss_choice(self):
-        """A step compiled whole whose batches change shape (translation, fine-tuning) scores the
-        output layer with the plain loss of its logits, which inductor fuses (no float32 copy of them):
-        the chunked loss loops over the rows, and dynamo would compile the step again for every
-        row count (:func:`~mhe.models.losses.linear_cross_entropy`)."""
+    @property
+    def chunked_loss(self) -> bool | None:
+        """The ``chunked_loss`` the step passes its task's loss: False for a step compiled whole
+        whose batches change shape (translation, fine-tuning), which scores the output layer with
+        the plain loss of its logits, which inductor fuses (no float32 copy of them): the chunked
+        loss loops over the rows, and dynamo would compile the step again for every row count
+        (:func:`~mhe.models.losses.linear_cross_entropy`); else None (by precision)."""
         whole = self.compiled and not self.blocks and not self.eager_fallback  # FSDP compiles blocks only
-        return chunked_loss(False) if whole and not self.static_shapes else contextlib.nullcontext()
+        return False if whole and not self.static_shapes else None
 
     def _whole_graph(self):
         """Under DDP, dynamo compiles the model as one graph (its DDP optimiser, which would split
-        it at the gradient buckets, is off while a step runs; the module docstring says why)."""
+        it at the gradient buckets, is off while a step runs; :mod:`mhe.training.parallelize` says why)."""
         if self.ddp and self.compiled:
             return torch._dynamo.config.patch(optimize_ddp=False)
         return contextlib.nullcontext()
-
-
-def data_parallel(net: torch.nn.Module, dist: Dist, grad_reduce: str,
-                  note: Callable[[str], None]) -> torch.nn.parallel.DistributedDataParallel:
-    """``net`` wrapped in DDP (the gradients averaged over the processes after the backward pass).
-    ``grad_reduce="bf16"`` registers torch's ``bf16_compress_hook`` (PyTorch docs: DDP Communication
-    Hooks): each gradient bucket is divided by the process count, cast to bf16, all-reduced and cast
-    back, so half the bytes cross the wire and the averaged gradients carry bf16 rounding (about
-    3 significant digits; the weights, moments and update stay float32). ``"float32"``: DDP's own
-    reduction, in the gradients' dtype. Torch accepts the hook only with CUDA and NCCL (or XPU):
-    elsewhere (gloo on a CPU) it is noted and the reduction stays float32."""
-    ids = [dist.local_rank] if dist.device.type == "cuda" else None
-    ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=ids, gradient_as_bucket_view=True)
-    if grad_reduce == "bf16":
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
-
-        try:
-            ddp.register_comm_hook(None, bf16_compress_hook)  # state None: the default process group
-        except TypeError as e:  # DDP's check of the build (CUDA and NCCL), made before anything is registered
-            note(f"train.grad_reduce=bf16 has no effect here ({e}); the gradients are reduced in float32")
-    return ddp
-
-
-def compile_model(model: torch.nn.Module, cuda_graphs: bool) -> torch.nn.Module:
-    """``torch.compile(model)``; with ``cuda_graphs`` its forward and backward graphs are captured
-    and replayed as CUDA graphs (mode ``reduce-overhead``: one launch where the host would queue
-    each kernel; :func:`~mhe.training.config.cuda_graphs_wanted` says when)."""
-    return torch.compile(model, mode="reduce-overhead") if cuda_graphs else torch.compile(model)
 
 
 class StepWindow:
@@ -207,7 +156,7 @@ def train_step(step: StepModule, data: Prefetcher, state: TrainerState, task: Ta
 
     def micro_step(net, batch, last):
         with step.sync(last), torch.autocast(dist.device.type, dtype=amp, enabled=amp is not None):
-            loss, n = task.loss(net, batch)
+            loss, n = task.loss(net, batch, chunked_loss=step.chunked_loss)
         (loss / t.grad_accum).backward()
         return loss.detach(), n
 

@@ -88,7 +88,10 @@ class Task:
     def collate(self, indices: list[int]) -> dict:
         raise NotImplementedError
 
-    def loss(self, model, batch: dict) -> tuple[torch.Tensor, int]:
+    def loss(self, model, batch: dict, *, chunked_loss: bool | None = None) -> tuple[torch.Tensor, int]:
+        """The loss of ``batch`` through ``model`` and the tokens it scored. ``chunked_loss``: how
+        a model with a chunked output-layer loss scores it (None: by precision;
+        :func:`~mhe.models.losses.chunked_loss_wanted`), the step's choice."""
         raise NotImplementedError
 
     def evaluate(self, model) -> dict:

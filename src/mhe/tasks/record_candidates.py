@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 from tokenizers import Tokenizer
 
-from mhe.data.record import RecordQuery
+from mhe.data.record_reader import RecordQuery
 from mhe.data.tokenize import special_id, with_pair_template
 from mhe.errors import MheError
 from mhe.tasks.text import pad_rows

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mhe.data.paths import data_root, find_file, iter_lines, read_text
+from mhe.data.paths import data_root, find_file, hub_split, iter_lines, read_text
 from mhe.errors import MheError, one_of
 
 SEG = re.compile(r"<seg[^>]*>(.*?)</seg>", re.IGNORECASE)
@@ -107,15 +107,7 @@ def read_parallel(name: str, split: str, src: str, tgt: str, *, data_dir=None, s
 def _from_hub(c: ParallelCorpus, split: str, src: str, tgt: str):
     if not c.hub:
         raise MheError(f"{c.name} has no hub source here; put its files under --data-dir")
-    try:
-        import datasets
-    except ImportError as e:
-        raise MheError(f"loading {c.name} from the hub needs the optional 'datasets' package; offline, put "
-                       f"{c.files[split].format(lang=src, role='src')} and its {tgt} side under --data-dir") from e
-    try:
-        ds = datasets.load_dataset(c.hub[0], c.hub[1], split={"valid": "validation"}.get(split, split))
-    except Exception as e:
-        raise MheError(f"could not load {c.hub[0]} from the hub ({type(e).__name__}); offline, put the files "
-                       "under --data-dir") from e
+    ds = hub_split(c.name, c.hub[0], c.hub[1], {"valid": "validation"}.get(split, split),
+                   offline=f"put {c.files[split].format(lang=src, role='src')} and its {tgt} side under --data-dir")
     rows = ds["translation"]
     return [r[src].strip() for r in rows], [r[tgt].strip() for r in rows]
