@@ -23,6 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from mhe.attention.masks import AttentionMask
 from mhe.attention import masks, triton_decode
 from mhe.attention.flash_decode import range_mask
 from mhe.attention.kernels import attend
@@ -63,17 +64,17 @@ def fp32_error() -> float:
 def row(preset, kind, hq, hk, *, batch, context, reps, bandwidth) -> dict:
     q, k, v, kr = inputs(batch, hq, hk, context, torch.bfloat16)
     dense = range_mask(kr, context)
-    got = attend(q, k, v, key_range=kr, kernel="split-k-decode")
+    got = attend(q, k, v, AttentionMask(key_range=kr), kernel="split-k-decode")
     gold = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
-    plain = attend(q, k, v, mask=dense, kernel="sdpa")
+    plain = attend(q, k, v, AttentionMask(dense=dense), kernel="sdpa")
     nbytes = 2 * k.numel() * k.element_size()
     out = {"preset": preset, "kind": kind, "batch": batch, "context": context, "h_q": hq, "h_kv": hk,
            "kv_bytes": nbytes, "max_err_split_k": (got.float() - gold).abs().max().item(),
            "max_err_sdpa": (plain.float() - gold).abs().max().item()}
-    calls = {"split-k-decode": lambda: attend(q, k, v, key_range=kr, kernel="split-k-decode"),
-             "sdpa": lambda: attend(q, k, v, mask=dense, kernel="sdpa")}
+    calls = {"split-k-decode": lambda: attend(q, k, v, AttentionMask(key_range=kr), kernel="split-k-decode"),
+             "sdpa": lambda: attend(q, k, v, AttentionMask(dense=dense), kernel="sdpa")}
     if hk == 1:
-        calls["flash-decode"] = lambda: attend(q, k, v, key_range=kr, kernel="flash-decode")
+        calls["flash-decode"] = lambda: attend(q, k, v, AttentionMask(key_range=kr), kernel="flash-decode")
     for name, fn in calls.items():
         ms = timed(fn, warmup=5, reps=reps, cuda=True, graph=True)
         out[f"{name}_ms"] = round(ms, 4)
@@ -99,7 +100,7 @@ def sweep(*, batch, context, reps, bandwidth) -> list[dict]:
             triton_decode.TILE.update({k: setting[k] for k in ("block_n", "num_warps", "num_stages")})
             triton_decode.PROGRAMS_PER_SM = setting["programs"]
             for (preset, kind, hq, hk), (q, k, v, kr) in data.items():
-                ms = timed(lambda: attend(q, k, v, key_range=kr, kernel="split-k-decode"), warmup=3, reps=reps,
+                ms = timed(lambda: attend(q, k, v, AttentionMask(key_range=kr), kernel="split-k-decode"), warmup=3, reps=reps,
                            cuda=True, graph=True)
                 frac = 2 * k.numel() * k.element_size() / (ms / 1e3) / bandwidth
                 out.append({**setting, "preset": preset, "kind": kind, "ms": round(ms, 4), "fraction": round(frac, 3)})

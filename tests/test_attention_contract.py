@@ -248,3 +248,22 @@ def test_cached_decoding_with_padding_equals_masked_full_forward(kind):
     real = mask.clone()  # padding queries attend to themselves only; compare the real ones
     torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], rtol=1e-10, atol=1e-10)
     assert not torch.allclose(full[real], mod(x)[real])  # the mask matters
+
+
+def test_kernels_take_the_finished_mask_and_refuse_a_causal_one_they_cannot_place():
+    """Every mask is built in mhe.attention.masks; attend reads the AttentionMask it is given."""
+    from mhe.attention import kernels, masks
+    from mhe.attention.masks import AttentionMask
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 5, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    tril = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]
+    for kernel in ("sdpa", "eager"):
+        by_flag = kernels.attend(q, k, v, AttentionMask(causal=True), kernel=kernel)
+        by_dense = kernels.attend(q, k, v, AttentionMask(dense=tril), kernel=kernel)
+        built = kernels.attend(q, k, v, masks.self_attention_mask(q[:, 0], None), kernel=kernel)
+        torch.testing.assert_close(by_flag, by_dense, rtol=0, atol=1e-12)
+        torch.testing.assert_close(built, by_dense, rtol=0, atol=1e-12)
+        assert not torch.allclose(kernels.attend(q, k, v, None, kernel=kernel), by_dense)  # None: every key
+    with pytest.raises(MheError, match="2 queries over 5 keys"):
+        kernels.attend(q[:, :, :2], k, v, AttentionMask(causal=True))

@@ -5,6 +5,7 @@ output against the literal reference and under CUDA graphs and torch.compile."""
 import pytest
 import torch
 
+from mhe.attention.masks import AttentionMask
 from mhe.attention import KERNELS, build_attention, kernels, masks, triton_decode
 from mhe.attention.flash_decode import fast_path, key_offsets, mask_range, range_mask
 from mhe.attention.folding import inference_view
@@ -102,8 +103,8 @@ def test_fallback_is_sdpa_exactly_on_cpu(t):
     key_mask[1, :4] = False
     mask = cache_mask(key_mask, t, torch.tensor(5), 10, causal=True, device=torch.device("cpu"))
     assert not fast_path(q, k, v, mask, False, 0.0)  # a CPU tensor never takes the fast path
-    want = attend(q, k, v, mask=mask, kernel="sdpa")
-    assert torch.equal(attend(q, k, v, mask=mask, kernel="flash-decode"), want)
+    want = attend(q, k, v, AttentionMask(dense=mask), kernel="sdpa")
+    assert torch.equal(attend(q, k, v, AttentionMask(dense=mask), kernel="flash-decode"), want)
     gold = softmax_attention(q[:, 0].double(), k[:, 0].double(), v[:, 0].double(), key_mask=mask[:, 0, -1])
     torch.testing.assert_close(want[:, 0, -1].double(), gold[:, -1], rtol=1e-5, atol=1e-6)
 
@@ -184,8 +185,8 @@ def test_key_range_goes_to_flash_decode_only():
 
     q, k = torch.randn(1, 4, 1, 8), torch.randn(1, 1, 5, 8)
     with pytest.raises(MheError, match="key-range kernels only"):
-        attend(q, k, k, kernel="sdpa", key_range=(torch.tensor([0, 5], dtype=torch.int32),
-                                                  torch.tensor([5], dtype=torch.int32)))
+        attend(q, k, k, AttentionMask(key_range=(torch.tensor([0, 5], dtype=torch.int32),
+                                                 torch.tensor([5], dtype=torch.int32))), kernel="sdpa")
 
 
 # --- on a GPU ------------------------------------------------------------------------------------
@@ -207,8 +208,8 @@ def test_flash_decode_matches_the_reference_in_bf16():
         key_mask[row, :pad] = False
     mask = cache_mask(key_mask, 1, torch.tensor(700, device="cuda"), s, causal=True, device=q.device)
     assert fast_path(q, k, v, mask, False, 0.0)
-    got = attend(q, k, v, mask=mask, kernel="flash-decode")
-    plain = attend(q, k, v, mask=mask, kernel="sdpa")
+    got = attend(q, k, v, AttentionMask(dense=mask), kernel="flash-decode")
+    plain = attend(q, k, v, AttentionMask(dense=mask), kernel="sdpa")
     km = mask[:, 0, 0].cpu()  # [B, S]
     gold = torch.stack([softmax_attention(q[:, i].cpu().double(), k[:, 0].cpu().double(), v[:, 0].cpu().double(),
                                           key_mask=km) for i in range(h)], 1)  # [B, h, 1, d]

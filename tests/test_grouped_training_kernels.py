@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
 from conftest import B, D_MODEL, N_HEADS, T, VOCAB
-from mhe.attention import kernels
+from mhe.attention import kernels, masks
 from mhe.attention.mhe import _MHEBase
 from mhe.models import build_model
 
@@ -176,7 +176,7 @@ def test_grouped_sdpa_equals_the_literal_equations_forward_and_gradients(g, mask
         monkeypatch.setattr(kernels, "grouped_natively", lambda *a, **kw: False)
     q, k, v = _grouped_inputs(g=g)
     key_mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2]) if masked else None
-    got = _out_and_grads(lambda q, k, v: kernels.attend(q, k, v, causal=True, key_mask=key_mask), q, k, v)
+    got = _out_and_grads(lambda q, k, v: kernels.attend(q, k, v, masks.self_attention_mask(q[:, 0], key_mask)), q, k, v)
     want = _out_and_grads(lambda q, k, v: _literal(q, k, v, causal=True, key_mask=key_mask), q, k, v)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
@@ -250,7 +250,7 @@ def test_masked_grouped_training_attention_stays_off_the_math_backend_on_a_gpu(d
     key_mask = torch.ones(B, 128, dtype=torch.bool, device="cuda")
     key_mask[1, 100:] = False
     with torch.profiler.profile() as prof:
-        got = _out_and_grads(lambda q, k, v: kernels.attend(q, k, v, causal=True, key_mask=key_mask), q, k, v)
+        got = _out_and_grads(lambda q, k, v: kernels.attend(q, k, v, masks.self_attention_mask(q[:, 0], key_mask)), q, k, v)
     assert "math" not in sdpa_calls(prof, 1)
     ref = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
     want = _out_and_grads(lambda q, k, v: _literal(q, k, v, causal=True, key_mask=key_mask.cpu()), *ref)

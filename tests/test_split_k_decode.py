@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from mhe.attention.masks import AttentionMask
 from mhe.attention import KERNELS, build_attention, kernels, masks, triton_decode
 from mhe.attention.flash_decode import key_offsets, range_mask
 from mhe.attention.kernels import EXPAND_MAX_POSITIONS, attend, decode_kernel, reads_key_range, view_kernels
@@ -124,8 +125,8 @@ def test_a_dense_mask_is_read_as_its_run(interpret):
     dense = masks.self_attention_mask(token, key_mask, start=torch.tensor(17), keys=24).dense
     key_range = masks.self_attention_mask(token, key_mask, start=torch.tensor(17), keys=24,
                                           kernel="split-k-decode").key_range
-    by_mask = attend(q, k, v, mask=dense, kernel="split-k-decode")
-    by_range = attend(q, k, v, key_range=key_range, kernel="split-k-decode")
+    by_mask = attend(q, k, v, AttentionMask(dense=dense), kernel="split-k-decode")
+    by_range = attend(q, k, v, AttentionMask(key_range=key_range), kernel="split-k-decode")
     assert torch.equal(by_mask, by_range)
     torch.testing.assert_close(by_range, gold(q, k, v, key_range), rtol=1e-12, atol=1e-12)
 
@@ -139,7 +140,7 @@ def test_compiled_call_is_one_operator_with_the_eager_numbers(interpret):
     key_range = ragged_range(2, 30, 20, [0, 6])
 
     def step(q, k, v, offsets, used):
-        return attend(q, k, v, key_range=(offsets, used), kernel="split-k-decode") * 2
+        return attend(q, k, v, AttentionMask(key_range=(offsets, used)), kernel="split-k-decode") * 2
 
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
@@ -158,13 +159,13 @@ def test_fallback_outside_the_interpreter_is_sdpa_exactly(t, monkeypatch):
     tokens = torch.zeros(2, t, dtype=torch.long)
     mask = masks.self_attention_mask(tokens, key_mask, start=torch.tensor(5), keys=10).dense
     assert not triton_decode.fast_path(q, k, v, mask, False, 0.0)
-    assert torch.equal(attend(q, k, v, mask=mask, kernel="split-k-decode"), attend(q, k, v, mask=mask, kernel="sdpa"))
+    assert torch.equal(attend(q, k, v, AttentionMask(dense=mask), kernel="split-k-decode"), attend(q, k, v, AttentionMask(dense=mask), kernel="sdpa"))
     if t == 1:
         kr = masks.self_attention_mask(tokens, key_mask, start=torch.tensor(5), keys=10,
                                        kernel="split-k-decode").key_range
         assert torch.equal(kr[0], key_offsets(torch.tensor([0, 4], dtype=torch.int32), 10))
-        assert torch.equal(attend(q, k, v, key_range=kr, kernel="split-k-decode"),
-                           attend(q, k, v, mask=mask, kernel="sdpa"))
+        assert torch.equal(attend(q, k, v, AttentionMask(key_range=kr), kernel="split-k-decode"),
+                           attend(q, k, v, AttentionMask(dense=mask), kernel="sdpa"))
 
 
 @needs_triton

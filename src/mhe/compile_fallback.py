@@ -1,4 +1,5 @@
-"""Running a ``torch.compile``-d callable with an eager fallback, for training and decoding alike.
+"""Compiled code: whether a call is being traced (:func:`tracing`), and running a
+``torch.compile``-d callable with an eager fallback, for training and decoding alike.
 
 ``torch.compile`` fails on its first call, not when it is applied: dynamo cannot trace an
 operator, inductor cannot lower one, or the machine has no working compiler. A run should not
@@ -14,9 +15,19 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
+import torch
+
 from mhe.errors import MheError
 
 T = TypeVar("T")
+
+
+def tracing() -> bool:
+    """True inside torch.compile or a CUDA graph capture, where reading the device is not allowed
+    (the caches' and masks' host-side checks are skipped there)."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def run_or_fall_back(compiled: Callable[[], T], fall_back: Callable[[Exception, str], T]) -> T:

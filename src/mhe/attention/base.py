@@ -157,7 +157,8 @@ class Attention(nn.Module):
         if positions is None:
             positions = self._positions(x, cache if context is None else None)
         if not isinstance(mask, AttentionMask):
-            mask = self._own_mask(x, mask, context, cache)  # called on its own: the mask a model would build
+            mask = masks.sublayer_mask(x, mask, context=context, cache=cache, causal=self.cfg.causal,
+                                       kernel=self.cfg.kernel)  # called on its own: the mask a model would build
         if context is None:
             q, k, v = self._self_projections(x, positions)  # [B, h_q, T, d], 2 x [B, h_kv, T, d]
             if cache is not None:
@@ -223,23 +224,13 @@ class Attention(nn.Module):
         raise NotImplementedError
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
-        return kernels.attend(q, k, v, mask=mask.for_kernel(self.cfg.kernel, q.dtype), causal=mask.causal,
-                              key_range=mask.key_range,
-                              dropout_p=self.cfg.dropout if self.training else 0.0, kernel=self.cfg.kernel)
+        return kernels.attend(q, k, v, mask, dropout_p=self.cfg.dropout if self.training else 0.0,
+                              kernel=self.cfg.kernel)
 
     def _positions(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         """``[T]``: x's positions when the caller gave none (after what the cache holds)."""
         pos = torch.arange(x.shape[1], device=x.device)
         return pos if cache is None else cache.index + pos
-
-    def _own_mask(self, x, mask, context, cache) -> AttentionMask:
-        b, t = x.shape[0], x.shape[1]
-        if context is not None or (cache is None and not self.cfg.causal):
-            return masks.padding_mask(self._check_mask(mask, b, t if context is None else context.shape[1]))
-        if cache is None:
-            return masks.self_attention_mask(x, self._check_mask(mask, b, t))
-        return masks.self_attention_mask(x, mask, causal=self.cfg.causal, start=cache.index, keys=cache.max_len,
-                                         kernel=self.cfg.kernel)
 
     # --- helpers -------------------------------------------------------------
     @staticmethod
@@ -268,17 +259,6 @@ class Attention(nn.Module):
         if context is not None and context.shape[1] == 0:
             raise MheError(f"context must hold at least one token to attend to [B, S >= 1, d_model={m}], "
                            f"got {tuple(context.shape)}")
-
-    @staticmethod
-    def _check_mask(mask: torch.Tensor | None, batch: int, keys: int) -> torch.Tensor | None:
-        if mask is None:
-            return None
-        if mask.dtype != torch.bool or tuple(mask.shape) != (batch, keys):
-            raise MheError(
-                f"mask must be a boolean key-padding mask of shape [B={batch}, S={keys}], "
-                f"got {mask.dtype} {tuple(mask.shape)}"
-            )
-        return mask
 
     def extra_repr(self) -> str:
         c = self.cfg

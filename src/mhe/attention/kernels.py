@@ -38,7 +38,7 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,9 @@ from torch.nn.attention import SDPBackend
 from torch.nn.attention import sdpa_kernel as restrict_backends
 
 from mhe.errors import MheError, one_of
+
+if TYPE_CHECKING:
+    from mhe.attention.masks import AttentionMask
 
 Kernel = Callable[..., torch.Tensor]
 KERNELS: dict[str, Kernel] = {}
@@ -92,57 +95,27 @@ def check_kernel(name: str) -> str:
     return name
 
 
-def build_mask(key_mask: torch.Tensor | None, *, causal: bool, q_len: int, k_len: int,
-               offset: int | torch.Tensor = 0, device: torch.device) -> torch.Tensor | None:
-    """Boolean mask broadcastable to ``[B, h, T, S]``; True where attention is allowed.
-
-    Query ``i`` sits at absolute position ``offset + i`` (``offset`` may be a 0-d tensor, so
-    a decode step has one graph for every position); with ``causal`` it may see keys
-    ``0 .. offset + i``. With both ``causal`` and ``key_mask`` a query that would see no
-    real key (a left-padding position) sees its own key instead, so its softmax row stays
-    finite; every other row is exactly the key-padding mask's.
-    """
-    mask = None
-    if causal:
-        qpos = torch.arange(q_len, device=device)[:, None] + offset  # [T, 1]
-        kpos = torch.arange(k_len, device=device)[None, :]  # [1, S]
-        mask = (kpos <= qpos)[None, None]  # [1, 1, T, S]
-        if key_mask is not None:
-            allowed = mask & key_mask[:, None, None, :]  # [B, 1, T, S]
-            empty = ~allowed.any(-1, keepdim=True)  # [B, 1, T, 1]: a query with no real key to see
-            return allowed | (empty & (kpos == qpos)[None, None])
-    if key_mask is not None:
-        km = key_mask[:, None, None, :]  # [B, 1, 1, S]
-        mask = km if mask is None else mask & km
-    return mask
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch.Tensor | None = None,
-           causal: bool = False, offset: int | torch.Tensor = 0, dropout_p: float = 0.0,
-           scale: float | None = None, kernel: str = "sdpa", mask: torch.Tensor | None = None,
-           key_range: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
-    """Attend ``q: [B, h_q, T, d]`` over ``k, v: [B, h_kv, S, d]`` with the named kernel.
-
-    Either ``mask`` (a full boolean mask, as :mod:`mhe.attention.masks` builds it) or
-    ``key_mask`` ``[B, S]`` with ``causal``/``offset`` describes what each query may see; for a
-    kernel that reads key ranges (``flash-decode``), ``key_range`` (one contiguous run of keys
-    per row, :func:`mhe.attention.masks.decode_key_range`) may stand in for the mask.
-    """
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask | None = None, *,
+           dropout_p: float = 0.0, scale: float | None = None, kernel: str = "sdpa") -> torch.Tensor:
+    """Attend ``q: [B, h_q, T, d]`` over ``k, v: [B, h_kv, S, d]`` with the named kernel, under
+    ``mask``, the finished :class:`~mhe.attention.masks.AttentionMask` of what each query may see
+    (built in :mod:`mhe.attention.masks`; None: every key). A kernel that reads key ranges gets the
+    mask's ``key_range`` (one contiguous run of keys per row) where it has one; the others get its
+    dense form as they read it (:meth:`~mhe.attention.masks.AttentionMask.for_kernel`), or SDPA's
+    ``is_causal`` for a causal mask with no dense form (as many keys as queries)."""
     fn = get_kernel(kernel)
-    if key_range is not None:
+    if mask is None:
+        return fn(q, k, v, mask=None, is_causal=False, dropout_p=dropout_p, scale=scale)
+    if mask.key_range is not None:
         if not reads_key_range(kernel):
             raise MheError(f"key_range is read by the key-range kernels only (flash-decode, split-k-decode), "
                            f"not by {kernel!r}")
-        return fn(q, k, v, mask=None, is_causal=False, dropout_p=dropout_p, scale=scale, key_range=key_range)
-    t, s = q.shape[2], k.shape[2]
-    is_causal = False
-    if mask is None:
-        if causal and key_mask is None and isinstance(offset, int) and offset == 0 and t == s:
-            is_causal = True
-        else:
-            causal_needed = causal and not (isinstance(offset, int) and t == 1 and offset == s - 1)
-            mask = build_mask(key_mask, causal=causal_needed, q_len=t, k_len=s, offset=offset, device=q.device)
-    return fn(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale)
+        return fn(q, k, v, mask=None, is_causal=False, dropout_p=dropout_p, scale=scale, key_range=mask.key_range)
+    dense = mask.for_kernel(kernel, q.dtype)
+    if dense is None and mask.causal and q.shape[2] != k.shape[2]:
+        raise MheError(f"a causal mask without a dense form reads as many keys as queries, got {q.shape[2]} queries "
+                       f"over {k.shape[2]} keys; build the mask with mhe.attention.masks.self_attention_mask")
+    return fn(q, k, v, mask=dense, is_causal=dense is None and mask.causal, dropout_p=dropout_p, scale=scale)
 
 
 def _one_token_grouped(q, k, mask, dropout_p) -> bool:
@@ -296,8 +269,8 @@ def matmul_decode_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
 @register_kernel("eager")
 def eager_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
     """The softmax written out."""
-    if is_causal:
-        mask = build_mask(None, causal=True, q_len=q.shape[2], k_len=k.shape[2], device=q.device)
+    if is_causal:  # SDPA's is_causal: query i sees keys 0 .. i
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()[None, None]
     probs = _probabilities(q, k, mask, scale)
     if dropout_p > 0:
         probs = F.dropout(probs, p=dropout_p)

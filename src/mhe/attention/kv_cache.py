@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mhe.compile_fallback import tracing
 from mhe.errors import MheError, require_positive
 
 
@@ -143,10 +144,3 @@ class CrossCache:
         else:
             self.k, self.v = k.contiguous(), v.contiguous()
         return self.k, self.v
-
-
-def tracing() -> bool:
-    """True inside torch.compile or a CUDA graph capture, where reading the device is not allowed."""
-    if torch.compiler.is_compiling():
-        return True
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

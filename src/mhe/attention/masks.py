@@ -3,9 +3,11 @@
 The model (``Decoder.forward``, ``EncoderDecoder.encode/decode``, ``Encoder.forward``) turns
 its key-padding mask and, with a cache, the cache's write position into one
 :class:`AttentionMask`, as Hugging Face's ``create_causal_mask`` does; an attention sublayer
-called on its own builds the same mask from the same functions. Attention modules never look
-at a kernel's name: a kernel that reads a run of keys instead of a mask (``flash-decode``)
-says so in the kernel registry (:func:`mhe.attention.kernels.reads_key_range`), and
+called on its own builds the same mask from the same functions (:func:`sublayer_mask`). Every
+mask is built here; kernels take the finished :class:`AttentionMask`
+(:func:`mhe.attention.kernels.attend`). Attention modules never look at a kernel's name: a
+kernel that reads a run of keys instead of a mask (``flash-decode``, ``split-k-decode``) says so
+in the kernel registry (:func:`mhe.attention.kernels.reads_key_range`), and
 :func:`self_attention_mask` builds that run for it.
 """
 
@@ -17,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from mhe.attention import kernels
-from mhe.attention.kv_cache import tracing
+from mhe.compile_fallback import tracing
 from mhe.errors import MheError
 
 
@@ -100,6 +102,53 @@ def _aligned_empty(dense: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty((*lead, padded), dtype=dtype, device=dense.device)[..., :n]
 
 
+def dense_mask(key_mask: torch.Tensor | None, *, causal: bool, q_len: int, k_len: int,
+               offset: int | torch.Tensor = 0, device: torch.device) -> torch.Tensor | None:
+    """Boolean mask broadcastable to ``[B, h, T, S]``; True where attention is allowed.
+
+    Query ``i`` sits at absolute position ``offset + i`` (``offset`` may be a 0-d tensor, so
+    a decode step has one graph for every position); with ``causal`` it may see keys
+    ``0 .. offset + i``. With both ``causal`` and ``key_mask`` a query that would see no
+    real key (a left-padding position) sees its own key instead, so its softmax row stays
+    finite; every other row is exactly the key-padding mask's.
+    """
+    mask = None
+    if causal:
+        qpos = torch.arange(q_len, device=device)[:, None] + offset  # [T, 1]
+        kpos = torch.arange(k_len, device=device)[None, :]  # [1, S]
+        mask = (kpos <= qpos)[None, None]  # [1, 1, T, S]
+        if key_mask is not None:
+            allowed = mask & key_mask[:, None, None, :]  # [B, 1, T, S]
+            empty = ~allowed.any(-1, keepdim=True)  # [B, 1, T, 1]: a query with no real key to see
+            return allowed | (empty & (kpos == qpos)[None, None])
+    if key_mask is not None:
+        km = key_mask[:, None, None, :]  # [B, 1, 1, S]
+        mask = km if mask is None else mask & km
+    return mask
+
+
+def sublayer_mask(x: torch.Tensor, key_mask: torch.Tensor | None, *, context: torch.Tensor | None, cache,
+                  causal: bool, kernel: str) -> AttentionMask:
+    """The mask an attention sublayer called on its own (not from a model, which builds one mask
+    per forward) applies to its ``x`` ``[B, T, m]``: the same functions a model calls, from the
+    boolean key-padding mask ``[B, S]`` it was given (cross-attention: over ``context``; with a
+    ``cache``: over the cache, or the positions so far)."""
+    b, t = x.shape[0], x.shape[1]
+    if context is not None or (cache is None and not causal):
+        return padding_mask(checked_key_mask(key_mask, b, t if context is None else context.shape[1]))
+    if cache is None:
+        return self_attention_mask(x, checked_key_mask(key_mask, b, t))
+    return self_attention_mask(x, key_mask, causal=causal, start=cache.index, keys=cache.max_len, kernel=kernel)
+
+
+def checked_key_mask(mask: torch.Tensor | None, batch: int, keys: int) -> torch.Tensor | None:
+    """``mask`` when it is a boolean key-padding mask ``[batch, keys]`` (or None); else one line."""
+    if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (batch, keys)):
+        raise MheError(f"mask must be a boolean key-padding mask of shape [B={batch}, S={keys}], "
+                       f"got {mask.dtype} {tuple(mask.shape)}")
+    return mask
+
+
 def padding_mask(key_mask: torch.Tensor | None) -> AttentionMask:
     """Every query sees every real key: encoder self-attention and cross-attention.
     ``key_mask``: boolean ``[B, S]``, True for real tokens (None: no padding)."""
@@ -143,7 +192,7 @@ def self_attention_mask(tokens: torch.Tensor, key_mask: torch.Tensor | None, *, 
         return AttentionMask(keys=keys, key_range=decode_key_range(given, start, keys, batch=b, device=dev),
                              padding=key_mask)
     if causal:
-        dense = kernels.build_mask(key_mask, causal=True, q_len=q_len, k_len=keys, offset=start, device=dev)
+        dense = dense_mask(key_mask, causal=True, q_len=q_len, k_len=keys, offset=start, device=dev)
         return AttentionMask(keys=keys, dense=dense, padding=key_mask)
     written = torch.arange(keys, device=dev) < start + q_len  # [keys]
     dense = written[None, None, None, :]  # [1, 1, 1, keys]

@@ -13,6 +13,7 @@ from torch import nn
 
 from mhe.attention.base import Attention, AttentionConfig, NoOptions
 from mhe.attention.kv_cache import KVCache
+from mhe.attention import masks
 from mhe.attention.masks import AttentionMask
 from mhe.errors import MheError, require_positive
 from mhe.settings import setting
@@ -35,7 +36,7 @@ class _Mixing(Attention):
         self._check_input(x, None)
         if isinstance(mask, AttentionMask):  # built by the model: mix by the key-padding mask it came from
             mask = mask.padding
-        key_mask = self._check_mask(mask, x.shape[0], x.shape[1])
+        key_mask = masks.checked_key_mask(mask, x.shape[0], x.shape[1])
         if key_mask is not None:
             x = x * key_mask[..., None].to(x.dtype)  # padding does not leak into real tokens
         return self._mix(x)

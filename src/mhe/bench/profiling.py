@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from mhe.attention.masks import AttentionMask
 from mhe.attention import kernels
 from mhe.bench.common import timed
 
@@ -168,7 +169,7 @@ def sdpa_backend_rows(dev, seq: int = 512, inputs: dict | None = None, settings=
                                                                               enable_gqa=gqa))
             else:
                 row["mhe_choice"] = row["sdpa_choice"]
-            step = lambda: kernels.attend(q, k, v, causal=causal, dropout_p=p).sum().backward()  # noqa: E731
+            step = lambda: kernels.attend(q, k, v, AttentionMask(causal=causal), dropout_p=p).sum().backward()  # noqa: E731
             row["mhe_ms"] = timed(step, warmup=3, reps=10, cuda=True)
             row["expand_ms"] = _expanded_ms(q, k, v, causal, p) if gqa else None
             for name, backend in BACKENDS.items():
@@ -188,7 +189,7 @@ def _expanded_ms(q, k, v, causal, p) -> float:
 
     def step():
         ke, ve = repeat(k), repeat(v)  # [B, n, S, d]
-        kernels.attend(q, ke, ve, causal=causal, dropout_p=p).sum().backward()
+        kernels.attend(q, ke, ve, AttentionMask(causal=causal), dropout_p=p).sum().backward()
     return timed(step, warmup=3, reps=10, cuda=True)
 
 
