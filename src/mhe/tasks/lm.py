@@ -110,6 +110,9 @@ class CausalLMTask(TextTask):
         return self._ppl(model, self.valid, self.valid_lines, self.max_len)
 
     def final(self, model):
+        """The test split's sliding-window perplexity at :meth:`stride`: one pass, unless
+        ``data.eval_second_stride`` asks for a second one (``perplexity_strideN``, with
+        ``word_perplexity_strideN`` for sub-word tokenizers)."""
         model.eval()
         test_lines = self.test_lines
         stride = self.stride()
@@ -117,12 +120,12 @@ class CausalLMTask(TextTask):
         shown = self.cfg.train.progress  # the sliding window runs for minutes on a CPU: show it
         res = self._ppl(model, ids, test_lines, stride, progress=shown)
         out = {"split": "test", "stride": stride, "score": res["perplexity"], **res}
-        asked = min(self.cfg.data.eval_stride, self.max_len)
-        if asked > stride:  # the stride asked for was capped: report it as well (the paper fixes 256)
-            extra = self._ppl(model, ids, test_lines, asked, progress=shown)
-            out[f"perplexity_stride{asked}"] = extra["perplexity"]
+        second = min(self.cfg.data.eval_second_stride, self.max_len)
+        if second:  # asked for: e.g. the paper's 256 where it is capped at half the window
+            extra = self._ppl(model, ids, test_lines, second, progress=shown)
+            out[f"perplexity_stride{second}"] = extra["perplexity"]
             if "word_perplexity" in extra:
-                out[f"word_perplexity_stride{asked}"] = extra["word_perplexity"]
+                out[f"word_perplexity_stride{second}"] = extra["word_perplexity"]
         return out
 
     def split_perplexity(self, model, split: str, *, progress: bool = False) -> dict:
@@ -134,7 +137,7 @@ class CausalLMTask(TextTask):
 
     def stride(self) -> int:
         """The paper's stride (256) but never more than half the window, so every scored
-        token keeps at least half a window of context. When that caps ``data.eval_stride``,
-        :meth:`final` also reports ``perplexity_strideN`` at the stride asked for (at most the
+        token keeps at least half a window of context. ``data.eval_second_stride`` asks
+        :meth:`final` for a second figure at another stride, e.g. the uncapped one (at most the
         window: then consecutive windows share one token)."""
         return max(1, min(self.cfg.data.eval_stride, self.max_len // 2))

@@ -102,6 +102,7 @@ class DataConfig:
     vocab_size: int = setting(0, ge=0)         # 0 = the task's default
     seq_len: int = setting(0, ge=0)            # 0 = the model's max_len
     eval_stride: int = setting(256, gt=0)      # sliding-window perplexity (section 4.5)
+    eval_second_stride: int = setting(0, ge=0)  # 0 = the final evaluation is one pass; N = also stride N
     eval_batch_size: int = setting(16, gt=0)
     limit_lines: int = setting(0, ge=0)        # read at most this many lines per split (0 = all)
     task_options: object = None
@@ -156,6 +157,7 @@ class RunConfig:
         data = dataclasses.asdict(self.data)
         data.pop("data_dir")
         data.pop("eval_batch_size")
+        data.pop("eval_second_stride")  # adds a figure to results.json, changes no other
         data["task_options"] = nondefault(self.data.task_options)
         return {"task": self.task, "preset": self.preset, "attention": self.model.attention, "model": model,
                 "train": train, "data": data}
