@@ -63,7 +63,8 @@ def cmd_generate(args) -> int:
     model, cfg, task = load_run(args.run, inference=True, tasks=("lm",),
                                 needs="mhe generate needs a language-model (lm) run")
     tok = task.tok
-    eos, pad = special_id(tok, "[EOS]"), special_id(tok, "[PAD]")
+    eos, pad = special_id(tok, "[EOS]"), tok.token_to_id("[PAD]")
+    pad = eos if pad is None else pad  # a converted decoder without a pad token: masked positions only
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(dev)
     ids, mask = left_pad([[eos] + tok.encode(p, add_special_tokens=False).ids for p in prompts], pad)

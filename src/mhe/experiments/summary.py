@@ -71,7 +71,10 @@ def aggregate(runs: list[dict], metric: str | None = None) -> dict:
         if "sha" in ref and row["kind"] != "sha":
             row["peop"] = _safe_peop(row["mean"], row["attention_params"], ref["sha"]["mean"],
                                      ref["sha"]["attention_params"], hib)
-    return {"task": task, "metric": metric, "higher_is_better": hib, "rows": rows}
+    out = {"task": task, "metric": metric, "higher_is_better": hib, "rows": rows}
+    if metric.startswith("perplexity") and runs[0].get("perplexity_per"):
+        out["perplexity_per"] = runs[0]["perplexity_per"]  # word or token: the unit every table names
+    return out
 
 
 def _safe_peop(score, params, sha_score, sha_params, hib):
@@ -118,8 +121,16 @@ def _mean_std(mean, std, n_seeds: int, mean_text: str, std_text: str) -> str:
     return f"{mean_text} ± {std_text}" if n_seeds > 1 else mean_text
 
 
-def markdown(summary: dict, paper: dict | None = None) -> str:
+def metric_label(summary: dict) -> str:
+    """The metric's name with its unit where it has one (``perplexity per word`` / ``per token``)."""
     m = summary["metric"]
+    if m.startswith("word_perplexity"):
+        return m.replace("word_perplexity", "perplexity per word")
+    return m.replace("perplexity", f"perplexity per {summary['perplexity_per']}") if summary.get("perplexity_per") else m
+
+
+def markdown(summary: dict, paper: dict | None = None) -> str:
+    m = metric_label(summary)
     head = ["Attention", "#params", f"{m} (mean ± std)", "seeds", "PRR (%)", "PEoP"]
     if paper:
         head += [f"paper {paper['metric']}", "paper PRR (%)", "paper PEoP"]
