@@ -1,7 +1,7 @@
-"""The ``mhe`` command answers at once (issue 45): its import graph, not a timing. ``mhe``,
-``mhe --help`` and an unknown command import no torch; ``mhe params`` / ``mhe memory`` import
-torch but not dynamo, inductor, the training engine, the data readers, transformers or
-matplotlib (each seconds of start-up on 2 cores)."""
+"""The ``mhe`` command answers at once (issue 45): its import graph, not a timing. Help, argument
+errors, ``mhe params``, ``mhe memory`` and ``mhe scaling`` import no torch (about 3 s of start-up on
+2 cores), nor transformers, matplotlib or the training engine; the torch-free tables they use
+(:mod:`mhe.attention.options`) agree with the sublayers."""
 
 from __future__ import annotations
 
@@ -36,10 +36,29 @@ def test_help_and_command_errors_import_no_torch():
     assert _imported([], ["--help"], ["no-such-command"], ["--bogus"]) == ([0, 0, 2, 2], set())
 
 
-def test_params_and_memory_import_torch_alone():
-    rcs, mods = _imported(["params", "--preset", "llama-135m"], ["memory", "--preset", "bert-base"],
-                          ["params", "--layers", "-1", "--heads", "2", "--head-dim", "4"])
-    assert rcs == [0, 0, 2] and mods == {"torch"}
+def test_params_memory_and_scaling_import_no_torch():
+    rcs, mods = _imported(["params", "--preset", "llama-135m"], ["memory", "--preset", "llama-135m"], ["scaling"],
+                          ["params", "--layers", "-1", "--heads", "2", "--head-dim", "4"], ["memory", "--help"])
+    assert rcs == [0, 0, 0, 2, 0] and mods == set()
+
+
+@pytest.mark.parametrize("rotary", [False, True])
+def test_the_torch_free_cache_heads_are_the_sublayers_own(rotary):
+    """``options.cache_heads`` (what ``mhe memory`` prints) equals every built sublayer's."""
+    from mhe.attention import KINDS, build_attention
+    from mhe.attention.options import cache_heads, make_config
+    from mhe.attention.rotary import RotaryEmbedding
+
+    cases = [(k, {}) for k in KINDS if k not in ("fnet", "linear")] + [("gqa", {"n_kv_heads": 2})]
+    cases += [(k, {"impl": impl, "rope_order": order}) for k in ("mhe-add", "mhe-mul") for impl in ("fast", "reference")
+              for order in ("rope-then-psi", "psi-then-rope")]
+    for kind, opts in cases:
+        attn = build_attention(kind, d_model=32, n_heads=8, causal=True, **opts)
+        if rotary:
+            attn.attach_rotary(RotaryEmbedding(4, max_len=1))
+        cfg = make_config(kind, d_model=32, n_heads=8, causal=True, **opts)
+        assert cache_heads(kind, 8, cfg.options, rotary=rotary) == attn.cache_heads, (kind, opts)
+    assert cache_heads("linear", 8, make_config("linear", d_model=32, n_heads=8).options) == 0
 
 
 def test_the_constant_mark_is_dynamos_own():

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 from mhe.errors import MheError
 
 ENV = "MHE_THREADS"
@@ -35,11 +33,15 @@ def requested_threads() -> int:
     omp = os.environ.get("OMP_NUM_THREADS", "").strip()
     if omp.isdigit() and int(omp) > 0:
         return int(omp)
+    import torch  # here, not at import: the mhe command's help and accounting start without it
+
     return 0 if torch.cuda.is_available() else 1
 
 
 def configure_threads() -> int:
     """Apply :func:`requested_threads` to torch; returns the threads torch now uses."""
+    import torch
+
     n = requested_threads()
     if n > 0 and torch.get_num_threads() != n:
         torch.set_num_threads(n)
@@ -52,3 +54,8 @@ def worker_threads(workers: int) -> int:
     share = max(1, (os.cpu_count() or 1) // max(1, workers))
     n = requested_threads()
     return share if n == 0 else min(n, share)
+
+
+def launched_rank() -> int:
+    """This process's rank as ``torchrun`` set it (0 when not launched by it)."""
+    return int(os.environ.get("RANK", "0"))

@@ -20,6 +20,7 @@ import sys
 from typing import Callable, NamedTuple
 
 from mhe.errors import MheError
+from mhe.runtime import configure_threads, launched_rank
 
 
 def lazy(module: str, name: str) -> Callable:
@@ -41,19 +42,20 @@ class Command(NamedTuple):
     add_args: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
     example: str
+    torch: bool = True  # False: the command needs no torch (its threads are not configured)
 
 
 COMMANDS: dict[str, Command] = {
     # model accounting (no training)
     "params": Command("attention parameters per kind (Tables 1-4, Appendix D)",
                       lazy("accounting", "params_args"), lazy("accounting", "cmd_params"),
-                      "mhe params --preset bert-base --exclude-output"),
+                      "mhe params --preset bert-base --exclude-output", torch=False),
     "memory": Command("Appendix C's memory table per attention block",
                       lazy("accounting", "memory_args"), lazy("accounting", "cmd_memory"),
-                      "mhe memory --preset bert-base --batch 32 --seq-len 512"),
+                      "mhe memory --preset bert-base --batch 32 --seq-len 512", torch=False),
     "scaling": Command("Figures 1/3/4 and the GPT-3 projection of section 5.4",
                        lazy("accounting", "scaling_args"), lazy("accounting", "cmd_scaling"),
-                       "mhe scaling --head-dim 64 --plot scaling.png"),
+                       "mhe scaling --head-dim 64 --plot scaling.png", torch=False),
     # comparisons (the main job)
     "compare": Command("train every attention kind the same way and compare them (the main job)",
                        lazy("compare", "compare_args"), lazy("compare", "cmd_compare"),
@@ -145,11 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from mhe.runtime import configure_threads  # imports torch: only for a command that runs
-    from mhe.training.distributed import launched_rank
-
     try:
-        configure_threads()  # MHE_THREADS: one setting for every command (mhe.runtime)
+        if COMMANDS[args.command].torch:
+            configure_threads()  # MHE_THREADS: one setting for every command that runs torch (mhe.runtime)
         # under torchrun only rank 0 prints results (messages and errors still go to standard error)
         with open(os.devnull, "w") if launched_rank() else contextlib.nullcontext() as sink, \
                 contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
