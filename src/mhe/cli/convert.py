@@ -7,10 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mhe.convert import TARGETS
-from mhe.convert.options import parse_option_sets
-from mhe.convert.runs import SPLITS, ConvertOptions, convert_run
-from mhe.convert.targets import MINIMISES
+from mhe.convert.options import MINIMISES, SPLITS, TARGETS, parse_option_sets
 from mhe.experiments.tables import print_table
 from mhe.output_paths import default_run_dir
 
@@ -56,6 +53,8 @@ def convert_args(p):
 
 
 def cmd_convert(args) -> int:
+    from mhe.convert.runs import ConvertOptions, convert_run
+
     out = args.out or str(default_run_dir("convert", Path(args.checkpoint).resolve().name, args.attention))
     options = parse_option_sets(args.attention, args.set)  # before anything is read
     opts = ConvertOptions(kind=args.attention, n_kv_heads=args.n_kv_heads, options=options, align=args.align,

@@ -13,13 +13,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-
 from mhe.cli.common import add_run_folder_arg
 from mhe.data.tokenize import special_id
 from mhe.errors import MheError
-from mhe.models.generate import left_pad
-from mhe.tasks.runs import load_run
 
 
 def generate_args(p):
@@ -56,6 +52,11 @@ def read_prompts(prompts: list[str], source: str) -> list[str]:
 
 
 def cmd_generate(args) -> int:
+    import torch
+
+    from mhe.models.generate import left_pad
+    from mhe.tasks.runs import load_run
+
     prompts = read_prompts(args.prompt, args.input)
     if args.stream and len(prompts) != 1:
         raise MheError(f"--stream prints one continuation as it comes; got {len(prompts)} prompts")

@@ -11,24 +11,12 @@ from mhe.cli.common import DATA_DIR_HELP, add_run_folder_arg
 from mhe.data.corpora import corpus_names
 from mhe.data.parallel import PARALLEL
 from mhe.errors import MheError, one_of
-from mhe.experiments.summary import metric_means
 from mhe.models import preset
 from mhe.output_paths import check_output_dir, default_run_dir
-from mhe.tasks import TASKS, build_run, read_run_config, read_run_config_file
-from mhe.tasks.finetune_config import default_finetune_dir, finetune_config, finetuning_tasks
-from mhe.tasks.init_from import continued_run
-from mhe.tasks.runs import exit_status, run_training
-from mhe.training.checkpoint import write_json_atomic
-from mhe.training.config import check_device
-from mhe.training.loop import DONE
-from mhe.training.run_files import is_run_dir, require_run_dir
+from mhe.data.benchmarks import finetuning_tasks
+from mhe.tasks.catalogue import CATALOGUE, train_tasks
 
 PRETRAIN_TASK = {"decoder": "lm", "encoder": "mlm"}  # the objective of each architecture (section 4.1)
-
-def train_tasks() -> list[str]:
-    """The tasks ``mhe train`` runs (the others have their own command)."""
-    return [name for name, cls in TASKS.items() if cls.command == "train"]
-
 
 def add_set_args(p) -> None:
     """``--set`` and ``--resume``, shared by every command that trains."""
@@ -43,7 +31,7 @@ def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, dat
     may come from the run given by ``--init-from``)."""
     if task_choice:
         p.add_argument("--task", required=True,
-                       help="; ".join(f"{n}: {TASKS[n].summary}" for n in train_tasks()))
+                       help="; ".join(f"{n}: {CATALOGUE[n].summary}" for n in train_tasks()))
     data_help = data_help or f"corpus: {corpus_names()}"
     if from_source:
         p.add_argument("--preset", default=None, help="model preset (tiny-decoder, gpt2-base, bert-base, ...); "
@@ -63,6 +51,8 @@ def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, dat
 
 
 def _run_from_args(task: str, args, task_options: dict | None = None):
+    from mhe.tasks import build_run
+
     return build_run(task, args.preset, attention=args.attention, data=args.data, data_dir=args.data_dir,
                      seed=args.seed, overrides=args.set, task_options=task_options)
 
@@ -79,6 +69,9 @@ def train_args(p):
 
 
 def cmd_train(args) -> int:
+    from mhe.tasks import TASKS
+    from mhe.tasks.runs import exit_status, run_training
+
     if args.task in TASKS and TASKS[args.task].command != "train":
         raise MheError(f"task {args.task!r} has its own command: mhe {TASKS[args.task].command}")
     if args.task not in TASKS:
@@ -97,6 +90,11 @@ def pretrain_args(p):
 
 
 def cmd_pretrain(args) -> int:
+    from mhe.tasks import read_run_config
+    from mhe.tasks.init_from import continued_run
+    from mhe.tasks.runs import exit_status, run_training
+    from mhe.training.run_files import require_run_dir
+
     source = read_run_config(require_run_dir(args.init_from, "--init-from")) if args.init_from else None
     args.preset = args.preset or (source.preset if source else None)
     if args.preset is None:
@@ -131,6 +129,8 @@ def train_mt_args(p):
 
 def cmd_train_mt(args) -> int:
     # the languages go in first, so a user's --set data.task_options.src=... wins
+    from mhe.tasks.runs import exit_status, run_training
+
     cfg = _run_from_args("mt", args, task_options={"src": args.src, "tgt": args.tgt})
     o = cfg.data.task_options
     out = args.out or str(default_run_dir("mt", cfg.data.dataset, f"{o.src}-{o.tgt}", cfg.preset, cfg.model.attention))
@@ -152,6 +152,13 @@ def finetune_args(p):
 
 
 def cmd_finetune(args) -> int:
+    from mhe.experiments.summary import metric_means
+    from mhe.tasks.finetune_config import default_finetune_dir, finetune_config
+    from mhe.tasks.runs import exit_status, run_training
+    from mhe.training.checkpoint import write_json_atomic
+    from mhe.training.loop import DONE
+    from mhe.training.run_files import is_run_dir
+
     if args.seeds <= 0:
         raise MheError(f"--seeds must be positive, got {args.seeds}")
     if args.out:
@@ -193,6 +200,11 @@ def run_args(p):
 
 
 def cmd_run(args) -> int:
+    from mhe.tasks import read_run_config_file
+    from mhe.tasks.runs import exit_status, run_training
+    from mhe.training.config import check_device
+    from mhe.training.loop import DONE
+
     cfg = read_run_config_file(args.config)  # checks every setting
     check_device(cfg.train.device)
     res = run_training(cfg, args.out, args.resume)

@@ -22,6 +22,7 @@ from torch import nn
 
 from mhe.accounting import count_attention_params
 from mhe.convert.model import check_conversion, convert_model
+from mhe.convert.options import SPLITS
 from mhe.convert.report import ConversionReport
 from mhe.convert.sources import Source, data_task, load_source
 from mhe.convert.stats import input_stats
@@ -36,7 +37,6 @@ from mhe.training.optim import build_optimizer
 from mhe.training.run_files import CONFIG
 from mhe.training.state import TrainerState
 
-SPLITS = ("valid", "test")
 
 
 @dataclass

@@ -14,6 +14,7 @@ from mhe.data.benchmarks import bench_task, finetuning_tasks, task_files
 from mhe.errors import MheError
 from mhe.output_paths import default_run_dir
 from mhe.settings import setting
+from mhe.tasks.catalogue import CATALOGUE
 from mhe.training import checkpoint as ckpt
 from mhe.training.config import DataConfig, RunConfig, TrainConfig, apply_overrides
 from mhe.training.atomic import verify
@@ -94,8 +95,7 @@ class FinetuneSettings(Task):
     """The settings half of :class:`mhe.tasks.finetune.FinetuneTask`."""
 
     name = "finetune"
-    summary = "fine-tuning a pre-training run on GLUE, SuperGLUE or SQuAD"
-    command = "finetune"
+    command, summary = CATALOGUE["finetune"]
     options = FinetuneOptions
 
     @classmethod

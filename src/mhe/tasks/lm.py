@@ -10,6 +10,7 @@ from mhe.errors import MheError
 from mhe.metrics.perplexity import perplexity, sliding_window_nll
 from mhe.models import build_model
 from mhe.models.config import cpu_sized
+from mhe.tasks.catalogue import CATALOGUE
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
 from mhe.tasks.text import TextTask, check_text_data, corpus_lines, is_word_level, token_stream
 from mhe.training.config import DataConfig
@@ -26,7 +27,7 @@ class CausalLMTask(TextTask):
     name = "lm"
     metric = "perplexity"
     higher_is_better = False
-    summary = "causal language modelling (decoder presets), test perplexity"
+    command, summary = CATALOGUE["lm"]
     static_shapes = True  # batch_size x seq_len blocks, full batches only (an adaptive softmax: not; setup)
 
     @classmethod

@@ -10,6 +10,7 @@ import torch
 from mhe.data.tokenize import load_tokenizer, special_id
 from mhe.errors import MheError
 from mhe.models import build_model
+from mhe.tasks.catalogue import CATALOGUE
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
 from mhe.tasks.text import TextTask, check_text_data, corpus_lines, token_stream
 from mhe.training.config import compile_wanted
@@ -54,7 +55,7 @@ class MaskedLMTask(TextTask):
     name = "mlm"
     metric = "mlm_accuracy"
     higher_is_better = True
-    summary = "masked language modelling (encoder presets), validation accuracy"
+    command, summary = CATALOGUE["mlm"]
     static_shapes = True  # packed blocks; a compiled run scores a fixed number of masked rows (self.static)
 
     def check(self, cfg):

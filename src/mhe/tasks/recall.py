@@ -21,6 +21,7 @@ from mhe.errors import MheError
 from mhe.models import build_model
 from mhe.models.losses import IGNORE, causal_lm_loss
 from mhe.settings import setting
+from mhe.tasks.catalogue import CATALOGUE
 from mhe.training.config import TrainConfig
 from mhe.training.task import Task, is_tiny
 
@@ -74,7 +75,7 @@ class RecallTask(Task):
     name = "recall"
     metric = "accuracy"
     higher_is_better = True
-    summary = "multi-query associative recall (generated, no download)"
+    command, summary = CATALOGUE["recall"]
     options = RecallOptions
 
     @classmethod

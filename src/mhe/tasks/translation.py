@@ -30,6 +30,7 @@ from mhe.models.beam_search import BeamSearcher, beam_search, source_bucket
 from mhe.models.decode_step import weights_version
 from mhe.models.losses import IGNORE
 from mhe.progress import bar
+from mhe.tasks.catalogue import CATALOGUE
 from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
 from mhe.tasks.text import pad_rows, tokenizer_for
 from mhe.tasks.translation_config import TranslationOptions, translation_train
@@ -79,8 +80,7 @@ class TranslationTask(Task):
     name = "mt"
     metric = "bleu"
     higher_is_better = True
-    summary = "translation with the encoder-decoder, test BLEU"
-    command = "train-mt"
+    command, summary = CATALOGUE["mt"]
     options = TranslationOptions
 
     @classmethod
