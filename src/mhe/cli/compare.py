@@ -103,7 +103,7 @@ def cmd_compare(args) -> int:
     workers = args.workers or (torch.cuda.device_count() or 2)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        summary = run_sweep(sweep, out, workers=workers, resume=args.resume, log=log)
+        summary = run_sweep(sweep, out, workers=workers, resume=args.resume, log=log, progress=sys.stderr.isatty())
     except KeyboardInterrupt as e:
         log(f"interrupted; continue with the same command and --resume ({out})")
         return getattr(e, "exit_code", 130)  # 143 when SIGTERM stopped a run
