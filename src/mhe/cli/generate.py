@@ -80,7 +80,7 @@ def cmd_generate(args) -> int:
         print()
     for i, (reason, n) in enumerate(zip(res.finish_reasons(), res.new_tokens.tolist())):
         why = "the end token" if reason == "stop" else f"--max-new-tokens {args.max_new_tokens}"
-        print(f"prompt {i + 1}: {n} new tokens, stopped by {why}", file=sys.stderr)
+        print(f"prompt {i + 1}: {n} new token{'' if n == 1 else 's'}, stopped by {why}", file=sys.stderr)
     if args.stream:
         return 0
     for prompt, row in zip(prompts, res.tokens[:, ids.shape[1]:].tolist()):
