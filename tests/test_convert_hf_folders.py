@@ -116,3 +116,22 @@ def test_a_broken_folder_is_one_line_before_any_folder_is_written(tmp_path, caps
     from mhe.hf import import_hf
     with pytest.raises(MheError, match=match.replace("[", r"\[").replace("]", r"\]")):
         import_hf(tmp_path / "hf")
+
+
+def test_a_runs_tokenizer_and_a_corpus_score_the_folder(lm_run, tmp_path, capsys):
+    """--tokenizer RUN takes the run's tokenizer (its vocabulary sized to the model's); with --data the
+    source and the converted model are scored, the perplexity naming its unit."""
+    from conftest import require_data
+    from mhe.data.tokenize import load_tokenizer
+
+    vocab = load_tokenizer(lm_run).get_vocab_size()
+    _llama(tmp_path / "hf", vocab=vocab)
+    root = require_data("ptb/ptb.train.txt.gz", "ptb/ptb.valid.txt.gz")
+    out = tmp_path / "conv"
+    assert _convert(tmp_path / "hf", out, "--tokenizer", str(lm_run), "--data", "ptb", "--data-dir", str(root),
+                    "--set", "model.attn_options.rope_order=rope-then-psi", "--calibration", "4") == 0
+    cap = capsys.readouterr()
+    assert f"tokenizer: the run {lm_run}'s" in cap.err
+    assert "perplexity per word on the valid split, before any training:" in cap.out
+    scores = json.loads((out / "conversion.json").read_text())["scores"]
+    assert scores["source"]["perplexity_per"] == "word" and scores["converted"]["perplexity"] > 1

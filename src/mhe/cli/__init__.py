@@ -96,7 +96,8 @@ COMMANDS: dict[str, Command] = {
                         "mhe generate --run runs/lm-ptb-tiny-decoder-mha --prompt 'the company said' "
                         "--max-new-tokens 20"),
     "diagnostics": Command("SuperGLUE diagnostics AX-b (Matthews corr.) and AX-g (accuracy, gender parity) "
-                           "with an RTE run", lazy("evaluation", "diagnostics_args"), lazy("evaluation", "cmd_diagnostics"),
+                           "with an RTE run",
+                           lazy("evaluation", "diagnostics_args"), lazy("evaluation", "cmd_diagnostics"),
                            "mhe diagnostics --run runs/finetune-rte-mlm-wikitext-2-tiny-encoder-mha-3f09a2 "
                            "--out submission"),
     "convert": Command("convert a trained multi-head model (run folder or Hugging Face directory) to MQA, GQA, "

@@ -4,7 +4,6 @@ function per section."""
 
 from __future__ import annotations
 
-
 from mhe.accounting.memory import byte_unit
 from mhe.attention import parse_kinds
 from mhe.bench import BENCH_KINDS, SMOKE

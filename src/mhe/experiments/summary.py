@@ -126,7 +126,8 @@ def metric_label(summary: dict) -> str:
     m = summary["metric"]
     if m.startswith("word_perplexity"):
         return m.replace("word_perplexity", "perplexity per word")
-    return m.replace("perplexity", f"perplexity per {summary['perplexity_per']}") if summary.get("perplexity_per") else m
+    per = summary.get("perplexity_per")
+    return m.replace("perplexity", f"perplexity per {per}") if per else m
 
 
 def markdown(summary: dict, paper: dict | None = None) -> str:
