@@ -23,13 +23,20 @@ from mhe.errors import MheError
 ENV = "MHE_THREADS"
 
 
+def setting_threads() -> int | None:
+    """``MHE_THREADS`` as an integer, None when unset; anything else is a one-line error. Needs no
+    torch: the ``mhe`` command checks it for every command, also those that never import torch."""
+    raw = os.environ.get(ENV, "").strip()
+    if raw and not raw.isdigit():
+        raise MheError(f"{ENV} must be a non-negative integer, got {raw!r}")
+    return int(raw) if raw else None
+
+
 def requested_threads() -> int:
     """Threads per process asked for through the environment (0 = torch's default)."""
-    raw = os.environ.get(ENV, "").strip()
-    if raw:
-        if not raw.isdigit():
-            raise MheError(f"{ENV} must be a non-negative integer, got {raw!r}")
-        return int(raw)
+    n = setting_threads()
+    if n is not None:
+        return n
     omp = os.environ.get("OMP_NUM_THREADS", "").strip()
     if omp.isdigit() and int(omp) > 0:
         return int(omp)

@@ -20,7 +20,7 @@ import sys
 from typing import Callable, NamedTuple
 
 from mhe.errors import MheError
-from mhe.runtime import configure_threads, launched_rank
+from mhe.runtime import configure_threads, launched_rank, setting_threads
 
 
 def lazy(module: str, name: str) -> Callable:
@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if COMMANDS[args.command].torch:
             configure_threads()  # MHE_THREADS: one setting for every command that runs torch (mhe.runtime)
+        else:
+            setting_threads()  # checked all the same
         # under torchrun only rank 0 prints results (messages and errors still go to standard error)
         with open(os.devnull, "w") if launched_rank() else contextlib.nullcontext() as sink, \
                 contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
