@@ -238,7 +238,7 @@ def overview(dirs: list[Path], plot: Path | None = None) -> str:
             scores = [s["paper"]["rows"].get(k, {}).get("score") for s in summaries]
             if all(x is not None for x in scores):
                 paper_avg[k] = statistics.fmean(scores)
-    head = ["Attention", "#params"] + [f"{t} ({s['metric']})" for t, s in zip(tasks, summaries)] + [
+    head = ["Attention", "#params"] + [f"{t} ({metric_label(s)})" for t, s in zip(tasks, summaries)] + [
         "average", "PRR (%)", "PEoP"]
     if paper_avg:
         head += ["paper average", "paper PRR (%)"]
