@@ -1,7 +1,8 @@
 """The ``mhe`` command answers at once (issue 45): its import graph, not a timing. Help, argument
-errors, ``mhe params``, ``mhe memory`` and ``mhe scaling`` import no torch (about 3 s of start-up on
-2 cores), nor transformers, matplotlib or the training engine; the torch-free tables they use
-(:mod:`mhe.attention.options`) agree with the sublayers."""
+and setting errors, ``mhe params``, ``mhe memory`` and ``mhe scaling`` import no torch (about 3 s of
+start-up on 2 cores), nor transformers, matplotlib or the training engine; the torch-free tables
+they use (:mod:`mhe.attention.options`) agree with the sublayers; a command that goes on to use
+torch gets ``MHE_THREADS`` applied as torch loads."""
 
 from __future__ import annotations
 
@@ -39,6 +40,25 @@ def test_help_and_argument_errors_import_no_torch():
               ["generate", "--max-new-tokens", "many"], ["bench", "--train-batch"]]
     rcs, mods = _imported([], ["--help"], *helps, *errors)
     assert rcs == [0, 0] + [0] * len(helps) + [2] * len(errors) and mods == set()
+
+
+def test_setting_errors_import_no_torch():
+    rcs, mods = _imported(["pretrain", "--preset", "tiny-decoder", "--data", "ptb", "--set", "train.lr=abc"],
+                          ["train", "--task", "recall", "--preset", "tiny-decoder", "--set", "train.nope=1"],
+                          ["train", "--task", "recall", "--preset", "tiny-decoder", "--set", "data.task_options.pairs=0"],
+                          ["train-mt", "--set", "train.steps=-1"], ["pretrain", "--preset", "tiny-decoder", "--data", "x"],
+                          ["finetune", "--task", "rte", "--run", "no-such-run"], ["run", "--config", "no.json", "--out", "x"])
+    assert rcs == [2] * 7 and mods == set()
+
+
+def test_threads_apply_when_a_command_imports_torch():
+    """``MHE_THREADS`` reaches torch when the command first imports it (here ``mhe eval``, which stops
+    at a missing run after loading its modules)."""
+    code = ("import json, sys\nfrom mhe.cli import main\nrc = main(['eval', '--run', 'no-such-run'])\n"
+            "import torch\nprint(json.dumps([rc, torch.get_num_threads()]))")
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "MHE_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [2, 2]
 
 
 def test_params_memory_and_scaling_import_no_torch():

@@ -135,7 +135,7 @@ def test_the_start_up_statement_names_the_commands_the_import_test_checks():
     """The README's start-up claim lists what tests/test_cli_imports.py proves imports no torch."""
     text = " ".join(README.read_text(encoding="utf-8").split())
     claim = text[text.index("**Start-up.**"):].split("\n")[0]
-    for part in ("`mhe --help`", "`mhe COMMAND --help`", "argument errors", "`mhe params`", "`mhe memory`",
-                 "`mhe scaling`", "tests/test_cli_imports.py"):
+    for part in ("`mhe --help`", "`mhe COMMAND --help`", "argument errors", "setting errors", "`mhe params`",
+                 "`mhe memory`", "`mhe scaling`", "tests/test_cli_imports.py"):
         assert part in claim, part
 

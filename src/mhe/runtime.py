@@ -16,7 +16,10 @@ running, 40 steps of a 2-layer width-128 decoder took 1.9-3.3 s with 1 thread an
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 
 from mhe.errors import MheError
 
@@ -53,6 +56,37 @@ def configure_threads() -> int:
     if n > 0 and torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return torch.get_num_threads()
+
+
+class _ThreadsWhenTorchLoads(importlib.abc.MetaPathFinder):
+    """An import hook that applies :func:`configure_threads` the moment torch finishes importing,
+    then removes itself (importlib's meta path: it finds torch's spec as usual and wraps only
+    its loader's ``exec_module``)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is not None and spec.loader is not None:
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                configure_threads()
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+def configure_threads_on_import() -> None:
+    """:func:`configure_threads` now if torch is imported, else as soon as it is: a command that
+    stops before it needs torch (a setting's error) never imports it, and one that goes on has
+    its threads set before any work."""
+    if "torch" in sys.modules:
+        configure_threads()
+    elif not any(isinstance(f, _ThreadsWhenTorchLoads) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ThreadsWhenTorchLoads())
 
 
 def worker_threads(workers: int) -> int:

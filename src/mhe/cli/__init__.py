@@ -20,7 +20,7 @@ import sys
 from typing import Callable, NamedTuple
 
 from mhe.errors import MheError
-from mhe.runtime import configure_threads, launched_rank, setting_threads
+from mhe.runtime import configure_threads_on_import, launched_rank, setting_threads
 
 
 def lazy(module: str, name: str) -> Callable:
@@ -149,10 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        setting_threads()  # MHE_THREADS: one setting for every command, checked first (mhe.runtime)
         if COMMANDS[args.command].torch:
-            configure_threads()  # MHE_THREADS: one setting for every command that runs torch (mhe.runtime)
-        else:
-            setting_threads()  # checked all the same
+            configure_threads_on_import()  # applied when torch loads: a setting's error comes before it
         # under torchrun only rank 0 prints results (messages and errors still go to standard error)
         with open(os.devnull, "w") if launched_rank() else contextlib.nullcontext() as sink, \
                 contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():

@@ -8,15 +8,18 @@ import json
 import statistics
 
 from mhe.cli.common import DATA_DIR_HELP, add_run_folder_arg
-from mhe.data.corpora import corpus_names
+from mhe.data.benchmarks import finetuning_tasks
+from mhe.data.corpora import corpus, corpus_names
 from mhe.data.parallel import PARALLEL
 from mhe.errors import MheError, one_of
 from mhe.models import preset
 from mhe.output_paths import check_output_dir, default_run_dir
-from mhe.data.benchmarks import finetuning_tasks
-from mhe.tasks.catalogue import CATALOGUE, train_tasks
+from mhe.tasks.catalogue import CATALOGUE, build_run, read_run_config, read_run_config_file, train_tasks
+from mhe.tasks.finetune_config import default_finetune_dir, finetune_config
+from mhe.training.run_files import is_run_dir, require_run_dir
 
 PRETRAIN_TASK = {"decoder": "lm", "encoder": "mlm"}  # the objective of each architecture (section 4.1)
+
 
 def add_set_args(p) -> None:
     """``--set`` and ``--resume``, shared by every command that trains."""
@@ -51,8 +54,7 @@ def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, dat
 
 
 def _run_from_args(task: str, args, task_options: dict | None = None):
-    from mhe.tasks import build_run
-
+    """The run's checked configuration (no torch yet: a setting's error comes at once)."""
     return build_run(task, args.preset, attention=args.attention, data=args.data, data_dir=args.data_dir,
                      seed=args.seed, overrides=args.set, task_options=task_options)
 
@@ -69,14 +71,14 @@ def train_args(p):
 
 
 def cmd_train(args) -> int:
-    from mhe.tasks import TASKS
-    from mhe.tasks.runs import exit_status, run_training
-
-    if args.task in TASKS and TASKS[args.task].command != "train":
-        raise MheError(f"task {args.task!r} has its own command: mhe {TASKS[args.task].command}")
-    if args.task not in TASKS:
+    if args.task in CATALOGUE and CATALOGUE[args.task].command != "train":
+        raise MheError(f"task {args.task!r} has its own command: mhe {CATALOGUE[args.task].command}")
+    if args.task not in CATALOGUE:
         raise one_of("task", args.task, train_tasks())
-    res = run_training(_run_from_args(args.task, args), args.out, args.resume)
+    cfg = _run_from_args(args.task, args)
+    from mhe.tasks.runs import exit_status, run_training  # torch: only once the settings hold
+
+    res = run_training(cfg, args.out, args.resume)
     print_result(res)
     return exit_status(res)
 
@@ -90,11 +92,6 @@ def pretrain_args(p):
 
 
 def cmd_pretrain(args) -> int:
-    from mhe.tasks import read_run_config
-    from mhe.tasks.init_from import continued_run
-    from mhe.tasks.runs import exit_status, run_training
-    from mhe.training.run_files import require_run_dir
-
     source = read_run_config(require_run_dir(args.init_from, "--init-from")) if args.init_from else None
     args.preset = args.preset or (source.preset if source else None)
     if args.preset is None:
@@ -110,7 +107,11 @@ def cmd_pretrain(args) -> int:
                        "(train it with translation)")
     if not args.data:
         raise MheError(f"pretrain needs --data ({corpus_names()})")
+    corpus(args.data)  # a corpus of that name (its files are the task's check, with torch)
     cfg = _run_from_args(task, args)
+    from mhe.tasks.init_from import continued_run  # torch: only once the settings hold
+    from mhe.tasks.runs import exit_status, run_training
+
     if source is not None:
         cfg = continued_run(cfg, source, args.set)
         cfg.train.init_from = str(args.init_from)
@@ -129,9 +130,9 @@ def train_mt_args(p):
 
 def cmd_train_mt(args) -> int:
     # the languages go in first, so a user's --set data.task_options.src=... wins
-    from mhe.tasks.runs import exit_status, run_training
-
     cfg = _run_from_args("mt", args, task_options={"src": args.src, "tgt": args.tgt})
+    from mhe.tasks.runs import exit_status, run_training  # torch: only once the settings hold
+
     o = cfg.data.task_options
     out = args.out or str(default_run_dir("mt", cfg.data.dataset, f"{o.src}-{o.tgt}", cfg.preset, cfg.model.attention))
     res = run_training(cfg, out, args.resume)
@@ -152,13 +153,6 @@ def finetune_args(p):
 
 
 def cmd_finetune(args) -> int:
-    from mhe.experiments.summary import metric_means
-    from mhe.tasks.finetune_config import default_finetune_dir, finetune_config
-    from mhe.tasks.runs import exit_status, run_training
-    from mhe.training.checkpoint import write_json_atomic
-    from mhe.training.loop import DONE
-    from mhe.training.run_files import is_run_dir
-
     if args.seeds <= 0:
         raise MheError(f"--seeds must be positive, got {args.seeds}")
     if args.out:
@@ -171,6 +165,11 @@ def cmd_finetune(args) -> int:
         raise MheError(f"--resume: there is no run in {out}; drop --resume to start one")
     if args.seeds > 1 and is_run_dir(out):
         raise MheError(f"{out} holds a single-seed run; choose another --out for {args.seeds} seeds")
+    from mhe.experiments.summary import metric_means  # torch: only once the settings hold
+    from mhe.tasks.runs import exit_status, run_training
+    from mhe.training.checkpoint import write_json_atomic
+    from mhe.training.loop import DONE
+
     results = []
     for seed, cfg in enumerate(configs):
         run_dir = out / f"seed-{seed}" if args.seeds > 1 else out
@@ -200,13 +199,13 @@ def run_args(p):
 
 
 def cmd_run(args) -> int:
-    from mhe.tasks import read_run_config_file
-    from mhe.tasks.runs import exit_status, run_training
     from mhe.training.config import check_device
-    from mhe.training.loop import DONE
 
     cfg = read_run_config_file(args.config)  # checks every setting
     check_device(cfg.train.device)
+    from mhe.tasks.runs import exit_status, run_training  # torch: only once the settings hold
+    from mhe.training.loop import DONE
+
     res = run_training(cfg, args.out, args.resume)
     if res["status"] in DONE:
         return 0

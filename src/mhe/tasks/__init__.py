@@ -1,20 +1,22 @@
 """Training tasks: each implements :class:`mhe.training.task.Task` and owns its settings (the
 class of its ``data.task_options`` and its default run). :data:`TASKS`
-(:mod:`mhe.tasks.registry`) is the one registry: the command line's help and errors are built
-from it and from its torch-free list of names and summaries (:mod:`mhe.tasks.catalogue`).
+(:mod:`mhe.tasks.registry`) is the one registry of task classes; their settings halves, and the
+functions that build and read run configurations, are :mod:`mhe.tasks.catalogue`, without torch.
 
-Names are imported on first use (PEP 562), so ``mhe train --help`` starts without torch.
+Names are imported on first use (PEP 562), so ``mhe train --help`` and setting errors come
+before torch is imported.
 """
 
 import importlib
 
-_REGISTRY = ("TASKS", "task_class", "build_task", "options_of", "default_run", "build_run", "run_config_from_dict",
-             "read_run_config", "read_run_config_file")
+_WHERE = {"TASKS": "registry", "task_class": "registry", "build_task": "registry",
+          "options_of": "catalogue", "default_run": "catalogue", "build_run": "catalogue",
+          "run_config_from_dict": "catalogue", "read_run_config": "catalogue", "read_run_config_file": "catalogue"}
 
-__all__ = list(_REGISTRY)
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
-    if name in _REGISTRY:
-        return getattr(importlib.import_module("mhe.tasks.registry"), name)
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"mhe.tasks.{_WHERE[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

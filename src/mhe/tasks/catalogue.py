@@ -1,27 +1,79 @@
-"""Every task's name, the ``mhe`` command that trains it and its one-line summary, without torch:
-``mhe train --help`` lists them before any task is imported. Each task class takes its
-``summary`` and ``command`` from here; :mod:`mhe.tasks.registry` checks that the two name the
-same tasks."""
+"""Every task's settings, without torch: :data:`CATALOGUE` maps a task's name to the settings half
+of its class (:mod:`mhe.tasks.settings`, :class:`mhe.tasks.finetune_config.FinetuneSettings`: its
+command, summary, options and default run), and the functions that build a run's configuration
+and read saved ones from it. ``mhe train --help`` lists the tasks, and every command checks its
+settings (``--set``), before torch is imported; :data:`mhe.tasks.registry.TASKS` holds the task
+classes themselves, each a subclass of its entry here (checked there).
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import json
+from collections.abc import Sequence
+from pathlib import Path
 
+from mhe.errors import one_of
+from mhe.models.config import preset as get_preset
+from mhe.tasks.finetune_config import FinetuneSettings
+from mhe.tasks.settings import LMSettings, MLMSettings, RecallSettings, TranslationSettings
+from mhe.training import run_files
+from mhe.training.config import RunConfig, apply_overrides
+from mhe.training.task import Task
 
-class TaskEntry(NamedTuple):
-    command: str  # the mhe command that trains it
-    summary: str  # one line for the command line's help
-
-
-CATALOGUE: dict[str, TaskEntry] = {
-    "lm": TaskEntry("train", "causal language modelling (decoder presets), test perplexity"),
-    "mlm": TaskEntry("train", "masked language modelling (encoder presets), validation accuracy"),
-    "recall": TaskEntry("train", "multi-query associative recall (generated, no download)"),
-    "mt": TaskEntry("train-mt", "translation with the encoder-decoder, test BLEU"),
-    "finetune": TaskEntry("finetune", "fine-tuning a pre-training run on GLUE, SuperGLUE or SQuAD"),
-}
+CATALOGUE: dict[str, type[Task]] = {"lm": LMSettings, "mlm": MLMSettings, "recall": RecallSettings,
+                                    "mt": TranslationSettings, "finetune": FinetuneSettings}
 
 
 def train_tasks() -> list[str]:
     """The tasks ``mhe train`` runs (the others have their own command)."""
     return [name for name, entry in CATALOGUE.items() if entry.command == "train"]
+
+
+def settings_class(name: str) -> type[Task]:
+    """The settings of task ``name`` (one of :data:`CATALOGUE`)."""
+    if name not in CATALOGUE:
+        raise one_of("task", name, CATALOGUE)
+    return CATALOGUE[name]
+
+
+def options_of(name: str) -> type:
+    """The class of task ``name``'s ``data.task_options``."""
+    return settings_class(name).options
+
+
+def default_run(task: str, preset: str, attention: str = "mha", dataset: str = "") -> RunConfig:
+    """The task's default run for a model preset, attention kind and data set (``Task.default_config``)."""
+    return settings_class(task).default_config(preset, attention=attention, dataset=dataset)
+
+
+def build_run(task: str, preset: str, *, attention: str = "mha", data: str = "", data_dir: str = "",
+              seed: int | None = None, overrides: Sequence[str] = (), task_options: dict | None = None) -> RunConfig:
+    """A run's typed configuration as the training commands build it: the task's defaults, then
+    the attention kind, the data folder, the seed, the task options and every ``--set`` item
+    (in that order, so a ``--set`` item wins), all checked before anything is read or written.
+    The run starts from the preset's own kind, so a kind of the same family keeps the preset's
+    options (``--preset llama-135m --attention gqa``: its 3 K/V heads)."""
+    cfg = default_run(task, preset, get_preset(preset).attention, data)
+    items = [f"model.attention={attention}"]
+    if data_dir:
+        cfg.data.data_dir = data_dir
+    if seed is not None:
+        items.append(f"train.seed={seed}")
+    if task_options:
+        items.append(f"data.task_options={json.dumps(task_options)}")
+    return apply_overrides(cfg, items + list(overrides))
+
+
+def run_config_from_dict(d: object, *, source: str | Path) -> RunConfig:
+    """A saved run configuration (``config.json``'s ``run``, ``run.json``), or a one-line error naming ``source``."""
+    return run_files.run_config_from_dict(d, source=source, options_of=options_of)
+
+
+def read_run_config(run_dir: str | Path) -> RunConfig:
+    """The configuration a run was started with."""
+    return run_config_from_dict(run_files.read_run_record(run_dir)["run"], source=Path(run_dir) / run_files.CONFIG)
+
+
+def read_run_config_file(path: str | Path) -> RunConfig:
+    """A saved configuration on its own (``run.json``, ``mhe run --config``)."""
+    return run_config_from_dict(run_files.read_json(path, what="run configuration"), source=path)

@@ -10,11 +10,9 @@ from mhe.errors import MheError
 from mhe.metrics.perplexity import perplexity, sliding_window_nll
 from mhe.models import build_model
 from mhe.models.config import cpu_sized
-from mhe.tasks.catalogue import CATALOGUE
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
-from mhe.tasks.text import TextTask, check_text_data, corpus_lines, is_word_level, token_stream
-from mhe.training.config import DataConfig
-from mhe.training.task import is_tiny
+from mhe.tasks.settings import LMSettings
+from mhe.tasks.text import check_text_data, corpus_lines, is_word_level, token_stream
 
 
 # Tiny presets with a large vocabulary (word-level WikiText-2: 33k) use an adaptive softmax:
@@ -23,19 +21,7 @@ ADAPTIVE_FROM = 20_000
 ADAPTIVE_CUTOFFS = (2000, 10000)
 
 
-class CausalLMTask(TextTask):
-    name = "lm"
-    metric = "perplexity"
-    higher_is_better = False
-    command, summary = CATALOGUE["lm"]
-    static_shapes = True  # batch_size x seq_len blocks, full batches only (an adaptive softmax: not; setup)
-
-    @classmethod
-    def default_data(cls, preset, dataset):
-        # the tokenised WikiText-2 is a word-level corpus (33k words)
-        word = is_tiny(preset) and dataset == "wikitext-2"
-        return DataConfig(dataset=dataset, tokenizer="word" if word else "")
-
+class CausalLMTask(LMSettings):
     def check(self, cfg):
         if cfg.model.arch != "decoder":
             raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({cfg.model.arch})")

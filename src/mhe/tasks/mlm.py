@@ -10,9 +10,9 @@ import torch
 from mhe.data.tokenize import load_tokenizer, special_id
 from mhe.errors import MheError
 from mhe.models import build_model
-from mhe.tasks.catalogue import CATALOGUE
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
-from mhe.tasks.text import TextTask, check_text_data, corpus_lines, token_stream
+from mhe.tasks.settings import MLMSettings
+from mhe.tasks.text import check_text_data, corpus_lines, token_stream
 from mhe.training.config import compile_wanted
 
 
@@ -51,13 +51,7 @@ def masked_positions(labels: torch.Tensor, rows: int | None = None) -> torch.Ten
     return torch.cat([pos, pos.new_zeros(rows - pos.numel())])
 
 
-class MaskedLMTask(TextTask):
-    name = "mlm"
-    metric = "mlm_accuracy"
-    higher_is_better = True
-    command, summary = CATALOGUE["mlm"]
-    static_shapes = True  # packed blocks; a compiled run scores a fixed number of masked rows (self.static)
-
+class MaskedLMTask(MLMSettings):
     def check(self, cfg):
         if cfg.model.arch != "encoder":
             raise MheError(f"masked language modelling needs an encoder preset, got {cfg.preset!r}")

@@ -30,12 +30,11 @@ from mhe.models.beam_search import BeamSearcher, beam_search, source_bucket
 from mhe.models.decode_step import weights_version
 from mhe.models.losses import IGNORE
 from mhe.progress import bar
-from mhe.tasks.catalogue import CATALOGUE
+from mhe.tasks.settings import TranslationSettings
 from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
 from mhe.tasks.text import pad_rows, tokenizer_for
-from mhe.tasks.translation_config import TranslationOptions, translation_train
+from mhe.tasks.translation_config import TranslationOptions  # noqa: F401 (re-exported)
 from mhe.training.averaging import last_checkpoints
-from mhe.training.task import Task
 
 PROTOCOLS = ("best", "last5")
 DECODE_DTYPES = ("float32", "bfloat16")
@@ -76,17 +75,7 @@ def token_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int) -> 
     return batches
 
 
-class TranslationTask(Task):
-    name = "mt"
-    metric = "bleu"
-    higher_is_better = True
-    command, summary = CATALOGUE["mt"]
-    options = TranslationOptions
-
-    @classmethod
-    def default_train(cls, preset, dataset):
-        return translation_train(preset)
-
+class TranslationTask(TranslationSettings):
     def check(self, cfg):
         if cfg.model.arch != "encoder-decoder":
             raise MheError(f"translation needs an encoder-decoder preset, got {cfg.preset!r}")

@@ -15,13 +15,14 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Literal, get_args
-
-import torch
+from typing import TYPE_CHECKING, Literal, get_args
 
 from mhe.errors import MheError, one_of
 from mhe.models.config import ModelConfig, preset
 from mhe.settings import build, check_fields, field_types, nondefault, parse_text, set_path, setting, typed_options
+
+if TYPE_CHECKING:  # settings are read and checked without torch (the mhe command's setting errors)
+    import torch
 
 Schedule = Literal["linear", "cosine", "cosine_restarts", "constant", "inverse_sqrt"]
 Precision = Literal["auto", "fp32", "bf16"]
@@ -250,6 +251,10 @@ def cuda_graphs_wanted(t: TrainConfig, device: torch.device, *, static_shapes: b
 
 def check_device(device: str) -> None:
     """Refuse a device this machine lacks (``train.device=cuda`` without a GPU)."""
+    if device in ("auto", "cpu"):
+        return
+    import torch
+
     if device.startswith("cuda"):
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = int(device.split(":")[1]) if ":" in device else 0
