@@ -43,9 +43,9 @@ def test_help_and_argument_errors_import_no_torch():
 
 
 def test_setting_errors_import_no_torch():
+    recall = ["train", "--task", "recall", "--preset", "tiny-decoder", "--set"]
     rcs, mods = _imported(["pretrain", "--preset", "tiny-decoder", "--data", "ptb", "--set", "train.lr=abc"],
-                          ["train", "--task", "recall", "--preset", "tiny-decoder", "--set", "train.nope=1"],
-                          ["train", "--task", "recall", "--preset", "tiny-decoder", "--set", "data.task_options.pairs=0"],
+                          recall + ["train.nope=1"], recall + ["data.task_options.pairs=0"],
                           ["train-mt", "--set", "train.steps=-1"], ["pretrain", "--preset", "tiny-decoder", "--data", "x"],
                           ["finetune", "--task", "rte", "--run", "no-such-run"], ["run", "--config", "no.json", "--out", "x"])
     assert rcs == [2] * 7 and mods == set()

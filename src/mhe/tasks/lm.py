@@ -22,6 +22,8 @@ ADAPTIVE_CUTOFFS = (2000, 10000)
 
 
 class CausalLMTask(LMSettings):
+    """Causal LM pre-training and its sliding-window perplexity, on top of its settings."""
+
     def check(self, cfg):
         if cfg.model.arch != "decoder":
             raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({cfg.model.arch})")

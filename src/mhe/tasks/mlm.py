@@ -52,6 +52,8 @@ def masked_positions(labels: torch.Tensor, rows: int | None = None) -> torch.Ten
 
 
 class MaskedLMTask(MLMSettings):
+    """Masked LM pre-training and its accuracy, on top of its settings (:mod:`mhe.tasks.settings`)."""
+
     def check(self, cfg):
         if cfg.model.arch != "encoder":
             raise MheError(f"masked language modelling needs an encoder preset, got {cfg.preset!r}")

@@ -21,6 +21,7 @@ from mhe.models import build_model
 from mhe.models.losses import IGNORE, causal_lm_loss
 from mhe.tasks.settings import RECALL_MODEL, RECALL_TRAIN, RecallOptions, RecallSettings  # noqa: F401 (re-exported)
 
+
 def make_recall(n: int, *, n_keys: int, n_values: int, pairs: int, queries: int, seed: int):
     """``n`` sequences ``[B, 2*(pairs+queries)]`` and their labels (-100 where nothing is asked)."""
     if pairs > n_keys:
@@ -41,6 +42,8 @@ def make_recall(n: int, *, n_keys: int, n_values: int, pairs: int, queries: int,
 
 
 class RecallTask(RecallSettings):
+    """Recall's data (generated), loss and accuracy, on top of its settings (:mod:`mhe.tasks.settings`)."""
+
     def check(self, cfg):
         if cfg.model.arch != "decoder":
             raise MheError(f"recall trains a decoder; got {cfg.preset!r} ({cfg.model.arch})")

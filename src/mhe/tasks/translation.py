@@ -76,6 +76,8 @@ def token_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int) -> 
 
 
 class TranslationTask(TranslationSettings):
+    """Translation's data, loss, beam search and BLEU, on top of its settings (:mod:`mhe.tasks.settings`)."""
+
     def check(self, cfg):
         if cfg.model.arch != "encoder-decoder":
             raise MheError(f"translation needs an encoder-decoder preset, got {cfg.preset!r}")
