@@ -351,3 +351,14 @@ def test_round_three_decoder_pretraining_then_glue_fine_tuning(tmp_path):
     assert json.loads((ft / "sweep.json").read_text())["paper"] == "table2-rte"
     cfg = json.loads((ft / "runs" / "mha-seed0" / "config.json").read_text())
     assert cfg["model"]["arch"] == "decoder" and cfg["model"]["head"] == "classification"
+
+
+def test_perplexity_tables_name_their_unit():
+    """A comparison's perplexity says per word or per token in its table (issue 45)."""
+    from mhe.experiments.summary import markdown
+
+    runs = [{**result(k, 0, s, p, "perplexity", False), "perplexity_per": "token", "word_perplexity": 2 * s}
+            for k, s, p in (("sha", 120.0, 100), ("mha", 100.0, 400))]
+    assert "| perplexity per token (mean ± std) |" in markdown(aggregate(runs))
+    assert "| perplexity per word (mean ± std) |" in markdown(aggregate(runs, "word_perplexity"))
+    assert "| accuracy (mean ± std) |" in markdown(aggregate([result("sha", 0, 0.5, 1), result("mha", 0, 0.6, 4)]))

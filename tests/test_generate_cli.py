@@ -71,5 +71,8 @@ def test_generate_says_why_each_prompt_stopped(lm_run, capsys):
     why = [line for line in captured.err.splitlines() if line.startswith("prompt ")]
     assert why == [f"prompt {i}: 4 new tokens, stopped by --max-new-tokens 4" for i in (1, 2)]
     assert len(captured.out.strip().splitlines()) == 2
+    assert main(["generate", "--checkpoint", str(lm_run), "--prompt", "it", "--max-new-tokens", "1",
+                 "--min-new-tokens", "1"]) == 0
+    assert "prompt 1: 1 new token, stopped by --max-new-tokens 1\n" in capsys.readouterr().err  # one token, singular
     assert main(["generate", "--checkpoint", str(lm_run), "--prompt", "it", "--min-new-tokens", "-1"]) == 2
     assert "min_new_tokens must be a non-negative integer, got -1" in capsys.readouterr().err

@@ -2,12 +2,14 @@
 ``mhe params`` / ``mhe memory``): equal to counting the built model, and to Hugging Face's own
 count of the public models the llama-* presets are shaped like."""
 
+import json
+
 import pytest
 import torch
 
 from mhe.accounting.memory import decoder_memory
 from mhe.accounting.params import decoder_params
-from mhe.attention import KINDS
+from mhe.attention import KINDS, PAPER_KINDS
 from mhe.cli import main
 from mhe.models import build_model, preset
 
@@ -63,3 +65,16 @@ def test_params_and_memory_commands_print_the_whole_model(capsys):
     assert main(["memory", "--preset", "llama-1.1b", "--kinds", "gqa"]) == 0
     out = capsys.readouterr().out
     assert "1,100,048,384" in out and "KV cache / token" in out
+
+
+def test_params_and_memory_include_the_presets_own_kind_by_default(capsys):
+    """Without --kinds the preset's own kind (gqa for the Llama presets) joins the paper's seven,
+    so the published totals appear (issue 45); an encoder preset keeps exactly the paper's seven."""
+    assert main(["params", "--preset", "llama-135m"]) == 0
+    out = capsys.readouterr().out
+    assert "134,515,008" in out and "| gqa " in out and "| mhe-mul " in out
+    assert main(["memory", "--preset", "llama-1.1b"]) == 0
+    out = capsys.readouterr().out
+    assert "1,100,048,384" in out and "| gqa " in out
+    assert main(["params", "--preset", "bert-base", "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)) == list(PAPER_KINDS)

@@ -125,9 +125,10 @@ def test_real_model_fast_path_equals_full_logits(cutoffs):
         assert loss.item() == pytest.approx(-model.target_log_probs(ids[None, :16]).mean().item(), rel=1e-10)
 
 
-def test_lm_final_also_reports_the_stride_asked_for_when_capped(tmp_path):
-    """max_len 32 caps the paper's stride 256 at 16; the stride-32 figure is reported beside it
-    and equals a direct sliding-window computation at stride 32."""
+def test_lm_final_is_one_pass_unless_a_second_stride_is_asked_for(tmp_path, monkeypatch):
+    """max_len 32 caps the paper's stride 256 at 16: the final evaluation is one sliding-window pass
+    at 16 (issue 45); ``data.eval_second_stride=32`` adds a second, reported beside it, equal to a
+    direct sliding-window computation at stride 32, and leaves the run's hash as it was."""
     import random
 
     from mhe.metrics.perplexity import perplexity
@@ -148,7 +149,17 @@ def test_lm_final_also_reports_the_stride_asked_for_when_capped(tmp_path):
                            "model.n_layers=1", "data.eval_batch_size=4"])
     task = CausalLMTask()
     model = task.setup(cfg, tmp_path / "run", Dist()).eval()
+    import mhe.tasks.lm as lm_module
+    passes = []
+    real = lm_module.sliding_window_nll
+    monkeypatch.setattr(lm_module, "sliding_window_nll", lambda *a, **k: passes.append(k["stride"]) or real(*a, **k))
+    one = task.final(model)
+    assert passes == [16] and one["stride"] == 16 and not any(k.endswith("stride32") for k in one)
+    second = apply_overrides(cfg, ["data.eval_second_stride=32"])
+    assert second.hash() == cfg.hash()
+    task.cfg = second
     res = task.final(model)
+    assert passes == [16, 16, 32] and res["perplexity"] == one["perplexity"]
     assert res["stride"] == 16 and "perplexity_stride32" in res
     test_lines = (tmp_path / "ptb" / "ptb.test.txt").read_text().splitlines()
     nll, n = sliding_window_nll(model, token_stream(task.tok, test_lines), max_len=32, stride=32, batch_size=4)

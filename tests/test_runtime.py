@@ -17,7 +17,9 @@ def restore_threads():
 
 
 def entry_point_threads(capsys) -> int:
-    assert main(["params", "--preset", "bert-base", "--kinds", "mha", "--json"]) == 0
+    """Threads after the entry point ran a command that uses torch (here one that stops at once:
+    ``mhe eval`` of a missing run; the threads are set before any command runs)."""
+    assert main(["eval", "--run", "no-such-run"]) == 2
     capsys.readouterr()
     return torch.get_num_threads()
 
@@ -60,5 +62,6 @@ def test_bad_setting_is_one_line_exit_2(monkeypatch, capsys, restore_threads):
     monkeypatch.setenv("MHE_THREADS", "many")
     with pytest.raises(MheError, match="MHE_THREADS must be a non-negative integer, got 'many'"):
         requested_threads()
-    assert main(["params", "--preset", "bert-base", "--kinds", "mha", "--json"]) == 2
-    assert "MHE_THREADS" in capsys.readouterr().err
+    for argv in (["params", "--preset", "bert-base", "--kinds", "mha", "--json"], ["eval", "--run", "no-such-run"]):
+        assert main(argv) == 2  # a command without torch and one with it
+        assert "MHE_THREADS must be a non-negative integer" in capsys.readouterr().err

@@ -17,10 +17,11 @@ running, 40 steps of a 2-layer width-128 decoder took 1.9-3.3 s with 1 thread an
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 from pathlib import Path
-
-import torch
 
 from mhe.errors import MheError
 
@@ -29,25 +30,67 @@ CACHE_ENV = "MHE_CACHE_DIR"
 CACHE_OFF = ("off", "none", "0")
 
 
+def setting_threads() -> int | None:
+    """``MHE_THREADS`` as an integer, None when unset; anything else is a one-line error. Needs no
+    torch: the ``mhe`` command checks it for every command, also those that never import torch."""
+    raw = os.environ.get(ENV, "").strip()
+    if raw and not raw.isdigit():
+        raise MheError(f"{ENV} must be a non-negative integer, got {raw!r}")
+    return int(raw) if raw else None
+
+
 def requested_threads() -> int:
     """Threads per process asked for through the environment (0 = torch's default)."""
-    raw = os.environ.get(ENV, "").strip()
-    if raw:
-        if not raw.isdigit():
-            raise MheError(f"{ENV} must be a non-negative integer, got {raw!r}")
-        return int(raw)
+    n = setting_threads()
+    if n is not None:
+        return n
     omp = os.environ.get("OMP_NUM_THREADS", "").strip()
     if omp.isdigit() and int(omp) > 0:
         return int(omp)
+    import torch  # here, not at import: the mhe command's help and accounting start without it
+
     return 0 if torch.cuda.is_available() else 1
 
 
 def configure_threads() -> int:
     """Apply :func:`requested_threads` to torch; returns the threads torch now uses."""
+    import torch
+
     n = requested_threads()
     if n > 0 and torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return torch.get_num_threads()
+
+
+class _ThreadsWhenTorchLoads(importlib.abc.MetaPathFinder):
+    """An import hook that applies :func:`configure_threads` the moment torch finishes importing,
+    then removes itself (importlib's meta path: it finds torch's spec as usual and wraps only
+    its loader's ``exec_module``)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is not None and spec.loader is not None:
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                configure_threads()
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+def configure_threads_on_import() -> None:
+    """:func:`configure_threads` now if torch is imported, else as soon as it is: a command that
+    stops before it needs torch (a setting's error) never imports it, and one that goes on has
+    its threads set before any work."""
+    if "torch" in sys.modules:
+        configure_threads()
+    elif not any(isinstance(f, _ThreadsWhenTorchLoads) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ThreadsWhenTorchLoads())
 
 
 def worker_threads(workers: int) -> int:
@@ -87,3 +130,8 @@ def configure_compile_cache() -> str | None:
     if "TORCHINDUCTOR_AUTOGRAD_CACHE" not in os.environ and hasattr(functorch_config, "enable_autograd_cache"):
         functorch_config.enable_autograd_cache = True
     return os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def launched_rank() -> int:
+    """This process's rank as ``torchrun`` set it (0 when not launched by it)."""
+    return int(os.environ.get("RANK", "0"))

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from mhe.accounting.params import attention_params, decoder_params
-from mhe.attention import attention_from_config
-from mhe.attention.base import Attention
-from mhe.attention.rotary import RotaryEmbedding
+from mhe.attention.options import cache_heads
 from mhe.errors import require_positive
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -94,14 +94,11 @@ def decoder_memory(cfg, *, cache_bytes: int = 2) -> dict[str, int]:
     ``kv_cache_bytes_per_token`` (what one sequence's KV cache holds per position:
     2 (K and V) x layers x cached K/V heads x d x ``cache_bytes``; 2 = bf16). The cached heads
     are the sublayer's own (``cache_heads``: n for MHA and SKV, g for GQA, one for MQA, SHA and
-    fast MHE, n for MHE with psi before RoPE), read from the sublayer built on the meta device."""
-    with torch.device("meta"):
-        attn = attention_from_config(cfg.attention, cfg.attention_config(causal=True))
-    if cfg.positions == "rotary":  # MHE's cache depends on where the rotation sits (rope_order)
-        attn.attach_rotary(RotaryEmbedding(cfg.resolved_head_dim, base=cfg.rope_base, fraction=cfg.rope_fraction,
-                                           max_len=1))
+    fast MHE, n for MHE with psi before RoPE: :func:`mhe.attention.options.cache_heads`, tested
+    against the built sublayers); no torch is needed."""
     params = decoder_params(cfg)["total"]
-    heads = attn.cache_heads if attn.supports_cache else 0
+    # MHE's cache depends on where the rotation sits (rope_order)
+    heads = cache_heads(cfg.attention, cfg.n_heads, cfg.attn_options, rotary=cfg.positions == "rotary")
     return {"params": params, "training_state_bytes": params * TRAINING_BYTES_PER_PARAM, "kv_heads": heads,
             "kv_cache_bytes_per_token": 2 * cfg.n_layers * heads * cfg.resolved_head_dim * cache_bytes}
 
@@ -111,5 +108,7 @@ def kv_cache_bytes_per_token(model: nn.Module, *, bytes_per_value: int = 2) -> i
     caches, its keys and values (2 x its cache heads x head size; one head for MQA and fast
     MHE, g for GQA, n for MHA) at ``bytes_per_value`` each (2: bf16/fp16). Cross-attention
     counts once per source token; FNet/Linear sublayers hold no cache."""
+    from mhe.attention.base import Attention
+
     return sum(2 * mod.cache_heads * mod.cfg.head_dim * bytes_per_value
                for mod in model.modules() if isinstance(mod, Attention) and mod.supports_cache)

@@ -7,13 +7,14 @@ projection, Table 4, Figures 1/3/4 and the GPT-3 projection (section 5.4) do not
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
-from mhe.attention.base import Attention, AttentionConfig
-from mhe.attention.multi_head import kv_heads
-from mhe.attention.registry import make_config
+from mhe.attention.options import AttentionConfig, kv_heads, make_config
 from mhe.errors import MheError, one_of
 from mhe.models.config import ARCHS, ModelConfig
+
+if TYPE_CHECKING:  # the formulas need no torch (``mhe params`` starts without it); the counts of built models do
+    from torch import nn
 
 
 def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None,
@@ -104,6 +105,8 @@ def count_attention_params(model: nn.Module, *, include_output: bool = True, inc
     By default in the paper's convention (section 5.3, Table 4): projection weights (and MHE
     head embeddings), no biases, even where the model has them (the BERT and GPT-2 presets);
     ``include_bias=True`` counts everything the modules hold."""
+    from mhe.attention.base import Attention
+
     return sum(count_params(mod, include_output=include_output, include_bias=include_bias)
                for mod in model.modules() if isinstance(mod, Attention))
 

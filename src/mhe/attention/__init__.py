@@ -1,26 +1,28 @@
 """The attention zoo: every kind behind one contract (see :mod:`mhe.attention.base`), listed by
-name in :mod:`mhe.attention.registry`."""
+name in :mod:`mhe.attention.registry`.
 
-from mhe.attention.base import Attention, AttentionConfig, NoOptions, set_kernel
-from mhe.attention.kernels import KERNELS, register_kernel
-from mhe.attention.kv_cache import CachePosition, CrossCache, KVCache, layer_caches
-from mhe.attention.masks import AttentionMask
-from mhe.attention.mhe import MHEOptions
-from mhe.attention.mixing import LinearOptions
-from mhe.attention.multi_head import GroupedQueryOptions
-from mhe.attention.registry import (
-    ATTENTION_CLASSES,
-    KINDS,
-    PAPER_KINDS,
-    attention_class,
-    attention_from_config,
-    build_attention,
-    make_config,
-    options_class,
-    parse_kinds,
-)
+Names are imported on first use (PEP 562): the kinds and their options
+(:mod:`mhe.attention.options`) come without torch, the sublayers with it.
+"""
 
-__all__ = ["ATTENTION_CLASSES", "Attention", "AttentionConfig", "AttentionMask", "CachePosition", "CrossCache",
-           "GroupedQueryOptions", "KERNELS", "KVCache", "KINDS", "LinearOptions", "MHEOptions", "NoOptions",
-           "PAPER_KINDS", "attention_class", "attention_from_config", "build_attention", "make_config", "options_class", "parse_kinds",
-           "register_kernel", "layer_caches", "set_kernel"]
+import importlib
+
+_WHERE = {
+    "Attention": "base", "set_kernel": "base",
+    "AttentionConfig": "options", "NoOptions": "options", "MHEOptions": "options", "LinearOptions": "options",
+    "GroupedQueryOptions": "options", "KINDS": "options", "PAPER_KINDS": "options", "make_config": "options",
+    "options_class": "options", "parse_kinds": "options",
+    "KERNELS": "kernels", "register_kernel": "kernels",
+    "CachePosition": "kv_cache", "CrossCache": "kv_cache", "KVCache": "kv_cache", "layer_caches": "kv_cache",
+    "AttentionMask": "masks",
+    "ATTENTION_CLASSES": "registry", "attention_class": "registry", "attention_from_config": "registry",
+    "build_attention": "registry",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"mhe.attention.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'mhe.attention' has no attribute {name!r}")

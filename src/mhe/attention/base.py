@@ -29,76 +29,10 @@ from torch import nn
 
 from mhe.attention import kernels, masks
 from mhe.attention.kv_cache import CachePosition, CrossCache, KVCache
+from mhe.attention.options import AttentionConfig, NoOptions  # noqa: F401 (re-exported)
 from mhe.attention.masks import AttentionMask
 from mhe.attention.rotary import RotaryEmbedding
-from mhe.errors import MheError, one_of, require_positive
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    """The options of a kind with no knobs beyond the shared ones (mha, sha, mqa, skv, el-att, fnet)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttentionConfig:
-    """Options every attention kind shares.
-
-    Attributes:
-        d_model: model width m.
-        n_heads: number of heads n.
-        head_dim: per-head width d; defaults to m / n (then n must divide m).
-        dropout: dropout on the attention probabilities (training only).
-        causal: mask future positions in self-attention.
-        bias: give every projection a bias (the paper's counts exclude biases).
-        qkv_bias: give the query, key and value projections biases even where ``bias`` is
-            False (Qwen2: biased Q/K/V, unbiased output).
-        kernel: how the attention step is computed, a name in
-            :data:`mhe.attention.kernels.KERNELS` (``sdpa``, ``eager``, ...); it never
-            changes the function, only how it runs.
-        options: the kind's own knobs, its options dataclass (the one ``--set
-            model.attn_options.*`` fills; :func:`mhe.attention.registry.options_class`).
-    """
-
-    d_model: int
-    n_heads: int
-    head_dim: int | None = None
-    dropout: float = 0.0
-    causal: bool = False
-    bias: bool = False
-    qkv_bias: bool = False
-    kernel: str = "sdpa"
-    options: object = NoOptions()
-
-    def __post_init__(self) -> None:
-        require_positive(d_model=self.d_model, n_heads=self.n_heads)
-        kernels.check_kernel(self.kernel)
-        if not dataclasses.is_dataclass(self.options) or isinstance(self.options, type):
-            raise MheError(f"options must be an attention kind's options dataclass, got {self.options!r}")
-        if self.head_dim is None:
-            if self.d_model % self.n_heads:
-                raise MheError(
-                    f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                    "pass head_dim explicitly or choose n_heads dividing d_model"
-                )
-            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
-        require_positive(head_dim=self.head_dim)
-        for name in ("causal", "bias", "qkv_bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise MheError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
-            raise MheError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise MheError(f"dropout must be in [0, 1), got {self.dropout!r}")
-
-    @property
-    def in_bias(self) -> bool:
-        """Whether the query, key and value projections carry biases."""
-        return self.bias or self.qkv_bias
-
-    @property
-    def inner_dim(self) -> int:
-        """n * d, the width of the concatenated heads."""
-        return self.n_heads * self.head_dim
+from mhe.errors import MheError, one_of
 
 
 class Attention(nn.Module):

@@ -50,9 +50,17 @@ def _schema_has_seqused_k() -> bool:
     return any(a.name == "seqused_k" for a in op.default._schema.arguments)
 
 
+def constant_result(fn):
+    """``torch.compiler.assume_constant_result`` without importing dynamo when this module is
+    imported (about 3 s of the ``mhe`` command's start-up on 2 cores): it sets the mark dynamo's
+    own decorator sets (torch 2.5-2.13; ``tests/test_cli_imports.py`` checks that they agree)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 # The two checks below run inside a compiled decode step: dynamo cannot trace the schema walk
 # (a graph break per step), so it calls them while tracing and keeps their answers as constants.
-@torch.compiler.assume_constant_result
+@constant_result
 def varlen_has_seqused_k() -> bool:
     """True when this torch's ``aten._flash_attention_forward`` takes ``seqused_k``."""
     return _schema_has_seqused_k()
@@ -63,7 +71,7 @@ def _capability_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _flash_capable(index: int) -> bool:
     """FlashAttention-2 needs an Ampere-or-newer card (compute capability 8.0+)."""
     return _capability_major(index) >= 8

@@ -60,50 +60,14 @@ column blocks differ.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mhe.attention.base import Attention, AttentionConfig
 from mhe.attention.fused_projections import fused_projection
-from mhe.errors import MheError, one_of
-from mhe.settings import setting
-
-IMPLS = ("fast", "reference")
-QUERY_FOLDS = ("weight", "activation")
-ROPE_ORDERS = ("rope-then-psi", "psi-then-rope")
-
-
-@dataclass(frozen=True)
-class MHEOptions:
-    """MHE's own options (``model.attn_options``); a new one is one field here.
-
-    Attributes:
-        impl: ``"fast"`` (multi-query cost) or ``"reference"`` (literal equations).
-        init_std: standard deviation of the head-embedding initialisation.
-        query_fold: how the fast path applies per-head query factors (without rotary positions).
-        rope_order: under rotary positions, whether the head embeddings act after the rotation
-            (``rope-then-psi``: one shared K/V head) or before it (``psi-then-rope``: n heads).
-    """
-
-    impl: Literal[IMPLS] = "fast"
-    init_std: float = setting(0.02, ge=0)
-    query_fold: Literal[QUERY_FOLDS] = "weight"
-    rope_order: Literal[ROPE_ORDERS] = "rope-then-psi"
-
-    def __post_init__(self) -> None:
-        if self.impl not in IMPLS:
-            raise one_of("MHE impl", self.impl, IMPLS)
-        if self.query_fold not in QUERY_FOLDS:
-            raise one_of("MHE query_fold", self.query_fold, QUERY_FOLDS)
-        if self.rope_order not in ROPE_ORDERS:
-            raise one_of("MHE rope_order", self.rope_order, ROPE_ORDERS)
-        if not self.init_std >= 0:
-            raise MheError(f"init_std must be >= 0, got {self.init_std!r}")
-
+from mhe.attention.options import IMPLS, QUERY_FOLDS, ROPE_ORDERS, MHEOptions  # noqa: F401 (re-exported)
+from mhe.errors import MheError
 
 class _MHEBase(Attention):
     multiplicative: bool = False

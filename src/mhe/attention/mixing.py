@@ -6,8 +6,6 @@ they take no context (no cross-attention) and keep no KV cache.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
@@ -15,8 +13,8 @@ from mhe.attention.base import Attention, AttentionConfig, NoOptions
 from mhe.attention.kv_cache import KVCache
 from mhe.attention import masks
 from mhe.attention.masks import AttentionMask
-from mhe.errors import MheError, require_positive
-from mhe.settings import setting
+from mhe.attention.options import LinearOptions
+from mhe.errors import MheError
 
 
 class _Mixing(Attention):
@@ -62,26 +60,6 @@ class FNetMixing(_Mixing):
         dtype = x.dtype
         y = torch.fft.fft2(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x, dim=(-2, -1)).real
         return y.to(dtype)
-
-
-@dataclass(frozen=True)
-class LinearOptions:
-    """linear's own options (``model.attn_options``).
-
-    Attributes:
-        max_len: the side of the sequence-mixing matrix; None takes the model's ``max_len``
-            (:attr:`resolved_max_len` when the sublayer is built on its own).
-    """
-
-    max_len: int | None = setting(None, gt=0)
-
-    def __post_init__(self) -> None:
-        if self.max_len is not None:
-            require_positive(max_len=self.max_len)
-
-    @property
-    def resolved_max_len(self) -> int:
-        return 512 if self.max_len is None else self.max_len
 
 
 class LinearMixing(_Mixing):

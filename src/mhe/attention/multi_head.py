@@ -2,57 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import nn
 
 from mhe.attention.base import Attention, AttentionConfig, NoOptions
 from mhe.attention.fused_projections import fused_projection
-from mhe.errors import MheError, require_positive
-from mhe.settings import setting
-
-
-def default_kv_heads(n_heads: int) -> int:
-    """GQA's default number of key/value heads: the largest divisor of ``n_heads`` not above n/4
-    (12 heads: 3, 16: 4, 8: 2; 4 or fewer: 1).
-
-    One quarter keeps GQA between its two limits, MQA (g = 1) and MHA (g = n), as Ainslie et
-    al. (2023) use it (e.g. 8 groups of 64 heads is n/8; n/4 is the middle ground common in
-    released models); a default of 1 would only repeat MQA. Models, ``mhe params`` and
-    ``mhe memory`` all take it from here (through :func:`kv_heads`).
-    """
-    require_positive(n_heads=n_heads)
-    limit = max(1, n_heads // 4)
-    return max(g for g in range(1, limit + 1) if n_heads % g == 0)
-
-
-@dataclass(frozen=True)
-class GroupedQueryOptions:
-    """gqa's own options (``model.attn_options``).
-
-    Attributes:
-        n_kv_heads: the key/value heads g (Ainslie et al. 2023), which must divide
-            ``n_heads``; 0 picks :func:`default_kv_heads`.
-    """
-
-    n_kv_heads: int = setting(0, ge=0)
-
-    def __post_init__(self) -> None:
-        if self.n_kv_heads != 0 or isinstance(self.n_kv_heads, bool):
-            require_positive(n_kv_heads=self.n_kv_heads)
-
-
-def kv_heads(kind: str, n_heads: int, options: object) -> int:
-    """The key/value heads g of a multi-head kind: 1 for ``mqa``, gqa's ``n_kv_heads``
-    (0: :func:`default_kv_heads`), n for the others (``mha``, ``skv``, ``el-att``)."""
-    if kind == "mqa":
-        return 1
-    if kind != "gqa":
-        return n_heads
-    g = options.n_kv_heads or default_kv_heads(n_heads)
-    if n_heads % g:
-        raise MheError(f"n_kv_heads={g} must divide n_heads={n_heads}")
-    return g
+from mhe.attention.options import GroupedQueryOptions, default_kv_heads, kv_heads  # noqa: F401 (re-exported)
 
 
 class GroupedQueryAttention(Attention):

@@ -2,14 +2,24 @@
 
 The table is written out below; each class names the kinds it builds with their options
 dataclass (``kind_options``: ``mha``, ``mqa`` and ``gqa`` are one class that differs only in
-its key/value heads). A kind's options are the typed ``model.attn_options`` of a run.
+its key/value heads). A kind's options are the typed ``model.attn_options`` of a run; the names,
+options and config live without torch in :mod:`mhe.attention.options`, whose ``KIND_OPTIONS``
+must agree with the classes (checked below, at import).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-from mhe.attention.base import Attention, AttentionConfig
+from mhe.attention.base import Attention
+from mhe.attention.options import (  # noqa: F401 (re-exported: the names, without torch)
+    KIND_OPTIONS,
+    KINDS,
+    PAPER_KINDS,
+    SHARED_OPTIONS,
+    AttentionConfig,
+    make_config,
+    options_class,
+    parse_kinds,
+)
 from mhe.attention.el_attention import ELAttention
 from mhe.attention.mhe import MHEAdd, MHEMul
 from mhe.attention.mixing import FNetMixing, LinearMixing
@@ -31,56 +41,15 @@ ATTENTION_CLASSES: dict[str, type[Attention]] = {
 }
 """Every attention kind and the class that builds it, in the order tables list them."""
 
-KINDS: tuple[str, ...] = tuple(ATTENTION_CLASSES)
-"""Every attention kind, in the order tables list them."""
-
-PAPER_KINDS: tuple[str, ...] = ("sha", "mha", "el-att", "mqa", "skv", "mhe-add", "mhe-mul")
-"""The seven kinds of the paper's main tables (Tables 1-3), in their row order."""
-
-SIZES = ("d_model", "n_heads", "head_dim")
-SHARED_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AttentionConfig)
-                                        if f.name not in SIZES + ("options",))
-"""The options every kind takes (``dropout``, ``causal``, ``bias``, ``qkv_bias``, ``kernel``)."""
-
-
-def parse_kinds(spec: str, *, what: str = "--kinds") -> tuple[str, ...]:
-    """A comma-separated list of kinds, ``paper`` (the seven of Tables 1-3) or ``all``."""
-    if spec == "paper":
-        return PAPER_KINDS
-    if spec == "all":
-        return KINDS
-    kinds = tuple(k.strip() for k in spec.split(",") if k.strip())
-    if not kinds:
-        raise MheError(f"{what} {spec!r} names no attention kind; give paper, all or a comma-separated list of "
-                       f"{', '.join(KINDS)}")
-    for k in kinds:
-        if k not in KINDS:
-            raise one_of("attention kind", k, KINDS)
-    return kinds
+if tuple(ATTENTION_CLASSES) != KINDS or any(ATTENTION_CLASSES[k].kind_options.get(k) is not KIND_OPTIONS[k]
+                                            for k in KINDS):
+    raise MheError("attention.options.KIND_OPTIONS and the classes' kind_options disagree; keep them one table")
 
 
 def attention_class(kind: str) -> type[Attention]:
     if kind not in ATTENTION_CLASSES:
         raise one_of("attention kind", kind, KINDS)
     return ATTENTION_CLASSES[kind]
-
-
-def options_class(kind: str) -> type:
-    """The options dataclass of an attention kind (``model.attn_options``)."""
-    return attention_class(kind).kind_options[kind]
-
-
-def make_config(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None, **options) -> AttentionConfig:
-    """Validate ``options`` for ``kind`` (the shared ones and the kind's own) and return its config."""
-    own_class = options_class(kind)
-    own_names = tuple(f.name for f in dataclasses.fields(own_class))
-    bad = sorted(set(options) - set(SHARED_OPTIONS) - set(own_names))
-    if bad:
-        raise MheError(f"attention kind {kind!r} takes no option {bad[0]!r}; valid options: "
-                       f"{', '.join(SHARED_OPTIONS + own_names)}")
-    own = own_class(**{k: v for k, v in options.items() if k in own_names})
-    shared = {k: v for k, v in options.items() if k in SHARED_OPTIONS}
-    return AttentionConfig(d_model=d_model, n_heads=n_heads, head_dim=head_dim, options=own, **shared)
 
 
 def build_attention(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None, **options) -> Attention:

@@ -22,18 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mhe.attention.options import rotary_width  # noqa: F401 (re-exported: the rotated width)
 from mhe.errors import MheError, require_positive
-
-
-def rotary_width(head_dim: int, fraction: float) -> int:
-    """The rotated width ``r = int(fraction * head_dim)``; it must be even and positive."""
-    if not 0.0 < fraction <= 1.0:
-        raise MheError(f"rope_fraction must be in (0, 1], got {fraction!r}")
-    r = int(head_dim * fraction)
-    if r < 2 or r % 2:
-        raise MheError(f"rope_fraction={fraction} rotates {r} of head_dim={head_dim} dimensions; "
-                       "the rotated width must be even and at least 2")
-    return r
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -10,12 +10,21 @@
 Every function takes explicit arguments (the command line is read in :mod:`mhe.cli.bench`);
 every time is measured by :func:`mhe.bench.common.timed`: warm-up first, CUDA events around each
 call, median of the repeats. On a CPU the sections run tiny smoke sizes so CI can check them.
+
+Names are imported on first use (PEP 562): ``mhe bench --help`` reads the kinds without torch.
 """
 
-from mhe.bench.attention import bench_attention, bench_decode, bench_decode_attention
-from mhe.bench.common import BENCH_KINDS, SMOKE, timed
-from mhe.bench.generate import generate_settings, run_generate_section
-from mhe.bench.training import bench_training
+import importlib
+
+_WHERE = {"bench_attention": "attention", "bench_decode": "attention", "bench_decode_attention": "attention",
+          "BENCH_KINDS": "common", "SMOKE": "common", "timed": "common",
+          "generate_settings": "generate", "run_generate_section": "generate", "bench_training": "training"}
 
 __all__ = ["BENCH_KINDS", "SMOKE", "bench_attention", "bench_decode", "bench_decode_attention", "bench_training",
            "generate_settings", "run_generate_section", "timed"]
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

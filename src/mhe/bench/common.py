@@ -7,10 +7,7 @@ import statistics
 import time
 from typing import Callable
 
-import torch
-
 from mhe.models import preset as model_preset
-from mhe.models.captured_step import StepRunner
 
 BENCH_KINDS = ("mha", "mqa", "gqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul")
 SMOKE = "smoke sizes: every model shrunk to 2 layers, width 64, 4 heads, vocabulary 512"
@@ -54,6 +51,10 @@ def timed(fn: Callable[[], object], *, warmup: int, reps: int, cuda: bool, graph
     GPU (the wall time of the call, host gaps included), the host clock elsewhere. ``graph``:
     time replays of ``fn`` captured once as a CUDA graph (the decode step's runner, so no
     launch overhead)."""
+    import torch  # here: the kinds and sizes above are read without torch (``mhe bench --help``)
+
+    from mhe.models.captured_step import StepRunner
+
     if graph:  # the decode step runner's capture: warm-up on a side stream, then one graph
         call = fn  # the lambda must not see the name rebound to the runner (it would call itself)
         fn = StepRunner(lambda _: call(), [torch.zeros((), device="cuda")], mode="graph")

@@ -27,8 +27,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--heads", type=int, help="attention heads n")
     g.add_argument("--head-dim", type=int, help="head size d")
     g.add_argument("--d-model", type=int, help="model width m (default n*d)")
-    g.add_argument("--kinds", default="paper",
-                   help="comma-separated kinds, 'paper' (the seven of Tables 1-3) or 'all'")
+    g.add_argument("--kinds", default=None,
+                   help="comma-separated kinds, 'paper' (the seven of Tables 1-3) or 'all' (default: the paper's "
+                        "seven, and the preset's own kind where it is another, e.g. gqa for llama-135m)")
     g.add_argument("--bias", "--with-bias", dest="bias", action="store_true",
                    help="count projection biases too (the paper's counts have none: section 5.3, Table 4)")
 
@@ -61,8 +62,14 @@ def _positive_sizes(args) -> None:
             raise MheError(f"{name} must be a positive integer, got {value} ({option})")
 
 
-def _kinds(spec: str) -> list[str]:
-    return list(parse_kinds(spec))
+def _kinds(args) -> list[str]:
+    """The kinds ``--kinds`` names; without it the paper's seven, and the preset's own kind after them
+    where it is another (gqa for the Llama presets), so the preset's published total appears."""
+    if args.kinds is not None:
+        return list(parse_kinds(args.kinds))
+    kinds = list(parse_kinds("paper"))
+    own = preset(args.preset).attention if args.preset else None
+    return kinds + [own] if own and own not in kinds else kinds
 
 
 def _kind_options(kind: str, geo: dict) -> dict:
@@ -85,7 +92,7 @@ def cmd_params(args) -> int:
     geo = _resolve_geometry(args)
     sub = attention_sublayers(geo["arch"], geo["n_layers"])
     totals, rows = {}, []
-    for kind in _kinds(args.kinds):
+    for kind in _kinds(args):
         per = attention_params(kind, d_model=geo["d_model"], n_heads=geo["n_heads"], head_dim=geo["head_dim"],
                                include_output=not args.exclude_output, bias=args.bias,
                                **_kind_options(kind, geo))
@@ -103,7 +110,7 @@ def cmd_params(args) -> int:
           f"{', with biases' if args.bias else ''}")
     print_table(["kind", "per sublayer", "sublayers", "total", "total (M)", "of MHA"], rows)
     if args.preset and not args.exclude_output:
-        _print_whole_model(args.preset, _kinds(args.kinds), geo)
+        _print_whole_model(args.preset, _kinds(args), geo)
     return 0
 
 
@@ -160,7 +167,7 @@ def cmd_memory(args) -> int:
         if value <= 0:
             raise MheError(f"{option} must be a positive integer, got {value}")
     geo = _resolve_geometry(args)
-    kinds = _kinds(args.kinds)
+    kinds = _kinds(args)
     rows = attention_memory(kinds, d_model=geo["d_model"], n_heads=geo["n_heads"],
                             head_dim=geo["head_dim"], batch=args.batch, seq_len=args.seq_len, bias=args.bias,
                             options={k: _kind_options(k, geo) for k in kinds})

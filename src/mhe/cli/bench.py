@@ -4,18 +4,12 @@ function per section."""
 
 from __future__ import annotations
 
-
-import torch
-
 from mhe.accounting.memory import byte_unit
-from mhe.attention import kernels, parse_kinds
-from mhe.attention.kernels import split_kernel
-from mhe.bench import (BENCH_KINDS, SMOKE, bench_attention, bench_decode, bench_decode_attention, bench_training,
-                       generate_settings, run_generate_section)
+from mhe.attention import parse_kinds
+from mhe.bench import BENCH_KINDS, SMOKE
 from mhe.errors import MheError, one_of
 from mhe.experiments.tables import print_table
 from mhe.output_paths import check_output_file, make_folder
-from mhe.training.checkpoint import write_json_atomic
 
 SECTIONS = ("attn", "train", "decode", "generate")
 
@@ -61,6 +55,8 @@ def bench_args(p):
 
 
 def _check(args) -> tuple[list[str], set[str]]:
+    from mhe.attention import kernels
+
     kinds = list(parse_kinds(args.kinds))
     for k in kinds:
         if k in ("fnet", "linear"):
@@ -85,6 +81,10 @@ def _check(args) -> tuple[list[str], set[str]]:
 
 
 def cmd_bench(args) -> int:
+    import torch
+
+    from mhe.training.checkpoint import write_json_atomic
+
     kinds, sections = _check(args)
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
@@ -109,6 +109,9 @@ def _dtype_name(dtype) -> str:
 
 
 def attention_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
+    from mhe.bench import bench_attention
+    from mhe.attention.kernels import split_kernel
+
     B, T, m, n = (2, 64, 64, 4) if small else (16, 1024, 768, 12)
     rows = bench_attention(kinds, dev=dev, dtype=dtype, B=B, T=T, m=m, n=n, warmup=warm, reps=reps,
                            compile_model=args.compile, kernel=split_kernel(args.kernel)[0])
@@ -124,6 +127,8 @@ def attention_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
 
 
 def training_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
+    from mhe.bench import bench_training
+
     T, B = (64, 2) if small else (512, args.train_batch)
     presets = [args.preset] if args.preset else [p.strip() for p in args.presets.split(",")]
     rows = bench_training(kinds, presets, dev=dev, B=B, T=T,
@@ -151,6 +156,8 @@ def _ratio(row: dict, base: dict | None) -> str:
 
 
 def decode_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
+    from mhe.bench import bench_decode, bench_decode_attention
+
     settings = [(2, 32), (1, 16)] if small else [(64, 4096), (1, 1024)]
     m, n = (64, 4) if small else (768, 12)
     graphs = dev.type == "cuda" and not args.no_graphs
@@ -177,6 +184,8 @@ def decode_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
 
 
 def generate_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
+    from mhe.bench import generate_settings, run_generate_section
+
     rows, skipped = run_generate_section(kinds, generate_settings(args.gen_batches, args.gen_long, small), dev=dev,
                                          dtype=dtype, small=small, kernel=args.kernel, graphs=not args.no_graphs,
                                          peer=not args.no_peer, preset=args.preset or "gpt2-base",

@@ -7,8 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 from mhe.attention import parse_kinds
 from mhe.cli.common import DATA_DIR_HELP, refuse_set_keys
 from mhe.data.corpora import corpus_names
@@ -16,13 +14,8 @@ from mhe.data.benchmarks import BENCH_TASKS as BENCH
 from mhe.errors import MheError, one_of
 from mhe.experiments.entries import parse_entries
 from mhe.experiments.paper import paper_table
-from mhe.experiments.presets import DEFAULT, EXPERIMENTS, experiment
-from mhe.experiments.summary import overview, write_summary
-from mhe.experiments.sweep import Sweep, default_compare_dir, finetune_paper_table, run_sweep
 from mhe.models import PRESETS
 from mhe.output_paths import check_output_dir, check_output_file, image_suffixes
-from mhe.tasks import TASKS
-from mhe.training.checkpoint import write_text_atomic
 
 
 def compare_args(p):
@@ -57,6 +50,10 @@ def _is_finetuning(task: str) -> bool:
 
 
 def build_sweep(args):
+    from mhe.experiments.presets import DEFAULT, EXPERIMENTS, experiment
+    from mhe.experiments.sweep import Sweep, finetune_paper_table
+    from mhe.tasks import TASKS
+
     name = args.preset or DEFAULT
     if name in EXPERIMENTS:
         exp = experiment(name)
@@ -100,6 +97,10 @@ def build_sweep(args):
 
 
 def cmd_compare(args) -> int:
+    import torch
+
+    from mhe.experiments.sweep import default_compare_dir, run_sweep
+
     name, sweep = build_sweep(args)
     out = check_output_dir(args.out or default_compare_dir(name, sweep))
     if args.workers is not None and args.workers <= 0:
@@ -107,7 +108,7 @@ def cmd_compare(args) -> int:
     workers = args.workers or (torch.cuda.device_count() or 2)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        summary = run_sweep(sweep, out, workers=workers, resume=args.resume, log=log)
+        summary = run_sweep(sweep, out, workers=workers, resume=args.resume, log=log, progress=sys.stderr.isatty())
     except KeyboardInterrupt as e:
         log(f"interrupted; continue with the same command and --resume ({out})")
         return getattr(e, "exit_code", 130)  # 143 when SIGTERM stopped a run
@@ -125,6 +126,8 @@ def report_args(p):
 
 
 def cmd_report(args) -> int:
+    from mhe.experiments.summary import write_summary
+
     for d in args.dirs:
         d = Path(d)
         paper, metric, also, kv = args.paper, args.metric, (), False
@@ -147,6 +150,9 @@ def overview_args(p):
 
 
 def cmd_overview(args) -> int:
+    from mhe.experiments.summary import overview
+    from mhe.training.checkpoint import write_text_atomic
+
     if args.out:
         check_output_file(args.out, "--out", parent_must_exist=True)
     if args.plot:

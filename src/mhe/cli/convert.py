@@ -7,10 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mhe.convert import TARGETS
-from mhe.convert.options import parse_option_sets
-from mhe.convert.runs import SPLITS, ConvertOptions, convert_run
-from mhe.convert.targets import MINIMISES
+from mhe.convert.options import MINIMISES, SPLITS, TARGETS, parse_option_sets
 from mhe.experiments.tables import print_table
 from mhe.output_paths import default_run_dir
 
@@ -44,18 +41,25 @@ def convert_args(p):
                    help="training sequences whose attention inputs fit MHE-Add's head offsets and measure the "
                         "error on projected outputs (default 32; 0: weight space only)")
     p.add_argument("--data", default="",
-                   help="the corpus to score and calibrate on (default: the run's own; needed for a Hugging Face "
-                        "directory: ptb, wikitext-2, wikitext-103, offline-english)")
+                   help="the corpus to score and calibrate on (default: the run's own; for a Hugging Face directory "
+                        "ptb, wikitext-2, wikitext-103 or offline-english, and without it the directory is converted "
+                        "without scoring or calibration)")
+    p.add_argument("--tokenizer", default="",
+                   help="for a Hugging Face directory: a tokenizer folder (as transformers saves one) or a run folder "
+                        "whose tokenizer it uses (default: the directory's own; without any, the converted run holds "
+                        "the model's vocabulary as ids only)")
     p.add_argument("--data-dir", default="", help="data folder (default: $MHE_DATA or ../shared/data)")
     p.add_argument("--device", default="auto", help="where scoring and calibration run: auto (a GPU if any), cpu, cuda")
 
 
 def cmd_convert(args) -> int:
+    from mhe.convert.runs import ConvertOptions, convert_run
+
     out = args.out or str(default_run_dir("convert", Path(args.checkpoint).resolve().name, args.attention))
     options = parse_option_sets(args.attention, args.set)  # before anything is read
     opts = ConvertOptions(kind=args.attention, n_kv_heads=args.n_kv_heads, options=options, align=args.align,
                           naive=args.naive, evaluate=args.evaluate, split=args.split, calibration=args.calibration,
-                          data=args.data, data_dir=args.data_dir, device=args.device)
+                          data=args.data, data_dir=args.data_dir, device=args.device, tokenizer=args.tokenizer)
     report = convert_run(args.checkpoint, out, opts, log=lambda m: print(m, file=sys.stderr))
     what = "naive initialisation" if args.naive else "fit"
     print(f"{report.source} -> {report.kind}: relative reconstruction error per sublayer, the {what} beside the "
@@ -70,8 +74,11 @@ def cmd_convert(args) -> int:
         print_table(*report.error_table("output"))
     if report.scores:
         src, conv = report.scores["source"], report.scores["converted"]
-        print(f"\n{src['metric']} on the {src['split']} split, before any training:")
-        print_table(["model", "attention", src["metric"]], [["source", report.source, f"{src['score']:.4g}"],
-                                                             ["converted", report.kind, f"{conv['score']:.4g}"]])
+        metric = src["metric"] + (f" per {src['perplexity_per']}" if "perplexity_per" in src else "")
+        print(f"\n{metric} on the {src['split']} split, before any training:")
+        print_table(["model", "attention", metric], [["source", report.source, f"{src['score']:.4g}"],
+                                                     ["converted", report.kind, f"{conv['score']:.4g}"]])
+    else:
+        print(f"\nnot scored: {report.options.get('not_scored', '--no-eval')}")
     print(f"\nwrote {out}")
     return 0

@@ -13,12 +13,6 @@ from mhe.data.paths import read_source_lines
 from mhe.errors import MheError, one_of
 from mhe.output_paths import check_output_dir, check_output_file
 from mhe.settings import check_bounds
-from mhe.tasks.cross_eval import corpus_perplexity
-from mhe.tasks.diagnostics import evaluate_diagnostics
-from mhe.tasks.runs import load_run
-from mhe.tasks.translation import DECODE_DTYPES
-from mhe.training.checkpoint import write_json_atomic
-from mhe.training.config import DataConfig
 
 EVAL_TASKS = ("lm", "mlm", "recall", "mt", "finetune")
 
@@ -38,6 +32,11 @@ def eval_args(p):
 
 
 def cmd_eval(args) -> int:
+    from mhe.tasks.cross_eval import corpus_perplexity
+    from mhe.tasks.runs import load_run
+    from mhe.training.checkpoint import write_json_atomic
+    from mhe.training.config import DataConfig
+
     if args.stride is not None:  # checked as data.eval_stride is, before the run is loaded
         stride_field = next(f for f in dataclasses.fields(DataConfig) if f.name == "eval_stride")
         check_bounds("--stride", args.stride, stride_field.metadata["bounds"])
@@ -75,6 +74,9 @@ def translate_args(p):
 
 
 def cmd_translate(args) -> int:
+    from mhe.tasks.runs import load_run
+    from mhe.tasks.translation import DECODE_DTYPES
+
     if args.beam is not None and args.beam <= 0:
         raise MheError(f"--beam must be a positive integer (1 is greedy), got {args.beam}")
     if args.alpha is not None and not (math.isfinite(args.alpha) and args.alpha >= 0):
@@ -100,6 +102,8 @@ def diagnostics_args(p):
 
 
 def cmd_diagnostics(args) -> int:
+    from mhe.tasks.diagnostics import evaluate_diagnostics
+
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     if args.out:
         check_output_dir(args.out, "--out")

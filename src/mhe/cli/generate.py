@@ -13,14 +13,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-
 from mhe.cli.common import add_run_folder_arg
 from mhe.data.paths import read_source_lines
 from mhe.data.tokenize import special_id
 from mhe.errors import MheError
-from mhe.models.generate import left_pad
-from mhe.tasks.runs import load_run
 
 
 def generate_args(p):
@@ -55,6 +51,11 @@ def read_prompts(prompts: list[str], source: str) -> list[str]:
 
 
 def cmd_generate(args) -> int:
+    import torch
+
+    from mhe.models.generate import left_pad
+    from mhe.tasks.runs import load_run
+
     prompts = read_prompts(args.prompt, args.input)
     if args.stream and len(prompts) != 1:
         raise MheError(f"--stream prints one continuation as it comes; got {len(prompts)} prompts")
@@ -62,7 +63,8 @@ def cmd_generate(args) -> int:
     model, cfg, task = load_run(args.run, inference=True, tasks=("lm",),
                                 needs="mhe generate needs a language-model (lm) run")
     tok = task.tok
-    eos, pad = special_id(tok, "[EOS]"), special_id(tok, "[PAD]")
+    eos, pad = special_id(tok, "[EOS]"), tok.token_to_id("[PAD]")
+    pad = eos if pad is None else pad  # a converted decoder without a pad token: masked positions only
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(dev)
     ids, mask = left_pad([[eos] + tok.encode(p, add_special_tokens=False).ids for p in prompts], pad)
@@ -77,7 +79,7 @@ def cmd_generate(args) -> int:
         print()
     for i, (reason, n) in enumerate(zip(res.finish_reasons(), res.new_tokens.tolist())):
         why = "the end token" if reason == "stop" else f"--max-new-tokens {args.max_new_tokens}"
-        print(f"prompt {i + 1}: {n} new tokens, stopped by {why}", file=sys.stderr)
+        print(f"prompt {i + 1}: {n} new token{'' if n == 1 else 's'}, stopped by {why}", file=sys.stderr)
     if args.stream:
         return 0
     for prompt, row in zip(prompts, res.tokens[:, ids.shape[1]:].tolist()):

@@ -8,26 +8,17 @@ import json
 import statistics
 
 from mhe.cli.common import DATA_DIR_HELP, add_run_folder_arg, refuse_set_keys
-from mhe.data.corpora import corpus_names
+from mhe.data.benchmarks import finetuning_tasks
+from mhe.data.corpora import corpus, corpus_names
 from mhe.data.parallel_text import PARALLEL
 from mhe.errors import MheError, one_of
-from mhe.experiments.summary import metric_means
 from mhe.models import preset
 from mhe.output_paths import check_output_dir, default_run_dir
-from mhe.tasks import TASKS, build_run, read_run_config, read_run_config_file
-from mhe.tasks.finetune_config import default_finetune_dir, finetune_config, finetuning_tasks
-from mhe.tasks.init_from import continued_run
-from mhe.tasks.runs import exit_status, run_training
-from mhe.training.checkpoint import write_json_atomic
-from mhe.training.config import check_device
-from mhe.training.loop import DONE
+from mhe.tasks.catalogue import CATALOGUE, build_run, read_run_config, read_run_config_file, train_tasks
+from mhe.tasks.finetune_config import default_finetune_dir, finetune_config
 from mhe.training.run_files import is_run_dir, require_run_dir
 
 PRETRAIN_TASK = {"decoder": "lm", "encoder": "mlm"}  # the objective of each architecture (section 4.1)
-
-def train_tasks() -> list[str]:
-    """The tasks ``mhe train`` runs (the others have their own command)."""
-    return [name for name, cls in TASKS.items() if cls.command == "train"]
 
 
 def add_set_args(p) -> None:
@@ -43,7 +34,7 @@ def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, dat
     may come from the run given by ``--init-from``)."""
     if task_choice:
         p.add_argument("--task", required=True,
-                       help="; ".join(f"{n}: {TASKS[n].summary}" for n in train_tasks()))
+                       help="; ".join(f"{n}: {CATALOGUE[n].summary}" for n in train_tasks()))
     data_help = data_help or f"corpus: {corpus_names()}"
     if from_source:
         p.add_argument("--preset", default=None, help="model preset (tiny-decoder, gpt2-base, bert-base, ...); "
@@ -64,7 +55,7 @@ def add_run_args(p, *, task_choice: bool, preset_default: str | None = None, dat
 
 def given_flags(args) -> dict[str, tuple[str, object]]:
     """The settings this command line's options gave explicitly (key -> the option as typed):
-    a ``--set`` item of the same key must agree (:func:`mhe.tasks.check_flags_agree`)."""
+    a ``--set`` item of the same key must agree (:func:`mhe.tasks.catalogue.check_flags_agree`)."""
     named = {"train.seed": ("--seed", args.seed), "model.attention": ("--attention", args.attention),
              "data.dataset": ("--data", args.data or None),
              "data.task_options.src": ("--src", getattr(args, "src", None)),
@@ -73,6 +64,7 @@ def given_flags(args) -> dict[str, tuple[str, object]]:
 
 
 def _run_from_args(task: str, args, task_options: dict | None = None, flags: dict | None = None):
+    """The run's checked configuration (no torch yet: a setting's error comes at once)."""
     return build_run(task, args.preset, attention=args.attention or "mha", data=args.data or "", data_dir=args.data_dir,
                      seed=args.seed, overrides=args.set, task_options=task_options,
                      flags=given_flags(args) if flags is None else flags)
@@ -90,11 +82,14 @@ def train_args(p):
 
 
 def cmd_train(args) -> int:
-    if args.task in TASKS and TASKS[args.task].command != "train":
-        raise MheError(f"task {args.task!r} has its own command: mhe {TASKS[args.task].command}")
-    if args.task not in TASKS:
+    if args.task in CATALOGUE and CATALOGUE[args.task].command != "train":
+        raise MheError(f"task {args.task!r} has its own command: mhe {CATALOGUE[args.task].command}")
+    if args.task not in CATALOGUE:
         raise one_of("task", args.task, train_tasks())
-    res = run_training(_run_from_args(args.task, args), args.out, args.resume)
+    cfg = _run_from_args(args.task, args)
+    from mhe.tasks.runs import exit_status, run_training  # torch: only once the settings hold
+
+    res = run_training(cfg, args.out, args.resume)
     print_result(res)
     return exit_status(res)
 
@@ -121,6 +116,10 @@ def cmd_pretrain(args) -> int:
                        "(train it with translation)")
     if not args.data:
         raise MheError(f"pretrain needs --data ({corpus_names()})")
+    corpus(args.data)  # a corpus of that name (its files are the task's check, with torch)
+    from mhe.tasks.init_from import continued_run  # torch: only once the settings hold
+    from mhe.tasks.runs import exit_status, run_training
+
     if source is not None:
         cfg = continued_run(_run_from_args(task, args, flags=flags), source, args.set, run=args.init_from, **given)
         cfg.train.init_from = str(args.init_from)
@@ -145,6 +144,8 @@ def cmd_train_mt(args) -> int:
     flags = given_flags(args)
     args.data = args.data or "multi30k"
     cfg = _run_from_args("mt", args, task_options=langs, flags=flags)
+    from mhe.tasks.runs import exit_status, run_training  # torch: only once the settings hold
+
     o = cfg.data.task_options
     out = args.out or str(default_run_dir("mt", cfg.data.dataset, f"{o.src}-{o.tgt}", cfg.preset, cfg.model.attention))
     res = run_training(cfg, out, args.resume)
@@ -178,6 +179,11 @@ def cmd_finetune(args) -> int:
         raise MheError(f"--resume: there is no run in {out}; drop --resume to start one")
     if args.seeds > 1 and is_run_dir(out):
         raise MheError(f"{out} holds a single-seed run; choose another --out for {args.seeds} seeds")
+    from mhe.experiments.summary import metric_means  # torch: only once the settings hold
+    from mhe.tasks.runs import exit_status, run_training
+    from mhe.training.checkpoint import write_json_atomic
+    from mhe.training.loop import DONE
+
     results = []
     for seed, cfg in enumerate(configs):
         run_dir = out / f"seed-{seed}" if args.seeds > 1 else out
@@ -207,8 +213,13 @@ def run_args(p):
 
 
 def cmd_run(args) -> int:
+    from mhe.training.config import check_device
+
     cfg = read_run_config_file(args.config)  # checks every setting
     check_device(cfg.train.device)
+    from mhe.tasks.runs import exit_status, run_training  # torch: only once the settings hold
+    from mhe.training.loop import DONE
+
     res = run_training(cfg, args.out, args.resume)
     if res["status"] in DONE:
         return 0

@@ -5,11 +5,19 @@
 * :func:`convert_run` (``mhe.convert.runs``): a run folder or a Hugging Face directory in, a
   run folder out that ``mhe eval``, ``generate``, ``finetune`` and ``pretrain --init-from`` take,
   with the score of the source and of the converted model before any training.
+
+Names are imported on first use (PEP 562): ``mhe convert --help`` reads the targets without torch.
 """
 
-from mhe.convert.model import SOURCES, convert_model
-from mhe.convert.stats import attention_modules, input_stats
-from mhe.convert.report import ConversionReport
-from mhe.convert.targets import TARGETS
+import importlib
+
+_WHERE = {"SOURCES": "model", "convert_model": "model", "attention_modules": "stats", "input_stats": "stats",
+          "ConversionReport": "report", "TARGETS": "options"}
 
 __all__ = ["SOURCES", "TARGETS", "ConversionReport", "attention_modules", "convert_model", "input_stats"]
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,16 +3,30 @@ MHE's ``rope_order``, ...), from ``--n-kv-heads`` and ``--set model.attn_options
 
 A conversion changes the attention kind and nothing else, so ``--set`` takes only the target
 kind's own options; every other setting is the source's (its shapes are the fitted weights').
+The target kinds, what each fit minimises and the splits scored live here, without torch, for
+``mhe convert --help``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from mhe.attention.registry import options_class
-from mhe.convert.targets import TARGETS
+from mhe.attention.options import options_class
 from mhe.errors import MheError
 from mhe.settings import set_path, typed_options
+
+TARGETS = ("mhe-mul", "mhe-add", "mqa", "gqa", "sha")
+"""The kinds a multi-head model converts to."""
+
+MINIMISES = {"mhe-mul": "query, key and value projections (weights)",
+             "mhe-add": "query, key and value projections (on calibration outputs)",
+             "mqa": "key and value projections (weights; mean pooling)",
+             "gqa": "key and value projections (weights; mean pooling)",
+             "sha": "logits and value-output maps (weights; the heads' mean and sum)"}
+"""What each kind's fit minimises exactly: those errors can never exceed the naive ones."""
+
+SPLITS = ("valid", "test")
+"""The held-out splits a conversion scores."""
 
 PREFIX = "model.attn_options."
 

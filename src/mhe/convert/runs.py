@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from mhe.convert.model import check_conversion, convert_model
+from mhe.convert.options import SPLITS
 from mhe.convert.report import ConversionReport
 from mhe.convert.sources import Source, data_task, load_source
 from mhe.convert.stats import input_stats
@@ -33,7 +34,6 @@ from mhe.training.checkpoint import save_weights
 from mhe.training.config import RunConfig, check_device
 from mhe.training.run_files import write_run_record
 
-SPLITS = ("valid", "test")
 
 
 @dataclass
@@ -52,6 +52,7 @@ class ConvertOptions:
     data: str = ""
     data_dir: str = ""
     device: str = "auto"
+    tokenizer: str = ""
 
 
 class Converter:
@@ -65,10 +66,15 @@ class Converter:
         split: the held-out split scored (``valid`` or ``test``).
         calibration: training sequences whose attention inputs calibrate the fit (0: none).
         evaluate: score the source and every converted model on ``split``.
+        tokenizer: for a Hugging Face directory, a folder or run whose tokenizer it uses.
+
+    A Hugging Face directory with no ``data`` converts without a corpus: not scored, not
+    calibrated (said through ``log``; :attr:`unscored` holds why).
     """
 
     def __init__(self, source_path: str | Path, *, data: str = "", data_dir: str = "", device: str = "auto",
-                 split: str = "valid", calibration: int = 32, evaluate: bool = True, log=print) -> None:
+                 split: str = "valid", calibration: int = 32, evaluate: bool = True, tokenizer: str = "",
+                 log=print) -> None:
         if split not in SPLITS:
             raise MheError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
         if calibration < 0:
@@ -81,9 +87,16 @@ class Converter:
             raise MheError(str(e).replace(f"train.device={device!r}", f"--device {device}")) from None
         self.device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
         self.split, self.calibration, self.evaluate = split, calibration, evaluate
-        self.src = load_source(source_path, data=data, data_dir=data_dir)
+        self.src = load_source(source_path, data=data, data_dir=data_dir, tokenizer=tokenizer)
         for note in self.src.notes:
             log(note)
+        self.unscored = "" if evaluate else "--no-eval"
+        if not self.src.cfg.data.dataset:  # a Hugging Face directory without --data: no corpus to read
+            if evaluate:
+                self.unscored, self.evaluate = "no corpus given (--data)", False
+            if calibration:
+                log("calibration: none without a corpus (--data); the fit uses the weights alone")
+                self.calibration = 0
         self._work = tempfile.TemporaryDirectory(prefix="mhe-convert-")
         self._task, self._stats, self._source_score = None, None, None
 
@@ -125,6 +138,8 @@ class Converter:
         model, report = convert_model(self.src.model, kind, n_kv_heads=n_kv_heads, options=options,
                                       calibration=self.stats(), align=align, naive=naive)
         report.options.update({"source": str(self.src.path), "origin": self.src.origin, "notes": self.src.notes})
+        if self.unscored:
+            report.options["not_scored"] = self.unscored
         if self.evaluate:
             report.scores = {"source": self.source_score(),
                              "converted": score(self.task, self.src, model, self.split, self.device)}
@@ -138,7 +153,7 @@ def convert_run(source_path: str | Path, out: str | Path, opts: ConvertOptions, 
     returns the report (also in ``out/conversion.json``)."""
     _check_out(Path(out))
     with Converter(source_path, data=opts.data, data_dir=opts.data_dir, device=opts.device, split=opts.split,
-                   calibration=opts.calibration, evaluate=opts.evaluate, log=log) as conv:
+                   calibration=opts.calibration, evaluate=opts.evaluate, tokenizer=opts.tokenizer, log=log) as conv:
         return conv.convert(opts.kind, out, n_kv_heads=opts.n_kv_heads, options=opts.options, align=opts.align,
                             naive=opts.naive)[1]
 

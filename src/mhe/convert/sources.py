@@ -2,11 +2,15 @@
 :func:`mhe.hf.import_hf` reads), as one :class:`Source` with its model, run configuration and
 tokenizer; :func:`data_task` sets the source's task up on its data (scores, calibration).
 
-A Hugging Face tokenizer becomes one with the special tokens ``mhe`` runs use (``[PAD]``,
-``[UNK]``, ``[CLS]``, ``[SEP]``, ``[MASK]``, ``[BOS]``, ``[EOS]``): a special token with one of
-those roles is renamed (GPT-2's ``<|endoftext|>`` becomes ``[EOS]``, keeping its id), and roles
-without a token of their own get new ids after the model's vocabulary, with embedding rows (and
-output rows, bias entries) equal to the mean of the existing ones.
+A Hugging Face tokenizer (the directory's own, or ``tokenizer=`` another folder or a run's)
+becomes one with the special tokens ``mhe`` runs use (``[PAD]``, ``[UNK]``, ``[CLS]``, ``[SEP]``,
+``[MASK]``, ``[BOS]``, ``[EOS]``): a special token with one of those roles is renamed (GPT-2's
+``<|endoftext|>`` becomes ``[EOS]``, keeping its id). An encoder's roles without a token of their
+own get new ids after the model's vocabulary, with embedding rows (and output rows, bias entries)
+equal to the mean of the existing ones; a decoder keeps its own special tokens and vocabulary
+size (only a missing end token, which language-model data needs, is added). Without any
+tokenizer the converted run holds ids only: placeholders for the model's vocabulary, its
+``config.json``'s BOS/EOS/PAD ids named as such.
 """
 
 from __future__ import annotations
@@ -49,20 +53,30 @@ class Source:
     path: Path
     origin: str
     notes: list[str] = field(default_factory=list)
+    text: bool = True  # False: a tokenizer of ids only (a Hugging Face directory without one)
 
 
-def load_source(path: str | Path, *, data: str = "", data_dir: str = "") -> Source:
+def load_source(path: str | Path, *, data: str = "", data_dir: str = "", tokenizer: str = "") -> Source:
     """The run folder or Hugging Face directory at ``path``; ``data``/``data_dir``: the corpus
-    and data folder the converted run records (default: the source run's)."""
+    and data folder the converted run records (default: the source run's); ``tokenizer``: for a
+    Hugging Face directory, a folder or run whose tokenizer it uses (default: its own, if any)."""
     path = Path(path)
     if not path.exists():
         raise MheError(f"{path} does not exist: pass a run folder (with config.json) or a Hugging Face "
                        "checkpoint directory")
-    if is_run_dir(path) and "run" in (read_json(path / "config.json") or {}):
+    if _is_run(path):
+        if tokenizer:
+            raise MheError(f"--tokenizer {tokenizer} is for a Hugging Face directory; the run {path} converts with "
+                           "its own tokenizer")
         return _run_source(path, data, data_dir)
     if (path / "config.json").is_file():
-        return _hf_source(path, data, data_dir)
+        return _hf_source(path, data, data_dir, tokenizer)
     raise MheError(f"{path} is neither a run folder nor a Hugging Face checkpoint directory (no config.json)")
+
+
+def _is_run(path: Path) -> bool:
+    """A run folder (its config.json records a run), not a Hugging Face directory."""
+    return is_run_dir(path) and "run" in (read_json(path / "config.json") or {})
 
 
 def _run_source(path: Path, data: str, data_dir: str) -> Source:
@@ -80,15 +94,25 @@ def _run_source(path: Path, data: str, data_dir: str) -> Source:
     return Source(model.cpu().eval(), cfg, load_tokenizer(path), path, "run")
 
 
-def _hf_source(path: Path, data: str, data_dir: str) -> Source:
+def _hf_source(path: Path, data: str, data_dir: str, tokenizer: str) -> Source:
     from mhe.hf.weights import import_hf
 
+    tok_dir = Path(tokenizer) if tokenizer else path
+    if tokenizer and not tok_dir.is_dir():
+        raise MheError(f"--tokenizer {tokenizer} is not a folder; give a Hugging Face tokenizer folder or a run folder")
+    text = bool(tokenizer) or has_tokenizer(path)
+    if data and not text:
+        raise MheError(f"--data {data} is text, and {path} has no tokenizer: pass --tokenizer DIR (a Hugging Face "
+                       "tokenizer folder or a run folder)")
     model = import_hf(path).eval()
     head = model.cfg.head
     if head not in PRETRAINING_TASKS:
         raise MheError(f"{path} holds a {model.cfg.arch} with a {head!r} head; convert its pre-training "
                        f"checkpoint (heads: {', '.join(PRETRAINING_TASKS)}) and fine-tune the converted run")
-    tok, notes = hf_tokenizer(path, model.cfg.vocab_size)
+    if text:
+        tok, notes = hf_tokenizer(tok_dir, model.cfg.vocab_size, causal=model.cfg.arch == "decoder")
+    else:
+        tok, notes = ids_only_tokenizer(path, model.cfg.vocab_size)
     if tok.get_vocab_size() > model.cfg.vocab_size:
         model = grow_vocab(model, tok.get_vocab_size())
     task = PRETRAINING_TASKS[head]
@@ -96,7 +120,36 @@ def _hf_source(path: Path, data: str, data_dir: str) -> Source:
     run = default_run(task, preset_name, "mha", data)
     run.data.data_dir = data_dir
     cfg = RunConfig(task=task, preset=preset_name, model=model.cfg.replace(), train=run.train, data=run.data)
-    return Source(model, cfg, tok, path, "huggingface", notes)
+    return Source(model, cfg, tok, path, "huggingface", notes, text)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
+
+
+def has_tokenizer(path: Path) -> bool:
+    """Whether the directory holds any tokenizer file transformers reads."""
+    return any((path / name).is_file() for name in TOKENIZER_FILES)
+
+
+def ids_only_tokenizer(path: Path, vocab_size: int) -> tuple[Tokenizer, list[str]]:
+    """For a directory with no tokenizer: ``vocab_size`` placeholder tokens (the model's
+    vocabulary, unchanged), the ids its ``config.json`` gives BOS, EOS and PAD named ``[BOS]``,
+    ``[EOS]``, ``[PAD]``: the converted run works on ids; text needs the checkpoint's tokenizer."""
+    from tokenizers import models
+
+    config = read_json(path / "config.json") or {}
+    names = {}
+    for ours, key in (("[BOS]", "bos_token_id"), ("[EOS]", "eos_token_id"), ("[PAD]", "pad_token_id")):
+        i = config.get(key)
+        i = i[0] if isinstance(i, list) and i else i
+        if isinstance(i, int) and 0 <= i < vocab_size and i not in names:
+            names[i] = ours
+    vocab = {names.get(i, f"[unused-{i}]"): i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=names.get(0, "[unused-0]")))
+    tok.add_special_tokens(list(names.values()))
+    named = ", ".join(f"{v} = {k}" for k, v in sorted(names.items())) or "no special ids in config.json"
+    return tok, [f"tokenizer: none in {path} (pass --tokenizer DIR, a folder or a run, to convert text); the "
+                 f"converted run holds ids only: the model's vocabulary of {vocab_size:,} ({named})"]
 
 
 def family_preset(cfg) -> str:
@@ -107,9 +160,12 @@ def family_preset(cfg) -> str:
                 and (make().positions == "rotary") == (cfg.positions == "rotary"))
 
 
-def hf_tokenizer(path: Path, vocab_size: int) -> tuple[Tokenizer, list[str]]:
-    """The directory's tokenizer with ``mhe``'s special tokens (module docstring) and at least
-    ``vocab_size`` entries (placeholders fill a model vocabulary larger than the tokenizer)."""
+def hf_tokenizer(path: Path, vocab_size: int, *, causal: bool = False) -> tuple[Tokenizer, list[str]]:
+    """The folder's tokenizer (a run's ``tokenizer.json``, or one transformers reads) with ``mhe``'s
+    special tokens (module docstring; ``causal``: a decoder's, nothing but a missing [EOS] added)
+    and at least ``vocab_size`` entries (placeholders fill a model vocabulary larger than the tokenizer)."""
+    if _is_run(path):
+        return _fill(load_tokenizer(path), path, vocab_size, causal, [f"tokenizer: the run {path}'s"])
     from transformers import AutoTokenizer
 
     try:
@@ -130,6 +186,12 @@ def hf_tokenizer(path: Path, vocab_size: int) -> tuple[Tokenizer, list[str]]:
         renamed[theirs] = ours
         notes.append(f"tokenizer: {theirs} is {ours}")
     tok = Tokenizer.from_str(json.dumps(_rename(spec, renamed)))
+    return _fill(tok, path, vocab_size, causal, notes)
+
+
+def _fill(tok: Tokenizer, path: Path, vocab_size: int, causal: bool, notes: list[str]) -> tuple[Tokenizer, list[str]]:
+    """``tok`` padded with placeholders to ``vocab_size`` and given the special tokens it lacks
+    (a decoder: only [EOS])."""
     if tok.get_vocab_size() > vocab_size:
         raise MheError(f"{path}: the tokenizer has {tok.get_vocab_size()} entries, more than the model's "
                        f"{vocab_size}")
@@ -138,7 +200,7 @@ def hf_tokenizer(path: Path, vocab_size: int) -> tuple[Tokenizer, list[str]]:
         tok.add_special_tokens([f"[unused-{i}]" for i in range(gap)])
         notes.append(f"tokenizer: {gap} placeholder(s) fill the model's vocabulary of {vocab_size}")
     have = set(tok.get_vocab(with_added_tokens=True))
-    missing = [s for s in SPECIALS if s not in have]
+    missing = [s for s in (["[EOS]"] if causal else SPECIALS) if s not in have]
     if missing:
         tok.add_special_tokens(missing)
         notes.append(f"tokenizer: {', '.join(missing)} added after the vocabulary (embeddings: the mean row)")
@@ -177,6 +239,9 @@ def data_task(source: Source, work: Path, device: torch.device):
     if not source.cfg.data.dataset and source.cfg.task in ("lm", "mlm"):
         raise MheError(f"scoring {source.path} needs a corpus: pass --data (ptb, wikitext-2, wikitext-103, "
                        "offline-english) or --no-eval")
+    if not source.text:
+        raise MheError(f"--data {source.cfg.data.dataset} is text, and {source.path} has no tokenizer: pass "
+                       "--tokenizer DIR (a Hugging Face tokenizer folder or a run folder)")
     work.mkdir(parents=True, exist_ok=True)
     save_tokenizer(source.tokenizer, work)
     task = build_task(source.cfg.task)

@@ -48,19 +48,9 @@ from torch import Tensor
 
 from mhe.convert.fit import expand_groups, group_means, low_rank_factors, rank1_scales
 from mhe.convert.heads import ROLES, Heads, linear_state, out_state
+from mhe.convert.options import MINIMISES, TARGETS  # noqa: F401 (re-exported)
 from mhe.convert.rotary import RotaryFit
 from mhe.convert.stats import InputStats
-
-TARGETS = ("mhe-mul", "mhe-add", "mqa", "gqa", "sha")
-"""The kinds a multi-head model converts to."""
-
-MINIMISES = {"mhe-mul": "query, key and value projections (weights)",
-             "mhe-add": "query, key and value projections (on calibration outputs)",
-             "mqa": "key and value projections (weights; mean pooling)",
-             "gqa": "key and value projections (weights; mean pooling)",
-             "sha": "logits and value-output maps (weights; the heads' mean and sum)"}
-"""What each kind's fit minimises exactly: those errors can never exceed the naive ones."""
-
 
 @dataclass(frozen=True)
 class Fitted:

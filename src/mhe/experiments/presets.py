@@ -17,7 +17,7 @@ from mhe.attention import PAPER_KINDS
 from mhe.errors import one_of
 from mhe.experiments.entries import split_entry
 from mhe.tasks import default_run
-from mhe.tasks.lm import LMOptions
+from mhe.tasks.settings import LMOptions
 from mhe.training.config import RunConfig, apply_overrides, validate
 
 
@@ -81,9 +81,10 @@ def gpu_mlm(cfg: RunConfig) -> RunConfig:
 def gpu_lm(cfg: RunConfig) -> RunConfig:
     """GPT-2 base head geometry (12 heads of 64), 6 layers of 256 tokens, 600 steps with
     early stopping. The score uses stride 128 (the paper's 256, capped at half the
-    window); runs also record perplexity_stride256."""
+    window); runs also record perplexity_stride256 (``data.eval_second_stride``)."""
     cfg.model = cfg.model.replace(n_layers=6, max_len=256, dropout=0.1, attn_dropout=0.1)
     cfg.data.vocab_size = 16384
+    cfg.data.eval_second_stride = 256
     t = cfg.train
     t.steps, t.batch_size, t.lr, t.warmup_steps, t.schedule = 600, 32, 5e-4, 60, "cosine"
     t.eval_every, t.save_every, t.patience, t.log_every = 100, 100, 3, 25

@@ -105,7 +105,10 @@ def aggregate(runs: list[dict], metric: str | None = None) -> dict:
         if "sha" in ref and row["kind"] != "sha":
             row["peop"] = _safe_peop(row["mean"], row["attention_params"], ref["sha"]["mean"],
                                      ref["sha"]["attention_params"], hib)
-    return {"task": task, "metric": metric, "higher_is_better": hib, "rows": rows}
+    out = {"task": task, "metric": metric, "higher_is_better": hib, "rows": rows}
+    if metric.startswith("perplexity") and runs[0].get("perplexity_per"):
+        out["perplexity_per"] = runs[0]["perplexity_per"]  # word or token: the unit every table names
+    return out
 
 
 def _order(name: str) -> tuple:
@@ -161,6 +164,15 @@ def _mean_std(mean, std, n_seeds: int, mean_text: str, std_text: str) -> str:
     return f"{mean_text} ± {std_text}" if n_seeds > 1 else mean_text
 
 
+def metric_label(summary: dict) -> str:
+    """The metric's name with its unit where it has one (``perplexity per word`` / ``per token``)."""
+    m = summary["metric"]
+    if m.startswith("word_perplexity"):
+        return m.replace("word_perplexity", "perplexity per word")
+    per = summary.get("perplexity_per")
+    return m.replace("perplexity", f"perplexity per {per}") if per else m
+
+
 def _table(rows: list[dict], metric: str, paper: dict | None, kv_cache: bool) -> list[str]:
     """One Markdown table of summary rows (with the paper's columns, and the KV cache column)."""
     head = ["Attention", "#params"] + (["KV cache / token (bf16)"] if kv_cache else []) + [
@@ -186,7 +198,7 @@ def _table(rows: list[dict], metric: str, paper: dict | None, kv_cache: bool) ->
 def markdown(summary: dict, paper: dict | None = None) -> str:
     """The summary's table (and one table per ``also`` number), then what the columns mean."""
     m, kv = summary["metric"], bool(summary.get("kv_cache"))
-    lines = _table(summary["rows"], m, paper, kv)
+    lines = _table(summary["rows"], metric_label(summary), paper, kv)
     for other, part in (summary.get("also") or {}).items():
         lines += ["", f"`{other}`:", ""] + _table(part["rows"], other, None, kv)
     direction = "higher" if summary["higher_is_better"] else "lower"
@@ -292,7 +304,7 @@ def overview(dirs: list[Path], plot: Path | None = None) -> str:
             scores = [s["paper"]["rows"].get(k, {}).get("score") for s in summaries]
             if all(x is not None for x in scores):
                 paper_avg[k] = statistics.fmean(scores)
-    head = ["Attention", "#params"] + [f"{t} ({s['metric']})" for t, s in zip(tasks, summaries)] + [
+    head = ["Attention", "#params"] + [f"{t} ({metric_label(s)})" for t, s in zip(tasks, summaries)] + [
         "average", "PRR (%)", "PEoP"]
     if paper_avg:
         head += ["paper average", "paper PRR (%)"]

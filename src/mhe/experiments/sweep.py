@@ -22,6 +22,7 @@ from mhe.experiments.entries import entry_dir, split_entry
 from mhe.experiments.paper import paper_tables
 from mhe.experiments.presets import EXPERIMENTS, experiment
 from mhe.experiments.summary import write_summary
+from mhe.experiments.sweep_progress import Job, SweepProgress
 from mhe.output_paths import default_run_dir, free_name
 from mhe.runtime import worker_threads
 from mhe.tasks import build_task
@@ -96,10 +97,11 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def run_config(sweep: Sweep, entry: str, seed: int):
+def run_config(sweep: Sweep, entry: str, seed: int, *, progress: bool = False):
     """The RunConfig of one (entry, seed): the task's defaults (or the experiment's settings)
     for the entry's kind, the entry's variant (:mod:`mhe.experiments.entries`), the sweep's
-    --set items, the seed."""
+    --set items, the seed. Its progress bars are off unless ``progress`` (a worker's, drawn in
+    its ``stderr.log``), and then only where the --set items leave them on."""
     kind, entry_sets = split_entry(entry)
     if sweep.task in BENCH:
         if not sweep.pretrained:
@@ -109,7 +111,7 @@ def run_config(sweep: Sweep, entry: str, seed: int):
             raise MheError(f"no finished pre-training run for {entry!r} at {ckpt}")
         cfg = finetune_config(sweep.task, str(ckpt), data_dir=sweep.data_dir, overrides=list(sweep.overrides or []),
                               seed=seed)
-        cfg.train.progress = False
+        cfg.train.progress = progress and cfg.train.progress
         return cfg
     if sweep.experiment:
         cfg = experiment(sweep.experiment).run_config(kind, data=sweep.data)
@@ -118,7 +120,7 @@ def run_config(sweep: Sweep, entry: str, seed: int):
     cfg.data.data_dir = sweep.data_dir
     cfg = apply_overrides(cfg, entry_sets + list(sweep.overrides or []))
     cfg.train.seed = seed
-    cfg.train.progress = False
+    cfg.train.progress = progress and cfg.train.progress
     return cfg
 
 
@@ -166,8 +168,11 @@ def check_sweep_dir(out: Path, sweep: Sweep) -> None:
                            f"choose another --out ({free_name(out)} is free)")
 
 
-def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, resume: bool = False, log=print) -> dict:
-    """Run what is missing, then write the summary. Returns the summary."""
+def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, resume: bool = False, log=print,
+              progress: bool = False) -> dict:
+    """Run what is missing, then write the summary. Returns the summary. ``progress``: draw one
+    live line for the whole comparison on standard error (:mod:`mhe.experiments.sweep_progress`;
+    ``mhe compare`` asks for it on a terminal, unless ``train.progress=false``), messages above it."""
     out = Path(out)
     check_sweep_dir(out, sweep)
     for kind in sweep.kinds:  # every run's configuration and data checked before any folder is made
@@ -194,17 +199,25 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, resume: bool =
     if len(jobs) < len(runs):
         log(f"{len(runs) - len(jobs)} run(s) already finished: results in {out / 'runs'}")
     log(f"{len(jobs)} run(s) to do, {workers} at a time -> {out}")
-    if workers <= 1:
-        for kind, seed, run_dir in jobs:
-            res = _run_inprocess(sweep, kind, seed, run_dir, log)
-            if res["status"] == "interrupted":
-                raise RunInterrupted(res["signal"])
-    else:
-        _run_parallel(sweep, jobs, workers, log)
+    shown = progress and run_config(sweep, jobs[0][0], jobs[0][1], progress=True).train.progress
+    line = SweepProgress([Job(f"{k} seed {s}", d, run_config(sweep, k, s).train.steps) for k, s, d in jobs],
+                         enabled=shown)
+    with line:
+        if workers <= 1:
+            for job, (kind, seed, run_dir) in zip(line.jobs, jobs):
+                line.start(job)
+                res = _run_inprocess(sweep, kind, seed, run_dir, line.log if shown else log)
+                line.finish(job)
+                if res["status"] == "interrupted":
+                    raise RunInterrupted(res["signal"])
+        else:
+            _run_parallel(sweep, jobs, workers, line.log if shown else log, line)
     return write_summary(out, **sweep.report())
 
 
 def _run_inprocess(sweep, kind, seed, run_dir: Path, log) -> dict:
+    """One run in this process, without its own progress bar (the comparison's line is drawn
+    instead, where it is drawn)."""
     cfg = run_config(sweep, kind, seed)
     resume = is_run_dir(run_dir)  # unfinished (--resume was given: run_sweep checked)
     t0 = time.perf_counter()
@@ -225,16 +238,18 @@ def gpu_for_slot(slot: int, gpus: int, visible: str | None = None) -> str:
     return str(slot % gpus)
 
 
-def _run_parallel(sweep, jobs, workers, log) -> None:
-    """One subprocess per run; GPUs are handed out one per worker, CPU threads are shared."""
+def _run_parallel(sweep, jobs, workers, log, line: SweepProgress | None = None) -> None:
+    """One subprocess per run (its progress bar in its ``stderr.log``); GPUs are handed out one per
+    worker, CPU threads are shared; ``line`` is told when each run starts and ends."""
+    line = line or SweepProgress([Job(f"{k} seed {s}", d, 0) for k, s, d in jobs], enabled=False)
     gpus = torch.cuda.device_count()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     threads = worker_threads(workers)
 
     def launch(slot_job):
-        slot, (kind, seed, run_dir) = slot_job
+        slot, (job, (kind, seed, run_dir)) = slot_job
         run_dir.mkdir(parents=True, exist_ok=True)
-        cfg = run_config(sweep, kind, seed)
+        cfg = run_config(sweep, kind, seed, progress=True)  # its bar in its stderr.log (outside the run's hash)
         write_json_atomic(run_dir / "run.json", cfg.to_dict())
         cmd = [sys.executable, "-m", "mhe", "run", "--config", str(run_dir / "run.json"), "--out", str(run_dir)]
         if is_run_dir(run_dir):  # unfinished (--resume was given: run_sweep checked)
@@ -244,8 +259,10 @@ def _run_parallel(sweep, jobs, workers, log) -> None:
         if gpu:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         log(f"[start] {kind} seed {seed}" + (f" on GPU {gpu}" if gpu else ""))
+        line.start(job)
         with open(run_dir / "stderr.log", "a") as err:
             rc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err).returncode
+        line.finish(job)
         if rc == 0 and (run_dir / "results.json").exists():
             score = json.loads((run_dir / "results.json").read_text())["score"]
             log(f"[done] {kind} seed {seed}: {score:.4g}")
@@ -253,7 +270,7 @@ def _run_parallel(sweep, jobs, workers, log) -> None:
             log(f"[failed] {kind} seed {seed} (exit {rc}); see {run_dir / 'stderr.log'}")
         return rc
 
-    slots = [(i % workers, job) for i, job in enumerate(jobs)]
+    slots = [(i % workers, job) for i, job in enumerate(zip(line.jobs, jobs))]
     with ThreadPoolExecutor(max_workers=workers) as pool:
         codes = list(pool.map(launch, slots))
     if any(codes):

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from mhe.errors import MheError, one_of
+from mhe.hf.checkpoint_files import check_shapes
 from mhe.hf.llama import LLAMA_CLASSES, llama_class, llama_hf_config, llama_model_config, llama_to_mhe, mhe_to_llama
 from mhe.models import MODEL_CLASSES, ModelConfig
 
@@ -208,6 +209,7 @@ def _load_hf(source, **kwargs):
     arch = (getattr(config, "architectures", None) or [""])[0]
     if arch not in HF_CLASSES and arch not in LLAMA_CLASSES:
         raise one_of(f"Hugging Face model class in {path}", arch, (*HF_CLASSES, *LLAMA_CLASSES))
+    check_shapes(path, getattr(transformers, arch), config)  # whole weights of config.json's shapes, or one line
     return getattr(transformers, arch).from_pretrained(str(path), **kwargs)
 
 

@@ -1,17 +1,24 @@
-"""The three architectures of the paper (section 4.3) and their presets."""
+"""The three architectures of the paper (section 4.3) and their presets.
 
-from mhe.models.build import MODEL_CLASSES, build_model, require_model, resolve_config
-from mhe.models.config import ARCHS, PRESETS, ModelConfig, preset
-from mhe.models.decoder import DecoderForCausalLM, DecoderForSequenceClassification
-from mhe.models.encoder import (
-    EncoderForMaskedLM,
-    EncoderForQuestionAnswering,
-    EncoderForSequenceClassification,
-)
-from mhe.models.outputs import ModelOutput
-from mhe.models.seq2seq import EncoderDecoder
+Names are imported on first use (PEP 562): the configuration and presets
+(:mod:`mhe.models.config`) come without torch, the models with it.
+"""
 
-__all__ = ["ARCHS", "MODEL_CLASSES", "PRESETS", "DecoderForCausalLM", "DecoderForSequenceClassification",
-           "EncoderDecoder", "EncoderForMaskedLM", "EncoderForQuestionAnswering",
-           "EncoderForSequenceClassification", "ModelConfig", "ModelOutput", "build_model", "preset",
-           "require_model", "resolve_config"]
+import importlib
+
+_WHERE = {
+    "MODEL_CLASSES": "build", "build_model": "build", "require_model": "build", "resolve_config": "build",
+    "ARCHS": "config", "PRESETS": "config", "ModelConfig": "config", "preset": "config",
+    "DecoderForCausalLM": "decoder", "DecoderForSequenceClassification": "decoder",
+    "EncoderForMaskedLM": "encoder", "EncoderForQuestionAnswering": "encoder",
+    "EncoderForSequenceClassification": "encoder",
+    "ModelOutput": "outputs", "EncoderDecoder": "seq2seq",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"mhe.models.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'mhe.models' has no attribute {name!r}")

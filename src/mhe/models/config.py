@@ -6,9 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mhe.attention.base import AttentionConfig
-from mhe.attention.registry import KINDS, options_class
-from mhe.attention.rotary import rotary_width
+from mhe.attention.options import KINDS, AttentionConfig, options_class, rotary_width
 from mhe.errors import MheError, one_of
 from mhe.settings import check_fields, setting, typed_options
 

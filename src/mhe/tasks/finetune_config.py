@@ -14,7 +14,6 @@ from mhe.data.benchmarks import bench_task, finetuning_tasks, task_files
 from mhe.errors import MheError
 from mhe.output_paths import default_run_dir
 from mhe.settings import setting
-from mhe.training import checkpoint as ckpt
 from mhe.training.config import DataConfig, RunConfig, TrainConfig, apply_overrides
 from mhe.training.atomic import verify
 from mhe.training.run_files import locate_run, read_run_record, require_run_dir
@@ -74,7 +73,9 @@ def pretraining_checkpoint(path: str, option: str = "--run") -> tuple[Path, Path
         if problem is not None:
             raise MheError(f"{option} {path} cannot be loaded: {problem}")
         return run, point
-    point = ckpt.latest_checkpoint(run / "checkpoints", report=lambda _: None)
+    from mhe.training.checkpoint import latest_checkpoint  # here: the settings above are read without torch
+
+    point = latest_checkpoint(run / "checkpoints", report=lambda _: None)
     if point is None:
         raise MheError(f"{option} {path}: no complete checkpoint under {run / 'checkpoints'}")
     return run, point

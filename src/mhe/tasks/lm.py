@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from mhe.data.corpora import CORPORA, check_corpus, word_count
+from mhe.data.corpora import check_corpus, word_count
 from mhe.data.tokenize import load_tokenizer
 from mhe.errors import MheError
 from mhe.metrics.perplexity import perplexity, sliding_window_nll
@@ -13,10 +12,9 @@ from mhe.models import build_model
 from mhe.models.config import cpu_sized
 from mhe.tasks.cross_eval import corpus_perplexity
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
-from mhe.tasks.text import TextTask, check_text_data, corpus_lines, is_word_level, token_stream
-from mhe.training.config import DataConfig
+from mhe.tasks.settings import LMSettings
+from mhe.tasks.text import check_text_data, corpus_lines, is_word_level, token_stream
 from mhe.training.run_report import phase
-from mhe.training.task import is_tiny
 
 
 # Tiny presets with a large vocabulary (word-level WikiText-2: 33k) use an adaptive softmax:
@@ -25,35 +23,8 @@ ADAPTIVE_FROM = 20_000
 ADAPTIVE_CUTOFFS = (2000, 10000)
 
 
-@dataclass(frozen=True)
-class LMOptions:
-    """``data.task_options`` of lm: ``also_test`` names further corpora whose test split the
-    finished model is scored on as well, with the run's tokenizer and the same sliding window
-    (the paper pre-trains once and reports WikiText-103 and PTB, section 4.5). Each adds
-    ``CORPUS_perplexity`` (and, for a sub-word tokenizer, ``CORPUS_word_perplexity``) to
-    ``results.json``; the score stays the training corpus's own test split."""
-
-    also_test: list[str] = field(default_factory=list)
-
-    def check(self) -> None:
-        for name in self.also_test:
-            if name not in CORPORA:
-                raise MheError(f"data.task_options.also_test: unknown corpus {name!r}; valid: {', '.join(CORPORA)}")
-
-
-class CausalLMTask(TextTask):
-    name = "lm"
-    metric = "perplexity"
-    higher_is_better = False
-    summary = "causal language modelling (decoder presets), test perplexity"
-    static_shapes = True  # batch_size x seq_len blocks, full batches only (an adaptive softmax: not; setup)
-    options = LMOptions
-
-    @classmethod
-    def default_data(cls, preset, dataset):
-        # the tokenised WikiText-2 is a word-level corpus (33k words)
-        word = is_tiny(preset) and dataset == "wikitext-2"
-        return DataConfig(dataset=dataset, tokenizer="word" if word else "")
+class CausalLMTask(LMSettings):
+    """Causal LM pre-training and its sliding-window perplexity, on top of its settings."""
 
     def check(self, cfg):
         if cfg.model.arch != "decoder":
@@ -133,6 +104,9 @@ class CausalLMTask(TextTask):
         return self._ppl(model, self.valid, self.valid_lines, self.max_len)
 
     def final(self, model):
+        """The test split's sliding-window perplexity at :meth:`stride`: one pass, unless
+        ``data.eval_second_stride`` asks for a second one (``perplexity_strideN``, with
+        ``word_perplexity_strideN`` for sub-word tokenizers)."""
         model.eval()
         test_lines = self.test_lines
         stride = self.stride()
@@ -140,12 +114,12 @@ class CausalLMTask(TextTask):
         shown = self.cfg.train.progress  # the sliding window runs for minutes on a CPU: show it
         res = self._ppl(model, ids, test_lines, stride, progress=shown)
         out = {"split": "test", "stride": stride, "score": res["perplexity"], **res}
-        asked = min(self.cfg.data.eval_stride, self.max_len)
-        if asked > stride:  # the stride asked for was capped: report it as well (the paper fixes 256)
-            extra = self._ppl(model, ids, test_lines, asked, progress=shown)
-            out[f"perplexity_stride{asked}"] = extra["perplexity"]
+        second = min(self.cfg.data.eval_second_stride, self.max_len)
+        if second:  # asked for: e.g. the paper's 256 where it is capped at half the window
+            extra = self._ppl(model, ids, test_lines, second, progress=shown)
+            out[f"perplexity_stride{second}"] = extra["perplexity"]
             if "word_perplexity" in extra:
-                out[f"word_perplexity_stride{asked}"] = extra["word_perplexity"]
+                out[f"word_perplexity_stride{second}"] = extra["word_perplexity"]
         for name in self.cfg.data.task_options.also_test:
             other = corpus_perplexity(self, model, self.cfg, name)
             out[f"{name}_perplexity"] = other["perplexity"]
@@ -162,7 +136,7 @@ class CausalLMTask(TextTask):
 
     def stride(self) -> int:
         """The paper's stride (256) but never more than half the window, so every scored
-        token keeps at least half a window of context. When that caps ``data.eval_stride``,
-        :meth:`final` also reports ``perplexity_strideN`` at the stride asked for (at most the
+        token keeps at least half a window of context. ``data.eval_second_stride`` asks
+        :meth:`final` for a second figure at another stride, e.g. the uncapped one (at most the
         window: then consecutive windows share one token)."""
         return max(1, min(self.cfg.data.eval_stride, self.max_len // 2))

@@ -11,7 +11,8 @@ from mhe.data.tokenize import load_tokenizer, special_id
 from mhe.errors import MheError
 from mhe.models import build_model
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
-from mhe.tasks.text import TextTask, check_text_data, corpus_lines, token_stream
+from mhe.tasks.settings import MLMSettings
+from mhe.tasks.text import check_text_data, corpus_lines, token_stream
 from mhe.training.config import compile_wanted
 
 
@@ -50,12 +51,8 @@ def masked_positions(labels: torch.Tensor, rows: int | None = None) -> torch.Ten
     return torch.cat([pos, pos.new_zeros(rows - pos.numel())])
 
 
-class MaskedLMTask(TextTask):
-    name = "mlm"
-    metric = "mlm_accuracy"
-    higher_is_better = True
-    summary = "masked language modelling (encoder presets), validation accuracy"
-    static_shapes = True  # packed blocks; a compiled run scores a fixed number of masked rows (self.static)
+class MaskedLMTask(MLMSettings):
+    """Masked LM pre-training and its accuracy, on top of its settings (:mod:`mhe.tasks.settings`)."""
 
     def check(self, cfg):
         if cfg.model.arch != "encoder":

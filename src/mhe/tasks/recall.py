@@ -12,7 +12,6 @@ Score: accuracy over the queried values (higher is better).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,35 +19,7 @@ import torch
 from mhe.errors import MheError
 from mhe.models import build_model
 from mhe.models.losses import IGNORE, causal_lm_loss
-from mhe.settings import setting
-from mhe.training.config import TrainConfig
-from mhe.training.task import Task, is_tiny
-
-RECALL_TRAIN = dict(steps=1000, batch_size=64, lr=3e-3, warmup_steps=50, schedule="cosine", log_every=20,
-                    save_every=250, weight_decay=0.0, betas=(0.9, 0.98))
-RECALL_MODEL = dict(d_model=64, d_ff=256, n_layers=2, n_heads=4, dropout=0.0, attn_dropout=0.0)
-
-
-@dataclass(frozen=True)
-class RecallOptions:
-    """``data.task_options`` of recall: ``pairs`` key-value pairs per sequence, ``queries`` of
-    them asked again, from ``n_keys`` keys and ``n_values`` values; ``data_seed`` fixes the data."""
-
-    n_keys: int = setting(32, gt=0)
-    n_values: int = setting(32, gt=0)
-    pairs: int = setting(8, gt=0)
-    queries: int = setting(8, gt=0)
-    train_size: int = setting(20000, gt=0)
-    test_size: int = setting(1000, gt=0)
-    data_seed: int = setting(1234, ge=0)
-
-    def check(self) -> None:
-        """The rules between fields, checked once every ``--set`` item is in."""
-        if self.pairs > self.n_keys:
-            raise MheError(f"data.task_options.pairs={self.pairs} must be <= data.task_options.n_keys={self.n_keys}")
-        if self.queries > self.pairs:
-            raise MheError(f"data.task_options.queries={self.queries} must be <= "
-                           f"data.task_options.pairs={self.pairs}")
+from mhe.tasks.settings import RECALL_MODEL, RECALL_TRAIN, RecallOptions, RecallSettings  # noqa: F401 (re-exported)
 
 
 def make_recall(n: int, *, n_keys: int, n_values: int, pairs: int, queries: int, seed: int):
@@ -70,20 +41,8 @@ def make_recall(n: int, *, n_keys: int, n_values: int, pairs: int, queries: int,
     return x, labels
 
 
-class RecallTask(Task):
-    name = "recall"
-    metric = "accuracy"
-    higher_is_better = True
-    summary = "multi-query associative recall (generated, no download)"
-    options = RecallOptions
-
-    @classmethod
-    def default_train(cls, preset, dataset):
-        return TrainConfig(**RECALL_TRAIN)
-
-    @classmethod
-    def default_model(cls, preset):
-        return dict(RECALL_MODEL) if is_tiny(preset) else {}
+class RecallTask(RecallSettings):
+    """Recall's data (generated), loss and accuracy, on top of its settings (:mod:`mhe.tasks.settings`)."""
 
     def check(self, cfg):
         if cfg.model.arch != "decoder":

@@ -17,22 +17,6 @@ from mhe.progress import bar, note
 from mhe.runtime import cache_root
 from mhe.tasks.vocab import resolve_tokenizer
 from mhe.training.run_report import phase
-from mhe.training.task import Task, is_tiny
-
-
-class TextTask(Task):
-    """Pre-training on a text corpus (lm, mlm): the defaults both share."""
-
-    @classmethod
-    def default_train(cls, preset, dataset):
-        train = super().default_train(preset, dataset)
-        if is_tiny(preset):
-            train.batch_size = 16  # 16 x 64 tokens a step: a 10k-word softmax stays cheap on two CPU cores
-        return train
-
-    @classmethod
-    def default_model(cls, preset):
-        return {"max_len": 64} if is_tiny(preset) else {}
 
 
 def check_text_data(cfg, what: str, splits=SPLITS) -> None:

@@ -30,11 +30,11 @@ from mhe.models import build_model
 from mhe.models.beam_search import BeamSearcher, beam_search, source_bucket
 from mhe.models.losses import IGNORE
 from mhe.progress import bar
+from mhe.tasks.settings import TranslationSettings
 from mhe.tasks.mt_protocol import averaged_checkpoint_score, last_checkpoint_scores
 from mhe.tasks.text import pad_rows, tokenizer_for
-from mhe.tasks.translation_config import TranslationOptions, translation_train
+from mhe.tasks.translation_config import TranslationOptions  # noqa: F401 (re-exported)
 from mhe.training.averaging import last_checkpoints
-from mhe.training.task import Task
 
 PROTOCOLS = ("best", "last5")
 DECODE_DTYPES = ("float32", "bfloat16")
@@ -75,21 +75,12 @@ def token_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int) -> 
     return batches
 
 
-class TranslationTask(Task):
-    name = "mt"
-    metric = "bleu"
-    higher_is_better = True
-    summary = "translation with the encoder-decoder, test BLEU"
-    command = "train-mt"
-    options = TranslationOptions
+class TranslationTask(TranslationSettings):
+    """Translation's data, loss, beam search and BLEU, on top of its settings (:mod:`mhe.tasks.settings`)."""
 
     def __init__(self) -> None:
         self.searcher: BeamSearcher | None = None  # the beam searcher of the model decoded last (_searcher)
         self.cast: tuple | None = None  # ((id, weights version, dtype), the model's bf16 copy) (_decoding_model)
-
-    @classmethod
-    def default_train(cls, preset, dataset):
-        return translation_train(preset)
 
     def check(self, cfg):
         if cfg.model.arch != "encoder-decoder":

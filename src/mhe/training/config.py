@@ -15,13 +15,14 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Literal, get_args
-
-import torch
+from typing import TYPE_CHECKING, Literal, get_args
 
 from mhe.errors import MheError, one_of
 from mhe.models.config import ModelConfig, preset
 from mhe.settings import build, check_fields, field_types, nondefault, parse_text, set_path, setting, typed_options
+
+if TYPE_CHECKING:  # settings are read and checked without torch (the mhe command's setting errors)
+    import torch
 
 Schedule = Literal["linear", "cosine", "cosine_restarts", "constant", "inverse_sqrt"]
 Precision = Literal["auto", "fp32", "bf16"]
@@ -102,6 +103,7 @@ class DataConfig:
     vocab_size: int = setting(0, ge=0)         # 0 = the task's default
     seq_len: int = setting(0, ge=0)            # 0 = the model's max_len
     eval_stride: int = setting(256, gt=0)      # sliding-window perplexity (section 4.5)
+    eval_second_stride: int = setting(0, ge=0)  # 0 = the final evaluation is one pass; N = also stride N
     eval_batch_size: int = setting(16, gt=0)
     limit_lines: int = setting(0, ge=0)        # read at most this many lines per split (0 = all)
     task_options: object = None
@@ -156,6 +158,7 @@ class RunConfig:
         data = dataclasses.asdict(self.data)
         data.pop("data_dir")
         data.pop("eval_batch_size")
+        data.pop("eval_second_stride")  # adds a figure to results.json, changes no other
         data["task_options"] = nondefault(self.data.task_options)
         return {"task": self.task, "preset": self.preset, "attention": self.model.attention, "model": model,
                 "train": train, "data": data}
@@ -233,6 +236,10 @@ def compile_wanted(t: TrainConfig, device: torch.device) -> bool:
 
 def check_device(device: str) -> None:
     """Refuse a device this machine lacks (``train.device=cuda`` without a GPU)."""
+    if device in ("auto", "cpu"):
+        return
+    import torch
+
     if device.startswith("cuda"):
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = int(device.split(":")[1]) if ":" in device else 0

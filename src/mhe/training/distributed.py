@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mhe.runtime import launched_rank  # noqa: F401 (re-exported)
+
 
 @dataclass
 class Dist:
@@ -37,11 +39,6 @@ class Dist:
         flag = torch.tensor([signum or 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.host_group)
         return int(flag.item()) or None
-
-
-def launched_rank() -> int:
-    """This process's rank as ``torchrun`` set it (0 when not launched by it)."""
-    return int(os.environ.get("RANK", "0"))
 
 
 def setup(device: str = "auto") -> Dist:

@@ -10,13 +10,16 @@ schedules sized for a CPU, as does ``llama-tiny``.
 from __future__ import annotations
 
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from mhe.models.config import cpu_sized
 from mhe.models.config import preset as get_preset
 from mhe.training.config import DataConfig, NoTaskOptions, RunConfig, TrainConfig
-from mhe.training.distributed import Dist
+
+if TYPE_CHECKING:  # a task's settings and defaults are read without torch
+    import torch
+
+    from mhe.training.distributed import Dist
 
 # tiny presets: a schedule that runs on a CPU in minutes
 TINY_TRAIN = dict(steps=600, batch_size=32, lr=1e-3, warmup_steps=60, schedule="cosine", log_every=10,
@@ -102,4 +105,6 @@ class Task:
 
     @staticmethod
     def to(batch: dict, device) -> dict:
+        import torch
+
         return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
