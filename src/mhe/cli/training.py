@@ -117,14 +117,13 @@ def cmd_pretrain(args) -> int:
     if not args.data:
         raise MheError(f"pretrain needs --data ({corpus_names()})")
     corpus(args.data)  # a corpus of that name (its files are the task's check, with torch)
+    cfg = _run_from_args(task, args, flags=flags)
     from mhe.tasks.init_from import continued_run  # torch: only once the settings hold
     from mhe.tasks.runs import exit_status, run_training
 
     if source is not None:
-        cfg = continued_run(_run_from_args(task, args, flags=flags), source, args.set, run=args.init_from, **given)
+        cfg = continued_run(cfg, source, args.set, run=args.init_from, **given)
         cfg.train.init_from = str(args.init_from)
-    else:
-        cfg = _run_from_args(task, args, flags=flags)
     res = run_training(cfg, args.out, args.resume)
     print_result(res)
     return exit_status(res)

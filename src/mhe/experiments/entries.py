@@ -1,7 +1,7 @@
 """A comparison's entries: an attention kind (``mhe-mul``), or a kind with one named variant of
 its options (``mhe-mul psi-then-rope``), so one comparison can hold a kind twice.
 
-The variants are MHE's rotary orders (``attention.mhe.ROPE_ORDERS``): under rotary positions
+The variants are MHE's rotary orders (``attention.options.ROPE_ORDERS``): under rotary positions
 the head embeddings act after the rotation (``rope-then-psi``, the default: one shared K/V
 head) or before it (``psi-then-rope``: a cache of n heads). An entry's runs live in
 ``runs/ENTRY-seedS`` with the space written as a hyphen (``mhe-mul-psi-then-rope-seed0``).
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mhe.attention import KINDS
-from mhe.attention.mhe import ROPE_ORDERS
-from mhe.attention.registry import options_class
+from mhe.attention.options import KINDS, ROPE_ORDERS, options_class
 from mhe.errors import MheError, one_of
 
 

@@ -15,12 +15,14 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
+from typing import TYPE_CHECKING
 
-from mhe.accounting import count_attention_params
 from mhe.errors import MheError
 from mhe.training.atomic import write_json_atomic, write_text_atomic
 from mhe.training.config import RunConfig, TrainConfig, from_dict
+
+if TYPE_CHECKING:  # the configuration readers here need no torch (the CLI's settings errors come before it)
+    import torch
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -48,6 +50,10 @@ def write_run_record(folder: str | Path, run: RunConfig, model: torch.nn.Module,
     the training settings as resolved (``train``: epochs turned into steps), the model's resolved
     configuration, its attention parameter count, the torch version, the card (``device``) and
     ``extra`` entries (a converted run: where it came from)."""
+    import torch
+
+    from mhe.accounting import count_attention_params
+
     write_json_atomic(Path(folder) / CONFIG, {
         "run": run.to_dict(), "resolved_train": dataclasses.asdict(train), "model": model.cfg.to_dict(),
         "config_hash": run.hash(), "attention_params": count_attention_params(model), "torch": torch.__version__,
