@@ -38,7 +38,8 @@ def section(log: Path, title: str) -> list[str]:
     summary = [ln for ln in text if re.match(r"^=*\s*\d+ (passed|failed)", ln.strip("= ")) or
                re.search(r"\d+ (passed|failed|error)", ln) and " in " in ln]
     skips = [ln for ln in text if ln.startswith("SKIPPED")]
-    failed = [ln for ln in text if ln.startswith(("FAILED", "ERROR"))]
+    failed = [ln for ln in text if ln.startswith(("FAILED", "ERROR"))] or [
+        m.group(1) for ln in text if (m := re.match(r"^_{3,} (test\S*) _{3,}$", ln))]  # -rs lists skips only
     ended = [ln for ln in text if ln.startswith("exit ")]
     out = [f"## {title}", "", "```bash", command, "```", "",
            f"Summary: `{summary[-1].strip('= ') if summary else 'no summary line (the run did not finish)'}`"
@@ -57,7 +58,7 @@ def main() -> int:
     ap.add_argument("two", type=Path, help="the log of the run on two GPUs")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "logs" / "gpu-tests.md")
     a = ap.parse_args()
-    env = a.env.read_text().splitlines()
+    env = [ln for ln in a.env.read_text().splitlines() if not ln.startswith("src tree:")]  # the host's own git
     host_sha = next((ln.split(":", 1)[1].strip() for ln in env if ln.startswith("src sha256")), None)
     if host_sha != src_sha():
         print(f"gpu_tests_record: the host ran src/ with sha {host_sha}, this checkout's is {src_sha()}; "
@@ -65,6 +66,7 @@ def main() -> int:
         return 2
     tree = subprocess.run(["git", "rev-parse", "HEAD:src"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     head = ["# GPU tests on the device for main's src tree", "", f"src tree: {tree}", "",
+            f"The host ran these `src/` files: their sha256 (below) equals this checkout's, {host_sha}.", "",
             "Host (as it printed itself):", "", "```"] + env + ["```", "",
             "Both runs ran at the same time on one host, on separate GPUs; the other GPUs of the host ran "
             "benchmarks meanwhile (`docs/benchmarks.md`). Refresh this file whenever `src/` changes "
