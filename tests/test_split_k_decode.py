@@ -224,3 +224,31 @@ def test_generation_through_the_kernel_equals_sdpa_in_float64(interpret, name, k
     assert {c.k.shape[1] for c in session.caches} == {2 if kind == "gqa" else 1}
     torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
     assert torch.equal(got, want)
+
+
+@needs_triton
+def test_beam_search_through_the_kernel_equals_sdpa_in_float64(interpret, monkeypatch):
+    """Beam search with every attention configured ``split-k-decode``: decoder self-attention over
+    the searched window of its cache (key ranges) and cross-attention over right-padded sources
+    (the dense mask read as a run) in the interpreted kernels; the encoder's whole-sequence
+    attention runs sdpa. The hypotheses and scores of the sdpa model, to 1e-12."""
+    from mhe.models.beam_search import beam_search
+
+    torch.manual_seed(0)
+    settings = dict(SMALL, attention="gqa", attn_options={"n_kv_heads": 2})
+    want_model = build_model("tiny-encoder-decoder", **settings).double().eval()
+    model = build_model("tiny-encoder-decoder", attn_kernel="split-k-decode", **settings).double()
+    model.load_state_dict(want_model.state_dict())
+    model.eval()
+    src = torch.randint(3, 99, (2, 6))
+    smask = torch.ones(2, 6, dtype=torch.bool)
+    smask[1, 4:] = False
+    launches = []
+    monkeypatch.setattr(triton_decode, "launch", lambda *a, **kw: launches.append(1) or launch(*a, **kw))
+    got, sg = beam_search(model, src, smask, bos_id=1, eos_id=2, beam=3, max_len=5, step_mode="eager",
+                          return_scores=True)
+    assert len(launches) > 0
+    want, sw = beam_search(want_model, src, smask, bos_id=1, eos_id=2, beam=3, max_len=5, step_mode="eager",
+                           return_scores=True)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(sg, sw, rtol=1e-12, atol=1e-12)
