@@ -84,7 +84,7 @@ def row(preset, kind, hq, hk, *, batch, context, reps, bandwidth) -> dict:
     return out
 
 
-SWEEP = [dict(block_n=bn, num_warps=w, num_stages=st, programs=pp) for bn in (64, 128) for w in (4, 8)
+SWEEP = [dict(block_n=bn, num_warps=w, num_stages=st, programs=pp) for bn, w in ((32, 4), (64, 4), (128, 4), (128, 8))
          for st in (2, 3) for pp in (4, 8)]
 
 
