@@ -9,8 +9,8 @@ the kernel must (1) read each K/V element once, with the G query heads that shar
 (query heads ``h*G .. h*G + G - 1`` read K/V head ``h``) packed as the rows of one tile, and
 (2) keep every SM streaming, which one program per (row, K/V head) does not at small
 ``B * h_kv``: the keys of each row are split into ``splits`` chunks, one program each
-("flash-decoding", Dao, Haziza, Massa and Sizov 2023), each writing its unnormalised partial
-output and its log-sum-exp, and a second small kernel merges the chunks of each query head
+("flash-decoding", Dao, Haziza, Massa and Sizov 2023), each writing its partial output
+(normalised over its chunk) and log-sum-exp, and a second small kernel merges the chunks of each query head
 (the softmax of a union is the log-sum-exp-weighted mean of the softmaxes of its parts).
 
 Row ``b`` sees one contiguous run of cache positions ``[start_b, start_b + used_b)``: left
@@ -27,7 +27,7 @@ for every token. Inside ``torch.compile`` the launch is one opaque operator
 Numbers: scores and the softmax in float32 (float64 for float64 input), the probabilities cast to
 the values' dtype for the second product as FlashAttention does; float32 products run in IEEE
 float32 (no TF32). Triton is optional: without it, on a CPU tensor (outside Triton's interpreter,
-``TRITON_INTERPRET=1``, which the tests use), with dropout, several query tokens, a mask that is
+``TRITON_INTERPRET=1``, which the tests use), on a card older than Ampere, with dropout, several query tokens, a mask that is
 no run per row, or autograd recording, the kernel runs ``sdpa`` unchanged.
 """
 
@@ -40,7 +40,7 @@ import struct
 
 import torch
 
-from mhe.attention.flash_decode import key_offsets, mask_range, range_mask
+from mhe.attention.flash_decode import _flash_capable, key_offsets, mask_range, range_mask
 from mhe.attention.kernels import register_kernel, sdpa_kernel
 
 try:
@@ -219,7 +219,8 @@ def _(q, k, v, cum_k, used, scale):
 def fast_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
               dropout_p: float) -> bool:
     """Whether ``split-k-decode`` runs its Triton kernels (else ``sdpa``)."""
-    here = (q.is_cuda and q.dtype in DTYPES) or (q.device.type == "cpu" and interpreting())
+    here = (q.is_cuda and q.dtype in DTYPES and _flash_capable(q.device.index or 0)) or (
+        q.device.type == "cpu" and interpreting())  # Ampere or newer (the products' bf16 tensor cores)
     return (triton is not None and here and k.dtype == q.dtype and v.dtype == q.dtype
             and q.shape[2] == 1 and q.shape[1] % k.shape[1] == 0 and q.shape[-1] <= MAX_HEAD_DIM
             and not is_causal and dropout_p == 0.0
