@@ -55,7 +55,8 @@ MAX_HEAD_DIM = 256
 MAX_SPLITS = 128
 """The most chunks one row's keys are split into (the merge holds them all in registers)."""
 PROGRAMS_PER_SM = 4
-"""Split programs aimed at per SM: enough loads in flight to keep the card's memory busy."""
+"""Split programs aimed at per SM (as many as run on one at once): enough loads in flight to keep
+the card's memory busy."""
 MIN_SPLIT_KEYS = 64
 """The fewest cache positions a chunk is given (a program's fixed work is loading its queries
 and writing its partial output)."""
@@ -165,9 +166,11 @@ def _next_pow2(x: int) -> int:
 
 def choose_splits(programs: int, keys: int, sms: int) -> int:
     """How many chunks each row's ``keys`` positions are split into, for ``programs`` (row, K/V
-    head) pairs on a card of ``sms`` SMs: about :data:`PROGRAMS_PER_SM` programs per SM, at
-    least :data:`MIN_SPLIT_KEYS` positions a chunk, at most :data:`MAX_SPLITS`."""
-    want = -(-PROGRAMS_PER_SM * sms // programs)
+    head) pairs on a card of ``sms`` SMs: at most :data:`PROGRAMS_PER_SM` programs per SM, so
+    that they run in one wave (one more program than fit would double the step: each program
+    streams its whole chunk), at least :data:`MIN_SPLIT_KEYS` positions a chunk, at most
+    :data:`MAX_SPLITS` chunks."""
+    want = PROGRAMS_PER_SM * sms // programs
     return max(1, min(want, -(-keys // MIN_SPLIT_KEYS), MAX_SPLITS))
 
 
