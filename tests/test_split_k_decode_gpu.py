@@ -78,6 +78,7 @@ def test_offsets_past_two_to_the_31_elements():
     torch.manual_seed(0)
     kv = torch.zeros(2, b, 1, s, d, device="cuda", dtype=torch.bfloat16)
     kv[:, -1, :, -3000:].normal_()
+    kv[1, -1, :, -3000:] += 1.0  # values near 1: a wrapped offset would read zeros
     q = torch.randn(b, 8, 1, d, device="cuda", dtype=torch.bfloat16)
     kr = ragged(b, s, s - 1, [s - 3000] * b)
     got = triton_decode.launch(q, kv[0], kv[1], kr[0], kr[1], 1 / math.sqrt(d))
