@@ -16,7 +16,7 @@
 # is copied beside it. A section is stopped at DEADLINE seconds (default 560: the device machine
 # allows 600 a command, and the packing must still run): the runs still going save and exit, the
 # table is written from the finished ones, and the same command with the same RESULTS_DIR continues
-# the scratch section (--resume). Environment: MHE_DATA (default data-cache/data: the whole data
+# either section (scratch: --resume; uptrain: finished runs and the conversions are kept, stopped runs resume). Environment: MHE_DATA (default data-cache/data: the whole data
 # folder, which offline-english reads), WORKERS (scratch: runs at a time, default 11), SET (extra KEY=VALUE
 # settings for every run, for a quick check: SET="train.steps=4 data.limit_lines=200"), STUDY_ARGS
 # (uptrain: extra arguments of uptrain_study.py, e.g. "--steps 40 --limit-lines 200").

@@ -83,6 +83,23 @@ def fraction_label(f: float) -> str:
 
 
 # ------------------------------------------------------------------ processes on the one GPU
+JOB_TIMES = "study-job.json"
+"""A finished job's wall time, written beside its run (what ``--resume`` keeps it by)."""
+
+
+def kept(job: Job, folder: Path, log) -> bool:
+    """Whether ``job`` finished in an earlier call of the study into the same folder (its run's
+    results.json and its time are there): it is then kept as done, not run again. A run that was
+    started and stopped (its config.json there) continues from its checkpoint (``--resume``)."""
+    if (folder / "results.json").is_file() and (folder / JOB_TIMES).is_file():
+        job.start, job.end, job.rc = 0.0, json.loads((folder / JOB_TIMES).read_text())["seconds"], 0
+        log(f"[kept] {job.name}: finished in an earlier call ({job.end:.0f} s)")
+        return True
+    if (folder / "config.json").is_file() and "--resume" not in job.args:
+        job.args = [*job.args, "--resume"]
+        log(f"[resume] {job.name}: continues the run in its folder")
+    return False
+
 class Pool:
     """At most ``workers`` ``mhe`` processes at a time; each writes its console to its run folder."""
 
@@ -102,6 +119,8 @@ class Pool:
     def start(self, job: Job) -> None:
         folder = self.runs / job.name
         folder.mkdir(parents=True, exist_ok=True)
+        if kept(job, folder, self.log):
+            return
         job.start = time.time()
         with open(folder / "console.log", "ab") as console:
             job.proc = subprocess.Popen([sys.executable, "-m", "mhe", *job.args], env=self.env, cwd=ROOT,
@@ -114,6 +133,10 @@ class Pool:
         for j in done:
             j.rc, j.end = j.proc.returncode, time.time()
             self.running.remove(j)
+            if j.rc == 0:
+                from mhe.training.atomic import write_json_atomic
+
+                write_json_atomic(self.runs / j.name / JOB_TIMES, {"seconds": j.end - j.start})
             self.log(f"[{'done' if j.rc == 0 else f'exit {j.rc}'}] {j.name} ({j.end - j.start:.0f} s)")
         return done
 
@@ -148,6 +171,9 @@ class InlinePool(Pool):
 
         folder = self.runs / job.name
         folder.mkdir(parents=True, exist_ok=True)
+        if kept(job, folder, self.log):
+            self.done.append(job)
+            return
         self.log(f"[start] {job.name} ({job.steps} steps, in this process)")
         job.start = time.time()
         with open(folder / "console.log", "a") as console, contextlib.redirect_stdout(console), \
@@ -159,6 +185,10 @@ class InlinePool(Pool):
                 job.rc = 1
         job.end = time.time()
         self.log(f"[{'done' if job.rc == 0 else f'exit {job.rc}'}] {job.name} ({job.end - job.start:.0f} s)")
+        if job.rc == 0:
+            from mhe.training.atomic import write_json_atomic
+
+            write_json_atomic(folder / JOB_TIMES, {"seconds": job.end - job.start})
         self.done.append(job)
 
     def poll(self) -> list[Job]:

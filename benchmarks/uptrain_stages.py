@@ -4,9 +4,12 @@ budget."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from pathlib import Path
 
+from mhe.training.atomic import write_json_atomic
 from uptrain_jobs import InlinePool, Job, Pool, common_sets, train_job, uptrain_job
 
 
@@ -29,6 +32,10 @@ def prepare_tokenizer(args, runs: Path, names: list[str]) -> float:
     return time.time() - t
 
 
+CONVERSIONS = "conversions.json"
+"""The conversion rows, written once every kind is converted (what a later call keeps)."""
+
+
 def convert_all(args, runs: Path, log) -> dict:
     """Every kind from the pre-trained run, fitted (written for uptraining) and naive (scored
     only), each scored on the test split before training; the source scored beside them."""
@@ -36,15 +43,21 @@ def convert_all(args, runs: Path, log) -> dict:
     from mhe.convert.runs import Converter
 
     t = time.time()
+    done = runs / CONVERSIONS
+    if done.is_file():  # an earlier call of the study converted (the folders are there)
+        log(f"[convert] kept from an earlier call ({done.name})")
+        return json.loads(done.read_text())
     device = "cpu" if args.cpu_smoke else "auto"
     rows = {}
     with Converter(runs / "pretrain-mha", device=device, split="test", calibration=32, log=log) as conv:
         src = conv.source_score()
+        log(f"[convert] the source read, calibrated and scored ({time.time() - t:.0f} s)")
         rows["mha"] = {"ppl_source": src["score"], "attention_params": count_attention_params(conv.src.model),
                        "kv_bytes_per_token": kv_cache_bytes_per_token(conv.src.model),
                        "word_converted": src.get("word_perplexity")}
         for kind in args.kinds:
             kv = args.n_kv_heads if kind == "gqa" else 0
+            shutil.rmtree(runs / f"convert-{kind}", ignore_errors=True)  # a call stopped before all were done
             model, rep = conv.convert(kind, runs / f"convert-{kind}", n_kv_heads=kv, align=args.align)
             _, naive = conv.convert(kind, None, n_kv_heads=kv, naive=True)
             rows[kind] = {"ppl_converted": rep.scores["converted"]["score"],
@@ -55,8 +68,9 @@ def convert_all(args, runs: Path, log) -> dict:
                           "kv_bytes_per_token": kv_cache_bytes_per_token(model),
                           "errors": rep.mean_errors()}
             log(f"[convert] {kind}: test perplexity {rows[kind]['ppl_converted']:.2f} "
-                f"(naive {rows[kind]['ppl_naive']:.2f}, source {src['score']:.2f})")
+                f"(naive {rows[kind]['ppl_naive']:.2f}, source {src['score']:.2f}; {time.time() - t:.0f} s so far)")
     rows["_seconds"] = time.time() - t
+    write_json_atomic(done, rows)
     return rows
 
 

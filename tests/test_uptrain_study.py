@@ -123,3 +123,24 @@ def test_the_llama_6x512_study_runs_end_to_end_on_a_tiny_model(tmp_path):
     assert "| kind | WikiText-2 converted (step 0) |" in table and "PTB from scratch |" in table
     record = json.loads((out / "runs" / "convert-mhe-mul" / "config.json").read_text())
     assert record["model"]["positions"] == "rotary" and record["model"]["mlp"] == "swiglu"
+
+
+@pytest.mark.slow
+def test_a_second_call_keeps_what_finished_and_resumes_what_was_stopped(tmp_path):
+    """The study over two device calls: a second call into the same folder keeps the finished runs
+    and the conversions (no run starts again, the table is the same), and a run whose results were
+    lost but whose folder holds its run continues it with ``--resume``."""
+    root = require_data("wikitext-2/wiki.train.tokens.xz", "wikitext-2/wiki.valid.tokens.gz",
+                        "wikitext-2/wiki.test.tokens.gz")
+    out = tmp_path / "smoke"
+    argv = ["--cpu-smoke", "--preset", "tiny-decoder", "--data-dir", str(root), "--out", str(out)]
+    assert study().main(argv) == 0
+    first = json.loads((out / "summary.json").read_text())["rows"]
+    stopped = out / "runs" / "uptrain-mqa-25pct-seed0"
+    (stopped / "results.json").unlink()  # as if stopped at the budget before it finished
+    assert study().main(argv) == 0
+    log = (out / "study.log").read_text().split("uptraining study on")[-1]
+    assert log.count("[kept]") == 1 + 5 + 5 - 1 and "[convert] kept from an earlier call" in log
+    assert "[start] uptrain-mqa-25pct-seed0" in log and "[start] scratch" not in log
+    assert "[resume] uptrain-mqa-25pct-seed0" in log and (stopped / "results.json").is_file()
+    assert json.loads((out / "summary.json").read_text())["rows"] == first
