@@ -70,7 +70,7 @@ class RotaryFit:
         if kind == "sha":
             return f"{rotated}: one query scale per rotary pair"
         if kind not in MHE_KINDS:
-            return f"{rotated}: queries and keys are aligned only by rotations within each rotary pair"
+            return f"{rotated}: queries and keys are aligned only by rotations that commute with RoPE"
         if not self.psi_after:
             return (f"{rotated}, rope_order=psi-then-rope: the head embeddings act before the rotation, so each "
                     "dimension's scale or offset is fitted freely and the KV cache holds n rotated heads")
