@@ -295,10 +295,11 @@ def test_calibration_statistics_are_the_attention_inputs():
     assert gap(s.mean, flat.mean(0)) < 1e-14 and gap(s.second, flat.T @ flat / 27) < 1e-14
 
 
-def test_rotary_pairs_share_scales_and_are_not_rotated():
+def test_rotary_pairs_share_scales_and_alignment_keeps_to_them():
     """Under RoPE a head's query/key scale must be equal within each rotary pair (a rotation
-    commutes with a scale only then) and no query/key rotation is allowed: a model exactly of
-    MHE-Mul form with pair-shared scales converts back exactly, with or without alignment."""
+    commutes with a scale only then) and queries/keys may be turned only within the pairs (and
+    on the unrotated dimensions): a model exactly of MHE-Mul form with pair-shared scales converts
+    back exactly, with or without alignment, and a random one is aligned in all three roles."""
     from types import SimpleNamespace
 
     from mhe.attention.mhe import MHEOptions
@@ -325,5 +326,5 @@ def test_rotary_pairs_share_scales_and_are_not_rotated():
             assert torch.equal(emb[0][:, grp], emb[0][:, grp[:1]].expand(-1, len(grp)))
     plain = convert_sublayer(h, "mhe-mul", rotary=rotary, align=False)
     turned = convert_sublayer(h, "mhe-mul", rotary=rotary, align=True)
-    assert torch.equal(plain.state["q_proj.weight"], turned.state["q_proj.weight"])  # queries/keys left alone
-    assert turned.errors["v"]["weight"][0] < plain.errors["v"]["weight"][0]  # values still aligned
+    for r in "qkv":
+        assert turned.errors[r]["weight"][0] < plain.errors[r]["weight"][0] - 1e-3

@@ -1,21 +1,30 @@
 """Conversion of Llama-style decoders (rotary positions, RMSNorm, SwiGLU, grouped K/V): models
 exactly of MHE form come back exactly for both rope orders, MHE-Add's offsets after the rotation
 are the least-squares optimum on the rotated projections (a literal solve, and the model's own
-activations), and mean pooling equals a hand computation (:mod:`mhe.convert.rotary`).
+activations), mean pooling equals a hand computation (:mod:`mhe.convert.rotary`), and query/key
+alignment keeps to the rotations that commute with RoPE: they leave the model unchanged (others
+do not), heads that differ only by such rotations merge exactly, and the aligned error is never
+above the unaligned one.
 
 The models rotate the first half of each head (``rope_fraction=0.5``: 4 of 8 dimensions), so the
 rotary pairs and the dimensions that pass through are both exercised."""
+
+import copy
+from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
 
 from conftest import D_MODEL, N_HEADS, VOCAB
 from mhe.attention.rotary import RotaryEmbedding
-from mhe.convert import convert_model
-from mhe.convert.heads import Heads
+from mhe.convert import convert_model, input_stats
+from mhe.convert.fit import rotary_procrustes
+from mhe.convert.heads import ROLES, Heads, linear_state, out_state, read_heads
 from mhe.convert.rotary import RotaryFit
 from mhe.convert.stats import InputStats
-from mhe.convert.sublayer import convert_sublayer
+from mhe.convert.sublayer import _rotation, convert_sublayer
+from mhe.convert.targets import fit_target
 from mhe.models import build_model
 
 D = D_MODEL // N_HEADS  # 8
@@ -205,26 +214,57 @@ def test_mhe_add_offsets_zero_the_mean_rotated_residual_of_the_model():
         assert float((q_src - unrotated).norm() / q_src.norm()) > measured + 1e-3
 
 
+def _head(lin, h):
+    """Head ``h`` of a projection in the paper's orientation, bias row last: ``[m+1, d]``."""
+    return torch.cat([lin.weight[h * D:(h + 1) * D].T, lin.bias[h * D:(h + 1) * D][None]]).detach()
+
+
+def _assert_commutes_with_rope(r):
+    """``r`` ``[d, d]``: a plane rotation (det +1) on each rotary pair (j, j + r/2), an orthogonal
+    block on the unrotated dimensions, zero elsewhere."""
+    blocks = torch.zeros(D, D, dtype=torch.bool)
+    for j in range(HALF):
+        blocks[j, j] = blocks[j, j + HALF] = blocks[j + HALF, j] = blocks[j + HALF, j + HALF] = True
+    blocks[2 * HALF:, 2 * HALF:] = True
+    assert r[~blocks].abs().max() < 1e-12
+    for j in range(HALF):
+        c, s = r[j, j], r[j + HALF, j]
+        assert torch.allclose(r[[j, j, j + HALF], [j + HALF, j, j + HALF]], torch.stack([-s, c, c]), atol=1e-12)
+        assert abs(float(c * c + s * s) - 1) < 1e-12
+    rest = r[2 * HALF:, 2 * HALF:]
+    assert gap(rest @ rest.T, torch.eye(D - 2 * HALF, dtype=r.dtype)) < 1e-12
+
+
 def test_mean_pooling_of_a_llama_source_equals_a_hand_computation():
-    """K/V heads averaged within each group (queries, output kept), with or without alignment:
-    under RoPE only values may be turned, so the keys are the plain means either way."""
+    """K/V heads averaged within each group (queries, output kept). With alignment every source
+    K/V head's queries and keys are first turned by one rotation that commutes with RoPE (read back
+    from the converted queries), and the keys are the means of the turned heads."""
     for src, kind, kv, groups in ((llama("mha", qkv_bias=True), "gqa", 2, [[0, 1], [2, 3]]),
                                   (llama("gqa", n_kv=2, qkv_bias=True), "mqa", 0, [[0, 1]])):
+        per_unit = N_HEADS // src.decoder.layers[0].self_attn.n_kv_heads  # query heads per source K/V head
         for align in (False, True):
             conv, _ = convert_model(src, kind, n_kv_heads=kv, align=align)
             for layer in range(2):
                 s, c = src.decoder.layers[layer].self_attn, conv.decoder.layers[layer].self_attn
-                turned = ("v_proj", "out_proj") if align else ()  # values and outputs turn together
-                for proj in ("k_proj", "v_proj"):
-                    if proj in turned:
-                        continue
-                    w, b = getattr(s, proj).weight, getattr(s, proj).bias  # [h*d, m], [h*d]
-                    hand_w = torch.cat([sum(w[h * D:(h + 1) * D] for h in grp) / len(grp) for grp in groups])
-                    hand_b = torch.cat([sum(b[h * D:(h + 1) * D] for h in grp) / len(grp) for grp in groups])
-                    assert gap(getattr(c, proj).weight, hand_w) < 1e-15 and gap(getattr(c, proj).bias, hand_b) < 1e-15
-                for proj in ("q_proj", "out_proj"):
-                    if proj not in turned:
-                        assert torch.equal(getattr(c, proj).weight, getattr(s, proj).weight)
+                eye = torch.eye(D, dtype=torch.float64)
+                turns = [torch.linalg.lstsq(_head(s.q_proj, h), _head(c.q_proj, h)).solution if align else eye
+                         for h in range(N_HEADS)]
+                for h, r in enumerate(turns):
+                    if align:
+                        _assert_commutes_with_rope(r)
+                        assert gap(_head(s.q_proj, h) @ r, _head(c.q_proj, h)) < 1e-12
+                    else:
+                        assert torch.equal(_head(c.q_proj, h), _head(s.q_proj, h))
+                assert (max(gap(r, eye) for r in turns) > 1e-2) == align  # alignment turns queries and keys
+                # groups: source K/V heads; K/V head u serves query heads u * per_unit ...
+                hand = torch.stack([sum(_head(s.k_proj, u) @ turns[u * per_unit] for u in grp) / len(grp)
+                                    for grp in groups])
+                keys = torch.stack([_head(c.k_proj, g) for g in range(len(groups))])
+                assert gap(keys, hand) < (1e-12 if align else 1e-15)
+                if not align:  # values: the plain means (aligned, they turn with the output projection)
+                    hand_v = torch.stack([sum(_head(s.v_proj, u) for u in grp) / len(grp) for grp in groups])
+                    assert gap(torch.stack([_head(c.v_proj, g) for g in range(len(groups))]), hand_v) < 1e-15
+                    assert torch.equal(c.out_proj.weight, s.out_proj.weight)
 
 
 def test_a_gqa_llama_source_regrouped_is_the_same_model():
@@ -245,3 +285,158 @@ def test_a_llama_source_of_single_head_form_converts_to_sha_exactly():
                 lin.bias.copy_(lin.bias[:D].repeat(N_HEADS))
     conv, _ = convert_model(src, "sha")
     assert gap(logits(conv), logits(src)) < TOL
+
+
+def _rope_rotations(g, units):
+    """Random rotations that commute with RoPE ``[units, d, d]``, built by hand: a plane rotation
+    by a random angle on each rotary pair (j, j + r/2), a random orthogonal block on the rest."""
+    r = torch.zeros(units, D, D, dtype=torch.float64)
+    angle = 2 * torch.pi * torch.rand(units, HALF, generator=g, dtype=torch.float64)
+    for j in range(HALF):
+        c, s = angle[:, j].cos(), angle[:, j].sin()
+        r[:, j, j], r[:, j, j + HALF], r[:, j + HALF, j], r[:, j + HALF, j + HALF] = c, -s, s, c
+    r[:, 2 * HALF:, 2 * HALF:] = _orthogonal(g, units, D - 2 * HALF)
+    return r
+
+
+def _orthogonal(g, units, d):
+    q, _ = torch.linalg.qr(torch.randn(units, d, d, generator=g, dtype=torch.float64))
+    return q
+
+
+def _with_heads(model, heads_of):
+    """A copy of the MHA ``model`` whose every attention sublayer's heads are ``heads_of(heads)``."""
+    out = copy.deepcopy(model)
+    for layer in out.decoder.layers:
+        a = layer.self_attn
+        h = heads_of(read_heads(a.state_dict(), n_heads=N_HEADS, head_dim=D))
+        state = {k: v for r in ROLES for k, v in linear_state(f"{r}_proj", h.role(r), h.bias).items()}
+        a.load_state_dict({**state, **out_state(h.out, h.out_bias)}, strict=True)
+    return out
+
+
+def test_rotations_within_rotary_pairs_keep_the_model_and_others_do_not():
+    """Turning every head's query and key columns by one rotation that commutes with RoPE (and its
+    value and output columns by any rotation) leaves the model's logits unchanged; a general
+    rotation, or a reflection within a rotary pair, changes them. So does what
+    :func:`rotary_procrustes` returns for a random target."""
+    src, g = llama("mha", qkv_bias=True), torch.Generator().manual_seed(5)
+    block, any_v = _rope_rotations(g, N_HEADS), _orthogonal(g, N_HEADS, D)
+    solved = rotary_procrustes(torch.randn(N_HEADS, D, D, generator=g, dtype=torch.float64), 2 * HALF)
+    reflected = block.clone()
+    reflected[:, :, HALF] *= -1  # det -1 within the first pair: commutes with no rotation by a nonzero angle
+    for r_qk, keeps in ((block, True), (solved, True), (_orthogonal(g, N_HEADS, D), False), (reflected, False)):
+        turned = _with_heads(src, lambda h, r=r_qk: h.rotated(r, any_v))
+        q_turned, q_src = (m.decoder.layers[0].self_attn.q_proj.weight for m in (turned, src))
+        assert gap(q_turned, q_src) > 0.1
+        assert (gap(logits(turned), logits(src)) < 1e-12) if keeps else (gap(logits(turned), logits(src)) > 1e-2)
+
+
+def _planted(src, g):
+    """``src`` with heads W B_i: one W per role and layer (head 0's), B_i a rotation that commutes
+    with RoPE shared by head i's query and key, any rotation of its values (output blocks along)."""
+    def plant(h):
+        b, c = _rope_rotations(g, N_HEADS), _orthogonal(g, N_HEADS, D)
+        w = {r: h.role(r)[:1].expand(N_HEADS, -1, -1) for r in ROLES}  # [n, p, d]
+        return replace(h, q=w["q"] @ b, k=w["k"] @ b, v=w["v"] @ c, out=h.out @ c)
+    return _with_heads(src, plant)
+
+
+@pytest.mark.parametrize("kind", ["mqa", "gqa", "mhe-mul"])
+def test_heads_that_differ_by_rotations_within_rotary_pairs_merge_exactly(kind):
+    """Planted: every head is W B_i with B_i a rotation that commutes with RoPE, a form every target
+    holds once each head is turned back. Aligned, the conversion finds the turns and is the source
+    model; without alignment the keys are far from it."""
+    src = _planted(llama("mha", qkv_bias=True), torch.Generator().manual_seed(6))
+    ref = logits(src)
+    conv, report = convert_model(src, kind, n_kv_heads=2 if kind == "gqa" else 0, align=True)
+    assert gap(logits(conv), ref) < 1e-12
+    if kind != "mhe-mul":
+        assert report.options["rotary"].endswith("queries and keys are aligned only by rotations that commute with RoPE")
+    plain, base = convert_model(src, kind, n_kv_heads=2 if kind == "gqa" else 0, align=False)
+    assert gap(logits(plain), ref) > 1e-2
+    for (_, errs), (_, errs0) in zip(report.layers, base.layers):
+        for role in ("k", "qk", "v"):
+            assert errs[role]["weight"][0] < 1e-12 and errs0[role]["weight"][0] > 0.1, (role, errs, errs0)
+
+
+def _objective(res, h, stats, roles, space):
+    """The fit's squared error summed over ``roles`` (relative errors times the heads' norms, which
+    no rotation changes): what one Procrustes step over these roles minimises."""
+    gram = stats.gram() if space == "output" else None
+    return sum(res.errors[r][space][0] ** 2 * float(torch.einsum("npd,npd->", h.role(r), h.role(r)) if gram is None
+                                                   else torch.einsum("npd,pq,nqd->", h.role(r), gram, h.role(r)))
+               for r in roles)
+
+
+@pytest.mark.parametrize("kind, order", [("mqa", ""), ("gqa", ""), ("mhe-mul", "rope-then-psi"),
+                                         ("mhe-mul", "psi-then-rope"), ("mhe-add", "rope-then-psi"),
+                                         ("mhe-add", "psi-then-rope")])
+def test_rope_alignment_never_raises_the_error_and_turns_queries_and_keys(kind, order):
+    """On a random Llama source with calibration inputs, the aligned fit's objective (queries and
+    keys together, values apart) is never above the unaligned one, and for queries/keys it is
+    strictly lower: they are aligned too, within the rotations that commute with RoPE."""
+    src = llama("mha", qkv_bias=True)
+    prefix = "decoder.layers.1.self_attn"
+    stats = input_stats(src, [ids(1, 4, 16)])[prefix]
+    h = read_heads(src.decoder.layers[1].self_attn.state_dict(), n_heads=N_HEADS, head_dim=D)
+    rotary = RotaryFit(D, 2 * HALF, order)
+    space = "output" if kind == "mhe-add" else "weight"
+    plain, aligned = (convert_sublayer(h, kind, kv_heads=2, stats=stats, rotary=rotary, align=a) for a in (False, True))
+    for roles in (("q", "k"), ("v",)):
+        before, after = _objective(plain, h, stats, roles, space), _objective(aligned, h, stats, roles, space)
+        assert after <= before * (1 + 1e-12)
+        assert after < 0.95 * before, (roles, after, before)
+
+
+def _literal_add_objective(h, w, rot, xt, pos, rope):
+    """MHE-Add's query+key objective with offsets after RoPE, by brute force over the tokens: head i
+    turned by ``rot[i]``, the shared projection ``w[r]``, the best offset (the residual's mean)."""
+    total = 0.0
+    for r in ("q", "k"):
+        for i in range(N_HEADS):
+            resid = _rotate(xt @ (h.role(r)[i] @ rot[i]), pos, rope) - _rotate(xt @ w[r], pos, rope)  # [N, d]
+            total += float((resid - resid.mean(0)).pow(2).sum())
+    return total
+
+
+def test_mhe_add_rope_then_psi_alignment_step_is_the_literal_optimum():
+    """With the shared projection fixed and the offsets after RoPE re-fitted for every rotation, the
+    Procrustes step's rotation is the best that commutes with RoPE: the literal objective over the
+    tokens rises when it is nudged by any small rotation within a rotary pair or of the rest."""
+    g = torch.Generator().manual_seed(8)
+    m, big = 6, 60
+    x = torch.randn(big, m, generator=g, dtype=torch.float64) + 0.7
+    xt = torch.cat([x, torch.ones(big, 1, dtype=x.dtype)], 1)
+    pos = torch.randint(0, 16, (big,), generator=g)
+    rope = RotaryEmbedding(D, fraction=0.5, max_len=16)
+    cos, sin = (t[:, :HALF][pos].double() for t in rope.table(torch.device("cpu")))
+    stats = InputStats(mean=x.mean(0), second=x.T @ x / big, count=big, cos_mean=cos.T @ xt / big,
+                       sin_mean=sin.T @ xt / big)
+    a = lambda: torch.randn(N_HEADS, m + 1, D, generator=g, dtype=torch.float64)  # noqa: E731
+    h = Heads(q=a(), k=a(), v=a(), out=a()[:, :m], out_bias=None, kv_heads=N_HEADS, bias=True)
+    f = fit_target(h, "mhe-add", stats=stats, rotary=RotaryFit(D, 2 * HALF, "rope-then-psi"))
+    assert set(f.rotated_offsets) == {"q", "k"}
+    w = {r: h.role(r).mean(0) for r in ("q", "k")}  # the fit's shared projections: the means
+    eye = torch.eye(D, dtype=torch.float64).expand(N_HEADS, D, D)
+    best = _rotation(h, f, ("q", "k"), stats, eye, partial(rotary_procrustes, width=2 * HALF))
+    _assert_commutes_with_rope(best[0])
+    at_best = _literal_add_objective(h, w, best, xt, pos, rope)
+    assert at_best < 0.9 * _literal_add_objective(h, w, eye, xt, pos, rope)
+    nudges = []
+    for j in range(HALF):
+        for eps in (1e-3, -1e-3):
+            n = torch.eye(D, dtype=torch.float64)
+            n[j, j] = n[j + HALF, j + HALF] = torch.cos(torch.tensor(eps, dtype=torch.float64))
+            n[j, j + HALF], n[j + HALF, j] = -torch.sin(torch.tensor(eps)), torch.sin(torch.tensor(eps))
+            nudges.append(n)
+    for _ in range(6):
+        skew = torch.zeros(D, D, dtype=torch.float64)
+        k = 1e-3 * torch.randn(D - 2 * HALF, D - 2 * HALF, generator=g, dtype=torch.float64)
+        skew[2 * HALF:, 2 * HALF:] = k - k.T
+        nudges.append(torch.linalg.matrix_exp(skew))
+    for n in nudges:
+        for i in range(N_HEADS):  # one head at a time: the objective splits over the heads
+            rot = best.clone()
+            rot[i] = best[i] @ n
+            assert at_best <= _literal_add_objective(h, w, rot, xt, pos, rope) * (1 + 1e-13)

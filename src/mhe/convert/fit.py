@@ -9,7 +9,9 @@ The functions take the heads stacked as ``a: [n, p, d]`` (float64) and return ne
 * :func:`group_means`: MQA/GQA, the mean of the heads of each group (Ainslie et al. 2023, 2.2);
   the same mean is MHE-Add's shared projection.
 * :func:`procrustes`: the orthogonal rotation that best aligns one head with a target
-  (Schoenemann 1966), used to align heads before they are merged.
+  (Schoenemann 1966), used to align heads before they are merged; :func:`rotary_procrustes`,
+  the same restricted to the rotations that commute with RoPE (one plane rotation per rotary
+  pair, any orthogonal map of the unrotated dimensions).
 * :func:`relative_error`: how far fitted heads are from the originals, in weight space or on
   calibration inputs.
 """
@@ -82,6 +84,27 @@ def procrustes(c: Tensor) -> Tensor:
     C = U S V^T."""
     u, _, vh = torch.linalg.svd(c)
     return u @ vh
+
+
+def rotary_procrustes(c: Tensor, width: int) -> Tensor:
+    """The R maximising tr(R^T C) for each ``C`` of ``c: [u, d, d]`` among the rotations that
+    commute with RoPE on the first ``width`` = r dimensions (``rotate_half`` pairs (j, j + r/2)).
+
+    RoPE turns each pair's plane by a position-dependent angle, so R may only be block-diagonal:
+    a plane rotation [[cos a, -sin a], [sin a, cos a]] on each pair (2-D rotations commute; a
+    reflection does not) and any orthogonal block on the d - r unrotated dimensions. The
+    objective splits over the blocks: on a pair it is cos a (C_jj + C_kk) + sin a (C_kj - C_jk)
+    (k = j + r/2), largest at a = atan2(C_kj - C_jk, C_jj + C_kk); on the rest, :func:`procrustes`.
+    """
+    half = width // 2
+    j, k = torch.arange(half), torch.arange(half, width)
+    angle = torch.atan2(c[:, k, j] - c[:, j, k], c[:, j, j] + c[:, k, k])  # [u, r/2]
+    r = torch.zeros_like(c)
+    r[:, j, j], r[:, k, k] = angle.cos(), angle.cos()
+    r[:, j, k], r[:, k, j] = -angle.sin(), angle.sin()
+    if width < c.shape[-1]:
+        r[:, width:, width:] = procrustes(c[:, width:, width:])
+    return r
 
 
 def relative_error(original: Tensor, fitted: Tensor, gram: Tensor | None = None) -> float:

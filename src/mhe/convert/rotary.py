@@ -5,8 +5,11 @@ RoPE turns each pair of query/key dimensions (j, j + r/2), j < r/2, of the first
 width (``rotate_half`` layout, :mod:`mhe.attention.rotary`) by an angle proportional to the
 position; the other d - r dimensions pass through. Three consequences for the fits:
 
-* No query/key alignment: an orthogonal turn of a head's dimensions commutes with RoPE only in
-  special cases, so only values and outputs are aligned (:mod:`mhe.convert.sublayer`).
+* Query/key alignment by rotations that commute with RoPE: a general orthogonal turn of a
+  head's dimensions does not, but a plane rotation within each rotary pair does (2-D rotations
+  commute), and so does any orthogonal map of the unrotated dimensions; queries and keys are
+  aligned within these, values and outputs by any rotation (:mod:`mhe.convert.sublayer`,
+  :func:`mhe.convert.fit.rotary_procrustes`).
 * Where an elementwise factor acts after the rotation (MHE's ``rope_order="rope-then-psi"``, the
   default; SHA's folded query scale), (R_t q) * s = R_t (q * s) holds only when s is equal
   within each rotary pair, so the fitted query/key scales are shared within the pairs
@@ -64,9 +67,10 @@ class RotaryFit:
     def describe(self, kind: str) -> str:
         """One line for the command's output and ``conversion.json``: what the order means here."""
         rotated = f"rotary positions on {self.width} of {self.head_dim} dimensions per head"
+        if kind == "sha":
+            return f"{rotated}: one query scale per rotary pair"
         if kind not in MHE_KINDS:
-            shared = ", one query scale per rotary pair" if kind == "sha" else ""
-            return f"{rotated}: queries and keys are not aligned (only values are){shared}"
+            return f"{rotated}: queries and keys are aligned only by rotations that commute with RoPE"
         if not self.psi_after:
             return (f"{rotated}, rope_order=psi-then-rope: the head embeddings act before the rotation, so each "
                     "dimension's scale or offset is fitted freely and the KV cache holds n rotated heads")

@@ -9,8 +9,20 @@ own objective, alternating the fit (exact, given the rotations) with one orthogo
 problem per head (exact, given the fit). Neither step can increase the objective and the first
 fit is the unaligned one, so the aligned error is never larger (head alignment by Procrustes
 rotation is used for merging heads in the literature, e.g. before averaging). Query heads that
-share a K/V head (GQA, MQA sources) share its rotation. Under rotary positions a rotation of the
-query/key dimensions does not commute with RoPE, so only values are aligned there.
+share a K/V head (GQA, MQA sources) share its rotation.
+
+Alignment under rotary positions. RoPE turns query/key dimension pairs (j, j + r/2) by position-
+dependent angles, X A_q R_t, and the scores stay unchanged only if R_i commutes with every R_t:
+a plane rotation on each rotary pair (2-D rotations commute) and any orthogonal map of the d - r
+unrotated dimensions, (X A_q R_i R_t)(X A_k R_i R_s)^T = X A_q R_t R_s^T A_k^T X^T. The
+Procrustes step is restricted to these (:func:`mhe.convert.fit.rotary_procrustes`, exact on the
+restricted set), so the descent argument holds as before; values and outputs, which RoPE leaves
+alone, keep the full rotation. The aligned source computes the same function, so every fit that
+follows (pair-shared MHE-Mul scales, free scales under ``psi-then-rope``, rotated offsets) is a fit
+to the same model. For MHE-Add's offsets after the rotation (``rope-then-psi``) the step
+maximises tr(R^T (A_i^T G W - m(A_i) m(W)^T)), m the mean rotated projection
+(:meth:`InputStats.rotated_mean`; m(A_i R) = m(A_i) R as R commutes with RoPE): the output error
+with the best offsets for every R, the rotated counterpart of the centred second moment.
 
 Errors under rotary positions. RoPE is orthogonal and acts alike on a source head's and a fitted
 head's projections, so the query/key errors on projected outputs are those of the unrotated
@@ -25,11 +37,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from mhe.convert.fit import procrustes, product_error, relative_error, sqrt_psd
+from mhe.convert.fit import procrustes, product_error, relative_error, rotary_procrustes, sqrt_psd
 from mhe.convert.heads import ROLES, Heads
 from mhe.convert.rotary import RotaryFit
 from mhe.convert.stats import InputStats
@@ -67,7 +80,8 @@ def convert_sublayer(h: Heads, kind: str, *, kv_heads: int = 1, stats: InputStat
         align: rotate the heads towards the fit first (module docstring).
         align_iters: alternations of fit and Procrustes.
         rotary: how rotary positions constrain the fit (:mod:`mhe.convert.rotary`; None:
-            absolute positions); it also turns off the query/key alignment.
+            absolute positions); it also restricts the query/key alignment to rotations that
+            commute with RoPE (module docstring).
         naive: write the naive initialisation (mean of the heads, zero embeddings) instead.
     """
     def fit(heads: Heads, baseline: bool = False) -> Fitted:
@@ -75,8 +89,7 @@ def convert_sublayer(h: Heads, kind: str, *, kv_heads: int = 1, stats: InputStat
 
     aligned = h
     if align and not naive and kind != "sha":  # SHA's fit does not depend on rotations
-        metric = stats.centred_gram() if kind == "mhe-add" and stats is not None else None
-        aligned = _align(h, fit, metric, align_iters, rotate_qk=rotary is None)
+        aligned = _align(h, fit, align_iters, stats if kind == "mhe-add" else None, rotary)
     fitted = fit(aligned, baseline=naive)
     base = fit(h, baseline=True)
     spaces = {"weight": (None, None, None)}
@@ -116,28 +129,40 @@ def _rotated_error(a: Tensor, eff: Tensor, e: Tensor, stats: InputStats, gram: T
     return math.sqrt(max(float(num), 0.0) / float(den)) if float(den) > 0 else 0.0
 
 
-def _align(h: Heads, fit, metric: Tensor | None, iters: int, *, rotate_qk: bool) -> Heads:
-    """``h`` turned by the per-unit rotations that (locally) minimise the fit's objective."""
+def _align(h: Heads, fit, iters: int, stats: InputStats | None, rotary: RotaryFit | None) -> Heads:
+    """``h`` turned by the per-unit rotations that (locally) minimise the fit's objective: in
+    weight space, or on the calibration inputs ``stats`` (MHE-Add); query/key rotations restricted
+    to those that commute with RoPE when ``rotary`` is given (module docstring)."""
     eye = torch.eye(h.d, dtype=h.q.dtype).expand(h.kv_heads, h.d, h.d)
+    turn_qk = procrustes if rotary is None else partial(rotary_procrustes, width=rotary.width)
     r_qk, r_v = eye, eye
     for _ in range(iters):
         f = fit(h.rotated(r_qk, r_v))
-        if rotate_qk:
-            r_qk = _rotation(h, f, ("q", "k"), metric, r_qk)
-        r_v = _rotation(h, f, ("v",), metric, r_v)
+        r_qk = _rotation(h, f, ("q", "k"), stats, r_qk, turn_qk)
+        r_v = _rotation(h, f, ("v",), stats, r_v, procrustes)
     return h.rotated(r_qk, r_v)
 
 
-def _rotation(h: Heads, f: Fitted, roles: tuple[str, ...], metric: Tensor | None, current: Tensor) -> Tensor:
-    """Procrustes for every K/V unit: argmax_R tr(R^T sum_i A_i^T G F_i) over its heads i and the
-    fitted roles (G = I in weight space); ``current`` where no role is fitted."""
+def _rotation(h: Heads, f: Fitted, roles: tuple[str, ...], stats: InputStats | None, current: Tensor,
+              solve) -> Tensor:
+    """``solve`` (a Procrustes) for every K/V unit: argmax_R tr(R^T sum_i C_i) over its heads i and
+    the fitted roles, C_i = A_i^T F_i in weight space (``stats`` None), else A_i^T G F_i with G the
+    centred second moment, or (offsets after RoPE) A_i^T G W_i - m(A_i) m(W_i)^T (module
+    docstring); ``current`` where no role is fitted."""
     used = [r for r in roles if r in f.fitted_roles]
     if not used:
         return current
     c = 0
     for r in used:
         a, t = h.role(r), f.effective[r]
-        c = c + (torch.einsum("npd,npe->nde", a, t) if metric is None
-                 else torch.einsum("npd,pq,nqe->nde", a, metric, t))  # [n, d, d]
+        if stats is None:
+            c = c + torch.einsum("npd,npe->nde", a, t)  # [n, d, d]
+        elif r in f.rotated_offsets:
+            shared = t.clone()
+            shared[:, -1] -= f.rotated_offsets[r]  # W_i: the shared projection, without the offsets
+            c = c + torch.einsum("npd,pq,nqe->nde", a, stats.gram(), shared) \
+                - torch.einsum("nd,ne->nde", stats.rotated_mean(a), stats.rotated_mean(shared))
+        else:
+            c = c + torch.einsum("npd,pq,nqe->nde", a, stats.centred_gram(), t)
     c = c.reshape(h.kv_heads, h.n // h.kv_heads, h.d, h.d).sum(1)  # [units, d, d]
-    return procrustes(c)
+    return solve(c)
