@@ -21,6 +21,12 @@ from mhe.models.config import ModelConfig
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def first_visible_gpu() -> str:
+    """The GPU a one-GPU stage runs on: the first of the caller's ``CUDA_VISIBLE_DEVICES`` (so that
+    scripts given other GPUs of one host run side by side), else GPU 0."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+
+
 class Runner:
     """Runs the stages as subprocesses, each logged, none past the deadline."""
 
@@ -39,7 +45,8 @@ class Runner:
             return False
         launch = [sys.executable, "-m", "mhe"] if gpus == 1 else \
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}", "-m", "mhe"]
-        env = dict(self.env, **({"CUDA_VISIBLE_DEVICES": "0"} if gpus == 1 and torch.cuda.is_available() else {}))
+        env = dict(self.env, **({"CUDA_VISIBLE_DEVICES": first_visible_gpu()} if gpus == 1 and torch.cuda.is_available()
+                                else {}))
         shown = ("torchrun --standalone --nproc_per_node " + str(gpus) if gpus > 1 else "") + " mhe " + " ".join(args)
         self.commands.append(f"{stage}: `{shown.strip()}`")
         print(f"[{stage}] {shown.strip()}  ({left:.0f} s left)", flush=True)

@@ -34,3 +34,14 @@ def test_groups_and_stages_select_the_runs_in_order():
     with pytest.raises(SystemExit) as e:
         llama_speed.parse_args(["out", "--stages", "l1b"])
     assert e.value.code == 2
+
+
+def test_a_one_gpu_stage_runs_on_the_callers_first_visible_gpu(monkeypatch):
+    """Scripts started side by side on other GPUs of one host (CUDA_VISIBLE_DEVICES=2) keep to their
+    GPU: a stage pinned to GPU 0 regardless put every run on one card, which ran out of memory."""
+    import train_speed_runs
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert train_speed_runs.first_visible_gpu() == "2"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert train_speed_runs.first_visible_gpu() == "0"
