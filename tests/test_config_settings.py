@@ -345,8 +345,12 @@ def test_typed_experiment_matches_its_earlier_set_items(tmp_path):
     from mhe.experiments.sweep import Sweep, check_sweep_dir
 
     (tmp_path / "sweep.json").write_text(json.dumps({"sweep": OLD_GPU_PTB}))  # no "run": refused, naming the fix
-    with pytest.raises(MheError, match=r"sweep.json was written by an earlier version \(no 'run'\); convert its "
-                                       r"folder with: python benchmarks/migrate_runs.py"):
+    earlier = r"sweep.json was written by an earlier version \(no 'run', or its model as overrides\); convert its "
+    with pytest.raises(MheError, match=earlier + r"folder with: python benchmarks/migrate_runs.py"):
+        check_sweep_dir(tmp_path, Sweep(**OLD_GPU_PTB))
+    overrides = {**OLD_GPU_PTB, "run": {**Sweep(**OLD_GPU_PTB).shared_run(), "model": {"n_layers": 2}}}
+    (tmp_path / "sweep.json").write_text(json.dumps({"sweep": overrides}))  # the earlier identity layout
+    with pytest.raises(MheError, match=earlier):
         check_sweep_dir(tmp_path, Sweep(**OLD_GPU_PTB))
     record = {**OLD_GPU_PTB, "run": Sweep(**OLD_GPU_PTB).shared_run()}  # the --set items on the task's defaults
     (tmp_path / "sweep.json").write_text(json.dumps({"sweep": record}))

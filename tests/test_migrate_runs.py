@@ -109,3 +109,50 @@ def test_a_folder_of_the_earlier_layout_migrates_and_resumes(tmp_path):
     res = Trainer(new, RecallTask(), run, resume=True, log=messages.append).fit()
     assert any("resuming from" in m and "step-00000004" in m for m in messages), messages
     assert res["step"] == 8 and res["score"] == straight["score"]
+
+
+def _write_hash(run: Path, digest: str) -> None:
+    """Give a run folder's records and checkpoints the configuration hash ``digest``."""
+    for name in ("config.json", "results.json"):
+        if (run / name).is_file():
+            record = json.loads((run / name).read_text())
+            (run / name).write_text(json.dumps({**record, "config_hash": digest}))
+    for point in ckpt.list_checkpoints(run / "checkpoints"):
+        ckpt.rewrite_trainer_state(point, {**ckpt.read_trainer_state(point), "config_hash": digest})
+
+
+def test_hashes_of_the_earlier_identity_layout_are_rewritten_and_the_run_resumes(tmp_path):
+    """A stopped run whose records and checkpoint carry the hash of the earlier identity layout:
+    the trainer does not resume from that checkpoint; migrated, every hash is today's and the run
+    resumes from it and ends as a straight run does. A checkpoint of another configuration keeps
+    its hash."""
+    cfg = run_config_from_dict(migrate_runs.migrate_run(OLD_RECALL, "test"), source="test")
+    done = tmp_path / "runs" / "finished"
+    straight = Trainer(cfg, RecallTask(), done, log=lambda *_: None).fit()
+    legacy = migrate_runs.legacy_hash(cfg)
+    assert legacy != cfg.hash() and "attention" in migrate_runs.legacy_identity(cfg)
+    run, foreign = tmp_path / "runs" / "gqa-seed0", tmp_path / "runs" / "gqa-seed1"
+    stopped = run_config_from_dict(migrate_runs.migrate_run(OLD_RECALL, "test"), source="test")
+    stopped.train.stop_at = 4
+    Trainer(stopped, RecallTask(), run, log=lambda *_: None).fit()
+    _write_hash(run, legacy)
+    _write_hash(done, legacy)
+    for copy in (tmp_path / "unmigrated", foreign):
+        shutil.copytree(run, copy)
+    point = ckpt.list_checkpoints(foreign / "checkpoints")[-1]
+    ckpt.rewrite_trainer_state(point, {**ckpt.read_trainer_state(point), "config_hash": "0123456789abcdef"})
+    said = []
+    Trainer(cfg, RecallTask(), tmp_path / "unmigrated", resume=True, log=said.append).fit()
+    assert not any("resuming from" in m for m in said), said  # the earlier layout's hash is not this run's
+
+    changed = migrate_runs.migrate(tmp_path / "runs")
+    assert {run / "config.json", done / "results.json", foreign / "config.json"} <= set(changed)
+    assert json.loads((done / "results.json").read_text())["config_hash"] == cfg.hash()
+    assert migrate_runs.migrate(tmp_path / "runs") == []
+    assert json.loads((run / "config.json").read_text())["config_hash"] == cfg.hash()
+    assert ckpt.read_trainer_state(ckpt.list_checkpoints(run / "checkpoints")[-1])["config_hash"] == cfg.hash()
+    assert ckpt.read_trainer_state(point)["config_hash"] == "0123456789abcdef"
+    said = []
+    res = Trainer(cfg, RecallTask(), run, resume=True, log=said.append).fit()
+    assert any("resuming from" in m and "step-00000004" in m for m in said), said
+    assert res["step"] == 8 and res["score"] == straight["score"]

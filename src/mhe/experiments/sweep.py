@@ -66,11 +66,7 @@ class Sweep:
     def shared_run(self) -> dict:
         """The identity of the first kind's seed-0 run without what differs between runs
         (the kind, the seed, a fine-tuning run's checkpoint)."""
-        ident = run_config(self, self.kinds[0], 0).identity()
-        ident.pop("attention")
-        ident["train"].pop("seed")
-        ident["data"]["task_options"].pop("checkpoint", None)
-        return json.loads(json.dumps(ident))  # as sweep.json holds it (tuples become lists)
+        return shared_identity(run_config(self, self.kinds[0], 0).identity())
 
     def comparable(self) -> dict:
         """What may not change between invocations of one comparison: the kinds, the
@@ -79,10 +75,22 @@ class Sweep:
         return _comparable(self.identity())
 
 
+def shared_identity(ident: dict) -> dict:
+    """A run's identity less what differs between the runs of one comparison: the kind and its
+    options, the seed, a fine-tuning run's checkpoint; as sweep.json holds it (tuples become lists)."""
+    ident = json.loads(json.dumps(ident))
+    for k in ("attention", "attn_options"):
+        ident["model"].pop(k)
+    ident["train"].pop("seed")
+    if isinstance(ident["data"].get("task_options"), dict):
+        ident["data"]["task_options"].pop("checkpoint", None)
+    return ident
+
+
 def _comparable(identity: dict, source: Path | str = "sweep.json") -> dict:
     run = identity.get("run")
-    if run is None:
-        raise MheError(f"{source} was written by an earlier version (no 'run'); convert its folder with: "
+    if run is None or "arch" not in (run.get("model") or {}):
+        raise MheError(f"{source} was written by an earlier version (no 'run', or its model as overrides); convert its folder with: "
                        f"{MIGRATE} {Path(source).parent}")
     return {"kinds": identity["kinds"], "pretrained": identity.get("pretrained", ""), **_flatten(run)}
 

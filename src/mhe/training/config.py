@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 from mhe.errors import MheError, one_of
 from mhe.models.config import ModelConfig, preset
-from mhe.settings import build, check_fields, field_types, nondefault, parse_text, set_path, setting, typed_options
+from mhe.settings import build, check_fields, field_types, parse_text, set_path, setting, typed_options
 
 if TYPE_CHECKING:  # settings are read and checked without torch (the mhe command's setting errors)
     import torch
@@ -142,26 +142,19 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def identity(self) -> dict:
-        """What makes two runs the same run (cadence, stop_at and progress bars aside). Laid
-        out as configurations were before the model was typed, so earlier hashes hold where
-        the model overrides differ from the preset."""
-        model = self.model_overrides()
-        if opts := nondefault(self.model.attn_options):
-            model["attn_options"] = opts
+        """What makes two runs the same run: the task, the preset, the whole model (kind and
+        options included) and every training and data setting that changes what is computed.
+        Left out: cadence, devices and wrapping (``OPERATIONAL_TRAIN_KEYS``), where the data
+        are read from, the evaluation batch and the second evaluation stride (it adds a figure
+        to results.json and changes no other). Hashes of earlier layouts are rewritten by
+        ``benchmarks/migrate_runs.py``."""
         train = dataclasses.asdict(self.train)
         for k in OPERATIONAL_TRAIN_KEYS:
             train.pop(k)
-        if train["grad_reduce"] == "float32":
-            train.pop("grad_reduce")  # the default: hashed as before the setting existed
-        if float(train["epochs"]).is_integer():
-            train["epochs"] = int(train["epochs"])  # hashed as before, when whole epochs were ints
         data = dataclasses.asdict(self.data)
-        data.pop("data_dir")
-        data.pop("eval_batch_size")
-        data.pop("eval_second_stride")  # adds a figure to results.json, changes no other
-        data["task_options"] = nondefault(self.data.task_options)
-        return {"task": self.task, "preset": self.preset, "attention": self.model.attention, "model": model,
-                "train": train, "data": data}
+        for k in ("data_dir", "eval_batch_size", "eval_second_stride"):
+            data.pop(k)
+        return {"task": self.task, "preset": self.preset, "model": self.model.to_dict(), "train": train, "data": data}
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:16]
