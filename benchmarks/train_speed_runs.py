@@ -37,7 +37,8 @@ class Runner:
         self.commands: list[str] = []
         self.skipped: list[str] = []
 
-    def run(self, stage: str, args: list[str], *, gpus: int = 1) -> bool:
+    def run(self, stage: str, args: list[str], *, gpus: int = 1, src: Path | None = None) -> bool:
+        """Run ``mhe ARGS`` as ``stage`` (on ``gpus`` GPUs; with ``src``, that tree's package)."""
         left = self.deadline - (time.monotonic() - self.t0)
         if left < 20:
             self.skipped.append(stage)
@@ -46,7 +47,7 @@ class Runner:
         launch = [sys.executable, "-m", "mhe"] if gpus == 1 else \
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}", "-m", "mhe"]
         env = dict(self.env, **({"CUDA_VISIBLE_DEVICES": first_visible_gpu()} if gpus == 1 and torch.cuda.is_available()
-                                else {}))
+                                else {}), **({"PYTHONPATH": str(src)} if src else {}))
         shown = ("torchrun --standalone --nproc_per_node " + str(gpus) if gpus > 1 else "") + " mhe " + " ".join(args)
         self.commands.append(f"{stage}: `{shown.strip()}`")
         print(f"[{stage}] {shown.strip()}  ({left:.0f} s left)", flush=True)
