@@ -72,19 +72,25 @@ def generate_row(model, ids, mask, new: int, dev, reps: int, **options) -> dict:
             "decode_tokens_per_s": b * (new - 1) / max(sec - one, 1e-9)}
 
 
-def _count(prof, dev: torch.device) -> tuple[int, float]:
-    """(device kernels or leaf aten operators, their device microseconds) in a profile."""
+def _count(prof, dev: torch.device) -> tuple[int, float, dict]:
+    """(device kernels or leaf aten operators, their device microseconds, and per kernel name its
+    [count, microseconds]) in a profile."""
     events = prof.events()
     if dev.type == "cuda":
         kernels = [e for e in events if e.device_type.name == "CUDA"]
-        return len(kernels), sum(e.device_time for e in kernels)
+        names: dict[str, list] = {}
+        for e in kernels:
+            slot = names.setdefault(e.name, [0, 0.0])
+            slot[0], slot[1] = slot[0] + 1, slot[1] + e.device_time
+        return len(kernels), sum(e.device_time for e in kernels), names
     leaves = [e for e in events if e.name.startswith("aten::") and not e.cpu_children]
-    return len(leaves), 0.0
+    return len(leaves), 0.0, {}
 
 
-def kernels_per_token(model, ids, mask, dev, *, lengths=(4, 20), **options) -> dict:
+def kernels_per_token(model, ids, mask, dev, *, lengths=(4, 20), top: int = 0, **options) -> dict:
     """What one more generated token launches (the difference of two calls, so the prefill and the
-    call's fixed work cancel): kernels (GPU) or leaf operators (CPU), and GPU-busy microseconds."""
+    call's fixed work cancel): kernels (GPU) or leaf operators (CPU), and GPU-busy microseconds;
+    with ``top``, the ``top`` kernels by device time per token (name, launches, microseconds)."""
     counts = []
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     room = model.cfg.max_len - ids.shape[1]
@@ -97,9 +103,13 @@ def kernels_per_token(model, ids, mask, dev, *, lengths=(4, 20), **options) -> d
             sync(dev)
         counts.append(_count(prof, dev))
     steps = lengths[1] - lengths[0]
+    per_name = {k: [(v[0] - counts[0][2].get(k, [0, 0.0])[0]) / steps, (v[1] - counts[0][2].get(k, [0, 0.0])[1]) / steps]
+                for k, v in counts[1][2].items()}
+    ranked = sorted(per_name.items(), key=lambda kv: -kv[1][1])[:top]
     return {"kernels_per_token": (counts[1][0] - counts[0][0]) / steps,
             "busy_us_per_token": (counts[1][1] - counts[0][1]) / steps,
-            "counted": "device kernels" if dev.type == "cuda" else "leaf aten operators"}
+            "counted": "device kernels" if dev.type == "cuda" else "leaf aten operators",
+            **({"top_kernels": [{"name": k[:120], "launches": v[0], "us": v[1]} for k, v in ranked]} if top else {})}
 
 
 def release(dev: torch.device) -> None:

@@ -2,14 +2,15 @@
 launches (the difference of a 20-token and a 4-token call, so the prefill cancels).
 
     python benchmarks/profile_decode.py [--kinds mha,mhe-mul] [--modes eager,graph,compile]
-                                        [--batch 1] [--context 512] [--json out.json]
+                                        [--batch 1] [--context 512] [--prompt N] [--top N] [--json out.json]
 
 On a GPU (gpt2-base, bf16) it counts device kernels with the profiler, replays of the captured
 region included, and the GPU-busy microseconds per token, whose gap to the milliseconds per token
 is launch and host time; with ``PYTHONPATH=OLD/src`` and ``--modes default`` it counts an older
 tree's. On a CPU (``--smoke``: tiny sizes) it counts leaf aten operators instead, which stand in
 for kernels in eager mode (``aot_eager`` stands in for compile). ``decode_speed.py`` runs the
-same count for its batch-1 rows.
+same count for its batch-1 rows. ``--top N`` lists the N kernels with the most device time per
+token (launches and microseconds): where a compiled step's time goes (issue 41's profile).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def main() -> None:
     ap.add_argument("--preset", default="gpt2-base")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--prompt", type=int, default=0, help="prompt tokens (default: half the context)")
+    ap.add_argument("--top", type=int, default=0, help="also list the N kernels with the most device time per token")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
@@ -41,15 +44,17 @@ def main() -> None:
     rows = []
     for kind in a.kinds.split(","):
         model = decode_rows.build(a.preset, kind, context, dev, dtype, a.smoke)
-        ids, mask = decode_rows.prompts(model, a.batch, context // 2, dev)
+        ids, mask = decode_rows.prompts(model, a.batch, min(a.prompt, context - 24) if a.prompt else context // 2, dev)
         for mode in a.modes.split(","):
             options = {} if mode == "default" else {"step_mode": mode}
             if mode == "compile" and dev.type == "cpu":
                 options["compile_options"] = {"backend": "aot_eager"}
-            count = decode_rows.kernels_per_token(model, ids, mask, dev, **options)
+            count = decode_rows.kernels_per_token(model, ids, mask, dev, top=a.top, **options)
             rows.append({"kind": kind, "mode": mode, **count})
             print(f"{kind:8s} {mode:8s} {count['kernels_per_token']:7.1f} {count['counted']} per token, "
                   f"{count['busy_us_per_token']:8.1f} us busy", flush=True)
+            for k in count.get("top_kernels", []):
+                print(f"    {k['us']:8.1f} us {k['launches']:5.1f} x  {k['name']}", flush=True)
         del model
         decode_rows.release(dev)
     card = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"

@@ -90,8 +90,8 @@ def table(rows: list[dict]) -> list[str]:
         spread = max(max(v) / min(v) for v in rates.values())
         ratio = statistics.median(rates["new"]) / statistics.median(rates["old"])
         verdict = "within noise" if 1 / spread <= ratio <= spread else ("faster" if ratio > 1 else "slower")
-        if spread == 1.0:
-            verdict += " (one run each: no noise estimate)"
+        if len(rates["new"]) == len(rates["old"]) == 1:
+            verdict = "one run each: no noise estimate"
         lines.append(f"| {key[0]} | {key[1]} | {_runs(rates['new'])} | {_runs(rates['old'])} | {spread:.3f} | "
                      f"{ratio:.3f} | {verdict} |")
     return lines
