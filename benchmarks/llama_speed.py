@@ -47,7 +47,8 @@ layer; an untied one's input table is left out). With activation checkpointing t
 forward is not counted (model FLOPs, not hardware FLOPs).
 
 Out: ``OUT/llama-speed.md`` (card, torch, commands, tables), ``OUT/llama-speed.json`` (every
-figure), ``OUT/logs/STAGE.log``, ``OUT/runs/STAGE/``. ``--cpu-smoke``: the same logic with tiny
+figure), both rewritten after every stage so that a run stopped from outside keeps its finished
+rows, ``OUT/logs/STAGE.log``, ``OUT/runs/STAGE/``. ``--cpu-smoke``: the same logic with tiny
 presets on PTB, a few steps, on a CPU.
 """
 
@@ -185,28 +186,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
-def main(argv=None) -> int:
-    a = parse_args(argv)
-    out = Path(a.out).resolve()
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    runner = Runner(out, str(Path(a.data_dir).resolve()), a.deadline)
-    runner.env["MHE_CACHE_DIR"] = str(out / "cache")  # tokenizer and compile caches: empty at the first stage
-    runner.env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
-    print(f"card: {card}; torch {torch.__version__}; cache {out / 'cache'}", flush=True)
-    results = {}
-    for s in a.selected:
-        runner.run(s.name, command(s, out / "runs" / s.name, a.cpu_smoke))
-        results[s.name] = figures(out / "runs" / s.name, s.steps)
+def report(a: argparse.Namespace, out: Path, card: str, runner: Runner, results: dict) -> str:
+    """Write ``llama-speed.md`` and ``.json`` for the stages measured so far (called after each
+    stage, so a run stopped from outside keeps its finished rows); returns the text."""
     by = lambda table: [(s, results[s.name]) for s in a.selected  # noqa: E731
-                        if (s.table or s.group) == table and not s.name.endswith("-warm")]
+                        if s.name in results and (s.table or s.group) == table and not s.name.endswith("-warm")]
     lines = ["# Llama-style training speed, `mhe pretrain` defaults (one card)", "",
              f"Card: {card}; torch {torch.__version__}; MFU: (6N + 12 L T d) x tokens/s / dense bf16 peak, N = the "
              "parameters in a matrix product per token (all but the input embedding lookups); rates: median logged "
              "step time after the first third of the steps.", "", "Commands:", ""]
     lines += [f"* {c}" for c in runner.commands] + [""]
-    if runner.skipped:
-        lines += [f"Not measured: {', '.join(runner.skipped)}.", ""]
+    left = [s.name for s in a.selected if s.name not in results]
+    if runner.skipped or left:
+        lines += [f"Not measured: {', '.join(runner.skipped + left)}.", ""]
     for group in ("llama-135m", "llama-1.1b", "gpt2"):
         rows = by(group)
         f = next((f for _, f in rows if f), None)
@@ -219,14 +211,31 @@ def main(argv=None) -> int:
         first = lambda f: fmt(((f or {}).get("wall_clock") or {}).get("time_to_first_step_s"), ".1f")  # noqa: E731
         lines += [f"Time to the first step, llama-135m MHA: cold caches {first(cold)} s, warm compile and tokenizer "
                   f"caches {first(warm)} s (from the process's start).", ""]
-    lines += wall_table([(s, results[s.name]) for s in a.selected])
+    lines += wall_table([(s, results[s.name]) for s in a.selected if s.name in results])
     notes = sorted({f["vocabulary"] for f in results.values() if f and f.get("vocabulary")})
-    lines += [f"* {n}" for n in notes]
-    text = "\n".join(lines) + "\n"
-    (out / "llama-speed.md").write_text(text)
-    (out / "llama-speed.json").write_text(json.dumps({"card": card, "torch": torch.__version__,
-                                                      "commands": runner.commands, "skipped": runner.skipped,
-                                                      "stages": {k: v for k, v in results.items()}}, indent=1))
+    text = "\n".join(lines + [f"* {n}" for n in notes]) + "\n"
+    for name, body in (("llama-speed.md", text), ("llama-speed.json", json.dumps(
+            {"card": card, "torch": torch.__version__, "commands": runner.commands, "skipped": runner.skipped,
+             "stages": dict(results)}, indent=1))):
+        (out / f"{name}.tmp").write_text(body)
+        os.replace(out / f"{name}.tmp", out / name)
+    return text
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    out = Path(a.out).resolve()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    runner = Runner(out, str(Path(a.data_dir).resolve()), a.deadline)
+    runner.env["MHE_CACHE_DIR"] = str(out / "cache")  # tokenizer and compile caches: empty at the first stage
+    runner.env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    print(f"card: {card}; torch {torch.__version__}; cache {out / 'cache'}", flush=True)
+    results, text = {}, ""
+    for s in a.selected:
+        runner.run(s.name, command(s, out / "runs" / s.name, a.cpu_smoke))
+        results[s.name] = figures(out / "runs" / s.name, s.steps)
+        text = report(a, out, card, runner, results)
     print("\n" + text)
     return 0
 

@@ -1,6 +1,7 @@
 """benchmarks/llama_speed.py's arithmetic and stage selection (the GPU run itself is the lead's):
 N for MFU leaves out exactly the input embedding lookups, and a group name selects its stages."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -45,3 +46,19 @@ def test_a_one_gpu_stage_runs_on_the_callers_first_visible_gpu(monkeypatch):
     assert train_speed_runs.first_visible_gpu() == "2"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert train_speed_runs.first_visible_gpu() == "0"
+
+
+def test_the_report_is_written_after_each_stage_and_names_the_stages_not_run(tmp_path):
+    """A run stopped from outside after its first stage keeps that stage's row on disk, and the
+    report says which stages did not run."""
+    from train_speed_runs import Runner
+
+    a = llama_speed.parse_args([str(tmp_path), "--stages", "llama-135m"])
+    runner = Runner(tmp_path, "data", 100)
+    runner.commands.append("l135-mha: `mhe pretrain ...`")
+    llama_speed.report(a, tmp_path, "CPU", runner, {"l135-mha": None})
+    text = (tmp_path / "llama-speed.md").read_text()
+    assert "Not measured: l135-gqa, l135-mhe-mul, l135-warm." in text
+    assert "| l135-mha |" in text and "| l135-gqa |" not in text
+    assert json.loads((tmp_path / "llama-speed.json").read_text())["stages"] == {"l135-mha": None}
+    assert not list(tmp_path.glob("*.tmp"))
