@@ -445,7 +445,7 @@ class TokenState:
         saves a second pass over the vocabulary. ``x - x`` is NaN exactly where ``x`` is not
         finite."""
         top = logits.amax(-1) if argmax is None else logits.gather(-1, argmax[:, None])[:, 0]
-        broken = torch.where(self.done, 0.0, (top - top).float()).isnan().any()
+        broken = torch.where(self.done, 0.0, top - top).isnan().any()
         self.bad.copy_(torch.where((self.bad < 0) & broken, self.count, self.bad))
 
     def check_finite(self) -> None:
