@@ -257,3 +257,19 @@ def test_masked_grouped_training_attention_stays_off_the_math_backend_on_a_gpu(d
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-4  # bf16: 8 bits of mantissa; float32: TF32 off in SDPA
     for a, b in zip(got, want):
         torch.testing.assert_close(a.double().cpu(), b, rtol=tol, atol=tol * float(b.abs().max()))
+
+
+def test_long_grouped_training_calls_are_repeated_for_cudnn_on_hopper_only():
+    """The rule of ``repeat_for_grad``: a CUDA call over grouped heads that autograd records, of at
+    least REPEAT_GRAD_MIN_KEYS keys, on a card with cuDNN attention; nothing else."""
+    rule, n = kernels.repeat_for_grad, kernels.REPEAT_GRAD_MIN_KEYS
+    q = torch.zeros(1, 4, n, 8, requires_grad=True)
+    k = torch.zeros(1, 2, n, 8)
+    assert rule(q, k, {}, device_type="cuda", cudnn=True)
+    assert not rule(q, k, {}, device_type="cuda", cudnn=False)  # no cuDNN attention (before Hopper)
+    assert not rule(q, k, {}, device_type="cpu", cudnn=True)
+    assert not rule(q, k[:, :, :-1], {}, device_type="cuda", cudnn=True)  # one key short
+    assert not rule(q, q.detach(), {}, device_type="cuda", cudnn=True)    # not grouped
+    assert not rule(q.detach(), k, {}, device_type="cuda", cudnn=True)    # nothing to differentiate
+    with torch.no_grad():
+        assert not rule(q, k, {}, device_type="cuda", cudnn=True)         # inference

@@ -144,6 +144,7 @@ def test_hashes_of_the_earlier_identity_layout_are_rewritten_and_the_run_resumes
     said = []
     Trainer(cfg, RecallTask(), tmp_path / "unmigrated", resume=True, log=said.append).fit()
     assert not any("resuming from" in m for m in said), said  # the earlier layout's hash is not this run's
+    assert any("python benchmarks/migrate_runs.py RUN_FOLDER gives it today's hash" in m for m in said), said
 
     changed = migrate_runs.migrate(tmp_path / "runs")
     assert {run / "config.json", done / "results.json", foreign / "config.json"} <= set(changed)

@@ -215,10 +215,31 @@ def _sdpa_dtype(q: torch.Tensor) -> torch.dtype:
     return q.dtype
 
 
+REPEAT_GRAD_MIN_KEYS = 2048
+"""From this many keys on, a grouped call that autograd records on a Hopper card with SDPA's cuDNN
+kernel runs over K/V heads repeated to the query heads, on cuDNN as multi-head attention does
+(:func:`repeat_for_grad`): at llama-135m's 2,048 tokens on one H200 that trained GQA at 1.035x MHA's
+tokens/s, against 0.94x over FlashAttention-2's grouped heads (docs/benchmarks.md section 11). The
+repetition costs the memory the grouped kinds save. Shorter calls stay on FlashAttention-2, which
+was the faster at 512 tokens (section 7); 1,024 is not measured."""
+
+
+def repeat_for_grad(q, k, kw: dict, *, device_type: str | None = None, cudnn: bool | None = None) -> bool:
+    """Whether :func:`_sdpa` repeats the grouped K/V heads of a call autograd records, so that it
+    runs on cuDNN (:data:`REPEAT_GRAD_MIN_KEYS`); ``device_type`` and ``cudnn`` (default: q's
+    device and whether it is a Hopper card with cuDNN attention on) ask about another card."""
+    if (device_type or q.device.type) != "cuda" or k.shape[1] == q.shape[1] or k.shape[2] < REPEAT_GRAD_MIN_KEYS:
+        return False
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+        return False
+    return _cudnn_attention(q.device) if cudnn is None else cudnn
+
+
 def _sdpa(q, k, v, **kw):
     """``F.scaled_dot_product_attention`` on the backends :func:`sdpa_backends` allows, over K/V
-    heads repeated to the query heads where no fused backend reads them grouped (:func:`grouped_natively`)."""
-    if kw.get("enable_gqa") and not grouped_natively(q, k, kw):
+    heads repeated to the query heads where no fused backend reads them grouped (:func:`grouped_natively`)
+    or where cuDNN over repeated heads trains faster (:func:`repeat_for_grad`)."""
+    if kw.get("enable_gqa") and (not grouped_natively(q, k, kw) or repeat_for_grad(q, k, kw)):
         n = q.shape[1]
         k, v, kw = _repeat_kv(k, n, copy=True), _repeat_kv(v, n, copy=True), {**kw, "enable_gqa": False}
     backends = sdpa_backends(q, k, v, kw)

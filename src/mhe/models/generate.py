@@ -423,12 +423,13 @@ class TokenState:
     def choose(self, logits: torch.Tensor, rule: Rule) -> None:
         """Choose each row's next token from ``logits`` ``[B, V]`` by ``rule``, record it, and
         advance: the token becomes the next step's input at the next position."""
-        broken = (~torch.isfinite(logits.amax(-1)) & ~self.done).any()  # no host read: noted in `bad`
-        self.bad.copy_(torch.where((self.bad < 0) & broken, self.count, self.bad))
+        raw = logits
         if rule.hold_back:  # transformers' min_new_tokens: stop tokens at -inf until then
             held = logits.index_fill(-1, rule.stops, float("-inf"))
             logits = torch.where(self.count < self.min_new, held, logits)
-        tok = torch.where(self.done, self.fill, next_token(logits, rule.sampling, rule.generator))  # [B]
+        chosen = next_token(logits, rule.sampling, rule.generator)  # [B]
+        self._note_not_finite(raw, chosen if logits is raw and not rule.sampling.do_sample else None)
+        tok = torch.where(self.done, self.fill, chosen)
         if rule.stops is not None:
             self.made.copy_(torch.where(self.done, self.made, self.count + 1))
             self.done.copy_(self.done | (tok[:, None] == rule.stops).any(-1))
@@ -436,6 +437,16 @@ class TokenState:
         self.tok.copy_(tok[:, None])
         self.pos.add_(1)
         self.count.add_(1)
+
+    def _note_not_finite(self, logits: torch.Tensor, argmax: torch.Tensor | None) -> None:
+        """Note in ``bad`` the first step whose row maximum is not finite (NaN, +inf, or every
+        logit -inf) in a running row, without reading the device. ``argmax``: the rows' argmax
+        of these same logits, whose logit is then the row maximum (argmax propagates NaN), which
+        saves a second pass over the vocabulary. ``x - x`` is NaN exactly where ``x`` is not
+        finite."""
+        top = logits.amax(-1) if argmax is None else logits.gather(-1, argmax[:, None])[:, 0]
+        broken = torch.where(self.done, 0.0, top - top).isnan().any()
+        self.bad.copy_(torch.where((self.bad < 0) & broken, self.count, self.bad))
 
     def check_finite(self) -> None:
         """Refuse the call whose logits were not finite (a token drawn or picked from NaN is noise)."""

@@ -13,6 +13,8 @@ import random
 import numpy as np
 import torch
 
+from mhe.training.config import MIGRATE
+
 JSON, TENSORS = "trainer.json", "trainer.safetensors"
 PARTS = ("step", "data", "optimizer", "scheduler", "rng", "config_hash")
 
@@ -29,7 +31,8 @@ def counters_problem(s: dict, *, step: int, config_hash: str, batches_per_epoch:
     if not _is_int(s["step"]) or s["step"] != step:
         return f"{JSON}: step {s['step']!r}, but the folder is step {step}"
     if s["config_hash"] != config_hash:
-        return f"{JSON}: configuration hash {s['config_hash']!r}, the run's is {config_hash!r}"
+        return (f"{JSON}: configuration hash {s['config_hash']!r}, the run's is {config_hash!r} (a checkpoint of "
+                f"an earlier release: {MIGRATE} RUN_FOLDER gives it today's hash)")
     best_step, bad = s.get("best_step"), s.get("bad_evals", 0)
     if best_step is not None and not (_is_int(best_step) and 0 <= best_step <= step):
         return f"{JSON}: best_step {best_step!r} is not a step in 0..{step}"
