@@ -6,7 +6,7 @@ already stopped, in float32 and bfloat16."""
 import pytest
 import torch
 
-from mhe.models.generate import TokenState
+from mhe.models.generate import Rule, SamplingConfig, TokenState
 
 
 def rows(dtype):
@@ -63,3 +63,25 @@ def test_argmax_points_at_a_nan():
     """What the greedy form relies on: argmax propagates NaN (as max does)."""
     x = rows(torch.bfloat16)
     assert torch.isnan(x.gather(-1, x.argmax(-1)[:, None])[1:4]).all()
+
+
+def test_the_compiled_choice_notes_each_broken_row_and_chooses_as_eager():
+    """In ``compile`` mode a greedy rule's choice is compiled (inductor): there the check reads the
+    row maximum, fused with the argmax's pass. It flags the rows the reference flags, first step
+    kept, and chooses, stops and advances as the eager choice does."""
+    x = rows(torch.float32)
+    rule = Rule(SamplingConfig(), stop_ids=(3,), stops=torch.tensor([3]))
+
+    def run(choose):
+        state = TokenState(8, 4, torch.device("cpu"))
+        state.done[[1, 4]] = True  # two broken rows have stopped
+        for step in range(3):
+            rows_now = x if step == 1 else x.nan_to_num(0.0, 1.0, -1.0)  # broken at step 1 only
+            choose(state, rows_now)
+        return state
+    eager = run(lambda s, lg: s.choose(lg, rule))
+    torch._dynamo.reset()
+    compiled = run(torch.compile(lambda s, lg: s.choose(lg, rule), fullgraph=True))
+    assert int(compiled.bad) == 1 == int(eager.bad)
+    for a, b in zip(compiled.tensors() + [compiled.out], eager.tensors() + [eager.out]):
+        assert torch.equal(a, b)

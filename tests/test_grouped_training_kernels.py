@@ -273,3 +273,50 @@ def test_long_grouped_training_calls_are_repeated_for_cudnn_on_hopper_only():
     assert not rule(q.detach(), k, {}, device_type="cuda", cudnn=True)    # nothing to differentiate
     with torch.no_grad():
         assert not rule(q, k, {}, device_type="cuda", cudnn=True)         # inference
+
+
+@pytest.mark.parametrize("capability", ((9, 0), (8, 0)), ids=("hopper", "ampere"))
+def test_the_card_query_of_the_rule_is_traced_as_a_constant(capability, monkeypatch):
+    """``_cudnn_attention`` (what ``repeat_for_grad`` asks of the card) compiles in one graph and
+    answers as it does eagerly: dynamo cannot trace ``cudnn_sdp_enabled``, so without
+    ``assume_constant_result`` every grouped training call of a compiled step broke its graph."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: True)
+    cuda = torch.device("cuda")
+
+    def step(q):
+        return q * 2 if kernels._cudnn_attention(cuda) else q + 1
+    q = torch.ones(3)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(step, fullgraph=True, backend="eager")(q), q * 2 if capability >= (9, 0) else q + 1)
+    assert not kernels._cudnn_attention("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("g", (1, 2))
+def test_long_grouped_training_calls_compile_in_one_graph_and_equal_the_equations_on_a_gpu(g):
+    """A grouped causal call of REPEAT_GRAD_MIN_KEYS keys under autograd (``repeat_for_grad``'s
+    length: K/V repeated for cuDNN on a Hopper card) compiles in one graph (``fullgraph``), runs
+    one fused SDPA call each way, and its output and gradients equal eager's and the per-head
+    softmax computed in float64."""
+    from mhe.bench.profiling import sdpa_calls
+
+    n = kernels.REPEAT_GRAD_MIN_KEYS
+    base = _grouped_inputs(n=4, g=g, t=n, s=n, d=64)
+    mask = masks.self_attention_mask(torch.zeros(B, n, dtype=torch.long), None)
+
+    def run(fn):
+        q, k, v = (t.detach().to("cuda", torch.bfloat16).requires_grad_() for t in base)
+        return _out_and_grads(fn, q, k, v)
+    eager = run(lambda q, k, v: kernels.attend(q, k, v, mask))
+    with torch.profiler.profile() as prof:
+        compiled = run(torch.compile(lambda q, k, v: kernels.attend(q, k, v, mask), fullgraph=True))
+    calls = sdpa_calls(prof, 1)
+    assert "math" not in calls and calls.endswith("1 fwd / 1 bwd"), calls
+    if kernels._cudnn_attention(torch.device("cuda")):
+        assert calls.startswith("cudnn"), calls
+    want = _out_and_grads(lambda q, k, v: _literal(q, k, v, causal=True), *base)
+    for a, b, c in zip(compiled, eager, want):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2 * float(b.abs().max()))
+        torch.testing.assert_close(a.double().cpu(), c, rtol=3e-2, atol=3e-2 * float(c.abs().max()))

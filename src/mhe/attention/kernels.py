@@ -376,10 +376,16 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     return configured
 
 
+@torch.compiler.assume_constant_result
 def _cudnn_attention(device: torch.device | str) -> bool:
-    """SDPA's cuDNN kernel is on and the card is a Hopper or later (sm90, where ``sdpa-expand``
-    takes it)."""
-    return torch.backends.cuda.cudnn_sdp_enabled() and torch.cuda.get_device_capability(torch.device(device)) >= (9, 0)
+    """SDPA's cuDNN kernel is on and ``device`` is a Hopper card or later (sm90, where ``sdpa-expand``
+    takes it). Inside ``torch.compile`` it is evaluated once while tracing and kept as a constant:
+    dynamo cannot trace ``cudnn_sdp_enabled`` (a torch function returning a bool), and the graph
+    break it made at every grouped training call of a compiled step (:func:`repeat_for_grad`) cost
+    more than the kernel saved (docs/benchmarks.md section 11)."""
+    device = torch.device(device)
+    return (device.type == "cuda" and torch.backends.cuda.cudnn_sdp_enabled()
+            and torch.cuda.get_device_capability(device) >= (9, 0))
 
 
 def split_kernel(kernel: str) -> tuple[str, str | None]:

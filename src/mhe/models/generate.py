@@ -269,17 +269,30 @@ class Generator:
         if run is None:
             if len(self._regions) >= REGIONS:
                 self._regions.pop(next(iter(self._regions)))
-            model_step, state = self._model_step(), self.state
+            model_step, choose = self._model_step(), self._chooser(rule)
 
             def region():
                 logits = model_step()
-                state.choose(logits, rule)
+                choose(logits)
                 return logits
             watched = self.state.tensors() + [c.index for c in self.caches]
             run = StepRunner(region, mode="eager" if self.mode == "eager" else "graph", device=self.device,
                              before_warmup=restorer(watched), generators=[rule.generator] if rule.generator else [])
         self._regions[key] = run
         return run()
+
+    def _chooser(self, rule: Rule) -> Callable[[torch.Tensor], None]:
+        """``rule``'s choice on one step's logits, as the region runs it: in ``compile`` mode a
+        greedy rule's is compiled too, so its dozen small kernels (the argmax, the finite check,
+        the stop and position bookkeeping) become a few, which is most of a batch-1 step's
+        difference to the launch floor; a sampling rule's stays eager (its generator)."""
+        state = self.state
+
+        def choose(logits: torch.Tensor) -> None:
+            state.choose(logits, rule)
+        if self.mode != "compile" or rule.sampling.do_sample:
+            return choose
+        return compile_step(choose, device=self.device, options=self.compile_options)
 
     def _model_step(self):
         """The logits ``[B, V]`` of the state's newest tokens (compiled once in ``compile`` mode)."""
@@ -428,7 +441,7 @@ class TokenState:
             held = logits.index_fill(-1, rule.stops, float("-inf"))
             logits = torch.where(self.count < self.min_new, held, logits)
         chosen = next_token(logits, rule.sampling, rule.generator)  # [B]
-        self._note_not_finite(raw, chosen if logits is raw and not rule.sampling.do_sample else None)
+        self._note_not_finite(raw, None if rule.hold_back or rule.sampling.do_sample else chosen)
         tok = torch.where(self.done, self.fill, chosen)
         if rule.stops is not None:
             self.made.copy_(torch.where(self.done, self.made, self.count + 1))
@@ -442,10 +455,12 @@ class TokenState:
         """Note in ``bad`` the first step whose row maximum is not finite (NaN, +inf, or every
         logit -inf) in a running row, without reading the device. ``argmax``: the rows' argmax
         of these same logits, whose logit is then the row maximum (argmax propagates NaN), which
-        saves a second pass over the vocabulary. ``x - x`` is NaN exactly where ``x`` is not
-        finite."""
-        top = logits.amax(-1) if argmax is None else logits.gather(-1, argmax[:, None])[:, 0]
-        broken = torch.where(self.done, 0.0, top - top).isnan().any()
+        saves a second pass over the vocabulary."""
+        if argmax is None or torch.compiler.is_compiling():  # compiled: fused with the argmax's pass
+            top = logits.amax(-1)
+        else:
+            top = logits.gather(-1, argmax[:, None])[:, 0]
+        broken = (top.isfinite() | self.done).logical_not().any()
         self.bad.copy_(torch.where((self.bad < 0) & broken, self.count, self.bad))
 
     def check_finite(self) -> None:
