@@ -57,6 +57,8 @@ def main() -> int:
     ap.add_argument("one", type=Path, help="the log of the run on one GPU")
     ap.add_argument("two", type=Path, help="the log of the run on two GPUs")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "logs" / "gpu-tests.md")
+    ap.add_argument("--how", default="Both runs ran at the same time on one host, on separate GPUs.",
+                    help="how the two runs shared the host (a sentence for the record)")
     a = ap.parse_args()
     env = [ln for ln in a.env.read_text().splitlines() if not ln.startswith("src tree:")]  # the host's own git
     host_sha = next((ln.split(":", 1)[1].strip() for ln in env if ln.startswith("src sha256")), None)
@@ -68,9 +70,7 @@ def main() -> int:
     head = ["# GPU tests on the device for main's src tree", "", f"src tree: {tree}", "",
             f"The host ran these `src/` files: their sha256 (below) equals this checkout's, {host_sha}.", "",
             "Host (as it printed itself):", "", "```"] + env + ["```", "",
-            "Both runs ran at the same time on one host, on separate GPUs; the other GPUs of the host ran "
-            "benchmarks meanwhile (`docs/benchmarks.md`). Refresh this file whenever `src/` changes "
-            "(`benchmarks/gpu_tests_record.py`).", ""]
+            f"{a.how} Refresh this file whenever `src/` changes (`benchmarks/gpu_tests_record.py`).", ""]
     body = section(a.one, "One GPU") + section(a.two, "Two GPUs")
     a.out.write_text("\n".join(head + body).rstrip() + "\n")
     print(f"wrote {a.out} (src tree {tree})")
