@@ -112,6 +112,23 @@ def kernels_per_token(model, ids, mask, dev, *, lengths=(4, 20), top: int = 0, *
             **({"top_kernels": [{"name": k[:120], "launches": v[0], "us": v[1]} for k, v in ranked]} if top else {})}
 
 
+def kernels_of_prefill(model, ids, mask, dev, *, top: int = 0, **options) -> dict:
+    """What one call for one new token launches (the prefill, then one eager choice), after a
+    warm-up call: kernels (GPU) or leaf operators (CPU), their device microseconds, and with
+    ``top`` the ``top`` kernels by device time (name, launches, microseconds)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    model.generate(ids, 1, attention_mask=mask, **options)
+    sync(dev)
+    with profile(activities=activities) as prof:
+        model.generate(ids, 1, attention_mask=mask, **options)
+        sync(dev)
+    n, busy, names = _count(prof, dev)
+    ranked = sorted(names.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"kernels": n, "busy_us": busy,
+            "counted": "device kernels" if dev.type == "cuda" else "leaf aten operators",
+            **({"top_kernels": [{"name": k[:120], "launches": v[0], "us": v[1]} for k, v in ranked]} if top else {})}
+
+
 def release(dev: torch.device) -> None:
     import gc
 

@@ -2,7 +2,8 @@
 launches (the difference of a 20-token and a 4-token call, so the prefill cancels).
 
     python benchmarks/profile_decode.py [--kinds mha,mhe-mul] [--modes eager,graph,compile]
-                                        [--batch 1] [--context 512] [--prompt N] [--top N] [--json out.json]
+                                        [--batch 1] [--context 512] [--prompt N] [--top N] [--prefill]
+                                        [--json out.json]
 
 On a GPU (gpt2-base, bf16) it counts device kernels with the profiler, replays of the captured
 region included, and the GPU-busy microseconds per token, whose gap to the milliseconds per token
@@ -11,6 +12,8 @@ tree's. On a CPU (``--smoke``: tiny sizes) it counts leaf aten operators instead
 for kernels in eager mode (``aot_eager`` stands in for compile). ``decode_speed.py`` runs the
 same count for its batch-1 rows. ``--top N`` lists the N kernels with the most device time per
 token (launches and microseconds): where a compiled step's time goes (issue 41's profile).
+``--prefill`` profiles one call for one new token instead (the prompt's kernels, after a warm-up):
+where a prefill's time goes, e.g. one kind's against another's, or against an older tree's.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--prompt", type=int, default=0, help="prompt tokens (default: half the context)")
     ap.add_argument("--top", type=int, default=0, help="also list the N kernels with the most device time per token")
+    ap.add_argument("--prefill", action="store_true", help="profile the prefill (one call for one token) instead")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
@@ -49,10 +53,15 @@ def main() -> None:
             options = {} if mode == "default" else {"step_mode": mode}
             if mode == "compile" and dev.type == "cpu":
                 options["compile_options"] = {"backend": "aot_eager"}
-            count = decode_rows.kernels_per_token(model, ids, mask, dev, top=a.top, **options)
-            rows.append({"kind": kind, "mode": mode, **count})
-            print(f"{kind:8s} {mode:8s} {count['kernels_per_token']:7.1f} {count['counted']} per token, "
-                  f"{count['busy_us_per_token']:8.1f} us busy", flush=True)
+            if a.prefill:
+                count = decode_rows.kernels_of_prefill(model, ids, mask, dev, top=a.top, **options)
+                print(f"{kind:8s} {mode:8s} prefill of {ids.shape[1]} tokens: {count['kernels']} {count['counted']}, "
+                      f"{count['busy_us']:9.1f} us busy", flush=True)
+            else:
+                count = decode_rows.kernels_per_token(model, ids, mask, dev, top=a.top, **options)
+                print(f"{kind:8s} {mode:8s} {count['kernels_per_token']:7.1f} {count['counted']} per token, "
+                      f"{count['busy_us_per_token']:8.1f} us busy", flush=True)
+            rows.append({"kind": kind, "mode": mode, "prefill": a.prefill, **count})
             for k in count.get("top_kernels", []):
                 print(f"    {k['us']:8.1f} us {k['launches']:5.1f} x  {k['name']}", flush=True)
         del model
