@@ -102,7 +102,9 @@ def test_the_backend_restriction_changes_nothing_and_compiles_in_one_graph(kind,
 @pytest.mark.parametrize("kind", ("mhe-mul", "mhe-add"))
 def test_rotary_mhe_queries_in_the_projection_layout_are_the_same_numbers(kind, monkeypatch):
     """The per-head factors applied in the ``[B, T, n, d]`` layout: the loss and every gradient
-    equal, bit for bit, those of the factors applied to ``[B, 1, T, d]`` directly (as before)."""
+    equal those of the factors applied to ``[B, 1, T, d]`` directly (as before): bit for bit for
+    MHE-Add, and for MHE-Mul, whose training factors are a matrix product (``mhe._scaled_heads``:
+    the backward's sums in another order), to float64 rounding."""
     model = _llama(kind).train()
     ids = torch.randint(0, VOCAB, (B, T))
 
@@ -118,7 +120,10 @@ def test_rotary_mhe_queries_in_the_projection_layout_are_the_same_numbers(kind, 
         return a * f if self.multiplicative else a + f
     monkeypatch.setattr(_MHEBase, "_psi_factor", before)
     was = loss_and_grads()
-    assert all(torch.equal(a, b) for a, b in zip(now, was))
+    if kind == "mhe-add":
+        assert all(torch.equal(a, b) for a, b in zip(now, was))
+    for a, b in zip(now, was):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13 * float(b.abs().max()))
 
 
 @pytest.mark.gpu
@@ -259,25 +264,46 @@ def test_masked_grouped_training_attention_stays_off_the_math_backend_on_a_gpu(d
         torch.testing.assert_close(a.double().cpu(), b, rtol=tol, atol=tol * float(b.abs().max()))
 
 
-def test_long_grouped_training_calls_are_repeated_for_cudnn_on_hopper_only():
-    """The rule of ``repeat_for_grad``: a CUDA call over grouped heads that autograd records, of at
-    least REPEAT_GRAD_MIN_KEYS keys, on a card with cuDNN attention; nothing else."""
-    rule, n = kernels.repeat_for_grad, kernels.REPEAT_GRAD_MIN_KEYS
+def test_long_grouped_training_calls_run_on_cudnn_over_their_grouped_heads_on_hopper_only():
+    """The rule of ``cudnn_for_grad``: a CUDA call over grouped heads that autograd records, of at
+    least CUDNN_GRAD_MIN_KEYS keys, on a card with cuDNN attention; nothing else. Such a call, when
+    unmasked, may run on cuDNN (or FlashAttention), both reading the grouped heads natively; a shorter
+    one on FlashAttention and the other exact backends, never cuDNN."""
+    rule, n = kernels.cudnn_for_grad, kernels.CUDNN_GRAD_MIN_KEYS
     q = torch.zeros(1, 4, n, 8, requires_grad=True)
     k = torch.zeros(1, 2, n, 8)
-    assert rule(q, k, {}, device_type="cuda", cudnn=True)
-    assert not rule(q, k, {}, device_type="cuda", cudnn=False)  # no cuDNN attention (before Hopper)
-    assert not rule(q, k, {}, device_type="cpu", cudnn=True)
-    assert not rule(q, k[:, :, :-1], {}, device_type="cuda", cudnn=True)  # one key short
-    assert not rule(q, q.detach(), {}, device_type="cuda", cudnn=True)    # not grouped
-    assert not rule(q.detach(), k, {}, device_type="cuda", cudnn=True)    # nothing to differentiate
+    assert rule(q, k, device_type="cuda", cudnn=True)
+    assert not rule(q, k, device_type="cuda", cudnn=False)  # no cuDNN attention (before Hopper)
+    assert not rule(q, k, device_type="cpu", cudnn=True)
+    assert not rule(q, k[:, :, :-1], device_type="cuda", cudnn=True)  # one key short
+    assert not rule(q, q.detach(), device_type="cuda", cudnn=True)    # not grouped
+    assert not rule(q.detach(), k, device_type="cuda", cudnn=True)    # nothing to differentiate
     with torch.no_grad():
-        assert not rule(q, k, {}, device_type="cuda", cudnn=True)         # inference
+        assert not rule(q, k, device_type="cuda", cudnn=True)         # inference
+    call = dict(grouped=True, grad=True, masked=False, square=True)
+    long = kernels.grouped_grad_backends("cuda", **call, long_on_cudnn=True)
+    assert long == [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]
+    assert SDPBackend.CUDNN_ATTENTION not in kernels.grouped_grad_backends("cuda", **call)
+    assert kernels.grouped_grad_backends("cuda", **{**call, "masked": True}, long_on_cudnn=True) is None
+    # from a CPU tensor, what a CUDA card would run: the card is not asked, so FlashAttention's rule
+    assert SDPBackend.CUDNN_ATTENTION not in kernels.sdpa_backends(q, k, k, {"enable_gqa": True}, device_type="cuda")
+
+
+def test_grouped_calls_compile_in_one_graph_under_dynamic_shapes():
+    """With the head counts symbolic (``dynamic=True``, as dynamo makes them once a second head count
+    is seen), the sdpa kernel hands SDPA ``enable_gqa`` as a bool, which SDPA requires; the compiled
+    call equals the eager one."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, h, 8, 16, generator=g) for h in (4, 2, 2))
+    mask = masks.AttentionMask(causal=True)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v: kernels.attend(q, k, v, mask), dynamic=True, fullgraph=True, backend="eager")
+    torch.testing.assert_close(fn(q, k, v), kernels.attend(q, k, v, mask), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("capability", ((9, 0), (8, 0)), ids=("hopper", "ampere"))
 def test_the_card_query_of_the_rule_is_traced_as_a_constant(capability, monkeypatch):
-    """``_cudnn_attention`` (what ``repeat_for_grad`` asks of the card) compiles in one graph and
+    """``_cudnn_attention`` (what ``cudnn_for_grad`` asks of the card) compiles in one graph and
     answers as it does eagerly: dynamo cannot trace ``cudnn_sdp_enabled``, so without
     ``assume_constant_result`` every grouped training call of a compiled step broke its graph."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
@@ -295,21 +321,29 @@ def test_the_card_query_of_the_rule_is_traced_as_a_constant(capability, monkeypa
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("g", (1, 2))
-def test_long_grouped_training_calls_compile_in_one_graph_and_equal_the_equations_on_a_gpu(g):
-    """A grouped causal call of REPEAT_GRAD_MIN_KEYS keys under autograd (``repeat_for_grad``'s
-    length: K/V repeated for cuDNN on a Hopper card) compiles in one graph (``fullgraph``), runs
-    one fused SDPA call each way, and its output and gradients equal eager's and the per-head
-    softmax computed in float64."""
+def test_long_grouped_training_calls_compile_in_one_graph_and_equal_the_equations_on_a_gpu(g, monkeypatch):
+    """A grouped causal call of CUDNN_GRAD_MIN_KEYS keys under autograd (``cudnn_for_grad``'s
+    length: cuDNN over the grouped heads on a Hopper card) is given to SDPA with its g K/V heads
+    (nothing repeated), compiles in one graph (``fullgraph``), runs one fused SDPA call each way,
+    and its output and gradients equal eager's and the per-head softmax computed in float64."""
     from mhe.bench.profiling import sdpa_calls
 
-    n = kernels.REPEAT_GRAD_MIN_KEYS
+    n = kernels.CUDNN_GRAD_MIN_KEYS
     base = _grouped_inputs(n=4, g=g, t=n, s=n, d=64)
     mask = masks.self_attention_mask(torch.zeros(B, n, dtype=torch.long), None)
 
     def run(fn):
         q, k, v = (t.detach().to("cuda", torch.bfloat16).requires_grad_() for t in base)
         return _out_and_grads(fn, q, k, v)
-    eager = run(lambda q, k, v: kernels.attend(q, k, v, mask))
+    heads, sdpa = [], F.scaled_dot_product_attention
+
+    def record(q, k, v, **kw):
+        heads.append((k.shape[1], kw.get("enable_gqa")))
+        return sdpa(q, k, v, **kw)
+    with monkeypatch.context() as patch:
+        patch.setattr(F, "scaled_dot_product_attention", record)
+        eager = run(lambda q, k, v: kernels.attend(q, k, v, mask))
+    assert heads == [(g, True)], heads
     fn = torch.compile(lambda q, k, v: kernels.attend(q, k, v, mask), fullgraph=True)
     run(fn)  # compiles forward and backward (tracing calls SDPA too): not what is counted
     with torch.profiler.profile() as prof:

@@ -133,3 +133,19 @@ def test_mixing_kinds_refuse_rotary_positions(kind):
     with pytest.raises(MheError) as e:
         mod.attach_rotary(RotaryEmbedding(HEAD_DIM, max_len=16))
     assert "\n" not in str(e.value) and kind in str(e.value)
+
+
+def test_mhe_muls_training_factors_as_a_matrix_product_are_the_elementwise_products():
+    """``mhe._scaled_heads`` (MHE-Mul's per-head factors under autograd, one matrix product with a
+    block-diagonal matrix): every output is a single product, so it equals ``a * f`` exactly in
+    float64, and its gradients equal the elementwise form's to float64 rounding (sums in another order)."""
+    from mhe.attention.mhe import _scaled_heads
+
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(2, 5, 1, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    f = torch.randn(3, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(2, 5, 3, 8, dtype=torch.float64, generator=g)
+    got, want = _scaled_heads(a, f), a * f
+    assert got.shape == (2, 5, 3, 8) and torch.equal(got, want)
+    for x, y in zip(torch.autograd.grad((got * w).sum(), (a, f)), torch.autograd.grad((want * w).sum(), (a, f))):
+        torch.testing.assert_close(x, y, rtol=1e-14, atol=1e-14)

@@ -158,7 +158,8 @@ GROUPED_GRAD_OFF_CUDNN = True
 turns it off to measure the step both ways in one run; it never changes the function)."""
 
 
-def grouped_grad_backends(device_type: str, *, grouped: bool, grad: bool, masked: bool, square: bool) -> list | None:
+def grouped_grad_backends(device_type: str, *, grouped: bool, grad: bool, masked: bool, square: bool,
+                          long_on_cudnn: bool = False) -> list | None:
     """The SDPA backends a CUDA call over grouped K/V heads (``h_kv < h_q``, ``enable_gqa``) that
     autograd records may use, or None for SDPA's own choice: off cuDNN, so on FlashAttention-2,
     which reads grouped heads natively and sums each group's dK/dV after computing them per
@@ -167,13 +168,14 @@ def grouped_grad_backends(device_type: str, *, grouped: bool, grad: bool, masked
     (``square``); a masked call keeps SDPA's choice. Why: where SDPA prefers cuDNN for grouped
     heads (dropout 0), the grouped kinds' training step falls behind MHA's, while on
     FlashAttention it keeps up (docs/benchmarks.md section 7;
-    ``benchmarks/profile_train_step.py --preset llama-135m`` times the step both ways).
+    ``benchmarks/profile_train_step.py --preset llama-135m`` times the step both ways). A call
+    ``long_on_cudnn`` (:func:`cudnn_for_grad`) runs on cuDNN instead (:data:`CUDNN_GROUPED_BACKENDS`).
     Off with :data:`GROUPED_GRAD_OFF_CUDNN`."""
     if not (GROUPED_GRAD_OFF_CUDNN and device_type == "cuda" and grouped and grad and not masked and square):
         return None
     if not _BACKENDS_TRACEABLE and torch.compiler.is_compiling():
         return None
-    return EXACT_DROPOUT_BACKENDS
+    return CUDNN_GROUPED_BACKENDS if long_on_cudnn else EXACT_DROPOUT_BACKENDS
 
 
 def sdpa_backends(q, k, v, kw: dict, device_type: str | None = None) -> list | None:
@@ -183,7 +185,8 @@ def sdpa_backends(q, k, v, kw: dict, device_type: str | None = None) -> list | N
     return exact_dropout_backends(dev, kw.get("dropout_p", 0.0)) or grouped_grad_backends(
         dev, grouped=bool(kw.get("enable_gqa")) and k.shape[1] != q.shape[1],
         grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-        masked=kw.get("attn_mask") is not None, square=not kw.get("is_causal") or q.shape[2] == k.shape[2])
+        masked=kw.get("attn_mask") is not None, square=not kw.get("is_causal") or q.shape[2] == k.shape[2],
+        long_on_cudnn=cudnn_for_grad(q, k, device_type=dev, cudnn=None if dev == q.device.type else False))
 
 
 MEM_EFFICIENT_GQA = _TORCH >= (2, 14)
@@ -215,20 +218,23 @@ def _sdpa_dtype(q: torch.Tensor) -> torch.dtype:
     return q.dtype
 
 
-REPEAT_GRAD_MIN_KEYS = 2048
-"""From this many keys on, a grouped call that autograd records on a Hopper card with SDPA's cuDNN
-kernel runs over K/V heads repeated to the query heads, on cuDNN as multi-head attention does
-(:func:`repeat_for_grad`): at llama-135m's 2,048 tokens on one H200 that trained GQA at 1.035x MHA's
-tokens/s, against 0.94x over FlashAttention-2's grouped heads (docs/benchmarks.md section 11). The
-repetition costs the memory the grouped kinds save. Shorter calls stay on FlashAttention-2, which
-was the faster at 512 tokens (section 7); 1,024 is not measured."""
+CUDNN_GRAD_MIN_KEYS = 2048
+"""From this many keys on, an unmasked grouped call that autograd records on a Hopper card with
+SDPA's cuDNN kernel runs on cuDNN, which reads the grouped K/V heads natively in the forward and
+sums each group's dK/dV inside its backward (:func:`cudnn_for_grad`): nothing is repeated, so the
+grouped kinds keep their memory, and the step skips the repetition's copies and the sums that
+autograd would add over repeated heads (docs/benchmarks.md section 11). Shorter calls stay on
+FlashAttention-2, which was the faster at 512 tokens (section 7)."""
+CUDNN_GROUPED_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]
+"""The backends of such a call: cuDNN, or FlashAttention-2 (also native) where a torch's cuDNN
+kernel refuses grouped heads."""
 
 
-def repeat_for_grad(q, k, kw: dict, *, device_type: str | None = None, cudnn: bool | None = None) -> bool:
-    """Whether :func:`_sdpa` repeats the grouped K/V heads of a call autograd records, so that it
-    runs on cuDNN (:data:`REPEAT_GRAD_MIN_KEYS`); ``device_type`` and ``cudnn`` (default: q's
+def cudnn_for_grad(q, k, *, device_type: str | None = None, cudnn: bool | None = None) -> bool:
+    """Whether a grouped call that autograd records is long enough to train on cuDNN over its
+    grouped heads (:data:`CUDNN_GRAD_MIN_KEYS`); ``device_type`` and ``cudnn`` (default: q's
     device and whether it is a Hopper card with cuDNN attention on) ask about another card."""
-    if (device_type or q.device.type) != "cuda" or k.shape[1] == q.shape[1] or k.shape[2] < REPEAT_GRAD_MIN_KEYS:
+    if (device_type or q.device.type) != "cuda" or k.shape[1] == q.shape[1] or k.shape[2] < CUDNN_GRAD_MIN_KEYS:
         return False
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
         return False
@@ -237,9 +243,8 @@ def repeat_for_grad(q, k, kw: dict, *, device_type: str | None = None, cudnn: bo
 
 def _sdpa(q, k, v, **kw):
     """``F.scaled_dot_product_attention`` on the backends :func:`sdpa_backends` allows, over K/V
-    heads repeated to the query heads where no fused backend reads them grouped (:func:`grouped_natively`)
-    or where cuDNN over repeated heads trains faster (:func:`repeat_for_grad`)."""
-    if kw.get("enable_gqa") and (not grouped_natively(q, k, kw) or repeat_for_grad(q, k, kw)):
+    heads repeated to the query heads where no fused backend reads them grouped (:func:`grouped_natively`)."""
+    if kw.get("enable_gqa") and not grouped_natively(q, k, kw):
         n = q.shape[1]
         k, v, kw = _repeat_kv(k, n, copy=True), _repeat_kv(v, n, copy=True), {**kw, "enable_gqa": False}
     backends = sdpa_backends(q, k, v, kw)
@@ -255,8 +260,8 @@ def sdpa_kernel(q, k, v, *, mask, is_causal, dropout_p, scale):
         rows, rmask = _rows(q, k, mask)
         out = F.scaled_dot_product_attention(rows, k, v, attn_mask=rmask, scale=scale)
         return out.reshape(q.shape)  # [B, h_q, 1, d]
-    return _sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
-                 enable_gqa=k.shape[1] != q.shape[1])
+    grouped = True if k.shape[1] != q.shape[1] else False  # noqa: SIM210  a bool, not a SymBool, under dynamic shapes
+    return _sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale, enable_gqa=grouped)
 
 
 @register_kernel("sdpa-expand", additive_mask=True)
@@ -381,7 +386,7 @@ def _cudnn_attention(device: torch.device | str) -> bool:
     """SDPA's cuDNN kernel is on and ``device`` is a Hopper card or later (sm90, where ``sdpa-expand``
     takes it). Inside ``torch.compile`` it is evaluated once while tracing and kept as a constant:
     dynamo cannot trace ``cudnn_sdp_enabled`` (a torch function returning a bool), and the graph
-    break it made at every grouped training call of a compiled step (:func:`repeat_for_grad`) cost
+    break it made at every grouped training call of a compiled step (:func:`cudnn_for_grad`) cost
     more than the kernel saved (docs/benchmarks.md section 11)."""
     device = torch.device(device)
     return (device.type == "cuda" and torch.backends.cuda.cudnn_sdp_enabled()

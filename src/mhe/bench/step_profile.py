@@ -162,4 +162,4 @@ def measure(preset: str, kind: str, dropout: bool, s, out: Path, *, grouped_off_
             "sdpa": sdpa_calls(prof, s.profiled), "categories": categories, "compile_s": compile_s,
             "graph_breaks": int(sum(c["graph_break"].values())),
             "recompiles": sum(len(v) for v in failures.values()),
-            "top": sorted(((ms, n, k) for k, (ms, n) in times.items()), reverse=True)[:10]}
+            "top": sorted(((ms, n, k) for k, (ms, n) in times.items()), reverse=True)[:30]}
