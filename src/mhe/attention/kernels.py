@@ -11,7 +11,8 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
   heads through ``enable_gqa``; one new token over a grouped cache stacks the query heads
   of a group as query rows of one head. A CUDA call with a dropout rate cuDNN would round
   (no multiple of 1/16) runs on the other backends (:func:`exact_dropout_backends`), and so
-  does a training call over grouped K/V heads (:func:`grouped_grad_backends`). A grouped call
+  does a training call over grouped K/V heads (:func:`grouped_grad_backends`), unless it is long
+  enough to train faster on cuDNN over the grouped heads (:func:`cudnn_for_grad`). A grouped call
   no fused backend of the installed torch reads natively (a mask, float32 on CUDA before torch
   2.14) gets its K/V heads repeated instead of the math backend (:func:`grouped_natively`).
 * ``sdpa-expand``: as ``sdpa`` but key/value heads are repeated to the query heads first.
