@@ -11,11 +11,13 @@ difference there, and the kernel the decode policy picked. Output: ``results/log
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+if not os.environ.get("PYTHONPATH"):  # PYTHONPATH=OTHER/src runs another tree
+    sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 

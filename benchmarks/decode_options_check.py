@@ -13,12 +13,14 @@ eager's in rounding only). Checks an option before ``decode_fusion.py`` times it
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+if not os.environ.get("PYTHONPATH"):  # PYTHONPATH=OTHER/src runs another tree
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from mhe.models import build_model  # noqa: E402
 
 OPTIONS = {"coordinate": {"options": {"coordinate_descent_tuning": True}},

@@ -47,13 +47,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+if not os.environ.get("PYTHONPATH"):  # PYTHONPATH=OTHER/src runs another tree
+    sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
