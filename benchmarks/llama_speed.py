@@ -1,7 +1,7 @@
 """Llama-style training where users train (issue 42): `mhe pretrain` defaults on one card.
 
     python benchmarks/llama_speed.py OUT [--stages GROUP|STAGE,...] [--data-dir DIR]
-        [--deadline SECONDS] [--cpu-smoke]
+        [--deadline SECONDS] [--set KEY=VALUE ...] [--cpu-smoke]
 
 Every stage is ``mhe pretrain --preset P --data wikitext-2 --attention K`` with every other setting
 at its default (batch 32 x 2,048 for the Llama presets, 32 x 512 for gpt2-base; compiled, CUDA
@@ -101,12 +101,12 @@ def stages(smoke: bool, big_card: bool) -> list[Stage]:
             + [Stage(f"gpt2-{k}", "gpt2", gpt2, k, n) for k in ("mha", "mhe-mul")])
 
 
-def command(s: Stage, out: Path, smoke: bool) -> list[str]:
+def command(s: Stage, out: Path, smoke: bool, extra_sets: tuple[str, ...] = ()) -> list[str]:
     extra = ["--set", "train.device=cpu", "--set", "train.log_every=2", "--set", "data.limit_lines=300",
              "--set", "data.vocab_size=400", "--set", "model.max_len=64"] if smoke else []
     return (["pretrain", "--preset", s.preset, "--data", "ptb" if smoke else "wikitext-2", "--attention", s.kind,
              "--out", str(out), "--set", f"train.steps={s.steps}", "--set", "train.keep_checkpoints=false",
-             "--set", "train.progress=false"] + extra + [a for v in s.sets for a in ("--set", v)])
+             "--set", "train.progress=false"] + extra + [a for v in (*s.sets, *extra_sets) for a in ("--set", v)])
 
 
 def matmul_params(total: int, model: ModelConfig) -> int:
@@ -174,6 +174,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--data-dir", default=os.environ.get("MHE_DATA", "data-cache"))
     ap.add_argument("--deadline", type=float, default=570.0, help="seconds (default 570)")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny presets, PTB, a few steps, on the CPU")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="extra",
+                    help="one more setting for every stage, after the stage's own (repeatable; e.g. "
+                         "train.keep_checkpoints=true to score the runs again with mhe eval)")
     a = ap.parse_args(argv)
     big = torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory > 100 * 2 ** 30
     every = stages(a.cpu_smoke, big)
@@ -233,7 +236,7 @@ def main(argv=None) -> int:
     print(f"card: {card}; torch {torch.__version__}; cache {out / 'cache'}", flush=True)
     results, text = {}, ""
     for s in a.selected:
-        runner.run(s.name, command(s, out / "runs" / s.name, a.cpu_smoke))
+        runner.run(s.name, command(s, out / "runs" / s.name, a.cpu_smoke, tuple(a.extra)))
         results[s.name] = figures(out / "runs" / s.name, s.steps)
         text = report(a, out, card, runner, results)
     print("\n" + text)

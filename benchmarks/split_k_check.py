@@ -84,8 +84,9 @@ def row(preset, kind, hq, hk, *, batch, context, reps, bandwidth) -> dict:
     return out
 
 
-SWEEP = [dict(block_n=bn, num_warps=w, num_stages=st, programs=pp) for bn, w in ((32, 4), (64, 4), (128, 4), (128, 8))
-         for st in (2, 3) for pp in (4, 8)]
+SWEEP = [dict(block_n=bn, num_warps=w, num_stages=st, programs=pp)
+         for bn, w in ((32, 4), (64, 4), (64, 8), (128, 4), (128, 8), (256, 8))
+         for st in (2, 3, 4) for pp in (2, 4, 8)]
 
 
 def sweep(*, batch, context, reps, bandwidth) -> list[dict]:
@@ -116,7 +117,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--sweep", action="store_true", help="also time 16 other launch settings (about a minute)")
+    ap.add_argument("--sweep", action="store_true", help="also time 54 other launch settings (about two minutes)")
     args = ap.parse_args()
     bw = copy_bandwidth()
     err = fp32_error()
