@@ -85,6 +85,7 @@ BAD = [
     (["data.limit_lines=1.5"], "lm", "data.limit_lines", "1.5"),
     (["data.eval_batch_size=0"], "lm", "data.eval_batch_size", "0"),
     (["data.source=cloud"], "lm", "data.source", "cloud"),
+    (["data.eval_precision=bf16"], "lm", "data.eval_precision", "bf16"),
     (["data.tokenizer=sentencepiece"], "lm", "data.tokenizer", "sentencepiece"),
     # model.*
     (["model.dropout=1.5"], "lm", "model.dropout", "1.5"),

@@ -484,3 +484,36 @@ def test_finetune_resume_where_there_is_no_run_exits_2(pretrained, tmp_path, cap
                  "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"there is no run in {out}" in err and not out.exists()
+
+
+# ---------------------------------------------------------------- evaluation precision
+class PrecisionTask(RecallTask):
+    """Recall whose evaluations record the autocast they ran under."""
+
+    def __init__(self):
+        self.seen = []
+
+    def _autocast(self, model):
+        dev = next(model.parameters()).device.type
+        return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+
+    def evaluate(self, model):
+        self.seen.append(("evaluate", self._autocast(model)))
+        return {"accuracy": 0.5}
+
+    def final(self, model):
+        self.seen.append(("final", self._autocast(model)))
+        return {"score": 0.0}
+
+
+@pytest.mark.parametrize("setting, want", [("float32", None), ("train", torch.bfloat16)])
+def test_evaluations_run_in_float32_or_under_the_training_autocast(setting, want, tmp_path):
+    """``data.eval_precision``: float32 (the default) evaluates without autocast; ``train`` under
+    ``train.precision``'s (bf16 here, on the CPU), the validations and the final evaluation alike.
+    The setting leaves the run's identity alone (it changes how evaluations round, not what trains)."""
+    task = PrecisionTask()
+    cfg = tiny_run("train.precision=bf16", "train.eval_every=3", f"data.eval_precision={setting}")
+    Trainer(cfg, task, tmp_path, log=quiet).fit()
+    assert task.seen == [("evaluate", want), ("evaluate", want), ("final", want)]
+    assert cfg.hash() == tiny_run("train.precision=bf16", "train.eval_every=3").hash()
+    assert tiny_run().data.eval_precision == "float32"

@@ -105,6 +105,8 @@ class DataConfig:
     eval_stride: int = setting(256, gt=0)      # sliding-window perplexity (section 4.5)
     eval_second_stride: int = setting(0, ge=0)  # 0 = the final evaluation is one pass; N = also stride N
     eval_batch_size: int = setting(16, gt=0)
+    eval_precision: Literal["float32", "train"] = "float32"  # train: evaluate under train.precision's autocast
+                                               # (bf16 on a GPU: several times faster; the figures round differently)
     limit_lines: int = setting(0, ge=0)        # read at most this many lines per split (0 = all)
     task_options: object = None
 
@@ -145,14 +147,15 @@ class RunConfig:
         """What makes two runs the same run: the task, the preset, the whole model (kind and
         options included) and every training and data setting that changes what is computed.
         Left out: cadence, devices and wrapping (``OPERATIONAL_TRAIN_KEYS``), where the data
-        are read from, the evaluation batch and the second evaluation stride (it adds a figure
-        to results.json and changes no other). Hashes of earlier layouts are rewritten by
+        are read from, the evaluation batch and precision (they change how evaluations round, not
+        what is trained) and the second evaluation stride (it adds a figure to results.json and
+        changes no other). Hashes of earlier layouts are rewritten by
         ``benchmarks/migrate_runs.py``."""
         train = dataclasses.asdict(self.train)
         for k in OPERATIONAL_TRAIN_KEYS:
             train.pop(k)
         data = dataclasses.asdict(self.data)
-        for k in ("data_dir", "eval_batch_size", "eval_second_stride"):
+        for k in ("data_dir", "eval_batch_size", "eval_second_stride", "eval_precision"):
             data.pop(k)
         return {"task": self.task, "preset": self.preset, "model": self.model.to_dict(), "train": train, "data": data}
 

@@ -43,7 +43,7 @@ from mhe.training.run_log import RunLog, SignalWatch
 from mhe.training.run_report import RunClock, vocabulary_note
 from mhe.training.state import TrainerState, seed_all, state_problem
 from mhe.training.state_check import saved_shapes
-from mhe.training.step import StepWindow, train_step
+from mhe.training.step import StepWindow, precision, train_step
 from mhe.training.task import Task
 from mhe.training.weights import BEST, has_best, load_best, save_best
 
@@ -282,8 +282,16 @@ class Trainer:
 
     def _evaluate(self, model) -> dict:
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), self._eval_precision(model):
             return self.task.evaluate(model)
+
+    def _eval_precision(self, model):
+        """Where evaluations compute: float32 (``data.eval_precision=float32``, the default), or
+        under the training steps' autocast (``train``: bf16 on a GPU by default, several times
+        faster for a large model's sliding-window perplexity; the figures round as training does)."""
+        dev = next(model.parameters()).device
+        amp = precision(self.cfg.train.precision, dev) if self.cfg.data.eval_precision == "train" else None
+        return torch.autocast(dev.type, dtype=amp) if amp is not None else contextlib.nullcontext()
 
     def _save(self, state: TrainerState, data: Prefetcher, dist) -> None:
         self._settle(dist)  # nothing past a non-finite step is saved
@@ -316,7 +324,9 @@ class Trainer:
                 if dist.main:
                     which = f"the best weights (step {state.best_step})" if state.best is not None else f"step {state.step}"
                     note(f"final evaluation ({self.task.name}) of {which}", enabled=self.cfg.train.progress)
-                result = {"step": state.step, **self._summary(full, state.step, status), **self.task.final(full)}
+                with self._eval_precision(full):
+                    final = self.task.final(full)
+                result = {"step": state.step, **self._summary(full, state.step, status), **final}
             if dist.main:
                 write_json_atomic(self.out / RESULTS, result)
                 if not self.cfg.train.keep_checkpoints:  # the results are safe: free the disk (sweeps of short runs)
