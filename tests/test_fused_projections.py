@@ -1,14 +1,16 @@
-"""Fewer kernels per decode step, same function: Q, K and V in one product (fused_projections),
-one additive mask per forward for SDPA (AttentionMask.for_kernel), cum_seq_q built once."""
+"""Fewer kernels per decode step, same function: Q, K and V in one product, and a gated
+feed-forward's gate and up in one (fused_projections), one additive mask per forward for SDPA
+(AttentionMask.for_kernel), cum_seq_q built once."""
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mhe.attention import AttentionMask, masks
+from mhe.attention import Attention, AttentionMask, masks
 from mhe.attention.folding import inference_view, shared_copy
 from mhe.attention.fused_projections import fuse_projections, fused_projection
 from mhe.models import build_model
+from mhe.models.layers import SwiGLU
 
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
 FUSING = [("tiny-decoder", k) for k in ("mha", "mqa", "gqa", "mhe-mul", "mhe-add")] + \
@@ -38,7 +40,8 @@ def test_fused_view_computes_the_model_prefill_and_decode_steps(name, kind):
     model = small(name, kind)
     view = fused_view(model)
     fused = [m for m in view.modules() if fused_projection(m) is not None]
-    assert len(fused) == SMALL["n_layers"]
+    assert sum(isinstance(m, Attention) for m in fused) == SMALL["n_layers"]
+    assert sum(isinstance(m, SwiGLU) for m in fused) == (SMALL["n_layers"] if name == "llama-tiny" else 0)
     ids = torch.randint(3, 99, (2, 9))
     want, got = model.new_caches(2, 12), view.new_caches(2, 12)
     for part in (ids[:, :7], ids[:, 7:8], ids[:, 8:9]):
@@ -56,7 +59,8 @@ def test_kinds_without_three_projections_of_x_are_left_as_they_are(kind):
 
 def test_literal_mhe_is_not_fused():
     model = build_model("llama-tiny", attention="mhe-mul", attn_options={"rope_order": "psi-then-rope"}, **SMALL)
-    assert not any(fused_projection(m) is not None for m in fuse_projections(shared_copy(model)).modules())
+    view = fuse_projections(shared_copy(model))
+    assert not any(fused_projection(m) is not None for m in view.modules() if isinstance(m, Attention))
 
 
 class _MatmulCount(TorchDispatchMode):
@@ -76,12 +80,14 @@ def _matmuls(model, ids, new):
     return count.n
 
 
+@pytest.mark.parametrize("name", ["tiny-decoder", "llama-tiny"])
 @pytest.mark.parametrize("kind", ["mha", "mhe-mul"])
-def test_generation_runs_one_projection_product_a_layer(kind):
+def test_generation_runs_one_projection_product_a_layer(kind, name):
     """A generated token's matrix products: per layer one for Q, K and V, the output projection and
-    the two of the MLP, then the LM head (attention itself runs in SDPA); unfused it was 6 a layer."""
+    two for the MLP (GELU: in and out; SwiGLU: gate and up in one, then down), then the LM head
+    (attention itself runs in SDPA); unfused it was 6 a layer (7 with SwiGLU)."""
     torch.manual_seed(0)
-    model = small("tiny-decoder", kind)
+    model = small(name, kind)
     ids = torch.randint(3, 99, (1, 5))
     per_token = _matmuls(model, ids, 4) - _matmuls(model, ids, 3)
     assert per_token == 4 * SMALL["n_layers"] + 1

@@ -117,7 +117,7 @@ class Attention(nn.Module):
     def _self_projections(self, x: torch.Tensor, positions: torch.Tensor | None):
         """Self-attention's queries ``[B, h_q, T, d]``, keys and values ``2 x [B, h_kv, T, d]``
         (one matrix product for all three once :func:`~mhe.attention.fused_projections.fuse_projections`
-        gave the sublayer a ``qkv_proj``)."""
+        gave the sublayer a ``fused_proj``)."""
         return (self._queries(x, positions), *self._keys_values(x, positions))
 
     def projections_to_fuse(self) -> tuple[nn.Linear, ...] | None:

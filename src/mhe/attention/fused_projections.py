@@ -1,21 +1,24 @@
-"""One matrix product for a self-attention sublayer's queries, keys and values, at inference.
+"""One matrix product for the projections of one input, at inference: a self-attention
+sublayer's queries, keys and values, and a gated feed-forward's gate and up projections.
 
 A decode step at batch 1 is bound by how many kernels it launches, not by the bytes it reads
-(docs/benchmarks.md section 9: about 3 us a kernel, 188 kernels a gpt2-base token). Three
-projections of the same input are three matrix products; their weights stacked row-wise,
+(docs/benchmarks.md section 9: about 3 us a kernel, 188 kernels a gpt2-base token). Projections
+of the same input are separate matrix products; their weights stacked row-wise, e.g.
 ``[W^Q; W^K; W^V]: [(h_q + 2 h_kv) d, m]``, give the same outputs in one, as GPT-2's own
-``c_attn`` and gpt-fast's ``wqkv`` do. :func:`fuse_projections` gives each sublayer that can
-(:meth:`~mhe.attention.base.Attention.projections_to_fuse`) that stacked copy as ``qkv_proj``,
-and its ``_self_projections`` then splits the one output.
+``c_attn`` and gpt-fast's ``wqkv`` (and its feed-forward's ``w1``/``w3`` pair) do. A module that can
+(:meth:`~mhe.attention.base.Attention.projections_to_fuse`, and the same method on a gated
+feed-forward such as :class:`~mhe.models.layers.SwiGLU`) gets from :func:`fuse_projections` that
+stacked copy as ``fused_proj``, and its forward then splits the one output.
 
-The stacked weights are a copy: they do not follow later changes of the sublayer's own
+The stacked weights are a copy: they do not follow later changes of the module's own
 projections, so only an inference view gets them (the generator's, rebuilt whenever the
 model's weights change: :class:`~mhe.models.generate.Generator`), never a model that trains.
 The copy costs the memory of the stacked projections while a session holds its view: for MHA
 the whole of W^Q, W^K and W^V (three quarters of each layer's attention weights) again, per
 session (a model keeps up to two default sessions); for a folded MHE sublayer little more
-than the folded query weight its view holds anyway (its K and V are one head each). Weights
-written through ``.data`` change no version counter, and the copy would not see them.
+than the folded query weight its view holds anyway (its K and V are one head each); for a gated
+feed-forward its gate and up weights. Weights written through ``.data`` change no version
+counter, and the copy would not see them.
 """
 
 from __future__ import annotations
@@ -23,14 +26,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mhe.attention.base import Attention
 
-FUSED = "qkv_proj"
-"""The attribute a fused sublayer holds its stacked projection in."""
+FUSED = "fused_proj"
+"""The attribute a fused module holds its stacked projection in."""
 
 
-def fused_projection(module: Attention) -> nn.Linear | None:
-    """The sublayer's stacked query/key/value projection, None when it has none."""
+def fused_projection(module: nn.Module) -> nn.Linear | None:
+    """The module's stacked projection (queries/keys/values, or gate/up), None when it has none."""
     return module._modules.get(FUSED)
 
 
@@ -50,12 +52,14 @@ def stack_linears(parts: tuple[nn.Linear, ...]) -> nn.Linear:
 
 
 def fuse_projections(module: nn.Module) -> nn.Module:
-    """Give every attention sublayer of ``module`` (in place) whose kind can compute its
-    self-attention queries, keys and values in one product a stacked copy of those projections
-    (see the module docstring); returns ``module``. Same function, fewer kernels."""
+    """Give every module of ``module`` (in place) that can compute several projections of one
+    input in one product (``projections_to_fuse``: an attention sublayer whose kind can, a gated
+    feed-forward) a stacked copy of those projections (see the module docstring); returns
+    ``module``. Same function, fewer kernels."""
     for m in module.modules():
-        if isinstance(m, Attention) and fused_projection(m) is None:
-            parts = m.projections_to_fuse()
+        wants = getattr(m, "projections_to_fuse", None)
+        if callable(wants) and fused_projection(m) is None:
+            parts = wants()
             if parts:
                 setattr(m, FUSED, stack_linears(parts))
     return module

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mhe.attention.fused_projections import fused_projection
+
 
 def activation(name: str) -> nn.Module:
     """The feed-forward non-linearity ``name`` of :data:`mhe.models.config.ACTIVATIONS`."""
@@ -60,8 +62,15 @@ class SwiGLU(nn.Module):
     def out_layer(self) -> nn.Linear:
         return self.down
 
+    def projections_to_fuse(self) -> tuple[nn.Linear, nn.Linear]:
+        """``gate`` and ``up``, which read the same input: one product at inference
+        (:func:`~mhe.attention.fused_projections.fuse_projections`)."""
+        return self.gate, self.up
+
     def forward(self, x):
-        return self.down(self.drop(F.silu(self.gate(x)) * self.up(x)))
+        fused = fused_projection(self)
+        gate, up = fused(x).chunk(2, -1) if fused is not None else (self.gate(x), self.up(x))
+        return self.down(self.drop(F.silu(gate) * up))
 
 
 class RMSNorm(nn.Module):
