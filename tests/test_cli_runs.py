@@ -77,6 +77,31 @@ def direct_sliding_window_nll(model, ids, *, window, stride):
     return nll, scored
 
 
+def test_eval_follows_the_runs_evaluation_precision(lm_run, capsys, tmp_path, monkeypatch):
+    """``mhe eval`` of a run with ``data.eval_precision=train`` computes under the training autocast
+    (bf16 here, forced on the CPU), as the trainer's evaluations do: the figure moves by bf16
+    rounding only; with the default (float32) the same forced autocast changes nothing."""
+    import mhe.training.step as step
+
+    monkeypatch.setattr(step, "precision", lambda setting, device: torch.bfloat16)
+    run = tmp_path / "run"
+    shutil.copytree(lm_run, run)
+
+    def nll(setting):
+        record = json.loads((run / "config.json").read_text())
+        record["run"]["data"]["eval_precision"] = setting
+        (run / "config.json").write_text(json.dumps(record))
+        capsys.readouterr()
+        assert main(["eval", "--task", "lm", "--run", str(run), "--split", "valid", "--stride", "12"]) == 0
+        return json.loads(capsys.readouterr().out)["nll"]
+    float32, bf16 = nll("float32"), nll("train")
+    model, cfg, tok = saved_model(lm_run, lm_run / "best" / "model.safetensors")
+    want, _ = direct_sliding_window_nll(model, token_stream(tok, corpus_lines(cfg, "valid")),
+                                        window=model.cfg.max_len, stride=12)
+    assert float32 == pytest.approx(want, rel=1e-6)
+    assert bf16 != pytest.approx(want, rel=1e-6) and bf16 == pytest.approx(want, rel=2e-2)
+
+
 @torch.no_grad()
 def test_eval_perplexity_equals_a_direct_sliding_window_computation(lm_run, capsys, tmp_path):
     out = tmp_path / "eval.json"

@@ -282,7 +282,7 @@ def test_long_grouped_training_calls_run_on_cudnn_over_their_grouped_heads_on_ho
         assert not rule(q, k, device_type="cuda", cudnn=True)         # inference
     call = dict(grouped=True, grad=True, masked=False, square=True)
     long = kernels.grouped_grad_backends("cuda", **call, long_on_cudnn=True)
-    assert long == [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]
+    assert long == [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
     assert SDPBackend.CUDNN_ATTENTION not in kernels.grouped_grad_backends("cuda", **call)
     assert kernels.grouped_grad_backends("cuda", **{**call, "masked": True}, long_on_cudnn=True) is None
     # from a CPU tensor, what a CUDA card would run: the card is not asked, so FlashAttention's rule

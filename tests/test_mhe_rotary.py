@@ -149,3 +149,21 @@ def test_mhe_muls_training_factors_as_a_matrix_product_are_the_elementwise_produ
     assert got.shape == (2, 5, 3, 8) and torch.equal(got, want)
     for x, y in zip(torch.autograd.grad((got * w).sum(), (a, f)), torch.autograd.grad((want * w).sum(), (a, f))):
         torch.testing.assert_close(x, y, rtol=1e-14, atol=1e-14)
+
+
+def test_mhe_muls_training_factors_round_once_under_bf16_autocast():
+    """Under bf16 autocast ``_scaled_heads`` keeps the float32 factors (two bf16 terms in the one
+    product): its queries are ``a * f`` computed with float32 factors and rounded once to bf16, as the
+    elementwise form gives them, but for the rare double rounding (under 1% of the entries, at most
+    one bf16 step apart). Rounding the factors to bf16 first differs in about a quarter of them."""
+    from mhe.attention.mhe import _scaled_heads
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(4, 64, 1, 64, generator=g).to(torch.bfloat16)
+    f = 1 + 0.03 * torch.randn(9, 64, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _scaled_heads(a, f)
+    want = (a.float() * f).to(torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    assert float((got != want).float().mean()) < 0.01
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=0)

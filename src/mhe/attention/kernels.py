@@ -226,9 +226,10 @@ sums each group's dK/dV inside its backward (:func:`cudnn_for_grad`): nothing is
 grouped kinds keep their memory, and the step skips the repetition's copies and the sums that
 autograd would add over repeated heads (docs/benchmarks.md section 11). Shorter calls stay on
 FlashAttention-2, which was the faster at 512 tokens (section 7)."""
-CUDNN_GROUPED_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]
+CUDNN_GROUPED_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 """The backends of such a call: cuDNN, or FlashAttention-2 (also native) where a torch's cuDNN
-kernel refuses grouped heads."""
+kernel refuses grouped heads, or the math backend where both are switched off (as the other
+restrictions keep it), rather than no backend at all."""
 
 
 def cudnn_for_grad(q, k, *, device_type: str | None = None, cudnn: bool | None = None) -> bool:

@@ -202,16 +202,27 @@ class _MHEBase(Attention):
 
 
 def _scaled_heads(a: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """``a [B, T, 1, d] * f [n, d] -> [B, T, n, d]`` as one matrix product with the block-diagonal
-    ``[d, n*d]`` matrix whose block i is diag(f_i): each output is one product, so the value is
-    ``a * f`` rounded once as the product's dtype holds it. Under autograd this is the faster form:
-    the backward's sums over the n heads (dA) and over the B*T rows (df) become two matrix products,
-    which read the n-head query gradient at the card's bandwidth, where the sums written out as
-    reductions over a strided axis did not (docs/benchmarks.md section 11)."""
+    """``a [B, T, 1, d] * f [n, d] -> [B, T, n, d]`` as one matrix product with a block-diagonal
+    matrix whose block i is diag(f_i). Under autograd this is the faster form: the backward's
+    sums over the n heads (dA) and over the B*T rows (df) become two matrix products, which read
+    the n-head query gradient at the card's bandwidth, where the sums written out as reductions
+    over a strided axis did not (docs/benchmarks.md section 11).
+
+    The product runs in ``a``'s dtype, or autocast's (bf16), which would round the float32
+    factors before multiplying. So ``f`` enters as two terms in that dtype, ``f_hi`` (f rounded)
+    and ``f_lo`` (the rest, rounded), stacked along the contraction (``[a, a] @ [F_hi; F_lo]``,
+    ``[2d, n*d]``): the product accumulates ``a*f_hi + a*f_lo`` in float32 and rounds once, as
+    ``a * f`` with float32 factors does, to within ``f``'s float32 rounding. In float64 it equals
+    ``a * f`` exactly."""
     b, t, _, d = a.shape
     n = f.shape[0]
-    blocks = torch.eye(d, dtype=f.dtype, device=f.device)[:, None, :] * f[None]  # [d, n, d]: [j', i, j] = f_ij if j = j'
-    return torch.matmul(a.reshape(b * t, d), blocks.reshape(d, n * d).to(a.dtype)).view(b, t, n, d)
+    dtype = torch.get_autocast_dtype(a.device.type) if torch.is_autocast_enabled(a.device.type) else a.dtype
+    hi = f.to(dtype)
+    terms = torch.stack([hi, (f - hi.to(f.dtype)).to(dtype)])  # [2, n, d]
+    eye = torch.eye(d, dtype=dtype, device=f.device)
+    blocks = eye[None, :, None, :] * terms[:, None]  # [2, d, n, d]: [k, j', i, j] = term_k[i, j] if j = j'
+    x = a.reshape(b * t, d)
+    return torch.matmul(torch.cat([x, x], -1), blocks.reshape(2 * d, n * d)).view(b, t, n, d)
 
 
 class MHEMul(_MHEBase):

@@ -36,6 +36,7 @@ def cmd_eval(args) -> int:
     from mhe.tasks.runs import load_run
     from mhe.training.checkpoint import write_json_atomic
     from mhe.training.config import DataConfig
+    from mhe.training.step import evaluation_precision
 
     if args.stride is not None:  # checked as data.eval_stride is, before the run is loaded
         stride_field = next(f for f in dataclasses.fields(DataConfig) if f.name == "eval_stride")
@@ -51,12 +52,13 @@ def cmd_eval(args) -> int:
                                 needs=f"--task says {args.task!r}")
     if args.stride is not None:
         cfg.data.eval_stride = args.stride
-    if args.data:
-        res = corpus_perplexity(task, model, cfg, args.data, args.split)
-    elif cfg.task == "lm":
-        res = task.split_perplexity(model, args.split, progress=cfg.train.progress)
-    else:
-        res = task.final(model)
+    with evaluation_precision(cfg, next(model.parameters()).device):  # the run's data.eval_precision
+        if args.data:
+            res = corpus_perplexity(task, model, cfg, args.data, args.split)
+        elif cfg.task == "lm":
+            res = task.split_perplexity(model, args.split, progress=cfg.train.progress)
+        else:
+            res = task.final(model)
     if args.out:
         write_json_atomic(args.out, res)
     print(json.dumps(res, indent=2))

@@ -43,7 +43,7 @@ from mhe.training.run_log import RunLog, SignalWatch
 from mhe.training.run_report import RunClock, vocabulary_note
 from mhe.training.state import TrainerState, seed_all, state_problem
 from mhe.training.state_check import saved_shapes
-from mhe.training.step import StepWindow, precision, train_step
+from mhe.training.step import StepWindow, evaluation_precision, train_step
 from mhe.training.task import Task
 from mhe.training.weights import BEST, has_best, load_best, save_best
 
@@ -286,12 +286,8 @@ class Trainer:
             return self.task.evaluate(model)
 
     def _eval_precision(self, model):
-        """Where evaluations compute: float32 (``data.eval_precision=float32``, the default), or
-        under the training steps' autocast (``train``: bf16 on a GPU by default, several times
-        faster for a large model's sliding-window perplexity; the figures round as training does)."""
-        dev = next(model.parameters()).device
-        amp = precision(self.cfg.train.precision, dev) if self.cfg.data.eval_precision == "train" else None
-        return torch.autocast(dev.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+        """:func:`~mhe.training.step.evaluation_precision` on ``model``'s device."""
+        return evaluation_precision(self.cfg, next(model.parameters()).device)
 
     def _save(self, state: TrainerState, data: Prefetcher, dist) -> None:
         self._settle(dist)  # nothing past a non-finite step is saved
