@@ -100,6 +100,18 @@ def test_eval_follows_the_runs_evaluation_precision(lm_run, capsys, tmp_path, mo
                                         window=model.cfg.max_len, stride=12)
     assert float32 == pytest.approx(want, rel=1e-6)
     assert bf16 != pytest.approx(want, rel=1e-6) and bf16 == pytest.approx(want, rel=2e-2)
+    # --precision overrides the run's setting either way (the run now says "train")
+    for flag, expected in (("float32", float32), ("train", bf16)):
+        capsys.readouterr()
+        assert main(["eval", "--task", "lm", "--run", str(run), "--split", "valid", "--stride", "12",
+                     "--precision", flag]) == 0
+        assert json.loads(capsys.readouterr().out)["nll"] == expected
+
+
+def test_eval_refuses_an_unknown_precision(lm_run, capsys):
+    assert main(["eval", "--task", "lm", "--run", str(lm_run), "--precision", "fp16"]) == 2
+    err = capsys.readouterr().err
+    assert "--precision" in err and "'fp16'" in err and "float32" in err and "Traceback" not in err
 
 
 @torch.no_grad()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
 from pathlib import Path
 
 from mhe.cli.common import DATA_DIR_HELP, add_run_folder_arg
@@ -13,8 +14,10 @@ from mhe.data.paths import read_source_lines
 from mhe.errors import MheError, one_of
 from mhe.output_paths import check_output_dir, check_output_file
 from mhe.settings import check_bounds
+from mhe.training.config import EvalPrecision
 
 EVAL_TASKS = ("lm", "mlm", "recall", "mt", "finetune")
+EVAL_PRECISIONS = typing.get_args(EvalPrecision)
 
 
 def eval_args(p):
@@ -28,6 +31,9 @@ def eval_args(p):
     p.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
     p.add_argument("--data", default="", help="score an lm run on this corpus instead (ptb, wikitext-2, "
                                               "wikitext-103) with the run's own tokenizer")
+    p.add_argument("--precision", default=None,
+                   help="float32 or train (under the run's training autocast: bf16 on a GPU, several times "
+                        "faster for a large model); default: the run's data.eval_precision")
     p.add_argument("--out", default="", help="also write the figures as JSON here (default: stdout only)")
 
 
@@ -45,6 +51,8 @@ def cmd_eval(args) -> int:
         check_output_file(args.out, "--out", parent_must_exist=True)
     if args.task not in EVAL_TASKS:
         raise one_of("--task", args.task, EVAL_TASKS)
+    if args.precision is not None and args.precision not in EVAL_PRECISIONS:
+        raise one_of("--precision", args.precision, EVAL_PRECISIONS)
     if args.data and args.task != "lm":
         raise MheError(f"--data scores language-modelling runs; --task is {args.task!r}")
     # the run's type first; then only its tokenizer and the split scored are read
@@ -52,7 +60,9 @@ def cmd_eval(args) -> int:
                                 needs=f"--task says {args.task!r}")
     if args.stride is not None:
         cfg.data.eval_stride = args.stride
-    with evaluation_precision(cfg, next(model.parameters()).device):  # the run's data.eval_precision
+    if args.precision is not None:
+        cfg.data.eval_precision = args.precision
+    with evaluation_precision(cfg, next(model.parameters()).device):  # data.eval_precision, or --precision
         if args.data:
             res = corpus_perplexity(task, model, cfg, args.data, args.split)
         elif cfg.task == "lm":
