@@ -136,3 +136,30 @@ def test_llama_decoder_graph_decode_equals_eager_and_flash_decode_tracks_sdpa(ki
                                session=model.generator(3, 29, step_mode="eager", kernel="sdpa"))
         assert torch.equal(la[:, 0], ls[:, 0])  # the prompt runs SDPA either way
         assert rel(la[:, 1], ls[:, 1]) < 2e-2  # the first decode step, from the same token
+
+
+@cuda
+def test_mhe_eval_runs_on_the_gpu_and_equals_the_cpu_figure(tmp_path, capsys):
+    """``mhe eval`` puts the model on the GPU by default (``--device auto``): its float32 figure
+    equals the CPU's to float32 rounding, and ``--precision train`` (bf16 autocast) moves it by
+    bf16 rounding only. A model left on the CPU, or an autocast that does not apply, fails this."""
+    import json
+
+    from conftest import require_data
+    from mhe.cli import main
+    from tiny_runs import COMMON
+
+    root = require_data("ptb/ptb.train.txt.gz", "ptb/ptb.valid.txt.gz", "ptb/ptb.test.txt.gz")
+    run = tmp_path / "lm"
+    assert main(["train", "--task", "lm", "--preset", "tiny-decoder", "--attention", "mhe-mul", "--data", "ptb",
+                 "--data-dir", str(root), "--out", str(run), *COMMON, "--set", "train.device=cpu",
+                 "--set", "data.limit_lines=200", "--set", "train.batch_size=4", "--set", "model.max_len=32"]) == 0
+
+    def nll(*extra):
+        capsys.readouterr()
+        assert main(["eval", "--run", str(run), "--data-dir", str(root), "--split", "valid", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["nll"]
+
+    cpu, gpu, bf16 = nll("--device", "cpu"), nll(), nll("--precision", "train")
+    assert gpu == pytest.approx(cpu, rel=1e-5)
+    assert bf16 != pytest.approx(cpu, rel=1e-5) and bf16 == pytest.approx(cpu, rel=2e-2)

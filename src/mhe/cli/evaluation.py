@@ -14,10 +14,11 @@ from mhe.data.paths import read_source_lines
 from mhe.errors import MheError, one_of
 from mhe.output_paths import check_output_dir, check_output_file
 from mhe.settings import check_bounds
-from mhe.training.config import EvalPrecision
+from mhe.training.config import DataConfig, EvalPrecision, option_device
 
 EVAL_TASKS = ("lm", "mlm", "recall", "mt", "finetune")
 EVAL_PRECISIONS = typing.get_args(EvalPrecision)
+DEVICE_HELP = "where the model runs: auto (a GPU if any; the default), cpu, cuda or cuda:N"
 
 
 def eval_args(p):
@@ -34,6 +35,7 @@ def eval_args(p):
     p.add_argument("--precision", default=None,
                    help="float32 or train (under the run's training autocast: bf16 on a GPU, several times "
                         "faster for a large model); default: the run's data.eval_precision")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--out", default="", help="also write the figures as JSON here (default: stdout only)")
 
 
@@ -41,7 +43,6 @@ def cmd_eval(args) -> int:
     from mhe.tasks.cross_eval import corpus_perplexity
     from mhe.tasks.runs import load_run
     from mhe.training.checkpoint import write_json_atomic
-    from mhe.training.config import DataConfig
     from mhe.training.step import evaluation_precision
 
     if args.stride is not None:  # checked as data.eval_stride is, before the run is loaded
@@ -53,6 +54,7 @@ def cmd_eval(args) -> int:
         raise one_of("--task", args.task, EVAL_TASKS)
     if args.precision is not None and args.precision not in EVAL_PRECISIONS:
         raise one_of("--precision", args.precision, EVAL_PRECISIONS)
+    device = option_device(args.device)
     if args.data and args.task != "lm":
         raise MheError(f"--data scores language-modelling runs; --task is {args.task!r}")
     # the run's type first; then only its tokenizer and the split scored are read
@@ -62,7 +64,8 @@ def cmd_eval(args) -> int:
         cfg.data.eval_stride = args.stride
     if args.precision is not None:
         cfg.data.eval_precision = args.precision
-    with evaluation_precision(cfg, next(model.parameters()).device):  # data.eval_precision, or --precision
+    model = model.to(device)
+    with evaluation_precision(cfg, device):  # data.eval_precision, or --precision
         if args.data:
             res = corpus_perplexity(task, model, cfg, args.data, args.split)
         elif cfg.task == "lm":
@@ -83,6 +86,7 @@ def translate_args(p):
                    help="length penalty alpha >= 0 of beam search (default: the run's)")
     p.add_argument("--dtype", default=None,
                    help="decode in float32 (the default) or bfloat16 (faster on GPU; the output may differ)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
 def cmd_translate(args) -> int:
@@ -97,9 +101,11 @@ def cmd_translate(args) -> int:
         raise MheError(f"--dtype must be one of {', '.join(DECODE_DTYPES)}, got {args.dtype!r}")
     if args.input != "-" and not Path(args.input).is_file():
         raise MheError(f"--input {args.input} does not exist")
+    device = option_device(args.device)
     lines = read_source_lines(args.input)  # before the model loads: bad input fails at once
     model, cfg, task = load_run(args.run, inference=True, tasks=("mt",),  # the run folder alone: no corpus
                                 needs="mhe translate needs a translation (mt) run")
+    model = model.to(device)
     for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha, progress=cfg.train.progress,
                               dtype=args.dtype):
         print(hyp)

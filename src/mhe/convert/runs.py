@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from mhe.errors import MheError
 from mhe.output_paths import check_output_dir, free_name
 from mhe.training.atomic import new_temp_folder, write_json_atomic
 from mhe.training.checkpoint import save_weights
-from mhe.training.config import RunConfig, check_device
+from mhe.training.config import RunConfig, option_device
 from mhe.training.run_files import write_run_record
 
 
@@ -79,13 +78,7 @@ class Converter:
             raise MheError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
         if calibration < 0:
             raise MheError(f"--calibration must be a number of sequences >= 0, got {calibration}")
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
-            raise MheError(f"--device {device!r} is not allowed; it takes auto, cpu, cuda or cuda:N")
-        try:
-            check_device(device)
-        except MheError as e:  # the same check as train.device, said of this option
-            raise MheError(str(e).replace(f"train.device={device!r}", f"--device {device}")) from None
-        self.device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+        self.device = option_device(device)
         self.split, self.calibration, self.evaluate = split, calibration, evaluate
         self.src = load_source(source_path, data=data, data_dir=data_dir, tokenizer=tokenizer)
         for note in self.src.notes:

@@ -247,6 +247,20 @@ def check_device(device: str) -> None:
         raise MheError("train.device='mps' is not available on this machine; valid here: auto, cpu")
 
 
+def option_device(device: str, option: str = "--device") -> torch.device:
+    """The device a command's ``--device`` names: ``auto`` (a GPU when there is one), ``cpu``,
+    ``cuda`` or ``cuda:N``; anything else, or a GPU this machine lacks, is refused naming ``option``."""
+    import torch
+
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        raise MheError(f"{option} {device!r} is not allowed; it takes auto, cpu, cuda or cuda:N")
+    try:
+        check_device(device)
+    except MheError as e:  # the same check as train.device, said of this option
+        raise MheError(str(e).replace(f"train.device={device!r}", f"{option} {device}")) from None
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+
+
 def apply_overrides(cfg: RunConfig, items: list[str], *, device_check: bool = True) -> RunConfig:
     """Apply ``section.key=value`` items (``model.attn_options.n_kv_heads=2`` reaches nested
     options), each parsed by its field's type; unknown keys list the valid ones. A
