@@ -64,6 +64,7 @@ EFFECTS: dict[str, dict[str, str]] = {
         "beam": "test_option_effects::test_translate_options_reach_the_output",
         "alpha": "test_option_effects::test_translate_options_reach_the_output",
         "dtype": "test_option_effects::test_translate_options_reach_the_output",
+        "device": "test_option_effects::test_translate_device_option_places_the_model",
     },
 }
 
@@ -190,6 +191,25 @@ def test_translate_options_reach_the_output(mt_run, tmp_path, capsys):
     model, _, task = load_run(mt_run, inference=True)
     assert bf16 == task.translate(model, lines, dtype="bfloat16")
     assert bf16 == _mt_reference(mt_run, lines, beam=2, alpha=0.6, dtype=torch.bfloat16)  # the run's beam 2
+
+
+def test_translate_device_option_places_the_model(mt_run, tmp_path, capsys, monkeypatch):
+    """``--device`` is where ``load_run`` puts the model (and the task's batches); a device this
+    machine lacks is refused in one line, exit 2, before anything loads."""
+    import mhe.tasks.runs as runs
+
+    seen = []
+    real = runs.load_run
+    monkeypatch.setattr(runs, "load_run", lambda *a, **k: seen.append(k["device"]) or real(*a, **k))
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(_mt_lines()) + "\n")
+    assert main(["translate", "--run", str(mt_run), "--input", str(src), "--device", "cpu"]) == 0
+    assert seen == [torch.device("cpu")]
+    capsys.readouterr()
+    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert main(["translate", "--run", str(mt_run), "--input", str(src), "--device", f"cuda:{n_gpus}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--device cuda:{n_gpus}" in err and "Traceback" not in err and len(seen) == 1
 
 
 def test_translation_options_beam_and_alpha_decide_the_output(mt_run):

@@ -65,9 +65,9 @@ def test_registered_as_a_key_range_kernel():
 
 
 def test_choose_splits_fills_the_card_within_its_bounds():
-    assert triton_decode.choose_splits(64, 4096, 132) == 8  # at most 4 programs per SM: one wave
-    assert triton_decode.choose_splits(192, 4096, 132) == 2  # 3 K/V heads: not 3 chunks (576 > 528 programs)
-    assert triton_decode.choose_splits(1, 4096, 132) == 64  # at least 64 positions a chunk
+    assert triton_decode.choose_splits(64, 4096, 132) == 4  # at most 2 programs per SM: one wave
+    assert triton_decode.choose_splits(192, 4096, 132) == 1  # 3 K/V heads: not 2 chunks (384 > 264 programs)
+    assert triton_decode.choose_splits(1, 4096, 132) == 32  # at least 128 positions (one loop step) a chunk
     assert triton_decode.choose_splits(1, 32768, 132) == triton_decode.MAX_SPLITS
     assert triton_decode.choose_splits(4096, 32768, 132) == 1  # enough rows: no split, no merge
 

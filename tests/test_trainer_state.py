@@ -506,14 +506,33 @@ class PrecisionTask(RecallTask):
         return {"score": 0.0}
 
 
-@pytest.mark.parametrize("setting, want", [("float32", None), ("train", torch.bfloat16)])
+@pytest.mark.parametrize("setting, want", [("float32", None), ("tf32", None), ("train", torch.bfloat16)])
 def test_evaluations_run_in_float32_or_under_the_training_autocast(setting, want, tmp_path):
-    """``data.eval_precision``: float32 (the default) evaluates without autocast; ``train`` under
-    ``train.precision``'s (bf16 here, on the CPU), the validations and the final evaluation alike.
-    The setting leaves the run's identity alone (it changes how evaluations round, not what trains)."""
+    """``data.eval_precision``: float32 and tf32 (the default; plain float32 on a CPU) evaluate
+    without autocast; ``train`` under ``train.precision``'s (bf16 here, on the CPU), the
+    validations and the final evaluation alike. The setting leaves the run's identity alone (it
+    changes how evaluations round, not what trains)."""
     task = PrecisionTask()
     cfg = tiny_run("train.precision=bf16", "train.eval_every=3", f"data.eval_precision={setting}")
     Trainer(cfg, task, tmp_path, log=quiet).fit()
     assert task.seen == [("evaluate", want), ("evaluate", want), ("final", want)]
     assert cfg.hash() == tiny_run("train.precision=bf16", "train.eval_every=3").hash()
-    assert tiny_run().data.eval_precision == "float32"
+    assert tiny_run().data.eval_precision == "tf32"
+
+
+@pytest.mark.parametrize("setting, device, inside", [("tf32", "cuda", "high"), ("tf32", "cpu", "highest"),
+                                                     ("float32", "cuda", "highest")])
+def test_tf32_evaluation_allows_tf32_products_on_a_gpu_only_and_restores_the_setting(setting, device, inside):
+    """``tf32`` sets float32 matrix products to TF32 ("high") for the evaluation on a CUDA device
+    and puts the previous level back after, also when the evaluation raises; a CPU evaluation and
+    ``float32`` keep IEEE float32 ("highest"). (The context only sets a flag: no GPU is needed.)"""
+    from mhe.training.step import evaluation_precision
+
+    cfg = tiny_run(f"data.eval_precision={setting}")
+    assert torch.get_float32_matmul_precision() == "highest"
+    with evaluation_precision(cfg, torch.device(device)):
+        assert torch.get_float32_matmul_precision() == inside
+    assert torch.get_float32_matmul_precision() == "highest"
+    with pytest.raises(ValueError), evaluation_precision(cfg, torch.device(device)):
+        raise ValueError
+    assert torch.get_float32_matmul_precision() == "highest"

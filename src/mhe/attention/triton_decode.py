@@ -54,15 +54,16 @@ MAX_HEAD_DIM = 256
 """The widest head the kernels take (a wider one, SHA's, runs ``sdpa``)."""
 MAX_SPLITS = 128
 """The most chunks one row's keys are split into (the merge holds them all in registers)."""
-PROGRAMS_PER_SM = 4
-"""Split programs aimed at per SM (as many as run on one at once): enough loads in flight to keep
-the card's memory busy."""
-MIN_SPLIT_KEYS = 64
-"""The fewest cache positions a chunk is given (a program's fixed work is loading its queries
-and writing its partial output)."""
+PROGRAMS_PER_SM = 2
+"""Split programs aimed at per SM: two, each streaming a longer chunk three tiles deep, kept an
+H200's memory busier than four shorter ones (``benchmarks/split_k_check.py --sweep``,
+docs/benchmarks.md section 12)."""
+MIN_SPLIT_KEYS = 128
+"""The fewest cache positions a chunk is given: one loop step of :data:`TILE` (a program's fixed
+work is loading its queries and writing its partial output)."""
 MERGE_TILE = 16384
 """The most partial-output elements (chunks x head width) one merge program holds in registers."""
-TILE = {"block_n": 64, "num_warps": 4, "num_stages": 2}
+TILE = {"block_n": 128, "num_warps": 4, "num_stages": 3}
 """The split kernel's launch: cache positions per loop step (32 for heads wider than 128), warps,
 and software-pipelining stages (``benchmarks/split_k_check.py --sweep`` times others)."""
 

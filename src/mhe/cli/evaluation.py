@@ -33,8 +33,8 @@ def eval_args(p):
     p.add_argument("--data", default="", help="score an lm run on this corpus instead (ptb, wikitext-2, "
                                               "wikitext-103) with the run's own tokenizer")
     p.add_argument("--precision", default=None,
-                   help="float32 or train (under the run's training autocast: bf16 on a GPU, several times "
-                        "faster for a large model); default: the run's data.eval_precision")
+                   help="tf32 (float32, TF32 matrix products on a GPU), float32 (IEEE products) or train (under the "
+                        "run's training autocast: bf16 on a GPU); default: the run's data.eval_precision")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--out", default="", help="also write the figures as JSON here (default: stdout only)")
 
@@ -59,12 +59,11 @@ def cmd_eval(args) -> int:
         raise MheError(f"--data scores language-modelling runs; --task is {args.task!r}")
     # the run's type first; then only its tokenizer and the split scored are read
     model, cfg, task = load_run(args.run, data_dir=args.data_dir, inference=True, tasks=(args.task,),
-                                needs=f"--task says {args.task!r}")
+                                needs=f"--task says {args.task!r}", device=device)
     if args.stride is not None:
         cfg.data.eval_stride = args.stride
     if args.precision is not None:
         cfg.data.eval_precision = args.precision
-    model = model.to(device)
     with evaluation_precision(cfg, device):  # data.eval_precision, or --precision
         if args.data:
             res = corpus_perplexity(task, model, cfg, args.data, args.split)
@@ -104,8 +103,7 @@ def cmd_translate(args) -> int:
     device = option_device(args.device)
     lines = read_source_lines(args.input)  # before the model loads: bad input fails at once
     model, cfg, task = load_run(args.run, inference=True, tasks=("mt",),  # the run folder alone: no corpus
-                                needs="mhe translate needs a translation (mt) run")
-    model = model.to(device)
+                                needs="mhe translate needs a translation (mt) run", device=device)
     for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha, progress=cfg.train.progress,
                               dtype=args.dtype):
         print(hyp)

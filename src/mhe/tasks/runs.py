@@ -7,6 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
+import torch
+
 from mhe.errors import MheError
 from mhe.output_paths import check_output_dir, default_run_dir
 from mhe.tasks import build_task, read_run_config
@@ -45,7 +47,7 @@ def exit_status(res: dict) -> int:
 
 
 def load_run(path: str | Path, *, data_dir: str = "", inference: bool = False, tasks: tuple[str, ...] = (),
-             needs: str = "", option: str = "--run"):
+             needs: str = "", option: str = "--run", device: torch.device | None = None):
     """(model in eval mode, RunConfig, task set up) for a run folder (its best evaluated weights,
     else its newest checkpoint) or one of its checkpoint folders.
 
@@ -58,6 +60,7 @@ def load_run(path: str | Path, *, data_dir: str = "", inference: bool = False, t
         tasks: the run's task must be one of these (checked before anything is set up);
             ``needs`` says in words what the command needs, for the error.
         option: the command line option that named ``path``, for errors.
+        device: where the model and the task's batches go (default: the CPU).
 
     The saved weights are kept bit for bit (a strict load of the sealed safetensors).
     """
@@ -68,7 +71,8 @@ def load_run(path: str | Path, *, data_dir: str = "", inference: bool = False, t
     if data_dir:
         cfg.data.data_dir = data_dir
     task = build_task(cfg.task)
-    model = (task.setup_inference if inference else task.setup)(cfg, run_dir, Dist())
+    device = device or torch.device("cpu")
+    model = (task.setup_inference if inference else task.setup)(cfg, run_dir, Dist(device=device))
     if point is None and has_best(run_dir):  # as results.json used
         load_best(run_dir, model)
     else:
@@ -76,4 +80,4 @@ def load_run(path: str | Path, *, data_dir: str = "", inference: bool = False, t
         if point is None:
             raise MheError(f"no complete checkpoint under {run_dir / 'checkpoints'}")
         load_weights(point, model)
-    return model.eval(), cfg, task
+    return model.to(device).eval(), cfg, task

@@ -29,7 +29,7 @@ Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["auto", "ddp", "fsdp"]
 Checkpointing = Literal["none", "full", "selective"]
 GradReduce = Literal["float32", "bf16"]
-EvalPrecision = Literal["float32", "train"]
+EvalPrecision = Literal["tf32", "float32", "train"]
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
@@ -106,8 +106,8 @@ class DataConfig:
     eval_stride: int = setting(256, gt=0)      # sliding-window perplexity (section 4.5)
     eval_second_stride: int = setting(0, ge=0)  # 0 = the final evaluation is one pass; N = also stride N
     eval_batch_size: int = setting(16, gt=0)
-    eval_precision: EvalPrecision = "float32"  # train: evaluate under train.precision's autocast
-                                               # (bf16 on a GPU: several times faster; the figures round differently)
+    eval_precision: EvalPrecision = "tf32"     # float32 with TF32 products on a GPU; float32: IEEE products;
+                                               # train: under train.precision's autocast (training.step.evaluation_precision)
     limit_lines: int = setting(0, ge=0)        # read at most this many lines per split (0 = all)
     task_options: object = None
 

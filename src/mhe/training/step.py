@@ -146,12 +146,36 @@ def precision(setting: str, device: torch.device) -> torch.dtype | None:
 
 
 def evaluation_precision(cfg, device: torch.device):
-    """Where a run's evaluations compute (the trainer's, and ``mhe eval``'s of a run): in float32
-    (``data.eval_precision=float32``, the default), or under the training steps' autocast
-    (``train``: bf16 on a GPU by default, several times faster for a large model's sliding-window
-    perplexity; the figures round as training does). ``cfg``: the run's :class:`RunConfig`."""
-    amp = precision(cfg.train.precision, device) if cfg.data.eval_precision == "train" else None
-    return torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+    """Where a run's evaluations compute (the trainer's, and ``mhe eval``'s of a run), by
+    ``data.eval_precision``:
+
+    * ``tf32`` (the default): float32 weights and activations; on a GPU the matrix products run
+      on TF32 tensor cores (inputs rounded to 10 mantissa bits, float32 sums), about 8x the
+      float32 rate that bounds a large model's sliding-window perplexity (paper section 4.5's
+      stride of 256 reads every test token in 8 windows). On a CPU: plain float32.
+    * ``float32``: IEEE float32 products everywhere.
+    * ``train``: under the training steps' autocast (bf16 on a GPU by default); the figures round
+      as training does.
+
+    ``cfg``: the run's :class:`RunConfig`."""
+    setting = cfg.data.eval_precision
+    if setting == "train":
+        amp = precision(cfg.train.precision, device)
+        return torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+    if setting == "tf32" and device.type == "cuda":
+        return float32_matmuls("high")
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def float32_matmuls(level: str):
+    """``torch.set_float32_matmul_precision(level)`` for the block, the previous level restored."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(level)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def train_step(step: StepModule, data: Prefetcher, state: TrainerState, task: Task, t: TrainConfig, dist: Dist,
