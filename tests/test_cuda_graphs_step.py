@@ -95,16 +95,20 @@ def _train(cuda_graphs: bool, steps: int = 6):
 def test_replayed_step_trains_as_the_compiled_step():
     """The graphs replay the compiled step's kernels: the float32 losses of six steps agree to
     1e-6 (a graph replaying a stale batch or gradient would differ from the second step on).
-    The weights agree to 5e-5: AdamW's normalised update turns the last-bit differences of
-    near-zero gradient entries (the embedding's atomic adds are not deterministic on CUDA) into
-    differences of ~1e-5 after six steps at lr 1e-3, where a stale step moves them by ~1e-3."""
+    The weights agree to 5e-5 but for at most one entry in a thousand: AdamW's normalised update
+    turns the last-bit differences of near-zero gradient entries (the embedding's atomic adds are
+    not deterministic on CUDA) into differences of ~1e-5 after six steps at lr 1e-3, and now and
+    then a sign flipped near zero into more (one entry of 65,536 at 6.4e-5 in one GPU run), but
+    never more than the six updates of 1e-3 can move it; a stale step moves most entries by ~1e-3."""
     plain_losses, plain_weights, plain_calls, moved = _train(False)
     torch._dynamo.reset()
     graph_losses, graph_weights, graph_calls, _ = _train(True)
     assert "cudaGraphLaunch" in graph_calls and "cudaGraphLaunch" not in plain_calls
     torch.testing.assert_close(graph_losses, plain_losses, rtol=1e-6, atol=1e-6)
     for a, b in zip(graph_weights, plain_weights):
-        torch.testing.assert_close(a, b, rtol=0, atol=5e-5)
+        diff = (a - b).abs()
+        assert diff.gt(5e-5).float().mean().item() <= 1e-3, diff.gt(5e-5).sum().item()
+        assert diff.max().item() <= 2 * 6 * 1e-3 + 1e-6  # two sets of six AdamW updates of lr 1e-3
     assert moved > 1e-3  # the weights did move (random tokens: the loss need not fall)
 
 

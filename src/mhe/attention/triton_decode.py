@@ -64,8 +64,13 @@ work is loading its queries and writing its partial output)."""
 MERGE_TILE = 16384
 """The most partial-output elements (chunks x head width) one merge program holds in registers."""
 TILE = {"block_n": 128, "num_warps": 4, "num_stages": 3}
-"""The split kernel's launch: cache positions per loop step (32 for heads wider than 128), warps,
-and software-pipelining stages (``benchmarks/split_k_check.py --sweep`` times others)."""
+"""The split kernel's launch: cache positions per loop step (fewer where a K tile would pass
+:data:`TILE_BYTES`), warps, and software-pipelining stages (``benchmarks/split_k_check.py --sweep``
+times others)."""
+TILE_BYTES = 16384
+"""The most bytes of one K (or V) tile: with three stages of K and V, 96 KiB of shared memory (a
+Hopper SM has 227 KiB; float32 heads of 128 at 128 positions would need 384 KiB). bf16 heads of
+64 take 128 positions, of 128 take 64, float32 heads of 128 take 32."""
 
 
 def available() -> bool:
@@ -191,7 +196,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tenso
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     part_o = torch.empty(b * hq * splits, d, dtype=acc_dtype, device=q.device) if splits > 1 else out
     part_lse = torch.empty(b * hq * splits, dtype=acc_dtype, device=q.device) if splits > 1 else out
-    block_n = min(TILE["block_n"], 32) if block_d > 128 else TILE["block_n"]
+    block_n = min(TILE["block_n"], max(16, TILE_BYTES // (block_d * k.element_size())))
     scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # float arguments reach Triton as float32
     split_kernel, merge_kernel = _jitted(interpreting())
     split_kernel[(splits, b * hk)](
