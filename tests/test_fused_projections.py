@@ -136,3 +136,22 @@ def test_compiled_additive_mask_is_one_operator_with_aligned_rows():
     torch.compile(lambda d: masks.additive_mask(d, torch.float32),
                   backend=lambda gm, _: graph.append(gm) or gm.forward)(dense)
     assert [n.target for n in graph[0].graph.nodes if n.op == "call_function"] == [torch.ops.mhe.additive_mask]
+
+
+def test_a_large_gated_feed_forward_keeps_two_products():
+    """Gate and up are stacked only while each is at most ``FUSE_MAX_BYTES`` (a one-row product
+    bound by its launch); a larger pair keeps its two products and gets no stacked copy."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from mhe.models.layers import FUSE_MAX_BYTES
+
+    def ffn(d_ff):
+        return SwiGLU(SimpleNamespace(d_model=64, d_ff=d_ff, dropout=0.0))
+
+    assert fused_projection(fuse_projections(ffn(FUSE_MAX_BYTES // (64 * 4)))) is not None  # float32: just fits
+    large = fuse_projections(ffn(FUSE_MAX_BYTES // (64 * 4) + 1))  # one row more
+    assert fused_projection(large) is None
+    x = torch.randn(2, 3, 64)
+    assert torch.equal(large(x), large.down(F.silu(large.gate(x)) * large.up(x)))

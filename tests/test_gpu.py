@@ -166,3 +166,28 @@ def test_mhe_eval_runs_on_the_gpu_and_equals_the_cpu_figure(tmp_path, capsys):
     assert gpu == pytest.approx(cpu, rel=1e-5)
     assert tf32 == pytest.approx(cpu, rel=1e-3)
     assert bf16 != pytest.approx(cpu, rel=1e-5) and bf16 == pytest.approx(cpu, rel=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs two CUDA devices")
+def test_translate_on_a_second_gpu_equals_the_first(mt_run, tmp_path, capsys):
+    """``--device cuda:1`` makes cuda:1 the current device too: beam search captures its step as
+    a CUDA graph on the current device and the split-k decode kernels launch there, so a model on
+    cuda:1 with cuda:0 current would capture an empty graph or read foreign pointers. The output
+    equals cuda:0's line for line."""
+    from mhe.cli import main
+    from test_option_effects import _mt_lines
+
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(_mt_lines()) + "\n")
+    before = torch.cuda.current_device()
+    outs = {}
+    try:
+        for dev in ("cuda:0", "cuda:1"):
+            capsys.readouterr()
+            assert main(["translate", "--run", str(mt_run), "--input", str(src), "--device", dev]) == 0
+            outs[dev] = capsys.readouterr().out.splitlines()
+            assert torch.cuda.current_device() == int(dev[-1])
+    finally:
+        torch.cuda.set_device(before)
+    assert outs["cuda:1"] == outs["cuda:0"] and len(outs["cuda:0"]) == len(_mt_lines())

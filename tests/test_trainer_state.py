@@ -491,7 +491,7 @@ class PrecisionTask(RecallTask):
     """Recall whose evaluations record the autocast they ran under."""
 
     def __init__(self):
-        self.seen = []
+        self.seen, self.grad = [], []
 
     def _autocast(self, model):
         dev = next(model.parameters()).device.type
@@ -499,10 +499,12 @@ class PrecisionTask(RecallTask):
 
     def evaluate(self, model):
         self.seen.append(("evaluate", self._autocast(model)))
+        self.grad.append(torch.is_grad_enabled())
         return {"accuracy": 0.5}
 
     def final(self, model):
         self.seen.append(("final", self._autocast(model)))
+        self.grad.append(torch.is_grad_enabled())
         return {"score": 0.0}
 
 
@@ -510,12 +512,13 @@ class PrecisionTask(RecallTask):
 def test_evaluations_run_in_float32_or_under_the_training_autocast(setting, want, tmp_path):
     """``data.eval_precision``: float32 and tf32 (the default; plain float32 on a CPU) evaluate
     without autocast; ``train`` under ``train.precision``'s (bf16 here, on the CPU), the
-    validations and the final evaluation alike. The setting leaves the run's identity alone (it
+    validations and the final evaluation alike, all without autograd. The setting leaves the run's identity alone (it
     changes how evaluations round, not what trains)."""
     task = PrecisionTask()
     cfg = tiny_run("train.precision=bf16", "train.eval_every=3", f"data.eval_precision={setting}")
     Trainer(cfg, task, tmp_path, log=quiet).fit()
     assert task.seen == [("evaluate", want), ("evaluate", want), ("final", want)]
+    assert task.grad == [False, False, False]  # the final evaluation too runs without autograd
     assert cfg.hash() == tiny_run("train.precision=bf16", "train.eval_every=3").hash()
     assert tiny_run().data.eval_precision == "tf32"
 

@@ -17,7 +17,8 @@ The copy costs the memory of the stacked projections while a session holds its v
 the whole of W^Q, W^K and W^V (three quarters of each layer's attention weights) again, per
 session (a model keeps up to two default sessions); for a folded MHE sublayer little more
 than the folded query weight its view holds anyway (its K and V are one head each); for a gated
-feed-forward its gate and up weights. Weights written through ``.data`` change no version
+feed-forward its gate and up weights (stacked only while each is small enough for a one-row
+product to be bound by its launch: :data:`mhe.models.layers.FUSE_MAX_BYTES`). Weights written through ``.data`` change no version
 counter, and the copy would not see them.
 """
 

@@ -40,6 +40,8 @@ def eval_args(p):
 
 
 def cmd_eval(args) -> int:
+    import torch
+
     from mhe.tasks.cross_eval import corpus_perplexity
     from mhe.tasks.runs import load_run
     from mhe.training.checkpoint import write_json_atomic
@@ -64,7 +66,7 @@ def cmd_eval(args) -> int:
         cfg.data.eval_stride = args.stride
     if args.precision is not None:
         cfg.data.eval_precision = args.precision
-    with evaluation_precision(cfg, device):  # data.eval_precision, or --precision
+    with torch.no_grad(), evaluation_precision(cfg, device):  # data.eval_precision, or --precision
         if args.data:
             res = corpus_perplexity(task, model, cfg, args.data, args.split)
         elif cfg.task == "lm":

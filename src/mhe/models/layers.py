@@ -18,6 +18,14 @@ from torch import nn
 from mhe.attention.fused_projections import fused_projection
 
 
+FUSE_MAX_BYTES = 16 * 2 ** 20
+"""The largest gate or up weight a gated feed-forward stacks at inference. A one-row product of
+16 MiB takes about 4 us at an H200's 4 TB/s, about one kernel's launch (docs/benchmarks.md
+section 12): below it, one product for both halves the launches that bound a batch-1 step;
+above it the product is bound by its bytes, and the stacked copy would add their size again to
+every generation session (an 8B Llama's gate and up: 7.5 GB in bf16)."""
+
+
 def activation(name: str) -> nn.Module:
     """The feed-forward non-linearity ``name`` of :data:`mhe.models.config.ACTIVATIONS`."""
     if name == "relu":
@@ -62,9 +70,13 @@ class SwiGLU(nn.Module):
     def out_layer(self) -> nn.Linear:
         return self.down
 
-    def projections_to_fuse(self) -> tuple[nn.Linear, nn.Linear]:
+    def projections_to_fuse(self) -> tuple[nn.Linear, ...]:
         """``gate`` and ``up``, which read the same input: one product at inference
-        (:func:`~mhe.attention.fused_projections.fuse_projections`)."""
+        (:func:`~mhe.attention.fused_projections.fuse_projections`), where each is small enough
+        that one row's product is bound by its launch, not its bytes (at most
+        :data:`FUSE_MAX_BYTES`); a larger pair stays two products and costs no stacked copy."""
+        if max(p.weight.numel() * p.weight.element_size() for p in (self.gate, self.up)) > FUSE_MAX_BYTES:
+            return ()
         return self.gate, self.up
 
     def forward(self, x):

@@ -72,6 +72,8 @@ def load_run(path: str | Path, *, data_dir: str = "", inference: bool = False, t
         cfg.data.data_dir = data_dir
     task = build_task(cfg.task)
     device = device or torch.device("cpu")
+    if device.type == "cuda":  # beam search's graph capture and the Triton kernels use the current device
+        torch.cuda.set_device(device)
     model = (task.setup_inference if inference else task.setup)(cfg, run_dir, Dist(device=device))
     if point is None and has_best(run_dir):  # as results.json used
         load_best(run_dir, model)

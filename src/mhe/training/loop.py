@@ -320,7 +320,7 @@ class Trainer:
                 if dist.main:
                     which = f"the best weights (step {state.best_step})" if state.best is not None else f"step {state.step}"
                     note(f"final evaluation ({self.task.name}) of {which}", enabled=self.cfg.train.progress)
-                with self._eval_precision(full):
+                with torch.no_grad(), self._eval_precision(full):  # as the periodic evaluations run
                     final = self.task.final(full)
                 result = {"step": state.step, **self._summary(full, state.step, status), **final}
             if dist.main:
