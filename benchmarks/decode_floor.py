@@ -117,15 +117,16 @@ def cache_bytes_per_position(model: nn.Module, dtype: torch.dtype) -> int:
     return sum(c.kv.numel() for c in caches) * torch.finfo(dtype).bits // 8
 
 
-def decode_view(model: nn.Module, batch: int, positions: int, dev, dtype) -> nn.Module:
-    """The inference view ``model.generate`` decodes with (its kernel policy, Q/K/V fused)."""
-    view = inference_view(model, decode_kernel(model, dev, dtype, batch=batch, positions=positions))
+def decode_view(model: nn.Module, batch: int, positions: int, dev, dtype, kernel: str | None = None) -> nn.Module:
+    """The inference view ``model.generate`` decodes with (its kernel policy, or ``kernel``; Q/K/V fused)."""
+    view = inference_view(model, decode_kernel(model, dev, dtype, kernel, batch=batch, positions=positions))
     return fuse_projections(shared_copy(model) if view is model else view)
 
 
-def step_ms(model, batch: int, context: int, *, dev, dtype, mode: str, reps: int) -> tuple[float, str]:
+def step_ms(model, batch: int, context: int, *, dev, dtype, mode: str, reps: int,
+            kernel: str | None = None) -> tuple[float, str]:
     """Median ms of one decode step at ``context`` filled positions (a CUDA-graph replay on a GPU)."""
-    view = decode_view(model, batch, context + MARGIN, dev, dtype)
+    view = decode_view(model, batch, context + MARGIN, dev, dtype, kernel)
     caches = view.new_caches(batch, context + MARGIN, dtype=dtype, device=dev)
     for c in caches:
         c.kv.normal_()
@@ -202,15 +203,16 @@ def floor_rows(model, preset, kind, a, run) -> None:
             if run.late():
                 run.skip(label, "past the deadline")
                 continue
-            ms, kernel = step_ms(model, batch, context, dev=run.dev, dtype=run.dtype, mode=a.mode, reps=a.reps)
-            pre, rows, rate = prefills(batch, context - NEW)
+            ms, kernel = step_ms(model, batch, context, dev=run.dev, dtype=run.dtype, mode=a.mode, reps=a.reps,
+                                 kernel=a.kernel)
+            pre, rows, rate = prefills(batch, context - NEW) if a.prefill else (0.0, 0, 0.0)
             nbytes = per_position * batch * context + weights
             floor = nbytes / run.bandwidth * 1e3
             run.floor.append({"card": run.card, "preset": preset, "kind": kind, "batch": batch, "context": context,
                               "step_ms": round(ms, 4), "prefill_ms": round(pre, 3), "bytes_per_step": nbytes,
                               "floor_ms": round(floor, 4), "fraction_of_bandwidth": round(floor / ms, 3),
                               "kernel": kernel, "mode": a.mode, "prefill_rows": rows,
-                              "prefill_fraction_of_peak": round(rate * 1e3 / run.peak, 3) if run.peak else None})
+                              "prefill_fraction_of_peak": round(rate * 1e3 / run.peak, 3) if run.peak and a.prefill else None})
             run.save()
             print(json.dumps(run.floor[-1]), flush=True)
 
@@ -336,6 +338,8 @@ def parse(argv=None):
     ap.add_argument("--server-contexts", type=ints, default=[4096, 32768])
     ap.add_argument("--mode", choices=("graph", "compile"), default="graph")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--kernel", default=None, help="floor rows: decode with this kernel, not the policy's choice")
+    ap.add_argument("--no-prefill", dest="prefill", action="store_false", help="floor rows: skip the prefill timing")
     ap.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
     ap.add_argument("--deadline", type=float, default=330.0, help="seconds after which no row starts (0: none)")
     ap.add_argument("--out", default="results/logs")

@@ -71,16 +71,52 @@ def row(preset, kind, hq, hk, *, batch, context, reps, bandwidth) -> dict:
     out = {"preset": preset, "kind": kind, "batch": batch, "context": context, "h_q": hq, "h_kv": hk,
            "kv_bytes": nbytes, "max_err_split_k": (got.float() - gold).abs().max().item(),
            "max_err_sdpa": (plain.float() - gold).abs().max().item()}
-    calls = {"split-k-decode": lambda: attend(q, k, v, AttentionMask(key_range=kr), kernel="split-k-decode"),
-             "sdpa": lambda: attend(q, k, v, AttentionMask(dense=dense), kernel="sdpa")}
-    if hk == 1:
-        calls["flash-decode"] = lambda: attend(q, k, v, AttentionMask(key_range=kr), kernel="flash-decode")
-    for name, fn in calls.items():
-        ms = timed(fn, warmup=5, reps=reps, cuda=True, graph=True)
+    calls = kernel_calls(q, hk)
+    for name, call in calls.items():
+        ms = timed(lambda: call(k, v, kr, dense), warmup=5, reps=reps, cuda=True, graph=True)
         out[f"{name}_ms"] = round(ms, 4)
         out[f"{name}_fraction_of_bandwidth"] = round(nbytes / (ms / 1e3) / bandwidth, 3)
+    out.update(layered(q, hk, batch=batch, context=context, reps=reps, bandwidth=bandwidth, calls=calls))
     out["splits"] = triton_decode.choose_splits(batch * hk, context,
                                                 torch.cuda.get_device_properties(0).multi_processor_count)
+    return out
+
+
+def kernel_calls(q, hk) -> dict:
+    """The kernels compared, each a call on ``(k, v, key_range, dense mask)``: ``split-k-decode``
+    (its fused merge), ``split-k-two-kernels`` (the separate merge kernel), ``sdpa`` with the dense
+    mask, and, for one K/V head, ``flash-decode``."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    calls = {"split-k-decode": lambda k, v, kr, dense: attend(q, k, v, AttentionMask(key_range=kr),
+                                                               kernel="split-k-decode"),
+             "split-k-two-kernels": lambda k, v, kr, dense: triton_decode.launch(q, k, v, kr[0], kr[1], scale,
+                                                                                 fused=False),
+             "sdpa": lambda k, v, kr, dense: attend(q, k, v, AttentionMask(dense=dense), kernel="sdpa")}
+    if hk == 1:
+        calls["flash-decode"] = lambda k, v, kr, dense: attend(q, k, v, AttentionMask(key_range=kr),
+                                                               kernel="flash-decode")
+    return calls
+
+
+def layered(q, hk, *, batch, context, reps, bandwidth, calls) -> dict:
+    """Each kernel as a decode step runs it: one graph of ``n`` calls over ``n`` distinct caches
+    (a model's layers; up to 30, about 4 GiB of caches), timed whole and divided by ``n``. A
+    graph of one call, as :func:`row` times, also pays the graph's launch and the events around
+    it, which a step of many layers pays once."""
+    _, hq, _, d = q.shape
+    nbytes = 2 * batch * hk * context * d * q.element_size()
+    n = max(2, min(30, (4 << 30) // nbytes))
+    caches = [inputs(batch, hq, hk, context, q.dtype, seed=i + 1)[1:] for i in range(n)]
+    caches = [(k, v, kr, range_mask(kr, context)) for k, v, kr in caches]
+    out = {"layers": n}
+    for name, call in calls.items():
+        def step(call=call):
+            for cache in caches:
+                call(*cache)
+        ms = timed(step, warmup=3, reps=reps, cuda=True, graph=True) / n
+        out[f"{name}_layer_ms"] = round(ms, 4)
+        out[f"{name}_layer_fraction_of_bandwidth"] = round(nbytes / (ms / 1e3) / bandwidth, 3)
+    del caches
     return out
 
 
@@ -125,8 +161,9 @@ def main() -> None:
           f"{err:.2e} ({'ok' if err <= 1e-5 else 'FAILS 1e-5'})")
     rows = [row(*shape, batch=args.batch, context=args.context, reps=args.reps, bandwidth=bw) for shape in SHAPES]
     for r in rows:
-        times = "  ".join(f"{n} {r[f'{n}_ms']:.4f} ms ({r[f'{n}_fraction_of_bandwidth']:.0%})"
-                          for n in ("split-k-decode", "flash-decode", "sdpa") if f"{n}_ms" in r)
+        times = "  ".join(f"{n} {r[f'{n}_ms']:.4f} ms ({r[f'{n}_fraction_of_bandwidth']:.0%}; in {r['layers']} "
+                          f"layers {r[f'{n}_layer_ms']:.4f} ms, {r[f'{n}_layer_fraction_of_bandwidth']:.0%})"
+                          for n in ("split-k-decode", "split-k-two-kernels", "flash-decode", "sdpa") if f"{n}_ms" in r)
         print(f"{r['preset']:<11} {r['kind']:<4} B={r['batch']} S={r['context']} splits={r['splits']:<3} "
               f"{r['kv_bytes'] / 2 ** 20:8.1f} MiB  err {r['max_err_split_k']:.1e} (sdpa {r['max_err_sdpa']:.1e})"
               f"  {times}")

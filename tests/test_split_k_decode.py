@@ -88,6 +88,35 @@ def test_interpreted_kernels_equal_the_reference_in_float64(interpret, hq, hk, s
 
 
 @needs_triton
+@pytest.mark.parametrize("hq,hk", [(4, 1), (20, 1), (6, 2)])
+def test_the_separate_merge_kernel_and_the_fused_merge_agree(interpret, hq, hk):
+    """``fused=False`` (split kernel, then the merge kernel) and the fused merge (the last chunk
+    of a group merges): both the literal softmax to 1e-12, and every counter back at zero after
+    the fused launch, ready for the next layer's (a counter left at one would make the next
+    launch merge before its chunks are written)."""
+    torch.manual_seed(4)
+    b, s, d = 3, 70, 16
+    q, k, v = inputs(b, hq, hk, s, d, torch.float64, shared_query_layout=True)
+    key_range = ragged_range(b, s, 60, [0, 9, 58])
+    want = gold(q, k, v, key_range)
+    for fused in (False, None, None):  # the fused launch twice: the counters it left serve again
+        got = launch(q, k, v, key_range[0], key_range[1], 1 / math.sqrt(d), splits=5, fused=fused)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        assert int(triton_decode._COUNTERS[q.device].abs().sum()) == 0
+
+
+def test_counters_grow_and_stay_per_device(monkeypatch):
+    """One zeroed buffer a device, grown for more groups and reused otherwise."""
+    monkeypatch.setattr(triton_decode, "_COUNTERS", {})
+    cpu = torch.device("cpu")
+    first = triton_decode._counters(cpu, 10)
+    assert first.dtype == torch.int32 and first.numel() >= 10 and not first.any()
+    assert triton_decode._counters(cpu, 1000) is first
+    grown = triton_decode._counters(cpu, 5000)
+    assert grown.numel() >= 5000 and grown is not first and triton_decode._counters(cpu, 7) is grown
+
+
+@needs_triton
 def test_interpreted_kernels_with_a_wide_head_and_an_odd_width(interpret):
     """A head width that is no power of two (48: the tile is masked to it) and a scale given."""
     torch.manual_seed(1)

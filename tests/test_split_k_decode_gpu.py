@@ -48,12 +48,46 @@ def sdpa(q, k, v, key_range, scale=None):
 
 @pytest.mark.parametrize("hq,hk,d", SHAPES)
 @pytest.mark.parametrize("splits", [None, 1, 5, 128])
-def test_fp32_equals_sdpa(hq, hk, d, splits):
+@pytest.mark.parametrize("fused", [None, False])
+def test_fp32_equals_sdpa(hq, hk, d, splits, fused):
     """IEEE float32 products (no TF32): SDPA's fp32 output to 1e-5, one chunk or many, and the
-    chunks of the policy's choice."""
+    chunks of the policy's choice; merged by the last chunk (the default) or by the merge kernel."""
     q, k, v, kr = case(hq, hk, d, torch.float32)
-    got = triton_decode.launch(q, k, v, kr[0], kr[1], 1 / math.sqrt(d), splits=splits)
+    got = triton_decode.launch(q, k, v, kr[0], kr[1], 1 / math.sqrt(d), splits=splits, fused=fused)
     torch.testing.assert_close(got, sdpa(q, k, v, kr), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hq,hk,d", [(9, 1, 64), (32, 4, 64), (32, 1, 64)])
+def test_fused_merge_is_the_same_at_every_launch_of_a_full_card(hq, hk, d):
+    """64 rows of 4,096 positions (hundreds of programs, all SMs at once), 200 launches back to
+    back: a merge that read a chunk before it was written, or a counter not set back, would
+    change some launch's output. Each equals the first bit for bit and the merge kernel's to
+    1e-5 in fp32; the counters end at zero."""
+    q, k, v, kr = case(hq, hk, d, torch.float32, b=64, s=4096, pos=4095, pads=[0, 1000, 4000] + [7] * 61)
+    scale = 1 / math.sqrt(d)
+    first = triton_decode.launch(q, k, v, kr[0], kr[1], scale)
+    outs = [triton_decode.launch(q, k, v, kr[0], kr[1], scale) for _ in range(200)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, first) for o in outs)
+    torch.testing.assert_close(first, triton_decode.launch(q, k, v, kr[0], kr[1], scale, fused=False),
+                               rtol=1e-5, atol=1e-5)
+    assert int(triton_decode._COUNTERS[q.device].abs().sum()) == 0
+
+
+def test_a_capture_without_counters_launches_the_merge_kernel(monkeypatch):
+    """A step captured before any launch on the device (no counter buffer yet, and none can be
+    made inside a capture) runs the two kernels, with the same numbers as the fused launch."""
+    q, k, v, kr = case(9, 1, 64, torch.float32)
+    triton_decode.launch(q, k, v, kr[0], kr[1], 0.125, splits=5, fused=False)  # compiled before the capture
+    torch.cuda.synchronize()
+    monkeypatch.setattr(triton_decode, "_COUNTERS", {})
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = triton_decode.launch(q, k, v, kr[0], kr[1], 0.125, splits=5)
+    assert triton_decode._COUNTERS == {}
+    graph.replay()
+    torch.testing.assert_close(out, triton_decode.launch(q, k, v, kr[0], kr[1], 0.125, splits=5), rtol=1e-6,
+                               atol=1e-6)
 
 
 @pytest.mark.parametrize("hq,hk,d", SHAPES)

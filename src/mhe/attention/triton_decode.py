@@ -10,14 +10,16 @@ the kernel must (1) read each K/V element once, with the G query heads that shar
 (2) keep every SM streaming, which one program per (row, K/V head) does not at small
 ``B * h_kv``: the keys of each row are split into ``splits`` chunks, one program each
 ("flash-decoding", Dao, Haziza, Massa and Sizov 2023), each writing its partial output
-(normalised over its chunk) and log-sum-exp, and a second small kernel merges the chunks of each query head
-(the softmax of a union is the log-sum-exp-weighted mean of the softmaxes of its parts).
+(normalised over its chunk) and log-sum-exp, and the last program of each (row, K/V head) to
+finish merges the group's chunks (the softmax of a union is the log-sum-exp-weighted mean of the
+softmaxes of its parts): one launch a layer. A second small merge kernel does it instead where no
+counter buffer can be had (:func:`launch`).
 
 Row ``b`` sees one contiguous run of cache positions ``[start_b, start_b + used_b)``: left
 padding before it, positions not yet written after it. The model hands the run as
 ``key_range = (cum_seq_k [B + 1], used [B], ...)`` (:func:`mhe.attention.masks.decode_key_range`,
 ``cum_seq_k[b] = b * S + start_b``), the format ``flash-decode`` reads; the kernel recovers
-``start_b`` itself, so a layer launches nothing but its two kernels. A boolean ``[B|1, 1, 1, S]``
+``start_b`` itself, so a layer launches nothing but its kernel. A boolean ``[B|1, 1, 1, S]``
 mask holding one run per row is read as that run (:func:`mhe.attention.flash_decode.mask_range`).
 Each program splits its row's *used* run evenly, so early steps of a long buffer stay balanced;
 ``splits`` itself depends only on static shapes and the card, so a step is the same CUDA graph
@@ -63,6 +65,9 @@ MIN_SPLIT_KEYS = 128
 work is loading its queries and writing its partial output)."""
 MERGE_TILE = 16384
 """The most partial-output elements (chunks x head width) one merge program holds in registers."""
+FUSED_MERGE_TILE = 4096
+"""The most partial-output elements (query heads x chunks x head width) a split program that
+merges its group adds up at once."""
 TILE = {"block_n": 128, "num_warps": 4, "num_stages": 3}
 """The split kernel's launch: cache positions per loop step (fewer where a K tile would pass
 :data:`TILE_BYTES`), warps, and software-pipelining stages (``benchmarks/split_k_check.py --sweep``
@@ -83,12 +88,18 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _split_kernel(Q, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, scale_hi, scale_lo, S, H_KV, SPLITS,
+_merge_group_jit = None
+""":func:`_merge_group` compiled, set with the kernels (:func:`_jitted`): the split kernel calls it."""
+
+
+def _split_kernel(Q, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, COUNT, scale_hi, scale_lo, S, H_KV, SPLITS,
                   sqb, sqh, skb, skh, sks, svb, svh, svs, sob, soh,
-                  G: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr, BLOCK_G: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
+                  G: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr, FUSED: tl.constexpr,
+                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                  STEP_S: tl.constexpr, ACC: tl.constexpr):
     """One chunk of one row's keys for the G query heads of one K/V head: its partial output
-    (normalised within the chunk) and log-sum-exp, or, with one chunk, the output itself."""
+    (normalised within the chunk) and log-sum-exp, or, with one chunk, the output itself. With
+    ``FUSED``, the group's last program to finish merges the group's chunks (see :func:`launch`)."""
     split = tl.program_id(0)
     b = (tl.program_id(1) // H_KV).to(tl.int64)  # int64: a large cache's offsets pass 2**31
     h = (tl.program_id(1) % H_KV).to(tl.int64)
@@ -131,6 +142,44 @@ def _split_kernel(Q, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, scale_hi, scale_l
         row = (b * H_KV * G + heads) * SPLITS + split  # [BLOCK_G]: (b, query head, split)
         tl.store(PART_O + row[:, None] * D + dd[None, :], out, mask=omask)
         tl.store(PART_LSE + row, m_i + tl.log(l_i), mask=gmask)  # -inf for an empty chunk
+        if FUSED:
+            # every thread's stores first, then one release-acquire count of the group's finished chunks
+            tl.debug_barrier()
+            finished = tl.atomic_add(COUNT + b * H_KV + h, 1, sem="acq_rel", scope="gpu")
+            if finished == SPLITS - 1:  # the last chunk: the others' partials are visible
+                tl.atomic_xchg(COUNT + b * H_KV + h, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+                _merge_group_jit(PART_O, PART_LSE, OUT + b * sob, (b * H_KV + h) * G * SPLITS, SPLITS, soh, heads,
+                                 G, D, BLOCK_G, BLOCK_D, BLOCK_S, STEP_S, ACC)
+
+
+def _merge_group(PART_O, PART_LSE, OUT_ROW, first, SPLITS, soh, heads, G: tl.constexpr, D: tl.constexpr,
+                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, STEP_S: tl.constexpr,
+                 ACC: tl.constexpr):
+    """The fused merge: the G query heads of one group, their partials from row ``first`` on,
+    laid out (head, chunk), each chunk's output weighted by exp(lse_s - the log-sum-exp of all).
+    Loads go past the SM's own cache (``.cg``): the partials were written by other SMs."""
+    g = tl.arange(0, BLOCK_G)
+    dd = tl.arange(0, BLOCK_D)
+    gmask = g < G
+    dmask = dd < D
+    s = tl.arange(0, BLOCK_S)
+    lse = tl.load(PART_LSE + first + g[:, None] * SPLITS + s[None, :], mask=gmask[:, None] & (s < SPLITS)[None, :],
+                  other=float("-inf"), cache_modifier=".cg")  # [BLOCK_G, BLOCK_S]
+    top = tl.max(lse, 1)
+    top = tl.where(top == float("-inf"), 0.0, top)  # every chunk empty: weights 0, output 0
+    den = tl.sum(tl.exp(lse - top[:, None]), 1)
+    merged = tl.zeros([BLOCK_G, BLOCK_D], dtype=ACC)
+    for s0 in range(0, SPLITS, STEP_S):  # STEP_S chunks at a time: a bounded register tile
+        ss = s0 + tl.arange(0, STEP_S)
+        part = gmask[:, None] & (ss < SPLITS)[None, :]  # [BLOCK_G, STEP_S]
+        prow = first + g[:, None] * SPLITS + ss[None, :]
+        w = tl.exp(tl.load(PART_LSE + prow, mask=part, other=float("-inf"), cache_modifier=".cg") - top[:, None])
+        o = tl.load(PART_O + prow[:, :, None] * D + dd[None, None, :], mask=part[:, :, None] & dmask[None, None, :],
+                    other=0.0, cache_modifier=".cg")
+        merged += tl.sum(w[:, :, None] * o, 1)
+    merged = merged / tl.where(den == 0, 1.0, den)[:, None]
+    tl.store(OUT_ROW + heads[:, None] * soh + dd[None, :], merged.to(OUT_ROW.dtype.element_ty),
+             mask=gmask[:, None] & dmask[None, :])
 
 
 def _merge_kernel(PART_O, PART_LSE, OUT, H_Q, SPLITS, sob, soh,
@@ -158,6 +207,7 @@ def _jitted(interpret: bool):
     """The two kernels compiled by Triton (or run by its interpreter): built at the first launch,
     so ``TRITON_INTERPRET`` set by then decides."""
     del interpret  # part of the cache key only: triton.jit reads the environment itself
+    globals()["_merge_group_jit"] = triton.jit(_merge_group)  # the split kernel calls it by this name
     return triton.jit(_split_kernel), triton.jit(_merge_kernel)
 
 
@@ -168,6 +218,29 @@ def _sm_count(index: int) -> int:
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
+
+
+def _prev_pow2(x: int) -> int:
+    return 1 << max(0, x.bit_length() - 1)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, groups: int) -> torch.Tensor | None:
+    """A zeroed int32 counter per (row, K/V head) for the fused merge, kept per device and reused
+    by every launch there: each launch leaves its counters at zero, and launches on one device's
+    stream run in order. Made (or grown) outside CUDA-graph capture only; inside a capture
+    without one large enough (a step captured without running first), None: the merge kernel
+    runs instead. Launches on one device from two streams at once must not share it: decoding
+    runs on one stream."""
+    buf = _COUNTERS.get(device)
+    if buf is not None and buf.numel() >= groups:
+        return buf
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    _COUNTERS[device] = buf = torch.zeros(max(groups, 1024), dtype=torch.int32, device=device)
+    return buf
 
 
 def choose_splits(programs: int, keys: int, sms: int) -> int:
@@ -181,10 +254,17 @@ def choose_splits(programs: int, keys: int, sms: int) -> int:
 
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tensor, used: torch.Tensor,
-           scale: float, splits: int | None = None) -> torch.Tensor:
+           scale: float, splits: int | None = None, fused: bool | None = None) -> torch.Tensor:
     """The kernels on ``q: [B, h_q, 1, d]``, ``k, v: [B, h_kv, S, d]`` (any strides; a last one
     other than 1 is copied first), ``cum_k: [B + 1]`` and ``used: [B]`` int32; returns ``[B, h_q, 1, d]``.
-    ``splits``: chunks per row (default :func:`choose_splits`)."""
+    ``splits``: chunks per row (default :func:`choose_splits`).
+
+    ``fused`` (default: wherever :func:`_counters` has a counter buffer): one launch, not two.
+    Each split program, once its partial output is written, adds one to its group's counter
+    (release-acquire, at GPU scope); the program that brings it to ``splits`` sees every other
+    chunk's partials, merges them, writes the output and sets the counter back to zero. The
+    merge kernel's launch, and its start and end, are what a step of few K/V bytes cannot hide
+    (docs/benchmarks.md section 12). ``fused=False`` launches the separate merge kernel."""
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # the kernels step d by 1
     b, hq, _, d = q.shape
     hk, s = k.shape[1], k.shape[2]
@@ -197,16 +277,20 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tenso
     part_o = torch.empty(b * hq * splits, d, dtype=acc_dtype, device=q.device) if splits > 1 else out
     part_lse = torch.empty(b * hq * splits, dtype=acc_dtype, device=q.device) if splits > 1 else out
     block_n = min(TILE["block_n"], max(16, TILE_BYTES // (block_d * k.element_size())))
+    block_g = max(16, _next_pow2(g))
+    count = _counters(q.device, b * hk) if splits > 1 and fused is not False else None
+    fused = count is not None
     scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # float arguments reach Triton as float32
     split_kernel, merge_kernel = _jitted(interpreting())
     split_kernel[(splits, b * hk)](
-        q, k, v, cum_k, used, out, part_o, part_lse, scale_hi, scale - scale_hi, s, hk, splits,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1),
-        G=g, D=d, DIRECT=splits == 1, BLOCK_G=max(16, _next_pow2(g)), BLOCK_N=block_n, BLOCK_D=block_d,
+        q, k, v, cum_k, used, out, part_o, part_lse, count if fused else used, scale_hi, scale - scale_hi, s, hk,
+        splits, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+        v.stride(2), out.stride(0), out.stride(1),
+        G=g, D=d, DIRECT=splits == 1, FUSED=fused, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_S=max(2, _next_pow2(splits)), STEP_S=max(2, _prev_pow2(FUSED_MERGE_TILE // (block_g * block_d))),
         ACC=tl.float64 if acc_dtype == torch.float64 else tl.float32, num_warps=TILE["num_warps"],
         num_stages=TILE["num_stages"])
-    if splits > 1:
+    if splits > 1 and not fused:
         merge_kernel[(b * hq,)](part_o, part_lse, out, hq, splits, out.stride(0), out.stride(1),
                                 D=d, BLOCK_S=max(2, _next_pow2(splits)), BLOCK_D=block_d,
                                 num_warps=4)
