@@ -248,3 +248,20 @@ def test_translate_needs_only_the_run_folder(tmp_path, monkeypatch, capsys):
     captured = capsys.readouterr()
     assert captured.out == with_data and len(with_data.splitlines()) == 2
     assert "not found" not in captured.err
+
+
+def test_a_cuda_device_without_an_index_is_made_current_as_the_current_card(monkeypatch):
+    """``--device auto`` and ``cuda`` name no card: ``load_run`` places the model on the current
+    card and makes that card current with its index (``torch.cuda.set_device`` refuses a bare
+    ``cuda``; a GPU run of ``mhe eval`` failed on it); ``cuda:N`` makes card N current; the CPU
+    touches no CUDA state."""
+    import torch
+
+    from mhe.tasks.runs import made_current
+
+    made = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: made.append(d))
+    assert made_current(torch.device("cuda")) == torch.device("cuda", 3) and made == [torch.device("cuda", 3)]
+    assert made_current(torch.device("cuda:1")) == torch.device("cuda", 1) and made[-1] == torch.device("cuda", 1)
+    assert made_current(torch.device("cpu")) == torch.device("cpu") and len(made) == 2

@@ -89,7 +89,7 @@ def test_interpreted_kernels_equal_the_reference_in_float64(interpret, hq, hk, s
 
 @needs_triton
 @pytest.mark.parametrize("hq,hk", [(4, 1), (20, 1), (6, 2)])
-def test_the_separate_merge_kernel_and_the_fused_merge_agree(interpret, hq, hk):
+def test_the_separate_merge_kernel_and_the_fused_merge_agree(interpret, hq, hk, monkeypatch):
     """``fused=False`` (split kernel, then the merge kernel) and the fused merge (the last chunk
     of a group merges): both the literal softmax to 1e-12, and every counter back at zero after
     the fused launch, ready for the next layer's (a counter left at one would make the next
@@ -99,10 +99,28 @@ def test_the_separate_merge_kernel_and_the_fused_merge_agree(interpret, hq, hk):
     q, k, v = inputs(b, hq, hk, s, d, torch.float64, shared_query_layout=True)
     key_range = ragged_range(b, s, 60, [0, 9, 58])
     want = gold(q, k, v, key_range)
+    monkeypatch.setattr(triton_decode, "_COUNTERS", {})
     for fused in (False, None, None):  # the fused launch twice: the counters it left serve again
         got = launch(q, k, v, key_range[0], key_range[1], 1 / math.sqrt(d), splits=5, fused=fused)
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-        assert int(triton_decode._COUNTERS[q.device].abs().sum()) == 0
+        assert (q.device in triton_decode._COUNTERS) == (fused is None)  # the fused launch took counters
+        assert fused is False or int(triton_decode._COUNTERS[q.device].abs().sum()) == 0
+
+
+@needs_triton
+def test_the_fused_merge_is_chosen_where_the_partials_fit_one_tile(interpret, monkeypatch):
+    """The default fuses the merge where a group's partials (query heads x chunks x head width,
+    padded to powers of two) fit :data:`FUSED_MERGE_TILE`: 64 rows of one K/V head in 4 chunks
+    do; one row in 32 chunks (batch 1, where one program walking them all was slower than the
+    merge kernel) does not; one chunk merges nothing."""
+    asked = []
+    monkeypatch.setattr(triton_decode, "_counters", lambda device, groups: asked.append(groups))
+    for hq, splits, fuses in ((9, 4, True), (32, 4, True), (9, 32, False), (9, 1, False)):
+        q, k, v = inputs(2, hq, 1, 40, 64, torch.float64)
+        key_range = ragged_range(2, 40, 39, [0, 3])
+        launch(q, k, v, key_range[0], key_range[1], 0.125, splits=splits)
+        assert (len(asked) == 1) == fuses, (hq, splits)
+        asked.clear()
 
 
 def test_counters_grow_and_stay_per_device(monkeypatch):

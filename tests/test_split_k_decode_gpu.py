@@ -71,7 +71,8 @@ def test_fused_merge_is_the_same_at_every_launch_of_a_full_card(hq, hk, d):
     assert all(torch.equal(o, first) for o in outs)
     torch.testing.assert_close(first, triton_decode.launch(q, k, v, kr[0], kr[1], scale, fused=False),
                                rtol=1e-5, atol=1e-5)
-    assert int(triton_decode._COUNTERS[q.device].abs().sum()) == 0
+    counters = triton_decode._COUNTERS.get(q.device)
+    assert counters is None or int(counters.abs().sum()) == 0
 
 
 def test_a_capture_without_counters_launches_the_merge_kernel(monkeypatch):

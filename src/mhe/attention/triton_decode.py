@@ -65,9 +65,13 @@ MIN_SPLIT_KEYS = 128
 work is loading its queries and writing its partial output)."""
 MERGE_TILE = 16384
 """The most partial-output elements (chunks x head width) one merge program holds in registers."""
-FUSED_MERGE_TILE = 4096
-"""The most partial-output elements (query heads x chunks x head width) a split program that
-merges its group adds up at once."""
+FUSED_MERGE_TILE = 8192
+"""The most partial-output elements (query heads x chunks x head width, each padded to a power of
+two) a split program merges in one load: above it the merge kernel runs. One H200 (docs/benchmarks.md
+section 12): the fused merge of 64 rows (4 chunks a row) took the one-K/V-head layer from 72% to
+73% of the copy bandwidth (llama-135m) and from 63% to 65% (llama-1.1b); a last program that
+walked 32 chunks of one row (batch 1) in steps made llama-135m's step 0.1 ms slower than the
+merge kernel's 9 programs in parallel."""
 TILE = {"block_n": 128, "num_warps": 4, "num_stages": 3}
 """The split kernel's launch: cache positions per loop step (fewer where a K tile would pass
 :data:`TILE_BYTES`), warps, and software-pipelining stages (``benchmarks/split_k_check.py --sweep``
@@ -96,7 +100,7 @@ def _split_kernel(Q, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, COUNT, scale_hi, 
                   sqb, sqh, skb, skh, sks, svb, svh, svs, sob, soh,
                   G: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr, FUSED: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                  STEP_S: tl.constexpr, ACC: tl.constexpr):
+                  ACC: tl.constexpr):
     """One chunk of one row's keys for the G query heads of one K/V head: its partial output
     (normalised within the chunk) and log-sum-exp, or, with one chunk, the output itself. With
     ``FUSED``, the group's last program to finish merges the group's chunks (see :func:`launch`)."""
@@ -149,38 +153,29 @@ def _split_kernel(Q, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, COUNT, scale_hi, 
             if finished == SPLITS - 1:  # the last chunk: the others' partials are visible
                 tl.atomic_xchg(COUNT + b * H_KV + h, 0, sem="relaxed", scope="gpu")  # ready for the next launch
                 _merge_group_jit(PART_O, PART_LSE, OUT + b * sob, (b * H_KV + h) * G * SPLITS, SPLITS, soh, heads,
-                                 G, D, BLOCK_G, BLOCK_D, BLOCK_S, STEP_S, ACC)
+                                 G, D, BLOCK_G, BLOCK_D, BLOCK_S, ACC)
 
 
 def _merge_group(PART_O, PART_LSE, OUT_ROW, first, SPLITS, soh, heads, G: tl.constexpr, D: tl.constexpr,
-                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, STEP_S: tl.constexpr,
-                 ACC: tl.constexpr):
+                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, ACC: tl.constexpr):
     """The fused merge: the G query heads of one group, their partials from row ``first`` on,
-    laid out (head, chunk), each chunk's output weighted by exp(lse_s - the log-sum-exp of all).
-    Loads go past the SM's own cache (``.cg``): the partials were written by other SMs."""
+    laid out (head, chunk), loaded as one tile and each chunk's output weighted by exp(lse_s -
+    the log-sum-exp of all). Loads go past the SM's own cache (``.cg``): other SMs wrote them."""
     g = tl.arange(0, BLOCK_G)
     dd = tl.arange(0, BLOCK_D)
-    gmask = g < G
-    dmask = dd < D
     s = tl.arange(0, BLOCK_S)
-    lse = tl.load(PART_LSE + first + g[:, None] * SPLITS + s[None, :], mask=gmask[:, None] & (s < SPLITS)[None, :],
-                  other=float("-inf"), cache_modifier=".cg")  # [BLOCK_G, BLOCK_S]
+    part = (g < G)[:, None] & (s < SPLITS)[None, :]  # [BLOCK_G, BLOCK_S]
+    prow = first + g[:, None] * SPLITS + s[None, :]
+    lse = tl.load(PART_LSE + prow, mask=part, other=float("-inf"), cache_modifier=".cg")
     top = tl.max(lse, 1)
     top = tl.where(top == float("-inf"), 0.0, top)  # every chunk empty: weights 0, output 0
-    den = tl.sum(tl.exp(lse - top[:, None]), 1)
-    merged = tl.zeros([BLOCK_G, BLOCK_D], dtype=ACC)
-    for s0 in range(0, SPLITS, STEP_S):  # STEP_S chunks at a time: a bounded register tile
-        ss = s0 + tl.arange(0, STEP_S)
-        part = gmask[:, None] & (ss < SPLITS)[None, :]  # [BLOCK_G, STEP_S]
-        prow = first + g[:, None] * SPLITS + ss[None, :]
-        w = tl.exp(tl.load(PART_LSE + prow, mask=part, other=float("-inf"), cache_modifier=".cg") - top[:, None])
-        o = tl.load(PART_O + prow[:, :, None] * D + dd[None, None, :], mask=part[:, :, None] & dmask[None, None, :],
-                    other=0.0, cache_modifier=".cg")
-        merged += tl.sum(w[:, :, None] * o, 1)
-    merged = merged / tl.where(den == 0, 1.0, den)[:, None]
+    w = tl.exp(lse - top[:, None])
+    o = tl.load(PART_O + prow[:, :, None] * D + dd[None, None, :], mask=part[:, :, None] & (dd < D)[None, None, :],
+                other=0.0, cache_modifier=".cg")  # [BLOCK_G, BLOCK_S, BLOCK_D]
+    den = tl.sum(w, 1)
+    merged = tl.sum(w[:, :, None] * o, 1) / tl.where(den == 0, 1.0, den)[:, None]
     tl.store(OUT_ROW + heads[:, None] * soh + dd[None, :], merged.to(OUT_ROW.dtype.element_ty),
-             mask=gmask[:, None] & dmask[None, :])
-
+             mask=(g < G)[:, None] & (dd < D)[None, :])
 
 def _merge_kernel(PART_O, PART_LSE, OUT, H_Q, SPLITS, sob, soh,
                   D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -220,10 +215,6 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
 
-def _prev_pow2(x: int) -> int:
-    return 1 << max(0, x.bit_length() - 1)
-
-
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -259,7 +250,8 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tenso
     other than 1 is copied first), ``cum_k: [B + 1]`` and ``used: [B]`` int32; returns ``[B, h_q, 1, d]``.
     ``splits``: chunks per row (default :func:`choose_splits`).
 
-    ``fused`` (default: wherever :func:`_counters` has a counter buffer): one launch, not two.
+    ``fused`` (default: where the group's partials fit :data:`FUSED_MERGE_TILE`), where there are
+    chunks to merge and :func:`_counters` has a counter buffer: one launch, not two.
     Each split program, once its partial output is written, adds one to its group's counter
     (release-acquire, at GPU scope); the program that brings it to ``splits`` sees every other
     chunk's partials, merges them, writes the output and sets the counter back to zero. The
@@ -277,8 +269,10 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tenso
     part_o = torch.empty(b * hq * splits, d, dtype=acc_dtype, device=q.device) if splits > 1 else out
     part_lse = torch.empty(b * hq * splits, dtype=acc_dtype, device=q.device) if splits > 1 else out
     block_n = min(TILE["block_n"], max(16, TILE_BYTES // (block_d * k.element_size())))
-    block_g = max(16, _next_pow2(g))
-    count = _counters(q.device, b * hk) if splits > 1 and fused is not False else None
+    block_g, block_s = max(16, _next_pow2(g)), max(2, _next_pow2(splits))
+    if fused is None:
+        fused = block_g * block_s * block_d <= FUSED_MERGE_TILE
+    count = _counters(q.device, b * hk) if fused and splits > 1 else None
     fused = count is not None
     scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # float arguments reach Triton as float32
     split_kernel, merge_kernel = _jitted(interpreting())
@@ -287,7 +281,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tenso
         splits, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), out.stride(0), out.stride(1),
         G=g, D=d, DIRECT=splits == 1, FUSED=fused, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
-        BLOCK_S=max(2, _next_pow2(splits)), STEP_S=max(2, _prev_pow2(FUSED_MERGE_TILE // (block_g * block_d))),
+        BLOCK_S=block_s,
         ACC=tl.float64 if acc_dtype == torch.float64 else tl.float32, num_warps=TILE["num_warps"],
         num_stages=TILE["num_stages"])
     if splits > 1 and not fused:

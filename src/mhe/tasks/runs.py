@@ -46,6 +46,18 @@ def exit_status(res: dict) -> int:
     return 0
 
 
+def made_current(device: torch.device) -> torch.device:
+    """``device`` with its index (``cuda`` is the current card), made the current CUDA device:
+    beam search's graph capture and the Triton kernels launch on the current device, and
+    ``torch.cuda.set_device`` refuses a ``cuda`` without an index."""
+    if device.type != "cuda":
+        return device
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.set_device(device)
+    return device
+
+
 def load_run(path: str | Path, *, data_dir: str = "", inference: bool = False, tasks: tuple[str, ...] = (),
              needs: str = "", option: str = "--run", device: torch.device | None = None):
     """(model in eval mode, RunConfig, task set up) for a run folder (its best evaluated weights,
@@ -71,9 +83,7 @@ def load_run(path: str | Path, *, data_dir: str = "", inference: bool = False, t
     if data_dir:
         cfg.data.data_dir = data_dir
     task = build_task(cfg.task)
-    device = device or torch.device("cpu")
-    if device.type == "cuda":  # beam search's graph capture and the Triton kernels use the current device
-        torch.cuda.set_device(device)
+    device = made_current(device or torch.device("cpu"))
     model = (task.setup_inference if inference else task.setup)(cfg, run_dir, Dist(device=device))
     if point is None and has_best(run_dir):  # as results.json used
         load_best(run_dir, model)
