@@ -80,6 +80,7 @@ class StepRunner:
         self.inputs = [t.clone() for t in inputs]
         self.step = compile_step(step, device=device, options=compile_options) if mode == "compile" else step
         self.capture = device.type == "cuda" and mode in ("graph", "compile")
+        self.device = device
         self.generators = list(generators)
         self._graph = None
         self._out: torch.Tensor | None = None
@@ -98,25 +99,28 @@ class StepRunner:
     def _capture(self) -> None:
         saved = [t.clone() for t in self.inputs]
         rng = [(g, g.get_state()) for g in self.generators]
-        default_rng = torch.cuda.get_rng_state()
-        torch.cuda.synchronize()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
+        default_rng = torch.cuda.get_rng_state(self.device)
+        torch.cuda.synchronize(self.device)
+        side = torch.cuda.Stream(device=self.device)  # the warm-ups and the capture run on the step's card
+        side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # the first run compiles (compile mode) and plans kernels
                 self._before()
                 self.step(*self.inputs)
-        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.current_stream(self.device).wait_stream(side)
         self._before()
         for g, state in rng:
             g.set_state(state)
-        torch.cuda.set_rng_state(default_rng)
+        torch.cuda.set_rng_state(default_rng, self.device)
         graph = torch.cuda.CUDAGraph()
         if self.generators and not hasattr(graph, "register_generator_state"):
             raise MheError("sampling with a seed inside a captured step needs torch >= 2.5; use step_mode='eager'")
         for g in self.generators:
             graph.register_generator_state(g)
-        with torch.cuda.graph(graph):
+        # on ``side``: torch.cuda.graph's default capture stream is made once a process, on the card
+        # current then, and a capture on it makes that card current (a step on another card then
+        # launched its Triton kernels against the wrong card's context)
+        with torch.cuda.graph(graph, stream=side):
             self._out = self.step(*self.inputs)
         for dst, src in zip(self.inputs, saved):
             dst.copy_(src)
