@@ -24,7 +24,8 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from test_ddp import RUN, STEPS, _free_port, final_weights, records
+from processes import as_torchrun_would, free_port, spawn
+from test_ddp import RUN, STEPS, final_weights, records
 from mhe.models.vocab_padding import pad_vocabulary, vocab_padding
 from mhe.tasks.recall import RecallTask
 from mhe.tasks.runs import load_run
@@ -64,9 +65,7 @@ def config(*extra):
 
 
 def _worker(rank: int, world: int, port: int, out: str, extra: list, interrupt: bool, resume: bool) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    as_torchrun_would(rank, world, port)
     if "train.compile=true" in extra:  # dynamo and AOT autograd for real, without inductor's C++ build
         compile_ = torch.compile
         torch.compile = lambda fn, **kw: compile_(fn, backend="aot_eager", **kw)
@@ -81,7 +80,7 @@ def _worker(rank: int, world: int, port: int, out: str, extra: list, interrupt: 
 
 
 def fsdp(out, *extra, interrupt=False, resume=False):
-    mp.spawn(_worker, args=(2, _free_port(), str(out), list(extra), interrupt, resume), nprocs=2, join=True)
+    spawn(_worker, (2, free_port(), str(out), list(extra), interrupt, resume))
 
 
 @pytest.fixture(scope="module")
@@ -178,9 +177,7 @@ def test_an_fsdp_checkpoint_resumes_on_one_process(runs):
 
 
 def _broken_compile_worker(rank: int, world: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    as_torchrun_would(rank, world, port)
 
     def broken(fn, **kw):
         def run(*a, **k):
@@ -197,7 +194,7 @@ def test_a_compile_failure_under_fsdp_is_one_line_naming_the_way_out(tmp_path):
     behind): the run stops with one line instead of training on wrong gradients."""
     with pytest.raises(mp.ProcessRaisedException, match=r"MheError: torch.compile cannot compile this configuration "
                        r"under FSDP \(RuntimeError: no working C compiler\); set train.compile=false"):
-        mp.spawn(_broken_compile_worker, args=(2, _free_port(), str(tmp_path / "run")), nprocs=2, join=True)
+        spawn(_broken_compile_worker, (2, free_port(), str(tmp_path / "run")))
 
 
 @pytest.mark.slow

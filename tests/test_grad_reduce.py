@@ -20,14 +20,13 @@ FSDP it is refused in one line; the default keeps the hashes of saved runs.
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from processes import free_port, spawn
 from mhe.errors import MheError
 from mhe.models import build_model
 from mhe.tasks import default_run, run_config_from_dict
@@ -85,16 +84,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def reduced(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("grad_reduce")
-    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    spawn(_worker, (2, free_port(), str(out)))
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
