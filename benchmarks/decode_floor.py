@@ -124,8 +124,9 @@ def decode_view(model: nn.Module, batch: int, positions: int, dev, dtype, kernel
 
 
 def step_ms(model, batch: int, context: int, *, dev, dtype, mode: str, reps: int,
-            kernel: str | None = None) -> tuple[float, str]:
-    """Median ms of one decode step at ``context`` filled positions (a CUDA-graph replay on a GPU)."""
+            kernel: str | None = None, compile_options: dict | None = None) -> tuple[float, str]:
+    """Median ms of one decode step at ``context`` filled positions (a CUDA-graph replay on a GPU);
+    ``compile_options`` go to ``torch.compile`` in ``compile`` mode, as ``model.generate``'s do."""
     view = decode_view(model, batch, context + MARGIN, dev, dtype, kernel)
     caches = view.new_caches(batch, context + MARGIN, dtype=dtype, device=dev)
     for c in caches:
@@ -137,7 +138,7 @@ def step_ms(model, batch: int, context: int, *, dev, dtype, mode: str, reps: int
         with torch.no_grad():
             return view(tok, caches=caches, last_only=True).logits[:, -1].argmax(-1)
 
-    fn = compile_step(step, device=dev) if mode == "compile" else step
+    fn = compile_step(step, device=dev, options=compile_options) if mode == "compile" else step
     ms = timed(fn, warmup=3, reps=reps, cuda=dev.type == "cuda", graph=dev.type == "cuda")
     kernel = view_kernels(view)
     del view, caches
@@ -204,7 +205,7 @@ def floor_rows(model, preset, kind, a, run) -> None:
                 run.skip(label, "past the deadline")
                 continue
             ms, kernel = step_ms(model, batch, context, dev=run.dev, dtype=run.dtype, mode=a.mode, reps=a.reps,
-                                 kernel=a.kernel)
+                                 kernel=a.kernel, compile_options=a.compile_options)
             pre, rows, rate = prefills(batch, context - NEW) if a.prefill else (0.0, 0, 0.0)
             nbytes = per_position * batch * context + weights
             floor = nbytes / run.bandwidth * 1e3
@@ -212,7 +213,8 @@ def floor_rows(model, preset, kind, a, run) -> None:
                               "step_ms": round(ms, 4), "prefill_ms": round(pre, 3), "bytes_per_step": nbytes,
                               "floor_ms": round(floor, 4), "fraction_of_bandwidth": round(floor / ms, 3),
                               "kernel": kernel, "mode": a.mode, "prefill_rows": rows,
-                              "prefill_fraction_of_peak": round(rate * 1e3 / run.peak, 3) if run.peak and a.prefill else None})
+                              "prefill_fraction_of_peak": round(rate * 1e3 / run.peak, 3) if run.peak and a.prefill else None,
+                              **({"compile_options": a.compile_options} if a.compile_options else {})})
             run.save()
             print(json.dumps(run.floor[-1]), flush=True)
 
@@ -339,6 +341,9 @@ def parse(argv=None):
     ap.add_argument("--mode", choices=("graph", "compile"), default="graph")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--kernel", default=None, help="floor rows: decode with this kernel, not the policy's choice")
+    ap.add_argument("--compile-options", type=json.loads, default=None,
+                    help='floor rows, --mode compile: torch.compile options as JSON, as model.generate takes them '
+                         '(e.g. \'{"options": {"coordinate_descent_tuning": true}}\')')
     ap.add_argument("--no-prefill", dest="prefill", action="store_false", help="floor rows: skip the prefill timing")
     ap.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
     ap.add_argument("--deadline", type=float, default=330.0, help="seconds after which no row starts (0: none)")

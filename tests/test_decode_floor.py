@@ -39,3 +39,24 @@ def test_floor_rows_bytes_and_server_rows(tmp_path):
     assert [(r["kind"], r["context"], r["batch"]) for r in server] == [("mha", 300, 4), ("mqa", 300, 4)]
     for r in server:
         assert abs(r["decode_tokens_per_s"] - r["batch"] / r["step_ms"] * 1e3) <= 1  # step_ms is stored rounded
+
+
+def test_compile_options_reach_torch_compile_and_the_row(tmp_path, monkeypatch):
+    """``--compile-options`` (JSON) is what the compiled step is built with, as ``model.generate``'s
+    ``compile_options`` are, and the row says so; a row without them has no such key."""
+    seen = []
+
+    def recording_compile_step(step, *, device, options=None):
+        seen.append(options)
+        return step
+
+    monkeypatch.setattr(decode_floor, "compile_step", recording_compile_step)
+    options = {"options": {"coordinate_descent_tuning": True}}
+    common = ["--cpu-smoke", "--sections", "floor", "--presets", "llama-135m", "--kinds", "mqa", "--mode", "compile",
+              "--no-prefill"]
+    decode_floor.main(common + ["--compile-options", json.dumps(options), "--out", str(tmp_path / "with")])
+    decode_floor.main(common + ["--out", str(tmp_path / "without")])
+    assert seen == [options, options, None, None]  # batches 1 and 2, each run
+    with_, without = (json.loads((tmp_path / d / "decode-floor-cpu.json").read_text()) for d in ("with", "without"))
+    assert [r["compile_options"] for r in with_] == [options, options]
+    assert all("compile_options" not in r for r in without)
