@@ -155,3 +155,57 @@ def test_a_large_gated_feed_forward_keeps_two_products():
     assert fused_projection(large) is None
     x = torch.randn(2, 3, 64)
     assert torch.equal(large(x), large.down(F.silu(large.gate(x)) * large.up(x)))
+
+
+@pytest.mark.parametrize("kind", ["mhe-mul", "mhe-add"])
+def test_a_rotary_mhe_view_keeps_its_query_factors_made_once(kind, monkeypatch):
+    """Under rotary positions the fused view keeps the per-head query factors (or offsets) it
+    would otherwise build from the head embeddings at every step: equal to the module's own,
+    outside the state dict, absent from the model, and not built again by a decode step (a
+    step that called ``_query_factors`` would fail here)."""
+    from mhe.attention.fused_projections import fused_factors
+    from mhe.attention.mhe import _MHEBase
+
+    torch.manual_seed(0)
+    model = small("llama-tiny", kind)
+    view = fused_view(model)
+    mods = [m for m in view.modules() if isinstance(m, _MHEBase)]
+    assert len(mods) == SMALL["n_layers"]
+    for m in mods:
+        assert torch.equal(fused_factors(m), m._query_factors())
+        assert not any(k.endswith("fused_query_factors") for k in view.state_dict())
+    assert all(fused_factors(m) is None for m in model.modules() if isinstance(m, _MHEBase))
+    ids = torch.randint(3, 99, (2, 6))
+    want = model(ids).logits
+    monkeypatch.setattr(_MHEBase, "_query_factors", lambda self: pytest.fail("factors built again in a step"))
+    torch.testing.assert_close(view(ids).logits, want, rtol=0, atol=1e-12)
+
+
+def test_folded_and_literal_mhe_views_keep_no_factors():
+    """Folded MHE (no rotary positions) has no factors left in its view, and psi-then-rope
+    computes its heads literally: neither keeps any."""
+    from mhe.attention.fused_projections import fused_factors
+
+    for name, opts in (("tiny-decoder", {}), ("llama-tiny", {"rope_order": "psi-then-rope"})):
+        model = build_model(name, attention="mhe-mul", attn_options=opts, **SMALL)
+        view = fuse_projections(shared_copy(inference_view(model)))
+        assert not any(fused_factors(m) is not None for m in view.modules())
+
+
+def test_changed_head_embeddings_reach_the_kept_factors():
+    """The kept factors do not follow the model, so the session rebuilds its view when the head
+    embeddings change in place: generation then equals a fresh model's."""
+    torch.manual_seed(0)
+    model = small("llama-tiny", "mhe-mul")
+    ids = torch.randint(3, 99, (1, 5))
+    session = model.generator(1, 12)
+    model.generate(ids, 4, session=session, return_logits=True, return_dict=True)
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "head_embed"):
+                m.head_embed.mul_(-2.0)
+    got = model.generate(ids, 4, session=session, return_logits=True, return_dict=True).logits
+    fresh = small("llama-tiny", "mhe-mul")
+    fresh.load_state_dict(model.state_dict())
+    want = fresh.generate(ids, 4, return_logits=True, return_dict=True).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -20,6 +20,12 @@ than the folded query weight its view holds anyway (its K and V are one head eac
 feed-forward its gate and up weights (stacked only while each is small enough for a one-row
 product to be bound by its launch: :data:`mhe.models.layers.FUSE_MAX_BYTES`). Weights written through ``.data`` change no version
 counter, and the copy would not see them.
+
+MHE under rotary positions multiplies its one rotated query by per-head factors built from the
+head embeddings (MHE-Mul: ``(1 + e^Q_i)(1 + e^K_i)``; :mod:`mhe.attention.mhe`). They are
+constant while a view decodes, yet a step would build them again from the embeddings every time
+(a kernel a layer, docs/benchmarks.md section 12, "Batch 1, profiled"): the view keeps them made
+once, as ``fused_query_factors`` (a buffer outside the state dict, computed as the step would).
 """
 
 from __future__ import annotations
@@ -30,11 +36,18 @@ from torch import nn
 
 FUSED = "fused_proj"
 """The attribute a fused module holds its stacked projection in."""
+FACTORS = "fused_query_factors"
+"""The buffer an MHE sublayer's view holds its per-head query factors in (see :func:`fuse_projections`)."""
 
 
 def fused_projection(module: nn.Module) -> nn.Linear | None:
     """The module's stacked projection (queries/keys/values, or gate/up), None when it has none."""
     return module._modules.get(FUSED)
+
+
+def fused_factors(module: nn.Module) -> torch.Tensor | None:
+    """The module's per-head query factors made once for its view, None when it has none."""
+    return module._buffers.get(FACTORS)
 
 
 @torch.no_grad()
@@ -63,4 +76,10 @@ def fuse_projections(module: nn.Module) -> nn.Module:
             parts = wants()
             if parts:
                 setattr(m, FUSED, stack_linears(parts))
+        factors = getattr(m, "query_factors_to_keep", None)
+        if callable(factors) and fused_factors(m) is None:
+            with torch.no_grad():
+                f = factors()
+            if f is not None:
+                m.register_buffer(FACTORS, f.clone(), persistent=False)
     return module

@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhe.attention.base import Attention, AttentionConfig
-from mhe.attention.fused_projections import fused_projection
+from mhe.attention.fused_projections import fused_factors, fused_projection
 from mhe.attention.options import IMPLS, QUERY_FOLDS, ROPE_ORDERS, MHEOptions  # noqa: F401 (re-exported)
 from mhe.errors import MheError
 
@@ -135,12 +135,19 @@ class _MHEBase(Attention):
     def projections_to_fuse(self):
         return None if self.literal else (self.q_proj, self.k_proj, self.v_proj)
 
+    def query_factors_to_keep(self) -> torch.Tensor | None:
+        """The per-head query factors an inference view keeps made once (the fast path under
+        rotary positions, which applies them to the rotated shared query every step)."""
+        return self._query_factors() if not self.literal and self.rotary is not None else None
+
     def _self_projections(self, x, positions):
         fused = fused_projection(self)
         if fused is None or self.literal:
             return super()._self_projections(x, positions)
         q, k, v = (t.unsqueeze(1) for t in fused(x).chunk(3, -1))  # 3 x [B, 1, T, d]: the shared heads
-        q = self._psi_factor(self._rotate(q, positions), self._query_factors())  # [B, n, T, d]
+        kept = fused_factors(self)
+        factors = self._query_factors() if kept is None else kept
+        q = self._psi_factor(self._rotate(q, positions), factors)  # [B, n, T, d]
         return q, self._rotate(k, positions), v
 
     # --- fast path: the folded weights (docs/paper-notes.md, "MHE computed without n copies") ---
