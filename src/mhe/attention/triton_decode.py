@@ -256,7 +256,18 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tenso
     (release-acquire, at GPU scope); the program that brings it to ``splits`` sees every other
     chunk's partials, merges them, writes the output and sets the counter back to zero. The
     merge kernel's launch, and its start and end, are what a step of few K/V bytes cannot hide
-    (docs/benchmarks.md section 12). ``fused=False`` launches the separate merge kernel."""
+    (docs/benchmarks.md section 12). ``fused=False`` launches the separate merge kernel.
+
+    The kernels launch on the tensors' card, whichever card is current (Triton launches on the
+    current one: a model on cuda:1 decoding eagerly while cuda:0 is current)."""
+    if q.is_cuda and q.device.index != torch.cuda.current_device():
+        with torch.cuda.device(q.device):
+            return _launch(q, k, v, cum_k, used, scale, splits, fused)
+    return _launch(q, k, v, cum_k, used, scale, splits, fused)
+
+
+def _launch(q, k, v, cum_k, used, scale, splits, fused) -> torch.Tensor:
+    """:func:`launch` on the current card."""
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # the kernels step d by 1
     b, hq, _, d = q.shape
     hk, s = k.shape[1], k.shape[2]
