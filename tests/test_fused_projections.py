@@ -158,12 +158,13 @@ def test_a_large_gated_feed_forward_keeps_two_products():
 
 
 @pytest.mark.parametrize("kind", ["mhe-mul", "mhe-add"])
-def test_a_rotary_mhe_view_keeps_its_query_factors_made_once(kind, monkeypatch):
-    """Under rotary positions the fused view keeps the per-head query factors (or offsets) it
-    would otherwise build from the head embeddings at every step: equal to the module's own,
-    outside the state dict, absent from the model, and not built again by a decode step (a
-    step that called ``_query_factors`` would fail here)."""
-    from mhe.attention.fused_projections import fused_factors
+def test_a_rotary_mhe_view_keeps_its_folded_tensors_made_once(kind, monkeypatch):
+    """Under rotary positions the fused view keeps what it would otherwise build from the head
+    embeddings at every step: the per-head query factors (or offsets) and the folded output
+    weight and bias. Each equals the module's own, is outside the state dict and absent from the
+    model, and a decode step builds none of them again (a step that called ``_query_factors`` or
+    ``folded_output`` would fail here). MHE-Add's output weight is W^O's own tensor, not a copy."""
+    from mhe.attention.fused_projections import fused_factors, fused_output
     from mhe.attention.mhe import _MHEBase
 
     torch.manual_seed(0)
@@ -173,23 +174,29 @@ def test_a_rotary_mhe_view_keeps_its_query_factors_made_once(kind, monkeypatch):
     assert len(mods) == SMALL["n_layers"]
     for m in mods:
         assert torch.equal(fused_factors(m), m._query_factors())
-        assert not any(k.endswith("fused_query_factors") for k in view.state_dict())
-    assert all(fused_factors(m) is None for m in model.modules() if isinstance(m, _MHEBase))
+        (w, b), (want_w, want_b) = fused_output(m), m.folded_output()
+        assert torch.equal(w, want_w)
+        assert (b is None and want_b is None) or torch.equal(b, want_b)
+        assert (w.data_ptr() == m.out_proj.weight.data_ptr()) == (kind == "mhe-add")
+    assert not any("fused_query_factors" in k or "fused_out" in k for k in view.state_dict())
+    assert all(fused_factors(m) is None and fused_output(m) is None
+               for m in model.modules() if isinstance(m, _MHEBase))
     ids = torch.randint(3, 99, (2, 6))
     want = model(ids).logits
     monkeypatch.setattr(_MHEBase, "_query_factors", lambda self: pytest.fail("factors built again in a step"))
+    monkeypatch.setattr(type(mods[0]), "folded_output", lambda self: pytest.fail("output folded again in a step"))
     torch.testing.assert_close(view(ids).logits, want, rtol=0, atol=1e-12)
 
 
 def test_folded_and_literal_mhe_views_keep_no_factors():
     """Folded MHE (no rotary positions) has no factors left in its view, and psi-then-rope
     computes its heads literally: neither keeps any."""
-    from mhe.attention.fused_projections import fused_factors
+    from mhe.attention.fused_projections import fused_factors, fused_output
 
     for name, opts in (("tiny-decoder", {}), ("llama-tiny", {"rope_order": "psi-then-rope"})):
         model = build_model(name, attention="mhe-mul", attn_options=opts, **SMALL)
         view = fuse_projections(shared_copy(inference_view(model)))
-        assert not any(fused_factors(m) is not None for m in view.modules())
+        assert not any(fused_factors(m) is not None or fused_output(m) is not None for m in view.modules())
 
 
 def test_changed_head_embeddings_reach_the_kept_factors():

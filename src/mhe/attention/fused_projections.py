@@ -26,6 +26,11 @@ head embeddings (MHE-Mul: ``(1 + e^Q_i)(1 + e^K_i)``; :mod:`mhe.attention.mhe`).
 constant while a view decodes, yet a step would build them again from the embeddings every time
 (a kernel a layer, docs/benchmarks.md section 12, "Batch 1, profiled"): the view keeps them made
 once, as ``fused_query_factors`` (a buffer outside the state dict, computed as the step would).
+Its output projection is folded the same way every step (MHE-Mul scales the columns of W^O by
+``1 + e^V``, a weight-sized elementwise kernel a layer that reads and writes all of W^O; MHE-Add
+adds ``W^O e^V`` to the bias, a product a layer): the view keeps the folded weight and bias too,
+as ``fused_out_weight`` and ``fused_out_bias`` (MHE-Mul's costs W^O's memory again while a
+session holds its view; MHE-Add's weight is W^O's own tensor).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ FUSED = "fused_proj"
 """The attribute a fused module holds its stacked projection in."""
 FACTORS = "fused_query_factors"
 """The buffer an MHE sublayer's view holds its per-head query factors in (see :func:`fuse_projections`)."""
+OUT_WEIGHT, OUT_BIAS = "fused_out_weight", "fused_out_bias"
+"""The buffers an MHE sublayer's view holds its folded output weight and bias in."""
 
 
 def fused_projection(module: nn.Module) -> nn.Linear | None:
@@ -48,6 +55,14 @@ def fused_projection(module: nn.Module) -> nn.Linear | None:
 def fused_factors(module: nn.Module) -> torch.Tensor | None:
     """The module's per-head query factors made once for its view, None when it has none."""
     return module._buffers.get(FACTORS)
+
+
+def fused_output(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The module's folded output weight and bias (None: no bias) made once for its view, None
+    when it keeps none."""
+    if OUT_WEIGHT not in module._buffers:
+        return None
+    return module._buffers[OUT_WEIGHT], module._buffers[OUT_BIAS]
 
 
 @torch.no_grad()
@@ -76,10 +91,24 @@ def fuse_projections(module: nn.Module) -> nn.Module:
             parts = wants()
             if parts:
                 setattr(m, FUSED, stack_linears(parts))
-        factors = getattr(m, "query_factors_to_keep", None)
-        if callable(factors) and fused_factors(m) is None:
-            with torch.no_grad():
-                f = factors()
-            if f is not None:
-                m.register_buffer(FACTORS, f.clone(), persistent=False)
+        _keep_folded(m)
     return module
+
+
+def _keep_folded(m: nn.Module) -> None:
+    """An MHE sublayer's per-head query factors and folded output weight and bias, made once as
+    buffers outside the state dict (see the module docstring); other modules are left alone."""
+    factors = getattr(m, "query_factors_to_keep", None)
+    if callable(factors) and fused_factors(m) is None:
+        with torch.no_grad():
+            f = factors()
+        if f is not None:
+            m.register_buffer(FACTORS, f.clone(), persistent=False)
+    output = getattr(m, "output_to_keep", None)
+    if callable(output) and fused_output(m) is None:
+        with torch.no_grad():
+            folded = output()
+        if folded is not None:
+            weight, bias = folded
+            m.register_buffer(OUT_WEIGHT, weight.detach(), persistent=False)  # MHE-Add's: W^O itself, no copy
+            m.register_buffer(OUT_BIAS, None if bias is None else bias.detach(), persistent=False)

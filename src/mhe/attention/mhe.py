@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhe.attention.base import Attention, AttentionConfig
-from mhe.attention.fused_projections import fused_factors, fused_projection
+from mhe.attention.fused_projections import fused_factors, fused_output, fused_projection
 from mhe.attention.options import IMPLS, QUERY_FOLDS, ROPE_ORDERS, MHEOptions  # noqa: F401 (re-exported)
 from mhe.errors import MheError
 
@@ -140,6 +140,11 @@ class _MHEBase(Attention):
         rotary positions, which applies them to the rotated shared query every step)."""
         return self._query_factors() if not self.literal and self.rotary is not None else None
 
+    def output_to_keep(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The folded output weight and bias an inference view keeps made once (the fast path
+        under rotary positions, which folds them at every step: :meth:`folded_output`)."""
+        return self.folded_output() if not self.literal and self.rotary is not None else None
+
     def _self_projections(self, x, positions):
         fused = fused_projection(self)
         if fused is None or self.literal:
@@ -204,7 +209,8 @@ class _MHEBase(Attention):
         return (a * f if self.multiplicative else a + f).transpose(1, 2)  # [B, T, n, d] -> [B, n, T, d]
 
     def _fast_output(self, h: torch.Tensor) -> torch.Tensor:
-        w, bias = self.folded_output()
+        kept = fused_output(self)
+        w, bias = self.folded_output() if kept is None else kept
         return F.linear(self._merge_heads(h), w, bias)
 
 
