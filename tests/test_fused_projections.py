@@ -178,6 +178,8 @@ def test_a_rotary_mhe_view_keeps_its_folded_tensors_made_once(kind, monkeypatch)
         assert torch.equal(w, want_w)
         assert (b is None and want_b is None) or torch.equal(b, want_b)
         assert (w.data_ptr() == m.out_proj.weight.data_ptr()) == (kind == "mhe-add")
+        for kept in (fused_factors(m), w, b):  # plain tensors: a deep copy of the view works
+            assert kept is None or (kept.is_leaf and not kept.requires_grad)
     assert not any("fused_query_factors" in k or "fused_out" in k for k in view.state_dict())
     assert all(fused_factors(m) is None and fused_output(m) is None
                for m in model.modules() if isinstance(m, _MHEBase))
@@ -199,11 +201,12 @@ def test_folded_and_literal_mhe_views_keep_no_factors():
         assert not any(fused_factors(m) is not None or fused_output(m) is not None for m in view.modules())
 
 
-def test_changed_head_embeddings_reach_the_kept_factors():
-    """The kept factors do not follow the model, so the session rebuilds its view when the head
-    embeddings change in place: generation then equals a fresh model's."""
+@pytest.mark.parametrize("kind", ["mhe-mul", "mhe-add"])
+def test_changed_weights_reach_the_kept_tensors(kind):
+    """The kept factors and output do not follow the model, so the session rebuilds its view when
+    the head embeddings or W^O change in place: generation then equals a fresh model's."""
     torch.manual_seed(0)
-    model = small("llama-tiny", "mhe-mul")
+    model = small("llama-tiny", kind)
     ids = torch.randint(3, 99, (1, 5))
     session = model.generator(1, 12)
     model.generate(ids, 4, session=session, return_logits=True, return_dict=True)
@@ -211,8 +214,25 @@ def test_changed_head_embeddings_reach_the_kept_factors():
         for m in model.modules():
             if hasattr(m, "head_embed"):
                 m.head_embed.mul_(-2.0)
+                m.out_proj.weight.add_(0.1)
     got = model.generate(ids, 4, session=session, return_logits=True, return_dict=True).logits
-    fresh = small("llama-tiny", "mhe-mul")
+    fresh = small("llama-tiny", kind)
     fresh.load_state_dict(model.state_dict())
     want = fresh.generate(ids, 4, return_logits=True, return_dict=True).logits
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["mhe-mul", "mhe-add"])
+def test_kept_tensors_are_exact_whatever_the_first_call_ran_under(kind):
+    """A session first used under bf16 autocast keeps float32 tensors made exactly (MHE-Add's
+    bias is a product, which autocast would have made bf16): a later float32 call equals a fresh
+    session's."""
+    torch.manual_seed(0)
+    model = small("llama-tiny", kind).float()
+    ids = torch.randint(3, 99, (1, 5))
+    session = model.generator(1, 12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model.generate(ids, 2, session=session)
+    got = model.generate(ids, 4, session=session, return_logits=True, return_dict=True).logits
+    want = model.generate(ids, 4, session=model.generator(1, 12), return_logits=True, return_dict=True).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -30,10 +30,15 @@ Its output projection is folded the same way every step (MHE-Mul scales the colu
 ``1 + e^V``, a weight-sized elementwise kernel a layer that reads and writes all of W^O; MHE-Add
 adds ``W^O e^V`` to the bias, a product a layer): the view keeps the folded weight and bias too,
 as ``fused_out_weight`` and ``fused_out_bias`` (MHE-Mul's costs W^O's memory again while a
-session holds its view; MHE-Add's weight is W^O's own tensor).
+session holds its view; MHE-Add's weight is W^O's own tensor). They are made in the module's own
+dtype at full float32 precision whatever the caller has on (autocast, TF32 products), since a
+session built under one is reused under another; like the stacked copy, they do not see writes
+through ``.data`` to the head embeddings or to W^O.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -98,17 +103,28 @@ def fuse_projections(module: nn.Module) -> nn.Module:
 def _keep_folded(m: nn.Module) -> None:
     """An MHE sublayer's per-head query factors and folded output weight and bias, made once as
     buffers outside the state dict (see the module docstring); other modules are left alone."""
-    factors = getattr(m, "query_factors_to_keep", None)
-    if callable(factors) and fused_factors(m) is None:
-        with torch.no_grad():
-            f = factors()
-        if f is not None:
-            m.register_buffer(FACTORS, f.clone(), persistent=False)
-    output = getattr(m, "output_to_keep", None)
-    if callable(output) and fused_output(m) is None:
-        with torch.no_grad():
-            folded = output()
-        if folded is not None:
-            weight, bias = folded
-            m.register_buffer(OUT_WEIGHT, weight.detach(), persistent=False)  # MHE-Add's: W^O itself, no copy
-            m.register_buffer(OUT_BIAS, None if bias is None else bias.detach(), persistent=False)
+    factors, output = getattr(m, "query_factors_to_keep", None), getattr(m, "output_to_keep", None)
+    if not callable(factors) and not callable(output):
+        return
+    with _exactly(next(m.parameters()).device):
+        f = factors() if callable(factors) and fused_factors(m) is None else None
+        folded = output() if callable(output) and fused_output(m) is None else None
+    if f is not None:
+        m.register_buffer(FACTORS, f.detach().clone(), persistent=False)
+    if folded is not None:
+        weight, bias = folded
+        m.register_buffer(OUT_WEIGHT, weight.detach(), persistent=False)  # MHE-Add's: W^O itself, no copy
+        m.register_buffer(OUT_BIAS, None if bias is None else bias.detach(), persistent=False)
+
+
+@contextlib.contextmanager
+def _exactly(device: torch.device):
+    """No autograd, no autocast, float32 products without TF32, for the block; the previous
+    settings restored."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            yield
+    finally:
+        torch.set_float32_matmul_precision(before)
