@@ -55,7 +55,7 @@ from mhe.bench.common import PEAK_BF16, bench_config, device_peak, timed
 from mhe.models import build_model
 from mhe.attention.folding import inference_view, shared_copy
 from mhe.attention.kernels import decode_kernel, view_kernels
-from mhe.models.captured_step import compile_step
+from mhe.models.captured_step import compile_step, default_compile_options
 from mhe.training.checkpoint import write_json_atomic
 
 PRESETS = ("gpt2-base", "llama-135m", "llama-1.1b")
@@ -126,7 +126,8 @@ def decode_view(model: nn.Module, batch: int, positions: int, dev, dtype, kernel
 def step_ms(model, batch: int, context: int, *, dev, dtype, mode: str, reps: int,
             kernel: str | None = None, compile_options: dict | None = None) -> tuple[float, str]:
     """Median ms of one decode step at ``context`` filled positions (a CUDA-graph replay on a GPU);
-    ``compile_options`` go to ``torch.compile`` in ``compile`` mode, as ``model.generate``'s do."""
+    ``compile_options`` go to ``torch.compile`` in ``compile`` mode (the caller gives
+    ``model.generate``'s: :func:`~mhe.models.captured_step.default_compile_options`)."""
     view = decode_view(model, batch, context + MARGIN, dev, dtype, kernel)
     caches = view.new_caches(batch, context + MARGIN, dtype=dtype, device=dev)
     for c in caches:
@@ -204,8 +205,9 @@ def floor_rows(model, preset, kind, a, run) -> None:
             if run.late():
                 run.skip(label, "past the deadline")
                 continue
+            opts = default_compile_options(batch, run.dev, a.compile_options) if a.mode == "compile" else None
             ms, kernel = step_ms(model, batch, context, dev=run.dev, dtype=run.dtype, mode=a.mode, reps=a.reps,
-                                 kernel=a.kernel, compile_options=a.compile_options)
+                                 kernel=a.kernel, compile_options=opts)
             pre, rows, rate = prefills(batch, context - NEW) if a.prefill else (0.0, 0, 0.0)
             nbytes = per_position * batch * context + weights
             floor = nbytes / run.bandwidth * 1e3
@@ -214,7 +216,7 @@ def floor_rows(model, preset, kind, a, run) -> None:
                               "floor_ms": round(floor, 4), "fraction_of_bandwidth": round(floor / ms, 3),
                               "kernel": kernel, "mode": a.mode, "prefill_rows": rows,
                               "prefill_fraction_of_peak": round(rate * 1e3 / run.peak, 3) if run.peak and a.prefill else None,
-                              **({"compile_options": a.compile_options} if a.compile_options else {})})
+                              **({"compile_options": opts} if opts else {})})
             run.save()
             print(json.dumps(run.floor[-1]), flush=True)
 

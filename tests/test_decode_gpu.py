@@ -62,6 +62,28 @@ def test_compiled_region_agrees_with_eager(kind):
 
 
 @cuda
+@pytest.mark.parametrize("kind", ["mha", "gqa", "mhe-mul"])
+def test_one_row_compiled_step_takes_coordinate_descent_and_agrees_with_eager(kind):
+    """A batch of one compiles with coordinate-descent tuning unless told otherwise (its bias-free
+    one-row products become Triton reductions): the Llama-style decoder in fp32 gives the eager
+    tokens and logits within 1e-4; two rows and given options keep what they had."""
+    from mhe.models.captured_step import ONE_ROW_COMPILE_OPTIONS
+
+    torch.manual_seed(0)
+    opts = {"n_kv_heads": 2} if kind == "gqa" else {}
+    model = build_model("llama-tiny", attention=kind, attn_options=opts).cuda().float().eval()
+    ids = torch.randint(3, 1024, (1, 9), device="cuda")
+    want, wl = model.generate(ids, 16, step_mode="eager", return_logits=True)
+    session = model.generator(1, 30, step_mode="compile")
+    assert session.compile_options == ONE_ROW_COMPILE_OPTIONS
+    got, gl = model.generate(ids, 16, session=session, return_logits=True)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(gl, wl, rtol=1e-4, atol=1e-4)
+    assert model.generator(2, 30, step_mode="compile").compile_options is None
+    assert model.generator(1, 30, step_mode="compile", compile_options={}).compile_options == {}
+
+
+@cuda
 def test_adapter_generate_runs_the_captured_step_on_cuda():
     pytest.importorskip("transformers")
     from mhe.hf import to_hf

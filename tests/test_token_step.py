@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mhe.models import build_model
 from mhe.models import generate as generate_module
-from mhe.models.captured_step import compile_step
+from mhe.models.captured_step import ONE_ROW_COMPILE_OPTIONS, compile_step, default_compile_options
 from mhe.models.generate import SamplingConfig, draw, filter_logits, release_default_sessions
 
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
@@ -149,6 +149,21 @@ def test_a_step_the_compiler_fails_on_runs_eagerly_with_one_warning(monkeypatch)
                                             r"compiler\); it runs its eager kernels"):
         got = model.generate(ids, 6, session=model.generator(2, 11, step_mode="compile"))
     assert torch.equal(got, want)
+
+
+def test_one_row_cuda_steps_default_to_coordinate_descent_and_nothing_else_does():
+    """Coordinate-descent tuning is the default of a compiled step of one row on CUDA only: two
+    rows, a CPU, or options the caller gave (even empty ones) keep theirs; the default is a copy,
+    so a caller's edit of a session's options cannot change the next session's."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    got = default_compile_options(1, cuda, None)
+    assert got == {"options": {"coordinate_descent_tuning": True}} == ONE_ROW_COMPILE_OPTIONS
+    got["options"]["coordinate_descent_tuning"] = False
+    assert default_compile_options(1, cuda, None)["options"]["coordinate_descent_tuning"] is True
+    assert default_compile_options(2, cuda, None) is None and default_compile_options(1, cpu, None) is None
+    given = {"backend": "aot_eager"}
+    assert default_compile_options(1, cuda, given) is given and default_compile_options(1, cuda, {}) == {}
+    assert small().generator(1, 18, step_mode="compile").compile_options is None  # a CPU session
 
 
 def test_default_sessions_are_reused_bounded_and_go_with_the_model():

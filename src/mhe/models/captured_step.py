@@ -41,6 +41,23 @@ first call's compile time of each mode), which this choice follows. Beam search 
 which inductor's reordered arithmetic does not promise."""
 
 
+ONE_ROW_COMPILE_OPTIONS = {"options": {"coordinate_descent_tuning": True}}
+"""What a compiled decode step of one row on CUDA is given when its caller gives no
+``compile_options``. With coordinate-descent tuning inductor writes a one-row matrix product
+without a bias (every Llama-style projection) as a tuned Triton reduction that it can fuse with
+its neighbours, where cuBLAS launches one kernel a product (gpt-fast's batch-1 recipe). At 64
+rows no product qualifies and the tuning only costs compile time, so the default is for one
+row; docs/benchmarks.md section 12 times both."""
+
+
+def default_compile_options(rows: int, device: torch.device, given: dict | None) -> dict | None:
+    """``given``, or, where the caller gave none, :data:`ONE_ROW_COMPILE_OPTIONS` for a step of
+    one row on CUDA (None otherwise: inductor's defaults)."""
+    if given is not None or rows != 1 or device.type != "cuda":
+        return given
+    return {"options": dict(ONE_ROW_COMPILE_OPTIONS["options"])}
+
+
 def resolve_mode(mode: str, device: torch.device, cuda_default: str = CUDA_STEP_MODE) -> str:
     """The mode a step runs in on ``device``: ``auto`` is ``cuda_default`` on CUDA, ``eager``
     elsewhere; ``graph`` needs CUDA (elsewhere it is ``eager``)."""

@@ -42,7 +42,7 @@ from mhe.attention import kernels, masks
 from mhe.attention.folding import inference_view, shared_copy, weights_version
 from mhe.attention.fused_projections import fuse_projections
 from mhe.errors import MheError, require_positive
-from mhe.models.captured_step import StepRunner, compile_step, resolve_mode, restorer
+from mhe.models.captured_step import StepRunner, compile_step, default_compile_options, resolve_mode, restorer
 from mhe.models.outputs import as_bool_mask
 
 __all__ = ["CHECK_EVERY", "GenerateOutput", "Generator", "Rule", "SamplingConfig", "TokenState", "default_session",
@@ -200,7 +200,9 @@ class Generator:
 
     Args:
         step_mode: ``auto`` (:data:`~mhe.models.captured_step.CUDA_STEP_MODE` on a GPU, eager on a
-            CPU), ``eager``, ``graph``, ``compile``; ``compile_options`` go to ``torch.compile``.
+            CPU), ``eager``, ``graph``, ``compile``; ``compile_options`` go to ``torch.compile``
+            (None: inductor's defaults, or for a batch of one on CUDA
+            :data:`~mhe.models.captured_step.ONE_ROW_COMPILE_OPTIONS`).
         kernel: the attention kernel of every sublayer while decoding (:data:`KERNELS
             <mhe.attention.kernels.KERNELS>`); None: :func:`~mhe.attention.kernels.decode_kernel`'s
             choice, except for prompts whose mask is not left padding (a gap inside a row),
@@ -216,7 +218,7 @@ class Generator:
         self.dtype, self.device = p.dtype, p.device  # of the weights, and so of the caches
         self.mode = resolve_mode(step_mode, self.device)
         self.kernel = kernels.check_kernel(kernel) if kernel is not None else None
-        self.compile_options = compile_options
+        self.compile_options = default_compile_options(batch, self.device, compile_options)
         self.options = {"step_mode": self.mode, "kernel": self.kernel, "compile_options": compile_options}
         self.view, self.caches, self.padded = None, None, False
         self.key_mask = torch.ones(batch, max_len, dtype=torch.bool, device=self.device)  # [B, L] over the caches
