@@ -56,3 +56,19 @@ def spawn(worker: Callable, args: tuple, nprocs: int = 2, limit_s: float = LIMIT
     what one of them raised (``mp.ProcessRaisedException``) or how one ended (its stacks are on
     standard error when the watchdog ended it)."""
     mp.spawn(_watched, args=(worker, limit_s, args), nprocs=nprocs, join=True)
+
+
+def spawn_on_a_free_port(worker: Callable, args_for: Callable[[int], tuple], nprocs: int = 2,
+                         limit_s: float = LIMIT_S, tries: int = 3) -> None:
+    """:func:`spawn` with ``args_for(port)``, ``port`` a :func:`free_port` for the rendezvous. A port
+    found free can be taken before the workers listen on it (another job on the host opening
+    connections: a GPU record's two-card tests beside its one-card suite once failed so); a launch
+    that fails with ``EADDRINUSE`` is tried again on a new port, up to ``tries`` launches, as it
+    fails before any worker has written anything. Any other failure is raised at once."""
+    for attempt in range(1, tries + 1):
+        try:
+            return spawn(worker, args_for(free_port()), nprocs=nprocs, limit_s=limit_s)
+        except mp.ProcessRaisedException as error:
+            if "EADDRINUSE" not in str(error) or attempt == tries:
+                raise
+

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from processes import as_torchrun_would, free_port, spawn
+from processes import as_torchrun_would, spawn_on_a_free_port
 
 from mhe.tasks.recall import RecallTask
 from mhe.training.config import apply_overrides
@@ -63,7 +63,7 @@ def test_two_gloo_processes_at_half_batch_equal_one_at_full_batch(tmp_path, comp
     one = tmp_path / "one"
     Trainer(config(compiled), RecallTask(), one, log=lambda *_: None).fit()
     two = tmp_path / "two"
-    spawn(_worker, (2, free_port(), str(two), compiled))
+    spawn_on_a_free_port(_worker, lambda port: (2, port, str(two), compiled))
 
     a, b = records(one), records(two)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))

@@ -24,7 +24,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from processes import as_torchrun_would, free_port, spawn
+from processes import as_torchrun_would, spawn_on_a_free_port
 from test_ddp import RUN, STEPS, final_weights, records
 from mhe.models.vocab_padding import pad_vocabulary, vocab_padding
 from mhe.tasks.recall import RecallTask
@@ -80,7 +80,7 @@ def _worker(rank: int, world: int, port: int, out: str, extra: list, interrupt: 
 
 
 def fsdp(out, *extra, interrupt=False, resume=False):
-    spawn(_worker, (2, free_port(), str(out), list(extra), interrupt, resume))
+    spawn_on_a_free_port(_worker, lambda port: (2, port, str(out), list(extra), interrupt, resume))
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def test_a_compile_failure_under_fsdp_is_one_line_naming_the_way_out(tmp_path):
     behind): the run stops with one line instead of training on wrong gradients."""
     with pytest.raises(mp.ProcessRaisedException, match=r"MheError: torch.compile cannot compile this configuration "
                        r"under FSDP \(RuntimeError: no working C compiler\); set train.compile=false"):
-        spawn(_broken_compile_worker, (2, free_port(), str(tmp_path / "run")))
+        spawn_on_a_free_port(_broken_compile_worker, lambda port: (2, port, str(tmp_path / "run")))
 
 
 @pytest.mark.slow

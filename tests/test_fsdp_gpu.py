@@ -10,11 +10,11 @@ holds the real vocabulary, and it resumes on one GPU.
 
 import os
 import shutil
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from processes import spawn_on_a_free_port
 
 pytestmark = pytest.mark.gpu
 two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -42,10 +42,7 @@ def _worker(rank: int, port: int, out: str, extra: list, resume: bool) -> None:
 
 
 def two(out, *extra, resume=False):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(out), list(extra), resume), nprocs=2, join=True)
+    spawn_on_a_free_port(_worker, lambda port: (port, str(out), list(extra), resume))
 
 
 def losses(out):

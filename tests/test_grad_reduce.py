@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from processes import free_port, spawn
+from processes import spawn_on_a_free_port
 from mhe.errors import MheError
 from mhe.models import build_model
 from mhe.tasks import default_run, run_config_from_dict
@@ -87,7 +87,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 @pytest.fixture(scope="module")
 def reduced(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("grad_reduce")
-    spawn(_worker, (2, free_port(), str(out)))
+    spawn_on_a_free_port(_worker, lambda port: (2, port, str(out)))
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 

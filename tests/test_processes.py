@@ -8,11 +8,25 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from processes import spawn
+from processes import spawn, spawn_on_a_free_port
 
 
 def _writes(rank: int, out: str) -> None:
     Path(out, f"rank{rank}.txt").write_text(str(rank))
+
+
+def _port_taken_once(rank: int, port: int, out: str) -> None:
+    """Fails as a taken rendezvous port does on its first launch; records each launch's port."""
+    seen = Path(out, f"rank{rank}-ports.txt")
+    ports = seen.read_text().split() if seen.exists() else []
+    seen.write_text(" ".join(ports + [str(port)]))
+    if not ports:
+        raise RuntimeError(f"port: {port}, code: -98, name: EADDRINUSE, message: address already in use")
+
+
+def _fails_otherwise(rank: int, port: int, out: str) -> None:
+    Path(out, f"rank{rank}-{port}.txt").write_text("")
+    raise RuntimeError("another failure")
 
 
 def _hangs_in_a_named_place(rank: int) -> None:
@@ -30,3 +44,16 @@ def test_a_hung_worker_is_ended_with_its_stack(capfd):
         spawn(_hangs_in_a_named_place, (), nprocs=1, limit_s=3)
     assert time.monotonic() - started < 60  # not the 120 s the worker sleeps
     assert "_hangs_in_a_named_place" in capfd.readouterr().err  # where it hung
+
+
+def test_a_launch_whose_port_was_taken_is_tried_again_on_another(tmp_path):
+    spawn_on_a_free_port(_port_taken_once, lambda port: (port, str(tmp_path)), nprocs=1, limit_s=120)
+    ports = (tmp_path / "rank0-ports.txt").read_text().split()
+    assert len(ports) == 2  # failed once, then ran
+
+
+def test_other_failures_are_raised_after_one_launch(tmp_path):
+    with pytest.raises(mp.ProcessRaisedException, match="another failure"):
+        spawn_on_a_free_port(_fails_otherwise, lambda port: (port, str(tmp_path)), nprocs=1, limit_s=120)
+    assert len(list(tmp_path.iterdir())) == 1
+
