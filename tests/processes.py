@@ -71,4 +71,3 @@ def spawn_on_a_free_port(worker: Callable, args_for: Callable[[int], tuple], npr
         except mp.ProcessRaisedException as error:
             if "EADDRINUSE" not in str(error) or attempt == tries:
                 raise
-

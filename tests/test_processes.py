@@ -25,8 +25,15 @@ def _port_taken_once(rank: int, port: int, out: str) -> None:
 
 
 def _fails_otherwise(rank: int, port: int, out: str) -> None:
-    Path(out, f"rank{rank}-{port}.txt").write_text("")
+    with open(Path(out, "launches.txt"), "a") as f:
+        f.write(f"{port}\n")
     raise RuntimeError("another failure")
+
+
+def _port_always_taken(rank: int, port: int, out: str) -> None:
+    with open(Path(out, "launches.txt"), "a") as f:
+        f.write(f"{port}\n")
+    raise RuntimeError(f"port: {port}, code: -98, name: EADDRINUSE, message: address already in use")
 
 
 def _hangs_in_a_named_place(rank: int) -> None:
@@ -49,11 +56,16 @@ def test_a_hung_worker_is_ended_with_its_stack(capfd):
 def test_a_launch_whose_port_was_taken_is_tried_again_on_another(tmp_path):
     spawn_on_a_free_port(_port_taken_once, lambda port: (port, str(tmp_path)), nprocs=1, limit_s=120)
     ports = (tmp_path / "rank0-ports.txt").read_text().split()
-    assert len(ports) == 2  # failed once, then ran
+    assert len(ports) == 2 and ports[0] != ports[1]  # failed once, then ran on a new port
 
 
 def test_other_failures_are_raised_after_one_launch(tmp_path):
     with pytest.raises(mp.ProcessRaisedException, match="another failure"):
         spawn_on_a_free_port(_fails_otherwise, lambda port: (port, str(tmp_path)), nprocs=1, limit_s=120)
-    assert len(list(tmp_path.iterdir())) == 1
+    assert len((tmp_path / "launches.txt").read_text().split()) == 1
 
+
+def test_a_port_taken_at_every_launch_fails_after_the_tries(tmp_path):
+    with pytest.raises(mp.ProcessRaisedException, match="EADDRINUSE"):
+        spawn_on_a_free_port(_port_always_taken, lambda port: (port, str(tmp_path)), nprocs=1, limit_s=120, tries=3)
+    assert len((tmp_path / "launches.txt").read_text().split()) == 3

@@ -166,6 +166,22 @@ def test_one_row_cuda_steps_default_to_coordinate_descent_and_nothing_else_does(
     assert small().generator(1, 18, step_mode="compile").compile_options is None  # a CPU session
 
 
+def test_a_default_session_given_the_one_row_options_is_still_reused(monkeypatch):
+    """A one-row session on CUDA fills in its compile options; the default-session registry must
+    still find it for the next call that gives none (else every default batch-1 ``generate`` on a
+    GPU would build and compile a new session). Here the default applies on the CPU too."""
+    model = small("mqa")
+    monkeypatch.setattr(generate_module, "default_compile_options",
+                        lambda rows, device, given: dict(ONE_ROW_COMPILE_OPTIONS) if given is None else given)
+    ids = torch.randint(3, 99, (1, 5))
+    model.generate(ids, 6)
+    (first,) = generate_module._DEFAULT[model]
+    assert first.compile_options == ONE_ROW_COMPILE_OPTIONS and first.options["compile_options"] is None
+    model.generate(ids, 4)
+    assert generate_module._DEFAULT[model] == [first]
+    release_default_sessions(model)
+
+
 def test_default_sessions_are_reused_bounded_and_go_with_the_model():
     model = small("mqa")
     attributes = set(vars(model))
