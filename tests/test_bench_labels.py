@@ -83,11 +83,28 @@ def test_generate_rows_past_the_deadline_are_skipped_and_listed(monkeypatch):
     from mhe.bench import generate as gen
 
     monkeypatch.setattr(gen, "_our_model", lambda *a, **k: torch.nn.Linear(1, 1))
-    monkeypatch.setattr(gen, "_ours", lambda *a, **k: (time.sleep(0.2), (1.0, 64, 0.01, "sdpa"))[1])
+    monkeypatch.setattr(gen, "_ours", lambda *a, **k: (time.sleep(0.2), (1.0, 64, 0.01, "sdpa", "eager"))[1])
     rows, skipped = gen.run_generate_section(["mha", "mqa"], [(1, 8, 8), (2, 8, 8)], dev=torch.device("cpu"),
                                              dtype=torch.float32, small=True, peer=True, deadline=0.1)
     assert [(r["batch"], r["kind"]) for r in rows] == [(1, "mha")]  # the first row started before the deadline
     assert skipped == ["mqa 1 x 8+8", "mha 2 x 8+8", "mqa 2 x 8+8", "HF 1 x 8+8", "HF 2 x 8+8"]
+
+
+@pytest.mark.parametrize("graphs,mode", [(True, "auto"), (False, "eager")])
+def test_the_generate_section_times_the_step_mode_a_default_call_takes(monkeypatch, graphs, mode):
+    """The generate section's sessions take ``model.generate``'s default step mode (``auto``: the
+    compiled step on a GPU), not ``graph``; ``--no-graphs`` times eager steps; the row names the
+    mode the session ran."""
+    import torch
+
+    from mhe.bench import generate as gen
+
+    asked = []
+    monkeypatch.setattr(gen, "_our_model", lambda *a, **k: torch.nn.Linear(1, 1))
+    monkeypatch.setattr(gen, "_ours", lambda *a, **k: (asked.append(k["mode"]), (1.0, 64, 0.01, "sdpa", "compile"))[1])
+    rows, _ = gen.run_generate_section(["mha"], [(1, 8, 8)], dev=torch.device("cpu"), dtype=torch.float32,
+                                       small=True, peer=False, graphs=graphs)
+    assert asked == [mode] and rows[0]["path"] == "model.generate (compile)"
 
 
 @pytest.mark.parametrize("option,value", [("--peer-tokens", "1"), ("--peer-tokens", "-2"), ("--gen-deadline", "-1")])

@@ -48,15 +48,15 @@ def _ours(model, batch, prompt, new, *, dev, kernel, mode, reps):
     _, requested = split_kernel(kernel)
     ids = torch.randint(0, model.cfg.vocab_size, (batch, prompt), device=dev)
     session = model.generator(batch, prompt + new, step_mode=mode, kernel=requested)
-    model.generate(ids, new, session=session)  # warm-up: captures the step
+    model.generate(ids, new, session=session)  # warm-up: compiles and captures the step
     sec = _time(lambda: model.generate(ids, new, session=session), cuda=dev.type == "cuda", reps=reps)
-    kv, ran = sum(c.nbytes() for c in session.caches), view_kernels(session.view)
+    kv, ran, mode = sum(c.nbytes() for c in session.caches), view_kernels(session.view), session.mode
     del session
     # the prompt's share: a call for one new token is the prefill alone
     first = model.generator(batch, prompt + 1, step_mode="eager", kernel=requested)
     model.generate(ids, 1, session=first)
     prefill = _time(lambda: model.generate(ids, 1, session=first), cuda=dev.type == "cuda", reps=reps)
-    return sec, kv, prefill, ran
+    return sec, kv, prefill, ran, mode
 
 
 def _our_model(preset, kind, *, small, kernel, max_len):
@@ -103,10 +103,11 @@ def _peer(model, batch, prompt, new, *, dev, tokens):
 def run_generate_section(kinds, settings, *, dev, dtype, small, kernel="auto", graphs=True, peer=True,
                          preset="gpt2-base", peer_tokens=0, deadline=0.0) -> tuple[list[dict], list[str]]:
     """Rows per (batch, prompt, new) of ``settings``: each kind's ``model.generate`` of ``preset``
-    (``graphs``: the decode step as a CUDA graph on a GPU; each kind's model built once), then
+    (``graphs``: the step mode a default call takes, ``auto``: on a GPU the compiled step
+    replayed as a CUDA graph; else eager steps; each kind's model built once), then
     Hugging Face's generate (``peer``; ``peer_tokens``: see :func:`_peer`). No row starts after
     ``deadline`` seconds (0: no limit); the rows skipped are returned beside the measured ones."""
-    mode = "graph" if dev.type == "cuda" and graphs else "eager"
+    mode = "auto" if graphs else "eager"
     reps, longest = 1 if small else 3, max(p + n for _, p, n in settings)
     jobs = [(s, k) for s in settings for k in kinds] + ([(s, None) for s in settings] if peer else [])
     rows, skipped, models, start = [], [], {}, time.perf_counter()
@@ -126,8 +127,9 @@ def run_generate_section(kinds, settings, *, dev, dtype, small, kernel="auto", g
                              path=f"HF {'LlamaForCausalLM' if rotary else 'GPT2LMHeadModel'}.generate",
                              kind=model_preset(preset).attention, timed_new=timed_new))
         elif kind is not None:
-            sec, kv, prefill, ran = _ours(models[kind], batch, prompt, new, dev=dev, kernel=kernel, mode=mode, reps=reps)
-            rows.append(dict(row, path=f"model.generate ({mode})", kind=kind, kernel=ran, seconds=sec, kv_bytes=kv,
+            sec, kv, prefill, ran, ran_mode = _ours(models[kind], batch, prompt, new, dev=dev, kernel=kernel, mode=mode,
+                                                    reps=reps)
+            rows.append(dict(row, path=f"model.generate ({ran_mode})", kind=kind, kernel=ran, seconds=sec, kv_bytes=kv,
                              kv_mib=kv / 2**20, prefill_ms=1000 * prefill, timed_new=new))
         if dev.type == "cuda":
             torch.cuda.empty_cache()

@@ -35,7 +35,8 @@ def bench_args(p):
     p.add_argument("--data-dir", default="", help="data folder of --train-data (default: $MHE_DATA or ../shared/data)")
     p.add_argument("--reps", type=int, default=None, help="timed repeats (default 50; 3 in smoke sizes)")
     p.add_argument("--json", default="", help="also write every figure to this JSON file")
-    p.add_argument("--no-graphs", action="store_true", help="time decode eagerly, not as CUDA graph replays")
+    p.add_argument("--no-graphs", action="store_true", help="time the decode and generate sections' steps eagerly (not as CUDA graph replays; "
+                        "the generate section otherwise takes model.generate's default step mode)")
     p.add_argument("--kernel", default="auto",
                    help="attention kernel (model.attn_kernel): auto (default: sdpa, and in the decode and generate "
                         "sections split-k-decode for caches with fewer K/V heads than query heads on a GPU with "
