@@ -63,11 +63,19 @@ def test_compiled_region_agrees_with_eager(kind):
 
 @cuda
 @pytest.mark.parametrize("kind", ["mha", "gqa", "mhe-mul"])
-def test_one_row_compiled_step_takes_coordinate_descent_and_agrees_with_eager(kind):
+def test_one_row_compiled_step_takes_coordinate_descent_and_agrees_with_eager(kind, monkeypatch):
     """A batch of one compiles with coordinate-descent tuning unless told otherwise (its bias-free
-    one-row products become Triton reductions): the Llama-style decoder in fp32 gives the eager
-    tokens and logits within 1e-4; two rows and given options keep what they had."""
+    one-row products become Triton reductions): ``torch.compile`` is given the option, and the
+    Llama-style decoder in fp32 gives the eager tokens and logits within 1e-4; two rows and given
+    options keep what they had."""
     from mhe.models.captured_step import ONE_ROW_COMPILE_OPTIONS
+
+    compiled_with, compile = [], torch.compile
+
+    def recording(fn, **kw):
+        compiled_with.append(kw.get("options"))
+        return compile(fn, **kw)
+    monkeypatch.setattr(torch, "compile", recording)
 
     torch.manual_seed(0)
     opts = {"n_kv_heads": 2} if kind == "gqa" else {}
@@ -77,6 +85,7 @@ def test_one_row_compiled_step_takes_coordinate_descent_and_agrees_with_eager(ki
     session = model.generator(1, 30, step_mode="compile")
     assert session.compile_options == ONE_ROW_COMPILE_OPTIONS
     got, gl = model.generate(ids, 16, session=session, return_logits=True)
+    assert compiled_with and all(o == ONE_ROW_COMPILE_OPTIONS["options"] for o in compiled_with)
     assert torch.equal(got, want)
     torch.testing.assert_close(gl, wl, rtol=1e-4, atol=1e-4)
     assert model.generator(2, 30, step_mode="compile").compile_options is None

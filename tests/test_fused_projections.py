@@ -223,6 +223,24 @@ def test_changed_weights_reach_the_kept_tensors(kind):
 
 
 @pytest.mark.parametrize("kind", ["mhe-mul", "mhe-add"])
+def test_kept_tensors_are_made_under_torchs_per_backend_precision_setting(kind):
+    """A caller who set float32 matrix products through torch's per-backend setting (with which
+    reading the process-wide one raises) still decodes rotary MHE, to the same logits as without
+    the setting (on a CPU it changes no product)."""
+    torch.manual_seed(0)
+    model = small("llama-tiny", kind).float()
+    ids = torch.randint(3, 99, (1, 5))
+    want = model.generate(ids, 4, session=model.generator(1, 12), return_logits=True, return_dict=True).logits
+    before = torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    try:
+        got = model.generate(ids, 4, session=model.generator(1, 12), return_logits=True, return_dict=True).logits
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["mhe-mul", "mhe-add"])
 def test_kept_tensors_are_exact_whatever_the_first_call_ran_under(kind):
     """A session first used under bf16 autocast keeps float32 tensors made exactly (MHE-Add's
     bias is a product, which autocast would have made bf16): a later float32 call equals a fresh

@@ -28,17 +28,17 @@ constant while a view decodes, yet a step would build them again from the embedd
 once, as ``fused_query_factors`` (a buffer outside the state dict, computed as the step would).
 Its output projection is folded the same way every step (MHE-Mul scales the columns of W^O by
 ``1 + e^V``, a weight-sized elementwise kernel a layer that reads and writes all of W^O; MHE-Add
-adds ``W^O e^V`` to the bias, a product a layer): the view keeps the folded weight and bias too,
-as ``fused_out_weight`` and ``fused_out_bias`` (MHE-Mul's costs W^O's memory again while a
+adds ``W^O e^V`` to the bias, a product and a sum a layer): the view keeps the folded weight and
+bias too, as ``fused_out_weight`` and ``fused_out_bias`` (MHE-Mul's costs W^O's memory again while a
 session holds its view; MHE-Add's weight is W^O's own tensor). They are made in the module's own
-dtype at full float32 precision whatever the caller has on (autocast, TF32 products), since a
-session built under one is reused under another; like the stacked copy, they do not see writes
+dtype with autocast off and of elementwise products and sums only (no matrix product: a TF32
+setting cannot round them), since a session built under one setting is reused under another;
+the process-wide matrix-product precision is neither read nor set (reading it raises once a
+caller used torch's newer per-backend setting). Like the stacked copy, they do not see writes
 through ``.data`` to the head embeddings or to W^O.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 from torch import nn
@@ -106,7 +106,7 @@ def _keep_folded(m: nn.Module) -> None:
     factors, output = getattr(m, "query_factors_to_keep", None), getattr(m, "output_to_keep", None)
     if not callable(factors) and not callable(output):
         return
-    with _exactly(next(m.parameters()).device):
+    with torch.no_grad(), torch.autocast(next(m.parameters()).device.type, enabled=False):
         f = factors() if callable(factors) and fused_factors(m) is None else None
         folded = output() if callable(output) and fused_output(m) is None else None
     if f is not None:
@@ -116,15 +116,3 @@ def _keep_folded(m: nn.Module) -> None:
         m.register_buffer(OUT_WEIGHT, weight.detach(), persistent=False)  # MHE-Add's: W^O itself, no copy
         m.register_buffer(OUT_BIAS, None if bias is None else bias.detach(), persistent=False)
 
-
-@contextlib.contextmanager
-def _exactly(device: torch.device):
-    """No autograd, no autocast, float32 products without TF32, for the block; the previous
-    settings restored."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        with torch.no_grad(), torch.autocast(device.type, enabled=False):
-            yield
-    finally:
-        torch.set_float32_matmul_precision(before)

@@ -275,7 +275,9 @@ class MHEAdd(_MHEBase):
         """A_i (V + 1 eV_i^T) = A_i V + eV_i^T when attention rows sum to one (no attention
         dropout): the value offsets become the output bias b^O + W^O eV."""
         bias = self.out_proj.bias
-        offset = self.out_proj.weight @ self.head_embed[2].reshape(-1)  # [m] = W^O eV
+        # [m] = W^O eV, as a product of elements and a sum: no matrix product, so neither autocast
+        # nor a TF32 setting rounds it (an inference view keeps it made once: fused_projections)
+        offset = (self.out_proj.weight * self.head_embed[2].reshape(1, -1)).sum(-1)
         return self.out_proj.weight, offset if bias is None else bias + offset
 
     def _fast_output(self, h):
