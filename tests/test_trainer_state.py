@@ -523,19 +523,36 @@ def test_evaluations_run_in_float32_or_under_the_training_autocast(setting, want
     assert tiny_run().data.eval_precision == "tf32"
 
 
-@pytest.mark.parametrize("setting, device, inside", [("tf32", "cuda", "high"), ("tf32", "cpu", "highest"),
-                                                     ("float32", "cuda", "highest")])
+@pytest.mark.parametrize("setting, device, inside", [("tf32", "cuda", "tf32"), ("tf32", "cpu", "none"),
+                                                     ("float32", "cuda", "none")])
 def test_tf32_evaluation_allows_tf32_products_on_a_gpu_only_and_restores_the_setting(setting, device, inside):
-    """``tf32`` sets float32 matrix products to TF32 ("high") for the evaluation on a CUDA device
-    and puts the previous level back after, also when the evaluation raises; a CPU evaluation and
-    ``float32`` keep IEEE float32 ("highest"). (The context only sets a flag: no GPU is needed.)"""
+    """``tf32`` sets CUDA float32 matrix products to TF32 for the evaluation on a CUDA device and
+    puts the previous setting back after, also when the evaluation raises; a CPU evaluation and
+    ``float32`` leave it as it was. (The context only sets a flag: no GPU is needed.)"""
     from mhe.training.step import evaluation_precision
 
+    matmul = torch.backends.cuda.matmul
     cfg = tiny_run(f"data.eval_precision={setting}")
-    assert torch.get_float32_matmul_precision() == "highest"
+    assert matmul.fp32_precision == "none"
     with evaluation_precision(cfg, torch.device(device)):
-        assert torch.get_float32_matmul_precision() == inside
-    assert torch.get_float32_matmul_precision() == "highest"
+        assert matmul.fp32_precision == inside
+    assert matmul.fp32_precision == "none"
     with pytest.raises(ValueError), evaluation_precision(cfg, torch.device(device)):
         raise ValueError
-    assert torch.get_float32_matmul_precision() == "highest"
+    assert matmul.fp32_precision == "none"
+
+
+@pytest.mark.parametrize("caller", ["ieee", "tf32"])
+def test_tf32_evaluation_works_under_a_callers_per_backend_precision_and_restores_it(caller):
+    """A caller who set torch's per-backend float32 precision (after which reading the process-wide
+    level raises) still evaluates with ``tf32``, and finds their setting as they left it."""
+    from mhe.training.step import evaluation_precision
+
+    matmul = torch.backends.cuda.matmul
+    matmul.fp32_precision = caller
+    try:
+        with evaluation_precision(tiny_run("data.eval_precision=tf32"), torch.device("cuda")):
+            assert matmul.fp32_precision == "tf32"
+        assert matmul.fp32_precision == caller
+    finally:
+        matmul.fp32_precision = "none"

@@ -163,15 +163,28 @@ def evaluation_precision(cfg, device: torch.device):
         amp = precision(cfg.train.precision, device)
         return torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
     if setting == "tf32" and device.type == "cuda":
-        return float32_matmuls("high")
+        return float32_matmuls("tf32")
     return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
-def float32_matmuls(level: str):
-    """``torch.set_float32_matmul_precision(level)`` for the block, the previous level restored."""
+def float32_matmuls(mode: str):
+    """CUDA float32 matrix products on TF32 (``mode="tf32"``) or IEEE (``"ieee"``) tensor paths for
+    the block, the previous setting restored. Torch 2.9 and later set this per backend
+    (``torch.backends.cuda.matmul.fp32_precision``); once a caller used that setting, reading the
+    process-wide level raises, so the per-backend one is used wherever it exists, and the
+    process-wide level (``"high"`` / ``"highest"``) only on older torch."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        before = matmul.fp32_precision
+        matmul.fp32_precision = mode
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = before
+        return
     before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(level)
+    torch.set_float32_matmul_precision("high" if mode == "tf32" else "highest")
     try:
         yield
     finally:
