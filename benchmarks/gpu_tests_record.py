@@ -6,6 +6,9 @@
     # back here, on the commit whose src/ was sent:
     python benchmarks/gpu_tests_record.py ENV_TXT gpu-tests-1gpu.log gpu-tests-2gpu.log [--out results/logs/gpu-tests.md]
 
+A two-GPU run that a call's time limit cut off may be finished in a later call by the node ids it
+had not reached (pytest's collection order): pass both logs, in order, as the parts of the run.
+
 ``ENV_TXT`` holds what the host printed of itself (torch, transformers, the cards and a sha256 of
 the sorted ``src/**/*.py`` files); the record states ``git rev-parse HEAD:src`` of this checkout
 and refuses to write when the host's source hash differs from this checkout's, so the record
@@ -33,7 +36,10 @@ def src_sha() -> str:
 
 
 def section(log: Path, title: str) -> list[str]:
-    text = log.read_text(errors="replace").splitlines()
+    text = []
+    for ln in log.read_text(errors="replace").splitlines():  # a killed run's last progress line and the
+        m = re.match(r"^(.+?)(exit \d+ after \d+ s)$", ln)  # script's exit line can share a line
+        text += [m.group(1), m.group(2)] if m else [ln]
     command = text[0][2:] if text and text[0].startswith("+ ") else "(command not recorded)"
     summary = [ln for ln in text if re.match(r"^=*\s*\d+ (passed|failed)", ln.strip("= ")) or
                re.search(r"\d+ (passed|failed|error)", ln) and " in " in ln]
@@ -42,7 +48,7 @@ def section(log: Path, title: str) -> list[str]:
         m.group(1) for ln in text if (m := re.match(r"^_{3,} (test\S*) _{3,}$", ln))]  # -rs lists skips only
     ended = [ln for ln in text if ln.startswith("exit ")]
     out = [f"## {title}", "", "```bash", command, "```", "",
-           f"Summary: `{summary[-1].strip('= ') if summary else 'no summary line (the run did not finish)'}`"
+           f"Summary: `{summary[-1].strip('= ') if summary else unfinished(text)}`"
            + (f" ({ended[-1]})" if ended else ""), ""]
     if failed:
         out += ["Failures:", ""] + [f"* `{ln}`" for ln in failed] + [""]
@@ -51,11 +57,21 @@ def section(log: Path, title: str) -> list[str]:
     return out
 
 
+def unfinished(text: list[str]) -> str:
+    """What a run cut off before pytest's summary line shows: its progress marks (``-q``), one a test."""
+    marks = "".join(m.group(1) for ln in text if (m := re.match(r"^([.FEsxX]+)(?:\s+\[\s*\d+%\])?$", ln)))
+    counts = {name: marks.count(c) for c, name in ((".", "passed"), ("F", "failed"), ("E", "error"),
+                                                    ("s", "skipped"), ("x", "xfailed"), ("X", "xpassed"))}
+    done = ", ".join(f"{n} {name}" for name, n in counts.items() if n)
+    return f"no summary line (the run did not finish); progress marks before it ended: {done or 'none'}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("env", type=Path)
     ap.add_argument("one", type=Path, help="the log of the run on one GPU")
-    ap.add_argument("two", type=Path, help="the log of the run on two GPUs")
+    ap.add_argument("two", type=Path, nargs="+",
+                    help="the log of the run on two GPUs (or its parts, in order, where one call's time ran out)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "logs" / "gpu-tests.md")
     ap.add_argument("--how", default="Both runs ran at the same time on one host, on separate GPUs.",
                     help="how the two runs shared the host (a sentence for the record)")
@@ -71,7 +87,9 @@ def main() -> int:
             f"The host ran these `src/` files: their sha256 (below) equals this checkout's, {host_sha}.", "",
             "Host (as it printed itself):", "", "```"] + env + ["```", "",
             f"{a.how} Refresh this file whenever `src/` changes (`benchmarks/gpu_tests_record.py`).", ""]
-    body = section(a.one, "One GPU") + section(a.two, "Two GPUs")
+    body = section(a.one, "One GPU")
+    for k, log in enumerate(a.two, 1):
+        body += section(log, "Two GPUs" + (f", part {k} of {len(a.two)}" if len(a.two) > 1 else ""))
     a.out.write_text("\n".join(head + body).rstrip() + "\n")
     print(f"wrote {a.out} (src tree {tree})")
     return 0
