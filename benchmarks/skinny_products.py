@@ -1,14 +1,15 @@
 """A decode step's matrix products at 1, 8 and 64 rows: cuBLAS (``F.linear``, what the compiled
-step calls) against a Triton product made for few rows (tiles narrow in N, optionally split over K,
-the best of 24 launch settings a shape), on llama-135m's and llama-1.1b's shapes (MHE-Mul: one K/V
-head of 64). The question it answers for issue 41: do 64-row products read their weights faster
-with a kernel of our own?
+step calls) against a Triton product made for few rows (tiles narrow in N, optionally split over K;
+the best of 24 launch settings a shape, of which four ask for more shared memory than a Hopper SM
+has and fail), on llama-135m's and llama-1.1b's shapes (the Q/K/V product is MQA's). The question
+it answers for issue 41: do 64-row products read their weights faster with a kernel of our own?
 
     python benchmarks/skinny_products.py [OUT.json]      # one CUDA GPU; prints the card
 
-Each time is a CUDA graph of 40 back-to-back calls, replayed (the median of 5 replays / 40), so a
-product pays what it pays inside a captured step; results beside the command in
-``docs/benchmarks.md`` section 12 (``results/logs/skinny-products-*``)."""
+Each time is a CUDA graph of 40 back-to-back calls on one weight, replayed (the median of 5
+replays, over 40): launch gaps as in a captured step, but a weight that fits the L2 may be read
+partly from it, so these compare kernels and are not a step's times. Results beside the command
+in ``docs/benchmarks.md`` section 12 (``results/logs/skinny-products-*``)."""
 import itertools
 import json
 import sys
@@ -73,19 +74,20 @@ def timed(fn, reps=40, tries=5):
             fn()
     g.replay()
     torch.cuda.synchronize()
-    best = []
+    times = []
     for _ in range(tries):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         g.replay()
         b.record()
         b.synchronize()
-        best.append(a.elapsed_time(b) * 1000 / reps)
-    best.sort()
-    return best[len(best) // 2]
+        times.append(a.elapsed_time(b) * 1000 / reps)
+    times.sort()
+    return times[len(times) // 2]
 
 
-SHAPES = {  # (name, K, N): one layer's decode products (MHE-Mul: one K/V head of 64)
+SHAPES = {  # (name, K, N): one layer's decode products; "qkv" is MQA's (a full query and one K/V head of
+    # 64); MHE-Mul's is one head each (N = 192), smaller still, and not measured here
     "135m": [("qkv", 576, 704), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576), ("lm_head", 576, 49152)],
     "1.1b": [("qkv", 2048, 2176), ("o", 2048, 2048), ("gate_up", 2048, 11264), ("down", 5632, 2048),
              ("lm_head", 2048, 32000)],
@@ -120,6 +122,9 @@ def main():
                     continue
                 if best is None or t < best[0]:
                     best = (t, c, err)
+            if best is None:
+                print(f"  no setting ran for {model} {name} m={m}", flush=True)
+                continue
             gb = (n * k * 2 + m * k * 2 + m * n * 2) / 1e9
             row = {"model": model, "product": name, "m": m, "k": k, "n": n, "cublas_us": round(t_ref, 2),
                    "triton_us": round(best[0], 2), "config": best[1], "cublas_TBs": round(gb / t_ref * 1e6 / 1e3, 2),

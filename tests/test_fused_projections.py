@@ -222,6 +222,8 @@ def test_changed_weights_reach_the_kept_tensors(kind):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"),
+                    reason="torch before 2.9 has no per-backend fp32 setting")
 @pytest.mark.parametrize("kind", ["mhe-mul", "mhe-add"])
 def test_kept_tensors_are_made_under_torchs_per_backend_precision_setting(kind):
     """A caller who set float32 matrix products through torch's per-backend setting (with which

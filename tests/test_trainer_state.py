@@ -523,9 +523,14 @@ def test_evaluations_run_in_float32_or_under_the_training_autocast(setting, want
     assert tiny_run().data.eval_precision == "tf32"
 
 
-@pytest.mark.parametrize("setting, device, inside", [("tf32", "cuda", "tf32"), ("tf32", "cpu", "none"),
-                                                     ("float32", "cuda", "none")])
-def test_tf32_evaluation_allows_tf32_products_on_a_gpu_only_and_restores_the_setting(setting, device, inside):
+PER_BACKEND = hasattr(torch.backends.cuda.matmul, "fp32_precision")  # torch >= 2.9
+needs_per_backend = pytest.mark.skipif(not PER_BACKEND, reason="torch before 2.9 has no per-backend fp32 setting")
+
+
+@needs_per_backend
+@pytest.mark.parametrize("setting, device, tf32", [("tf32", "cuda", True), ("tf32", "cpu", False),
+                                                   ("float32", "cuda", False)])
+def test_tf32_evaluation_allows_tf32_products_on_a_gpu_only_and_restores_the_setting(setting, device, tf32):
     """``tf32`` sets CUDA float32 matrix products to TF32 for the evaluation on a CUDA device and
     puts the previous setting back after, also when the evaluation raises; a CPU evaluation and
     ``float32`` leave it as it was. (The context only sets a flag: no GPU is needed.)"""
@@ -533,15 +538,16 @@ def test_tf32_evaluation_allows_tf32_products_on_a_gpu_only_and_restores_the_set
 
     matmul = torch.backends.cuda.matmul
     cfg = tiny_run(f"data.eval_precision={setting}")
-    assert matmul.fp32_precision == "none"
+    before = matmul.fp32_precision
     with evaluation_precision(cfg, torch.device(device)):
-        assert matmul.fp32_precision == inside
-    assert matmul.fp32_precision == "none"
+        assert matmul.fp32_precision == ("tf32" if tf32 else before)
+    assert matmul.fp32_precision == before
     with pytest.raises(ValueError), evaluation_precision(cfg, torch.device(device)):
         raise ValueError
-    assert matmul.fp32_precision == "none"
+    assert matmul.fp32_precision == before
 
 
+@needs_per_backend
 @pytest.mark.parametrize("caller", ["ieee", "tf32"])
 def test_tf32_evaluation_works_under_a_callers_per_backend_precision_and_restores_it(caller):
     """A caller who set torch's per-backend float32 precision (after which reading the process-wide
@@ -549,10 +555,11 @@ def test_tf32_evaluation_works_under_a_callers_per_backend_precision_and_restore
     from mhe.training.step import evaluation_precision
 
     matmul = torch.backends.cuda.matmul
+    found = matmul.fp32_precision
     matmul.fp32_precision = caller
     try:
         with evaluation_precision(tiny_run("data.eval_precision=tf32"), torch.device("cuda")):
             assert matmul.fp32_precision == "tf32"
         assert matmul.fp32_precision == caller
     finally:
-        matmul.fp32_precision = "none"
+        matmul.fp32_precision = found
