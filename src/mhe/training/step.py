@@ -16,6 +16,7 @@ is evaluated or saved, so no checkpoint or best weights come from past a bad ste
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Callable
 
 import torch
@@ -47,12 +48,18 @@ class StepModule:
         self.proven = not compiled  # a compiled module is proven by its first micro-step
 
     def release(self) -> None:
-        """Free the captured graphs and their memory pool once training ends (the evaluation runs
-        the plain model; a later run in the same process, as a sweep's, captures its own)."""
+        """Free what only the steps use once training ends: the captured graphs and their memory
+        pool (the evaluation runs the plain model; a later run in the same process, as a sweep's,
+        captures its own), and DDP's wrapper. The wrapper's reducer holds the process group; freed
+        only at teardown, a gloo group's destructor could join a thread that waits for the GIL and
+        hang the process at exit. Dropped here, it goes while the group is alive."""
         if self.cuda_graphs:
             from torch._inductor import cudagraph_trees
 
             cudagraph_trees.reset_cudagraph_trees()
+        if self.ddp:
+            self.net = self.model  # the module itself: DDP's wrapper (and its reducer) has no holder left
+            gc.collect()  # the wrapper's reference cycles go now, not at some later collection
 
     def sync(self, last: bool):
         """The context of a micro-step: DDP's all-reduce waits for the last micro-batch of the step
