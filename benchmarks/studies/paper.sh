@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one-GPU comparisons kept in results/ (see results/README.md for what each one ran).
 #
-#   bash benchmarks/gpu_experiments.sh SECTION OUT_DIR
+#   bash benchmarks/studies/paper.sh SECTION OUT_DIR
 #
 # OUT_DIR receives one comparison folder per experiment (OUT_DIR/lm-ptb, OUT_DIR/encoder-rte, ...),
 # as results/ holds them; `mhe report OUT_DIR/lm-ptb` rebuilds its tables.

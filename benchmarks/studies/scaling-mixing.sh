@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The second round of one-GPU comparisons (results/README.md, "Round two").
 #
-#   bash benchmarks/gpu_round2.sh SECTION OUT_DIR
+#   bash benchmarks/studies/scaling-mixing.sh SECTION OUT_DIR
 #
 # OUT_DIR receives the comparison folders (OUT_DIR/scale-ptb-small, OUT_DIR/encoder-rte, ...) and
 # the logs (OUT_DIR/logs); `mixing` adds two kinds to the encoder comparisons already in OUT_DIR
-# (those of benchmarks/gpu_experiments.sh encoder OUT_DIR).
+# (those of benchmarks/studies/paper.sh encoder OUT_DIR).
 #
 # SECTION: scaling   Appendix D on one GPU: decoders of three sizes (gpu-scale-{ptb,wikitext-2}-
 #                    {small,medium,large}) trained to convergence, kinds $KINDS (default mha,mhe-mul),

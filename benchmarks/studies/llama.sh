@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 43 on one GPU: MHE in a Llama-style decoder (results/README.md, "Llama-style decoders").
 #
-#   bash benchmarks/gpu_llama.sh SECTION [RESULTS_DIR]
+#   bash benchmarks/studies/llama.sh SECTION [RESULTS_DIR]
 #
 # SECTION: scratch  mhe compare --preset gpu-llama-6x512: MHA, GQA, MQA, SHA, MHE-Add, MHE-Mul in both
 #                   rotary orders, 3 seeds, all 21 runs at once on the card -> RESULTS_DIR/llama-6x512

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The third round of comparisons, on one machine with several GPUs (results/README.md, "Round three").
 #
-#   bash benchmarks/gpu_round3.sh SECTION OUT_DIR
+#   bash benchmarks/studies/decoder-glue-encoder-long.sh SECTION OUT_DIR
 #
 # OUT_DIR receives the comparison folders (OUT_DIR/decoder-lm, OUT_DIR/decoder-rte, ...) and the log
 # (OUT_DIR/logs/round3-SECTION.log).
