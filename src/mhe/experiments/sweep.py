@@ -275,7 +275,7 @@ def _run_parallel(sweep, jobs, workers, log, line: SweepProgress | None = None) 
         slot, (job, (kind, seed, run_dir)) = slot_job
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg = run_config(sweep, kind, seed, progress=True)  # its bar in its stderr.log (outside the run's hash)
-        write_json_atomic(run_dir / "run.json", cfg.to_dict())
+        write_json_atomic(run_dir / "run.json", cfg.record())
         cmd = [sys.executable, "-m", "mhe", "run", "--config", str(run_dir / "run.json"), "--out", str(run_dir)]
         if is_run_dir(run_dir):  # unfinished (--resume was given: run_sweep checked)
             cmd.append("--resume")

@@ -62,7 +62,7 @@ def write_run_record(folder: str | Path, run: RunConfig, model: torch.nn.Module,
     from mhe.accounting import count_attention_params
 
     write_json_atomic(Path(folder) / CONFIG, {
-        "run": run.to_dict(), "resolved_train": dataclasses.asdict(train), "model": model.cfg.to_dict(),
+        "run": run.record(), "resolved_train": dataclasses.asdict(train), "model": model.cfg.to_dict(),
         "config_hash": run.hash(), "attention_params": count_attention_params(model), "torch": torch.__version__,
         "device": device, **extra})
 
