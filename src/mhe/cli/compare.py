@@ -119,7 +119,8 @@ def cmd_compare(args) -> int:
 
 
 def report_args(p):
-    p.add_argument("dirs", nargs="+", help="comparison folders (each with runs/*/results.json)")
+    p.add_argument("dirs", nargs="+",
+                   help="comparison folders (each with runs/*/results.json, or those packed in runs.tar.xz)")
     p.add_argument("--paper", default=None, help="paper table to set beside ours (default: the sweep's)")
     p.add_argument("--metric", default=None,
                    help="summarise this number of each results.json instead of the score (e.g. accuracy)")
