@@ -37,6 +37,41 @@ def eval_args(p):
                         "run's training autocast: bf16 on a GPU); default: the run's data.eval_precision")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--out", default="", help="also write the figures as JSON here (default: stdout only)")
+    g = p.add_argument_group("lm-evaluation-harness (pip install 'mhe[eval]')")
+    g.add_argument("--harness", default="", metavar="TASKS",
+                   help="score the run with EleutherAI's harness instead: comma-separated tasks, e.g. mhe_offline "
+                        "(the shipped offline tasks: mhe_wikitext2, mhe_ptb, mhe_rte, mhe_cb, mhe_copa, mhe_wic); "
+                        "the table is printed and saved in the run folder (harness-results.json and .md)")
+    g.add_argument("--limit", type=float, default=None,
+                   help="--harness: documents per task (a fraction of them below 1; default all)")
+    g.add_argument("--max-length", type=int, default=None,
+                   help="--harness: the harness's window in tokens (default the model's)")
+    g.add_argument("--batch-size", type=int, default=16, help="--harness: windows per batch (default 16)")
+
+
+def cmd_harness(args) -> int:
+    """``mhe eval --harness TASKS``: the run exported to a temporary folder and scored by the harness
+    (:mod:`mhe.harness.evaluate`); its table printed and saved in the run folder."""
+    from mhe.harness.evaluate import require_lm_eval, results_table, run_harness, save_results, task_list
+    from mhe.training.run_files import locate_run
+
+    tasks = task_list(args.harness)
+    if args.limit is not None and not args.limit > 0:
+        raise MheError(f"--limit must be a positive number of documents (or a fraction below 1), got {args.limit}")
+    for name in ("max_length", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise MheError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    locate_run(args.run)
+    require_lm_eval()
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    device = str(option_device(args.device))
+    results = run_harness(args.run, tasks, data_dir=args.data_dir, limit=limit, device=device,
+                          batch_size=args.batch_size, max_length=args.max_length)
+    json_path, md_path = save_results(results, args.run)
+    print(results_table(results))
+    print(f"saved {json_path} and {md_path}")
+    return 0
 
 
 def cmd_eval(args) -> int:
@@ -47,6 +82,8 @@ def cmd_eval(args) -> int:
     from mhe.training.checkpoint import write_json_atomic
     from mhe.training.step import evaluation_precision
 
+    if args.harness:
+        return cmd_harness(args)
     if args.stride is not None:  # checked as data.eval_stride is, before the run is loaded
         stride_field = next(f for f in dataclasses.fields(DataConfig) if f.name == "eval_stride")
         check_bounds("--stride", args.stride, stride_field.metadata["bounds"])
