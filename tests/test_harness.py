@@ -9,11 +9,14 @@ when words and bytes are counted the harness's way, and each multiple-choice ans
 log-likelihood equals the run's own model's on the same tokens.
 """
 
+import contextlib
 import importlib.util
+import io
 import json
 import math
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -22,12 +25,9 @@ from conftest import require_data
 from mhe.cli import main
 from mhe.data.tokenize import load_tokenizer
 from mhe.harness import TASKS_DIR
+from mhe.harness.evaluate import OFFLINE_TASKS
 from mhe.metrics.perplexity import sliding_window_nll
 from mhe.tasks.runs import load_run
-
-# no network: the harness, datasets and transformers read these when they are imported
-os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ["HF_HUB_OFFLINE"] = "1"
 
 WINDOW = 32  # the tiny runs' model window
 HARNESS_WINDOW = WINDOW - 1  # --max-length: the harness's L inputs predict L tokens, mhe's window L-1
@@ -41,6 +41,27 @@ DATA = ("ptb/ptb.train.txt.gz", "ptb/ptb.valid.txt.gz", "ptb/ptb.test.txt.gz", "
         "superglue/COPA/val.jsonl", "superglue/CB/val.jsonl", "superglue/WiC/val.jsonl.gz")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def offline():
+    """No network: datasets and the hub client offline (also where they were imported already)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_DATASETS_OFFLINE", "1")
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        for module, name in (("datasets.config", "HF_DATASETS_OFFLINE"), ("huggingface_hub.constants", "HF_HUB_OFFLINE")):
+            if module in sys.modules:
+                mp.setattr(sys.modules[module], name, True)
+        yield
+
+
+def require(package: str) -> None:
+    """Skip without ``package`` (an optional extra), but fail under CI, whose ``test`` extra has it."""
+    if importlib.util.find_spec(package) is None:
+        message = f"{package} is not installed (pip install 'mhe[eval]')"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
 def loaders():
     """The shipped task loaders, imported by path as the harness imports them."""
     spec = importlib.util.spec_from_file_location("mhe_loaders", TASKS_DIR / "mhe_loaders.py")
@@ -52,7 +73,7 @@ def loaders():
 def test_offline_tasks_read_the_project_data():
     """Each task's documents, read from the data folder with no download: counts of the stored
     splits (MANIFEST.md), the first document's text and the labels' spread."""
-    pytest.importorskip("datasets")
+    require("datasets")
     root = require_data(*DATA)
     m = loaders()
     wiki = m.wikitext2(data_dir=str(root))
@@ -89,7 +110,8 @@ def test_missing_harness_names_the_extra(lm_run, capsys, monkeypatch):
     from mhe.harness import evaluate
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(evaluate.importlib.util, "find_spec", lambda name: None if name == "lm_eval" else real(name))
+    monkeypatch.setattr(evaluate.importlib.util, "find_spec", 
+                        lambda name, *rest: None if name == "lm_eval" else real(name, *rest))
     assert main(["eval", "--run", str(lm_run), "--harness", "mhe_ptb"]) == 2
     assert "pip install 'mhe[eval]'" in capsys.readouterr().err
 
@@ -97,7 +119,7 @@ def test_missing_harness_names_the_extra(lm_run, capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory):
     """The two runs, each scored by ``mhe eval --harness`` (its printed table and saved files)."""
-    pytest.importorskip("lm_eval")
+    require("lm_eval")
     root = require_data(*DATA)
     tmp = tmp_path_factory.mktemp("harness")
     runs = {"llama-mhe-mul": ["--data", "ptb", "--preset", "llama-tiny", "--attention", "mhe-mul"],
@@ -115,9 +137,6 @@ def scored(tmp_path_factory):
 
 
 def _capture(argv):
-    import contextlib
-    import io
-
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert main(argv) == 0
@@ -154,10 +173,10 @@ def mhe_choice_loglikelihood(model, tok, context: str, choice: str, window: int)
     return float(logp[-len(cont):].gather(-1, seq[-len(cont):, None]).sum())
 
 
-pytestmark_slow = pytest.mark.slow  # trains two tiny runs and runs the harness twice (~40 s on one core)
+SLOW = pytest.mark.slow  # trains two tiny runs and runs the harness on each (about a minute on one core)
 
 
-@pytestmark_slow
+@SLOW
 @pytest.mark.parametrize("name", ["llama-mhe-mul", "gpt2-mha"])
 def test_harness_rolling_loglikelihood_equals_mhe(name, scored):
     out, root = scored
@@ -187,7 +206,7 @@ def test_harness_rolling_loglikelihood_equals_mhe(name, scored):
         assert res["bits_per_byte,none"] == pytest.approx(nll / nbytes / math.log(2), rel=1e-5)
 
 
-@pytestmark_slow
+@SLOW
 @pytest.mark.parametrize("name", ["llama-mhe-mul", "gpt2-mha"])
 def test_harness_choices_equal_mhe(name, scored):
     out, root = scored
@@ -206,7 +225,22 @@ def test_harness_choices_equal_mhe(name, scored):
         assert got["saved"]["results"][task]["acc,none"] == correct / LIMIT
 
 
-@pytestmark_slow
+@SLOW
+def test_unknown_harness_task_is_refused(lm_run, capsys):
+    require("lm_eval")
+    before = sorted(p.name for p in lm_run.iterdir())
+    assert main(["eval", "--run", str(lm_run), "--harness", "mhe_ptb,no_such_task"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("mhe eval: error: --harness: no task 'no_such_task'; the offline ones are mhe_offline, "
+                       "mhe_wikitext2, mhe_ptb, mhe_rte, mhe_cb, mhe_copa, mhe_wic (or name any task lm-eval knows)")
+    assert sorted(p.name for p in lm_run.iterdir()) == before
+
+
+def test_shipped_tasks_are_the_named_ones():
+    assert sorted(p.stem for p in TASKS_DIR.glob("*.yaml")) == sorted(OFFLINE_TASKS[1:])
+
+
+@SLOW
 @pytest.mark.parametrize("name", ["llama-mhe-mul", "gpt2-mha"])
 def test_harness_table_printed_and_saved(name, scored):
     got = scored[0][name]

@@ -24,6 +24,8 @@ from mhe.training.run_files import locate_run
 
 LM_EVAL_VERSION = "0.4.13"
 """The lm-eval release this module and its tasks were tested with (the ``eval`` extra pins it)."""
+OFFLINE_TASKS = ("mhe_offline", "mhe_wikitext2", "mhe_ptb", "mhe_rte", "mhe_cb", "mhe_copa", "mhe_wic")
+"""The tag of the shipped tasks, then each of them (``tasks/*.yaml``)."""
 RESULTS_JSON = "harness-results.json"
 RESULTS_MD = "harness-results.md"
 
@@ -64,11 +66,15 @@ def run_harness(run: str | Path, tasks: list[str], *, data_dir: str = "", limit:
     from lm_eval.tasks import TaskManager
 
     metadata = {"data_dir": str(Path(data_dir).resolve())} if data_dir else {}
+    manager = TaskManager(include_path=str(TASKS_DIR), metadata=metadata)
+    unknown = [name for name in tasks if name not in manager.all_tasks]
+    if unknown:
+        raise MheError(f"--harness: no task {unknown[0]!r}; the offline ones are {', '.join(OFFLINE_TASKS)} "
+                       "(or name any task lm-eval knows)")
     with tempfile.TemporaryDirectory(prefix="mhe-harness-") as tmp:
         note(f"exporting {run} for the harness", enabled=True)
         folder = export_run(run, Path(tmp) / "model", data_dir=data_dir)
         prefix = run_token_ids(run).get("eos_token_id")
-        manager = TaskManager(include_path=str(TASKS_DIR), metadata=metadata)
         return simple_evaluate(model="hf", model_args=model_args(folder, prefix_token_id=prefix,
                                                                  max_length=max_length),
                                tasks=tasks, task_manager=manager, limit=limit, device=device,
