@@ -253,3 +253,13 @@ def test_harness_table_printed_and_saved(name, scored):
     assert got["saved"]["lm_eval_version"] == "0.4.13"
     assert got["saved"]["n-samples"]["mhe_ptb"]["effective"] == LIMIT
     assert not [p.name for p in got["run"].iterdir() if p.name.startswith(".")]  # no partial file left
+
+
+@SLOW
+def test_harness_refuses_a_translation_run(mt_run, capsys):
+    require("lm_eval")
+    assert main(["eval", "--run", str(mt_run), "--harness", "mhe_ptb", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"mhe eval: error: --harness scores language models (decoder runs); {mt_run} exports as " \
+                  "AutoModelForSeq2SeqLM"
+    assert not list(mt_run.glob("harness-results*"))

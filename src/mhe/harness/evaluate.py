@@ -74,6 +74,11 @@ def run_harness(run: str | Path, tasks: list[str], *, data_dir: str = "", limit:
     with tempfile.TemporaryDirectory(prefix="mhe-harness-") as tmp:
         note(f"exporting {run} for the harness", enabled=True)
         folder = export_run(run, Path(tmp) / "model", data_dir=data_dir)
+        classes = [c for c in json.loads((folder / "config.json").read_text()).get("auto_map", {})
+                   if c.startswith("AutoModel")]
+        if "AutoModelForCausalLM" not in classes:
+            raise MheError(f"--harness scores language models (decoder runs); {run} exports as "
+                           f"{', '.join(classes) or 'no model class'}")
         prefix = run_token_ids(run).get("eos_token_id")
         return simple_evaluate(model="hf", model_args=model_args(folder, prefix_token_id=prefix,
                                                                  max_length=max_length),
