@@ -99,7 +99,11 @@ def test_harness_refusals(lm_run, capsys):
     before = sorted(p.name for p in lm_run.iterdir())
     for args, said in ((["--harness", " , "], "--harness needs task names"),
                        (["--harness", "mhe_ptb", "--limit", "0"], "--limit must be a positive"),
-                       (["--harness", "mhe_ptb", "--max-length", "0"], "--max-length must be a positive")):
+                       (["--harness", "mhe_ptb", "--max-length", "0"], "--max-length must be a positive"),
+                       (["--harness", "mhe_ptb", "--stride", "8"], "--stride 8 is mhe's own evaluation"),
+                       (["--harness", "mhe_ptb", "--split", "valid"], "--split valid is mhe's own evaluation"),
+                       (["--limit", "2"], "--limit applies to --harness TASKS only"),
+                       (["--harness", "mhe_ptb", "--out", "no-such-folder/x.json"], "--out")):
         assert main(["eval", "--run", str(lm_run), *args]) == 2
         err = capsys.readouterr().err
         assert said in err and len(err.strip().splitlines()) == 1
@@ -129,10 +133,11 @@ def scored(tmp_path_factory):
     for name, args in runs.items():
         run = tmp / name
         assert main(["train", "--task", "lm", *args, "--data-dir", str(root), "--out", str(run), *TRAIN]) == 0
+        copy = tmp / f"{name}.json"
         printed = _capture(["eval", "--run", str(run), "--harness", TASKS, "--limit", str(LIMIT), "--device", "cpu",
-                            "--max-length", str(HARNESS_WINDOW), "--data-dir", str(root)])
+                            "--max-length", str(HARNESS_WINDOW), "--data-dir", str(root), "--out", str(copy)])
         out[name] = {"run": run, "printed": printed, "saved": json.loads((run / "harness-results.json").read_text()),
-                     "table": (run / "harness-results.md").read_text()}
+                     "table": (run / "harness-results.md").read_text(), "out": json.loads(copy.read_text())}
     return out, root
 
 
@@ -250,6 +255,7 @@ def test_harness_table_printed_and_saved(name, scored):
         assert re.search(rf"^\|{task}\s*\|", table, re.M), task
     ptb = got["saved"]["results"]["mhe_ptb"]["word_perplexity,none"]
     assert f"{ptb:.4f}" in table
+    assert got["out"] == got["saved"]  # --out: the same JSON
     assert got["saved"]["lm_eval_version"] == "0.4.13"
     assert got["saved"]["n-samples"]["mhe_ptb"]["effective"] == LIMIT
     assert not [p.name for p in got["run"].iterdir() if p.name.startswith(".")]  # no partial file left
