@@ -47,7 +47,8 @@ def offline():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_DATASETS_OFFLINE", "1")
         mp.setenv("HF_HUB_OFFLINE", "1")
-        for module, name in (("datasets.config", "HF_DATASETS_OFFLINE"), ("huggingface_hub.constants", "HF_HUB_OFFLINE")):
+        for module, name in (("datasets.config", "HF_DATASETS_OFFLINE"),
+                             ("huggingface_hub.constants", "HF_HUB_OFFLINE")):
             if module in sys.modules:
                 mp.setattr(sys.modules[module], name, True)
         yield
