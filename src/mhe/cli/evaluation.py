@@ -1,5 +1,6 @@
 """Commands that use a trained run: ``mhe eval``, ``mhe translate`` and ``mhe diagnostics``.
-Each loads the run with ``mhe.tasks.runs.load_run``."""
+Each loads the run with ``mhe.tasks.runs.load_run``; ``mhe eval --harness`` instead exports it
+and scores it with lm-evaluation-harness (:mod:`mhe.harness.evaluate`)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,64 @@ def eval_args(p):
                         "run's training autocast: bf16 on a GPU); default: the run's data.eval_precision")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--out", default="", help="also write the figures as JSON here (default: stdout only)")
+    g = p.add_argument_group("lm-evaluation-harness (pip install 'mhe[eval]')")
+    g.add_argument("--harness", default="", metavar="TASKS",
+                   help="score the run with EleutherAI's harness instead: comma-separated tasks, e.g. mhe_offline "
+                        "(the shipped offline tasks: mhe_wikitext2, mhe_ptb, mhe_rte, mhe_cb, mhe_copa, mhe_wic); "
+                        "the table is printed and saved in the run folder (harness-results.json and .md)")
+    g.add_argument("--limit", type=float, default=None,
+                   help="--harness: documents per task (a fraction of them below 1; default all)")
+    g.add_argument("--max-length", type=int, default=None,
+                   help="--harness: the harness's window in tokens (default the model's)")
+    g.add_argument("--batch-size", type=int, default=None, help="--harness: windows per batch (default 16)")
+
+
+HARNESS_ONLY = ("limit", "max_length", "batch_size")
+NOT_WITH_HARNESS = {"stride": None, "data": "", "precision": None, "split": "test", "task": "lm"}
+"""``mhe eval`` options of one scorer only: an option of the other is refused, never dropped."""
+
+
+def check_scorer_options(args) -> None:
+    """Refuse an option that the chosen scorer (``--harness`` or mhe's own) would not use."""
+    if args.harness:
+        for name, default in NOT_WITH_HARNESS.items():
+            if getattr(args, name) != default:
+                raise MheError(f"--{name} {getattr(args, name)} is mhe's own evaluation; --harness scores the "
+                               "tasks it names (drop one of the two)")
+        return
+    for name in HARNESS_ONLY:
+        if getattr(args, name) is not None:
+            raise MheError(f"--{name.replace('_', '-')} applies to --harness TASKS only")
+
+
+def cmd_harness(args) -> int:
+    """``mhe eval --harness TASKS``: the run exported to a temporary folder and scored by the harness
+    (:mod:`mhe.harness.evaluate`); its table printed and saved in the run folder."""
+    from mhe.harness.evaluate import require_lm_eval, results_table, run_harness, save_results, task_list
+    from mhe.training.atomic import write_text_atomic
+    from mhe.training.run_files import locate_run
+
+    tasks = task_list(args.harness)
+    if args.limit is not None and not (math.isfinite(args.limit) and args.limit > 0):
+        raise MheError(f"--limit must be a positive number of documents (or a fraction below 1), got {args.limit}")
+    for name in ("max_length", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise MheError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if args.out:
+        check_output_file(args.out, "--out", parent_must_exist=True)
+    locate_run(args.run)
+    require_lm_eval()
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    device = str(option_device(args.device))
+    results = run_harness(args.run, tasks, data_dir=args.data_dir, limit=limit, device=device,
+                          batch_size=args.batch_size or 16, max_length=args.max_length)
+    json_path, md_path = save_results(results, args.run)
+    if args.out:
+        write_text_atomic(args.out, json_path.read_text())
+    print(results_table(results))
+    print(f"saved {json_path} and {md_path}")
+    return 0
 
 
 def cmd_eval(args) -> int:
@@ -47,6 +106,9 @@ def cmd_eval(args) -> int:
     from mhe.training.checkpoint import write_json_atomic
     from mhe.training.step import evaluation_precision
 
+    check_scorer_options(args)
+    if args.harness:
+        return cmd_harness(args)
     if args.stride is not None:  # checked as data.eval_stride is, before the run is loaded
         stride_field = next(f for f in dataclasses.fields(DataConfig) if f.name == "eval_stride")
         check_bounds("--stride", args.stride, stride_field.metadata["bounds"])
