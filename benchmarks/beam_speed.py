@@ -146,7 +146,7 @@ def decode_run(saved: dict, a, dev) -> None:
 def _beam_search():
     """``beam_search`` and the searcher class of the tree on the path (older trees: no searcher)."""
     try:
-        from mhe.models.beam_search import BeamSearcher, beam_search
+        from mhe.generation.beam import BeamSearcher, beam_search
         return beam_search, BeamSearcher
     except ImportError:
         from mhe.models.generation import beam_search

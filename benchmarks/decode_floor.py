@@ -56,7 +56,7 @@ from mhe.bench.common import PEAK_BF16, bench_config, device_peak, timed
 from mhe.models import build_model, layers
 from mhe.attention.folding import inference_view, shared_copy
 from mhe.attention.kernels import decode_kernel, view_kernels
-from mhe.models.captured_step import compile_step, default_compile_options
+from mhe.generation.step import compile_step, default_compile_options
 from mhe.training.checkpoint import write_json_atomic
 
 PRESETS = ("gpt2-base", "llama-135m", "llama-1.1b")
@@ -128,7 +128,7 @@ def step_ms(model, batch: int, context: int, *, dev, dtype, mode: str, reps: int
             kernel: str | None = None, compile_options: dict | None = None) -> tuple[float, str]:
     """Median ms of one decode step at ``context`` filled positions (a CUDA-graph replay on a GPU);
     ``compile_options`` go to ``torch.compile`` in ``compile`` mode (the caller gives
-    ``model.generate``'s: :func:`~mhe.models.captured_step.default_compile_options`)."""
+    ``model.generate``'s: :func:`~mhe.generation.step.default_compile_options`)."""
     view = decode_view(model, batch, context + MARGIN, dev, dtype, kernel)
     caches = view.new_caches(batch, context + MARGIN, dtype=dtype, device=dev)
     for c in caches:

@@ -85,8 +85,8 @@ def adapter_row(model, ids, mask, new: int, run) -> dict:
 
 def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
     """model.generate in the default mode and each of --modes; the adapter; kernels per token."""
-    from mhe.models import generate as generate_module
-    from mhe.models.captured_step import resolve_mode
+    from mhe.generation import session as generate_module
+    from mhe.generation.step import resolve_mode
 
     model = rows_mod.build(run.preset, kind, context, run.dev, run.dtype, run.smoke)
     ids, mask = rows_mod.prompts(model, batch, context - run.new, run.dev)

@@ -195,9 +195,9 @@ def seq2seq_greedy(model, src_ids, src_mask=None, *, bos_id, eos_id, max_len, us
 def beam_search_uncached(model, src, src_mask=None, *, bos_id, eos_id, beam, max_len, alpha=0.6,
                          return_scores=False):
     """Beam search re-reading the whole prefix each step: the same ranking as
-    ``mhe.models.beam_search.beam_search`` (finished hypotheses only extend with EOS at no cost,
+    ``mhe.generation.beam.beam_search`` (finished hypotheses only extend with EOS at no cost,
     top-k over beam x vocabulary), the same final choice (``best_hypotheses``)."""
-    from mhe.models.beam_search import best_hypotheses
+    from mhe.generation.beam import best_hypotheses
 
     b, dev = src.shape[0], src.device
     src_mask = torch.ones_like(src, dtype=torch.bool) if src_mask is None else src_mask

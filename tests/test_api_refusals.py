@@ -10,8 +10,8 @@ from torch import nn
 
 from mhe.errors import MheError
 from mhe.models import build_model
-from mhe.models.beam_search import beam_search
-from mhe.models.generate import generate
+from mhe.generation.beam import beam_search
+from mhe.generation.session import generate
 
 V = 40
 

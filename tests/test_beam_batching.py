@@ -12,7 +12,7 @@ from mhe.attention.kernels import decode_kernel
 from mhe.data.tokenize import train_tokenizer
 from mhe.errors import MheError
 from mhe.models import build_model
-from mhe.models.beam_search import BeamSearcher, beam_search
+from mhe.generation.beam import BeamSearcher, beam_search
 from mhe.tasks.translation import TranslationTask, decode_batches
 from reference import beam_search_uncached
 

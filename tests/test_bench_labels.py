@@ -122,7 +122,7 @@ def test_a_session_names_the_step_mode_that_ran_when_compiling_fails(monkeypatch
     import torch
 
     from mhe.models import build_model
-    from mhe.models import captured_step
+    from mhe.generation import step as captured_step
 
     def broken(fn, **kw):
         def run(*a):

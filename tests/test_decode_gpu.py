@@ -68,7 +68,7 @@ def test_one_row_compiled_step_takes_coordinate_descent_and_agrees_with_eager(ki
     one-row products become Triton reductions): ``torch.compile`` is given the option, and the
     Llama-style decoder in fp32 gives the eager tokens and logits within 1e-4; two rows and given
     options keep what they had."""
-    from mhe.models.captured_step import ONE_ROW_COMPILE_OPTIONS
+    from mhe.generation.step import ONE_ROW_COMPILE_OPTIONS
 
     compiled_with, compile = [], torch.compile
 
@@ -96,7 +96,7 @@ def test_one_row_compiled_step_takes_coordinate_descent_and_agrees_with_eager(ki
 def test_adapter_generate_runs_the_captured_step_on_cuda():
     pytest.importorskip("transformers")
     from mhe.hf import to_hf
-    from mhe.models import generate as generate_module
+    from mhe.generation import session as generate_module
 
     model = tiny("mhe-mul")
     ids, mask = prompts()

@@ -6,7 +6,7 @@ already stopped, in float32 and bfloat16."""
 import pytest
 import torch
 
-from mhe.models.generate import Rule, SamplingConfig, TokenState
+from mhe.generation.sampling import Rule, SamplingConfig, TokenState
 
 
 def rows(dtype):

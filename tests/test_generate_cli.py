@@ -5,7 +5,7 @@ import json
 import torch
 
 from mhe.cli import main
-from mhe.models.generate import left_pad
+from mhe.generation.session import left_pad
 
 
 def test_left_pad_puts_every_prompt_at_the_right_edge():

@@ -7,8 +7,8 @@ import torch
 from mhe.attention import KINDS, attention_class
 from mhe.errors import MheError
 from mhe.models import build_model
-from mhe.models.beam_search import beam_search
-from mhe.models.generate import SamplingConfig, filter_logits
+from mhe.generation.beam import beam_search
+from mhe.generation.sampling import SamplingConfig, filter_logits
 from reference import generate_uncached
 
 CACHE_KINDS = [k for k in KINDS if attention_class(k).supports_cache]
@@ -156,9 +156,9 @@ def test_generation_reuses_the_captured_step_until_weights_change():
     ids = torch.randint(3, 99, (2, 4))
     session = model.generator(2, 9)
     a, la = model.generate(ids, 5, session=session, return_logits=True)
-    view, regions = session.view, dict(session._regions)
+    view, regions = session.view, dict(session.runners.runners)
     assert torch.equal(model.generate(ids, 5, session=session), a)
-    assert session.view is view and session._regions == regions  # the same view and region, reused
+    assert session.view is view and session.runners.runners == regions  # the same view and region, reused
     with torch.no_grad():
         model.decoder.final_norm.weight.mul_(3.0)
     _, lb = model.generate(ids, 5, session=session, return_logits=True)
@@ -211,7 +211,7 @@ def test_a_held_session_is_reused_checked_and_nothing_is_kept_on_the_model():
     assert torch.equal(a, model.generate(ids, 8, attention_mask=mask))  # as a session of the exact size
     b = model.generate(ids[:, 3:], 5, session=session)  # another length, no padding: the same session
     assert torch.equal(b, model.generate(ids[:, 3:], 5))
-    assert {padded for padded, _ in session._regions} == {False, True}  # one step with a key mask, one without
+    assert {padded for padded, _ in session.runners.runners} == {False, True}  # one step with a key mask, one without
     with pytest.raises(MheError, match="holds 2 rows of 20 positions; got 1 prompts"):
         model.generate(ids[:1], 3, session=session)
     with pytest.raises(MheError, match="got 2 prompts of 6 tokens \\+ 15 new"):

@@ -47,7 +47,7 @@ def test_one_kv_head_stays_on_flash_attention(kind):
 def test_graph_decode_equals_eager_on_cuda(kind):
     """A replayed CUDA graph runs the eager kernels: tokens and logits are bit-identical."""
     from mhe.models import build_model
-    from mhe.models.beam_search import beam_search
+    from mhe.generation.beam import beam_search
 
     torch.manual_seed(0)
     opts = {"n_kv_heads": 2} if kind == "gqa" else {}

@@ -191,7 +191,7 @@ def test_static_cache_keeps_the_kinds_kv_heads(kind, heads):
     ids = torch.randint(7, 99, (2, 5))
     kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
     fast = hf.generate(ids, cache_implementation="static", **kw)
-    assert mhe.models.generate._DEFAULT[hf.mhe][-1].caches[0].k.shape[1] == heads
+    assert mhe.generation.session._DEFAULT[hf.mhe][-1].caches[0].k.shape[1] == heads
     hf.use_mhe_generate = False
     dyn = hf.generate(ids, **kw)
     sta = hf.generate(ids, cache_implementation="static", **kw)

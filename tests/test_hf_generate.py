@@ -9,7 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from mhe.hf import to_hf  # noqa: E402
 from mhe.models import build_model  # noqa: E402
-from mhe.models import generate as generate_module  # noqa: E402
+from mhe.generation import session as generate_module  # noqa: E402
 
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, n_layers=2, max_len=32, dropout=0.0, attn_dropout=0.0)
 

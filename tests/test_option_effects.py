@@ -107,7 +107,7 @@ def _cli(capsys, run, *args) -> list[str]:
 def _api(run, max_new_tokens=50, **kw) -> list[str]:
     """What ``mhe generate`` prints, computed with the Python API (greedy by default)."""
     from mhe.data.tokenize import special_id
-    from mhe.models.generate import left_pad
+    from mhe.generation.session import left_pad
     from mhe.tasks.runs import load_run
 
     model, _, task = load_run(run, inference=True)

@@ -280,7 +280,7 @@ def test_beam_search_through_the_kernel_equals_sdpa_in_float64(interpret, monkey
     the searched window of its cache (key ranges) and cross-attention over right-padded sources
     (the dense mask read as a run) in the interpreted kernels; the encoder's whole-sequence
     attention runs sdpa. The hypotheses and scores of the sdpa model, to 1e-12."""
-    from mhe.models.beam_search import beam_search
+    from mhe.generation.beam import beam_search
 
     torch.manual_seed(0)
     settings = dict(SMALL, attention="gqa", attn_options={"n_kv_heads": 2})

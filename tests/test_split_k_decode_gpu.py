@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from mhe.attention import masks, triton_decode
 from mhe.attention.flash_decode import range_mask
 from mhe.models import build_model
-from mhe.models.beam_search import beam_search
+from mhe.generation.beam import beam_search
 from mhe.attention.kernels import view_kernels
 
 pytestmark = [pytest.mark.gpu,
@@ -267,7 +267,7 @@ def test_beam_search_through_the_kernel_equals_the_eager_one_token_path(kind, op
 def test_hf_adapter_generates_through_the_kernel():
     pytest.importorskip("transformers")
     from mhe.hf import to_hf
-    from mhe.models import generate as generator_module
+    from mhe.generation import session as generator_module
 
     model = tiny("tiny-decoder", "mhe-mul", None, torch.float32)
     hf = to_hf(model).eval()

@@ -11,9 +11,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mhe.models import build_model
-from mhe.models import generate as generate_module
-from mhe.models.captured_step import ONE_ROW_COMPILE_OPTIONS, compile_step, default_compile_options
-from mhe.models.generate import SamplingConfig, draw, filter_logits, release_default_sessions
+from mhe.generation import session as generate_module
+from mhe.generation.step import ONE_ROW_COMPILE_OPTIONS, compile_step, default_compile_options
+from mhe.generation.sampling import SamplingConfig, draw, filter_logits
+from mhe.generation.session import release_default_sessions
 
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
 AOT = {"backend": "aot_eager"}

@@ -12,7 +12,7 @@ from mhe.data.tokenize import train_tokenizer
 from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
-from mhe.models.beam_search import beam_search
+from mhe.generation.beam import beam_search
 from mhe.tasks.translation import token_batches
 from reference import beam_search_uncached, seq2seq_greedy
 

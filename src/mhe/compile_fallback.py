@@ -6,7 +6,7 @@ operator, inductor cannot lower one, or the machine has no working compiler. A r
 stop for that, since the eager module computes the same function; it goes on eagerly after a
 one-line note naming the failure. An :class:`~mhe.errors.MheError` is the caller's own (a bad
 setting) and is raised as it is. The training step (:mod:`mhe.training.step`) and the captured
-decode step (:mod:`mhe.models.captured_step`) both run their first compiled call through
+decode step (:mod:`mhe.generation.step`) both run their first compiled call through
 :func:`run_or_fall_back`; what falling back means (swap in the eager module, clear partial
 gradients, refuse under FSDP) is theirs.
 """

@@ -25,7 +25,7 @@ Precondition: the mask allows ONE contiguous run of keys per batch row. Every ma
 static cache builds from a left-padded key mask is such a run (causal decoding, left
 padding, a partially filled buffer); a mask with holes would be read as a run as long as its
 count of allowed keys from its first one, which is wrong, so generation only chooses this
-kernel for left-padded prompts (:func:`mhe.models.generate.generate`). Every case outside the
+kernel for left-padded prompts (:func:`mhe.generation.session.generate`). Every case outside the
 fast path (CPU, fp32, dropout, several query tokens, several K/V heads, a head size not a
 multiple of 8, a torch without ``seqused_k``) runs the ``sdpa`` kernel unchanged.
 """

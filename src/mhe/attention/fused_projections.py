@@ -12,7 +12,7 @@ stacked copy as ``fused_proj``, and its forward then splits the one output.
 
 The stacked weights are a copy: they do not follow later changes of the module's own
 projections, so only an inference view gets them (the generator's, rebuilt whenever the
-model's weights change: :class:`~mhe.models.generate.Generator`), never a model that trains.
+model's weights change: :class:`~mhe.generation.session.Generator`), never a model that trains.
 The copy costs the memory of the stacked projections while a session holds its view: for MHA
 the whole of W^Q, W^K and W^V (three quarters of each layer's attention weights) again, per
 session (a model keeps up to two default sessions); for a folded MHE sublayer little more

@@ -233,3 +233,10 @@ def _cover(key_mask: torch.Tensor | None, q_len: int, start, keys: int) -> torch
         raise MheError(f"mask must be a boolean key-padding mask of shape [B={key_mask.shape[0]}, S={keys}] "
                        f"(the cache){so_far}, got {key_mask.dtype} {tuple(key_mask.shape)}")
     return F.pad(key_mask, (0, keys - width), value=False)
+
+
+def as_bool_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Accept 0/1 integer masks as well as boolean ones (True = real token)."""
+    if mask is None:
+        return None
+    return mask if mask.dtype == torch.bool else mask != 0

@@ -53,7 +53,7 @@ def timed(fn: Callable[[], object], *, warmup: int, reps: int, cuda: bool, graph
     launch overhead)."""
     import torch  # here: the kinds and sizes above are read without torch (``mhe bench --help``)
 
-    from mhe.models.captured_step import StepRunner
+    from mhe.generation.step import StepRunner
 
     if graph:  # the decode step runner's capture: warm-up on a side stream, then one graph
         call = fn  # the lambda must not see the name rebound to the runner (it would call itself)

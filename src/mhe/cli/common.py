@@ -23,13 +23,13 @@ def refuse_set_keys(items: list[str], owned: dict[str, str]) -> None:
                            "drop the item")
 
 
-STEP_MODE_CHOICES = ("auto", "eager", "graph", "compile")  # mhe.models.captured_step.STEP_MODES (no torch here)
+STEP_MODE_CHOICES = ("auto", "eager", "graph", "compile")  # mhe.generation.step.STEP_MODES (no torch here)
 COMPILE_OPTION_KEYS = ("mode", "options", "backend")  # torch.compile's keywords a decode step takes
 
 
 def add_decode_step_args(p) -> None:
     """``--step-mode`` and ``--compile-options``: how the decode step runs (the session's options of
-    ``model.generate`` and beam search, :mod:`mhe.models.captured_step`)."""
+    ``model.generate`` and beam search, :mod:`mhe.generation.step`)."""
     p.add_argument("--step-mode", default="auto", choices=STEP_MODE_CHOICES,
                    help="the decode step: auto (compiled and captured on a GPU, eager on a CPU), eager, graph "
                         "(captured eager kernels), compile (default: auto)")

@@ -54,7 +54,7 @@ def read_prompts(prompts: list[str], source: str) -> list[str]:
 def cmd_generate(args) -> int:
     import torch
 
-    from mhe.models.generate import left_pad
+    from mhe.generation.session import left_pad
     from mhe.tasks.runs import load_run
 
     prompts = read_prompts(args.prompt, args.input)

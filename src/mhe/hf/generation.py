@@ -1,7 +1,7 @@
 """transformers' ``generate`` of the causal-LM adapter on our captured decode step.
 
 :func:`fast_generate` answers what ``MheDecoderForCausalLM.generate`` is asked when the request
-is one our :func:`mhe.models.generate.generate` computes exactly as transformers' sampling
+is one our :func:`mhe.generation.session.generate` computes exactly as transformers' sampling
 loop does, and runs it there: the core model's session (its default session, reused across
 calls: the caches hold each kind's K/V heads, one for MHE, and the step is one replayed CUDA
 graph per token). Supported: greedy search and sampling with temperature, top-k and top-p
@@ -21,7 +21,7 @@ import torch
 from transformers import GenerationConfig
 
 from mhe.errors import MheError
-from mhe.models.generate import SamplingConfig
+from mhe.generation.sampling import SamplingConfig
 
 SUPPORTED = {"max_length", "max_new_tokens", "min_length", "min_new_tokens", "do_sample", "temperature", "top_k",
              "top_p", "eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id",

@@ -12,7 +12,6 @@ from mhe.attention.rotary import RotaryEmbedding
 from mhe.attention.masks import AttentionMask
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
-from mhe.models.generate import Generator, generate
 from mhe.models.inputs import check_labels, check_mask
 from mhe.models.layers import build_norm
 from mhe.models.losses import IGNORE, causal_lm_loss, chunked_loss_wanted, classification_loss, head_loss
@@ -155,17 +154,21 @@ class DecoderForCausalLM(_DecoderModel):
         return F.log_softmax(_at_least_fp32(self._logits(h)), -1).gather(-1, target[..., None]).squeeze(-1)
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, eos_id: int | None = None, **options):
-        """Continue ``input_ids`` (see :func:`mhe.models.generate.generate` for the options:
+        """Continue ``input_ids`` (see :func:`mhe.generation.session.generate` for the options:
         sampling, stop tokens, left-padded batches, streaming, a reusable ``session``, compiled
         decode steps); ``eos_id`` adds a stop token."""
+        from mhe.generation.session import generate  # decoding code loads when first used, not with the model
+
         stop = options.pop("stop_ids", ())
         stop = tuple(stop) + ((eos_id,) if eos_id is not None else ())
         return generate(self, input_ids, max_new_tokens, stop_ids=stop, **options)
 
-    def generator(self, batch: int, max_len: int, **options) -> Generator:
+    def generator(self, batch: int, max_len: int, **options):
         """The caches and decode step for ``batch`` prompts of up to ``max_len`` positions (prompt +
         new tokens), for the caller to hold and pass as ``generate(..., session=...)``; options:
-        ``step_mode``, ``kernel``, ``compile_options`` (:class:`Generator`)."""
+        ``step_mode``, ``kernel``, ``compile_options`` (:class:`~mhe.generation.session.Generator`)."""
+        from mhe.generation.session import Generator
+
         return Generator(self, batch, max_len, **options)
 
 

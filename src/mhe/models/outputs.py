@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mhe.attention.masks import as_bool_mask  # noqa: F401  (models and their callers import it here)
+
 
 @dataclass
 class ModelOutput:
@@ -14,10 +16,3 @@ class ModelOutput:
     logits: torch.Tensor
     loss: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
-
-
-def as_bool_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """Accept 0/1 integer masks as well as boolean ones (True = real token)."""
-    if mask is None:
-        return None
-    return mask if mask.dtype == torch.bool else mask != 0

@@ -120,3 +120,12 @@ class EncoderDecoder(nn.Module):
         (in place where the stores already hold tensors of that shape)."""
         for layer, (_, cross) in zip(self.decoder_layers, caches):
             cross.store(*layer.cross_attn.cross_keys_values(memory))
+
+    def beam_search(self, src_ids: torch.Tensor, src_mask: torch.Tensor | None = None, *, bos_id: int, eos_id: int,
+                    **options):
+        """The best translation per source by beam search, ``[B, L]`` from ``bos_id`` (see
+        :func:`mhe.generation.beam.beam_search` for the options: ``beam``, ``max_len``, ``alpha``,
+        ``step_mode``, ``compile_options``, a reusable ``searcher``, ``return_scores``)."""
+        from mhe.generation.beam import beam_search  # decoding code loads when first used, not with the model
+
+        return beam_search(self, src_ids, src_mask, bos_id=bos_id, eos_id=eos_id, **options)

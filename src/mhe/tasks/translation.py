@@ -27,7 +27,7 @@ from mhe.data.tokenize import load_tokenizer, special_id
 from mhe.errors import MheError
 from mhe.metrics.bleu import corpus_bleu
 from mhe.models import build_model
-from mhe.models.beam_search import BeamSearcher, beam_search, source_bucket
+from mhe.generation.beam import BeamSearcher, beam_search, source_bucket
 from mhe.models.losses import IGNORE
 from mhe.progress import bar
 from mhe.tasks.settings import TranslationSettings
@@ -157,7 +157,7 @@ class TranslationTask(TranslationSettings):
         """Detokenised translations, in input order; ``progress``: count the sentences decoded on
         a bar (standard error); ``dtype``: ``float32`` or ``bfloat16`` (default: the run's
         ``decode_dtype``); ``step_mode`` and ``compile_options``: the beam searcher's decode step
-        (:class:`~mhe.models.beam_search.BeamSearcher`). Sources are sorted by length and decoded in large batches
+        (:class:`~mhe.generation.beam.BeamSearcher`). Sources are sorted by length and decoded in large batches
         (:func:`decode_batches`); padding is masked, so a sentence's translation does not
         depend on the batch it is in."""
         model.eval()

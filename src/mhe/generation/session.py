@@ -1,39 +1,32 @@
-"""Generation for the decoder: the loop, the session it runs in, and the choice of each token.
+"""A decode session and its sampling policy: ``model.generate``'s loop and the state it runs in.
 
-:func:`generate` is the loop. It runs the prompt once (SDPA, plain causal when nothing is
-padded) into the static caches of a :class:`Generator` session, chooses the first token, then
-replays one region per token: the model's decode step, the choice of the next token (greedy, or
-:class:`SamplingConfig`'s sampling) and the stop bookkeeping, all on the device
-(:class:`TokenState`), as one CUDA graph on a GPU (eager kernels, or compiled ones:
-:data:`~mhe.models.captured_step.CUDA_STEP_MODE`). The host reads the device only to learn,
-every :data:`CHECK_EVERY` tokens, whether every row has stopped (every token with a streamer).
+A :class:`DecodeSession` is what a caller holds across decoding calls of one model: the
+inference view it decodes with (:func:`~mhe.attention.folding.inference_view`: fast MHE folded
+to MQA, the decode kernel of :func:`~mhe.attention.kernels.decode_kernel` set), rebuilt when the
+model's weights change; its policy's step mode (:func:`~mhe.generation.step.resolve_mode`); and
+its captured steps (one :class:`~mhe.generation.step.RunnerCache`). Its two policies are
+sampling (:class:`Generator`, here: greedy or sampled tokens of a decoder-only model) and beam
+search (:class:`~mhe.generation.beam.BeamSearcher`, for the encoder-decoder).
 
-A :class:`Generator` is the decoding state that outlives one call. A caller holds one
-(``model.generator(batch, max_len)``, then ``model.generate(..., session=gen)``); without one,
-``generate`` reuses the model's default session (:func:`default_session`). A session holds the
-inference view of the model (:func:`~mhe.attention.folding.inference_view`: fast MHE folded to
-MQA, the decode kernel of :func:`~mhe.attention.kernels.decode_kernel` set), the static KV
-caches, the :class:`TokenState`, and per choice rule one captured region
-(:class:`~mhe.models.captured_step.StepRunner`), so one replay produces one token.
+:func:`generate` is the sampling loop. It runs the prompt once (SDPA, plain causal when nothing
+is padded) into the static caches of a :class:`Generator`, chooses the first token, then replays
+one region per token: the model's decode step, the choice of the next token (greedy, or
+:class:`~mhe.generation.sampling.SamplingConfig`'s sampling) and the stop bookkeeping, all on
+the device (:class:`~mhe.generation.sampling.TokenState`), as one CUDA graph on a GPU. The host
+reads the device only to learn, every :data:`CHECK_EVERY` tokens, whether every row has stopped
+(every token with a streamer).
 
-:class:`TokenState` holds the newest token of each row and its position (the next step's
-inputs), how many new tokens there are, which rows have stopped and after how many tokens, and
-the new tokens themselves. :meth:`TokenState.choose` applies a :class:`Rule` (greedy or
-sampling, the stop tokens, whether ``min_new_tokens`` holds them back) to one step's logits;
-the same code runs eagerly after the prompt and inside every replay, so eager and captured
-generation choose alike. The sampling functions read and write tensors only (no host reads);
-the order of the filters and the draw are transformers' (temperature, then top-k, then top-p on
-float32 logits, then one multinomial draw per row), so a seeded draw gives transformers' tokens.
-
-Batches of prompts of different lengths are LEFT padded (``attention_mask`` 0 on the
-left): positions count from each row's first real token and padding is never attended to,
-so a row's continuation is the one it gets alone.
+A caller holds a :class:`Generator` (``model.generator(batch, max_len)``, then
+``model.generate(..., session=gen)``); without one, ``generate`` reuses the model's default
+session (:func:`default_session`). Batches of prompts of different lengths are LEFT padded
+(``attention_mask`` 0 on the left): positions count from each row's first real token and
+padding is never attended to, so a row's continuation is the one it gets alone.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -41,12 +34,13 @@ import torch
 from mhe.attention import kernels, masks
 from mhe.attention.folding import inference_view, shared_copy, weights_version
 from mhe.attention.fused_projections import fuse_projections
+from mhe.attention.masks import as_bool_mask
 from mhe.errors import MheError, require_positive
-from mhe.models.captured_step import StepRunner, compile_step, default_compile_options, resolve_mode, restorer
-from mhe.models.outputs import as_bool_mask
+from mhe.generation.sampling import Rule, SamplingConfig, TokenState
+from mhe.generation.step import RunnerCache, StepRunner, compile_step, default_compile_options, resolve_mode, restorer
 
-__all__ = ["CHECK_EVERY", "GenerateOutput", "Generator", "Rule", "SamplingConfig", "TokenState", "default_session",
-           "draw", "filter_logits", "generate", "left_pad", "next_token", "release_default_sessions"]
+__all__ = ["CHECK_EVERY", "DecodeSession", "GenerateOutput", "Generator", "default_session", "generate", "left_pad",
+           "release_default_sessions"]
 
 CHECK_EVERY = 8  # tokens between the host's reads of whether every row has stopped
 REGIONS = 8  # captured regions (choice rules) a session keeps, the newest
@@ -192,17 +186,65 @@ def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 # --- the session: what outlives one call ----------------------------------------------------------
-class Generator:
-    """The decoding state one caller reuses across ``generate`` calls of ``batch`` prompts and
-    up to ``max_len`` positions (prompt + new tokens). The view and steps are rebuilt when the
-    model's weights change. It refers to the model weakly (the view shares its weights), so a
-    session kept for a model never keeps the model alive.
+class DecodeSession:
+    """What a caller holds across decoding calls of ``model``: the view it decodes with (:meth:`build`,
+    made again when the weights change), the step mode of the session's ``policy``
+    (:func:`~mhe.generation.step.resolve_mode`), ``compile_options`` for a compiled step, and its
+    captured steps (:attr:`runners`, the :data:`REGIONS` newest by default). It refers to the model
+    weakly (the view shares its weights), so a session kept for a model never keeps it alive."""
+
+    policy = "sample"
+
+    def __init__(self, model, *, step_mode: str = "auto", compile_options: dict | None = None,
+                 keep: int = 8) -> None:
+        p = next(model.parameters())
+        self._model = weakref.ref(model)
+        self.dtype, self.device = p.dtype, p.device  # of the weights, and so of the caches
+        self.mode = resolve_mode(step_mode, self.device, self.policy)
+        self.compile_options = compile_options
+        self.runners = RunnerCache(keep)
+        self.view, self._built_for, self._steps = None, None, {}
+
+    @property
+    def model(self):
+        model = self._model()
+        if model is None:
+            raise MheError("the model of this session no longer exists")
+        return model
+
+    def build(self, key, make) -> bool:
+        """The view ``make()`` returns, when ``key`` (the weights' version and what else the view
+        depends on) changed since the last one; the steps built on the old view go. True if new."""
+        if key == self._built_for:
+            return False
+        self.view, self._built_for, self._steps = make(), key, {}
+        self.runners.clear()
+        return True
+
+    def new_runner(self, step, *, mode: str, before_warmup, generators=()) -> StepRunner:
+        """A captured ``step`` on the session's device, with its compile options (``compile`` mode)."""
+        return StepRunner(step, mode=mode, device=self.device, before_warmup=before_warmup,
+                          compile_options=self.compile_options, generators=generators)
+
+    def step_mode_ran(self) -> str:
+        """The step mode this session's steps ran, where ``mode`` is the one asked for: a
+        ``compile`` step whose compilation failed ran its eager kernels (captured on CUDA: ``graph``)."""
+        compiled = [s for s in list(self._steps.values()) + [r.step for r in self.runners.runners.values()]
+                    if hasattr(s, "fell_back")]
+        if self.mode == "compile" and any(s.fell_back for s in compiled):
+            return f"{'graph' if self.device.type == 'cuda' else 'eager'} (compile failed)"
+        return self.mode
+
+
+class Generator(DecodeSession):
+    """The sampling policy's session: ``batch`` prompts of up to ``max_len`` positions (prompt +
+    new tokens), their static caches and token state, one captured region per choice rule.
 
     Args:
-        step_mode: ``auto`` (:data:`~mhe.models.captured_step.CUDA_STEP_MODE` on a GPU, eager on a
-            CPU), ``eager``, ``graph``, ``compile``; ``compile_options`` go to ``torch.compile``
+        step_mode: ``auto`` (:data:`~mhe.generation.step.CUDA_MODES`' ``sample`` on a GPU, eager on
+            a CPU), ``eager``, ``graph``, ``compile``; ``compile_options`` go to ``torch.compile``
             (None: inductor's defaults, or for a batch of one on CUDA
-            :data:`~mhe.models.captured_step.ONE_ROW_COMPILE_OPTIONS`).
+            :data:`~mhe.generation.step.ONE_ROW_COMPILE_OPTIONS`).
         kernel: the attention kernel of every sublayer while decoding (:data:`KERNELS
             <mhe.attention.kernels.KERNELS>`); None: :func:`~mhe.attention.kernels.decode_kernel`'s
             choice, except for prompts whose mask is not left padding (a gap inside a row),
@@ -212,34 +254,15 @@ class Generator:
     def __init__(self, model, batch: int, max_len: int, *, step_mode: str = "auto", kernel: str | None = None,
                  compile_options: dict | None = None) -> None:
         require_positive(batch=batch, max_len=max_len)
-        p = next(model.parameters())
-        self._model = weakref.ref(model)
+        super().__init__(model, step_mode=step_mode, keep=REGIONS)
         self.batch, self.max_len = batch, max_len
-        self.dtype, self.device = p.dtype, p.device  # of the weights, and so of the caches
-        self.mode = resolve_mode(step_mode, self.device)
         self.kernel = kernels.check_kernel(kernel) if kernel is not None else None
         self.compile_options = default_compile_options(batch, self.device, compile_options)
         self.options = {"step_mode": self.mode, "kernel": self.kernel, "compile_options": compile_options}
-        self.view, self.caches, self.padded = None, None, False
+        self.caches, self.padded = None, False
         self.key_mask = torch.ones(batch, max_len, dtype=torch.bool, device=self.device)  # [B, L] over the caches
         self.state = TokenState(batch, max_len, self.device)
         self.rng: torch.Generator | None = None  # a seeded call's private generator, made once
-        self._built_for, self._steps, self._regions = None, {}, {}
-
-    @property
-    def model(self):
-        model = self._model()
-        if model is None:
-            raise MheError("the model of this generator no longer exists")
-        return model
-
-    def step_mode_ran(self) -> str:
-        """The step mode this session's steps ran, where ``mode`` is the one asked for: a
-        ``compile`` step whose compilation failed ran its eager kernels (captured on CUDA: ``graph``)."""
-        compiled = [s for s in self._steps.values() if hasattr(s, "fell_back")]
-        if self.mode == "compile" and any(s.fell_back for s in compiled):
-            return f"{'graph' if self.device.type == 'cuda' else 'eager'} (compile failed)"
-        return self.mode
 
     def prefill(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor,
                 new_tokens: int) -> torch.Tensor:
@@ -274,11 +297,7 @@ class Generator:
     def step(self, rule: Rule) -> torch.Tensor:
         """One token: the model's step on the newest tokens, then ``rule``'s choice; the logits
         ``[B, V]`` it chose from (the region's output tensor, reused by the next step)."""
-        key = (self.padded, rule.key)
-        run = self._regions.pop(key, None)  # re-inserted: the newest last
-        if run is None:
-            if len(self._regions) >= REGIONS:
-                self._regions.pop(next(iter(self._regions)))
+        def make() -> StepRunner:
             model_step, choose = self._model_step(), self._chooser(rule)
 
             def region():
@@ -286,10 +305,9 @@ class Generator:
                 choose(logits)
                 return logits
             watched = self.state.tensors() + [c.index for c in self.caches]
-            run = StepRunner(region, mode="eager" if self.mode == "eager" else "graph", device=self.device,
-                             before_warmup=restorer(watched), generators=[rule.generator] if rule.generator else [])
-        self._regions[key] = run
-        return run()
+            return self.new_runner(region, mode="eager" if self.mode == "eager" else "graph",
+                                   before_warmup=restorer(watched), generators=[rule.generator] if rule.generator else [])
+        return self.runners.get((self.padded, rule.key), make)()
 
     def _chooser(self, rule: Rule) -> Callable[[torch.Tensor], None]:
         """``rule``'s choice on one step's logits, as the region runs it: in ``compile`` mode a
@@ -324,14 +342,12 @@ class Generator:
         if (p.dtype, p.device) != (self.dtype, self.device):
             raise MheError(f"this generator was built for {self.dtype} on {self.device}, the model is now "
                            f"{p.dtype} on {p.device}; build a new one with model.generator(batch, max_len)")
-        key = (weights_version(model), kernel, model.training)
-        if key != self._built_for:
+        def make():
             view = inference_view(model, kernel)
             view = shared_copy(model) if view is model else view  # never the model itself (weak reference)
-            self.view = fuse_projections(view)  # one product for Q, K, V: two kernels fewer a layer
-            self._steps, self._regions, self._built_for = {}, {}, key
-            if self.caches is None:
-                self.caches = self.view.new_caches(self.batch, self.max_len, dtype=self.dtype, device=self.device)
+            return fuse_projections(view)  # one product for Q, K, V: two kernels fewer a layer
+        if self.build((weights_version(model), kernel, model.training), make) and self.caches is None:
+            self.caches = self.view.new_caches(self.batch, self.max_len, dtype=self.dtype, device=self.device)
 
 
 def _left_padded(prompt_mask: torch.Tensor) -> bool:
@@ -378,180 +394,3 @@ def _resolved(options: dict, device: torch.device) -> dict:
 def release_default_sessions(model) -> None:
     """Free the default sessions of ``model`` (their caches and captured steps) now."""
     _DEFAULT.pop(model, None)
-
-
-# --- the token state: the per-token bookkeeping on the device -------------------------------------
-@dataclass(frozen=True)
-class Rule:
-    """How one call chooses its tokens; a captured region serves one rule (:attr:`key`).
-
-    Attributes:
-        sampling: greedy or sampling (its seed lives in ``generator``).
-        stop_ids: the stop tokens; ``stops``: the same as a ``[S]`` long tensor on the device
-            (None: no stop token).
-        hold_back: stop tokens cannot be chosen before ``min_new_tokens`` (a tensor of the state).
-        generator: the private generator a seeded call draws from (None: the device's default).
-    """
-
-    sampling: SamplingConfig
-    stop_ids: tuple[int, ...] = ()
-    stops: torch.Tensor | None = field(default=None, compare=False)
-    hold_back: bool = False
-    generator: torch.Generator | None = field(default=None, compare=False)
-
-    @property
-    def key(self) -> tuple:
-        """What a captured region depends on (host values only: no device read per token)."""
-        return (self.sampling.rule, self.stop_ids, self.hold_back, self.generator is not None)
-
-
-class TokenState:
-    """Static per-token tensors of ``batch`` rows generating up to ``max_len`` new tokens.
-
-    Attributes:
-        tok: ``[B, 1]`` the newest token of each row (the next step's input).
-        pos: ``[B, 1]`` its position.
-        count: 0-d, the new tokens so far (the column the next one is written to).
-        done: ``[B]`` the row has stopped (it then holds ``fill``).
-        made: ``[B]`` new tokens of a stopped row, its stop token included.
-        out: ``[B, max_len]`` the new tokens.
-        min_new: 0-d, ``min_new_tokens``; fill: 0-d, the token of a stopped row.
-        bad: 0-d, the first new token (0-based) whose logits were not finite in a running row
-            (NaN, +inf, or all -inf), -1 while none was; read once per call (:meth:`check_finite`).
-    """
-
-    def __init__(self, batch: int, max_len: int, device: torch.device) -> None:
-        def zeros(*shape, dtype=torch.long):
-            return torch.zeros(shape, dtype=dtype, device=device)
-        self.tok, self.pos, self.out = zeros(batch, 1), zeros(batch, 1), zeros(batch, max_len)
-        self.count, self.min_new, self.fill = zeros(), zeros(), zeros()
-        self.done, self.made = zeros(batch, dtype=torch.bool), zeros(batch)
-        self.bad = zeros() - 1
-
-    def tensors(self) -> list[torch.Tensor]:
-        """What a step changes (for a capture's warm-up to undo), ``out`` aside: a warm-up's
-        writes there are overwritten by the replay that follows."""
-        return [self.tok, self.pos, self.count, self.done, self.made, self.bad]
-
-    def start(self, last_position: torch.Tensor, *, min_new_tokens: int, fill: int) -> None:
-        """A new call whose prompts end at ``last_position`` ``[B, 1]``."""
-        self.pos.copy_(last_position)
-        self.count.zero_()
-        self.done.zero_()
-        self.made.zero_()
-        self.min_new.fill_(min_new_tokens)
-        self.fill.fill_(fill)
-        self.bad.fill_(-1)
-
-    def choose(self, logits: torch.Tensor, rule: Rule) -> None:
-        """Choose each row's next token from ``logits`` ``[B, V]`` by ``rule``, record it, and
-        advance: the token becomes the next step's input at the next position."""
-        raw = logits
-        if rule.hold_back:  # transformers' min_new_tokens: stop tokens at -inf until then
-            held = logits.index_fill(-1, rule.stops, float("-inf"))
-            logits = torch.where(self.count < self.min_new, held, logits)
-        chosen = next_token(logits, rule.sampling, rule.generator)  # [B]
-        self._note_not_finite(raw, None if rule.hold_back or rule.sampling.do_sample else chosen)
-        tok = torch.where(self.done, self.fill, chosen)
-        if rule.stops is not None:
-            self.made.copy_(torch.where(self.done, self.made, self.count + 1))
-            self.done.copy_(self.done | (tok[:, None] == rule.stops).any(-1))
-        self.out.index_copy_(1, self.count.view(1), tok[:, None])
-        self.tok.copy_(tok[:, None])
-        self.pos.add_(1)
-        self.count.add_(1)
-
-    def _note_not_finite(self, logits: torch.Tensor, argmax: torch.Tensor | None) -> None:
-        """Note in ``bad`` the first step whose row maximum is not finite (NaN, +inf, or every
-        logit -inf) in a running row, without reading the device. ``argmax``: the rows' argmax
-        of these same logits, whose logit is then the row maximum (argmax propagates NaN), which
-        saves a second pass over the vocabulary."""
-        if argmax is None or torch.compiler.is_compiling():  # compiled: fused with the argmax's pass
-            top = logits.amax(-1)
-        else:
-            top = logits.gather(-1, argmax[:, None])[:, 0]
-        broken = (top.isfinite() | self.done).logical_not().any()
-        self.bad.copy_(torch.where((self.bad < 0) & broken, self.count, self.bad))
-
-    def check_finite(self) -> None:
-        """Refuse the call whose logits were not finite (a token drawn or picked from NaN is noise)."""
-        step = int(self.bad)
-        if step >= 0:
-            raise MheError(f"the logits of new token {step + 1} (generation step {step + 1}) are not finite "
-                           "(NaN or inf): the model's weights or activations are; no token can be chosen")
-
-    def new_tokens(self, limit: int) -> torch.Tensor:
-        """``[B]`` new tokens per row: a stopped row's count, else ``limit``."""
-        return torch.where(self.done, self.made, limit)
-
-
-# --- choosing the next token: greedy or sampling --------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class SamplingConfig:
-    """How the next token is chosen.
-
-    Attributes:
-        do_sample: sample from the distribution (else greedy: the most likely token).
-        temperature: divides the logits before sampling (> 0).
-        top_k: keep only the k most likely tokens (0 = all).
-        top_p: keep the smallest set of most likely tokens whose probability reaches top_p
-            (nucleus sampling, Holtzman et al. 2020; 1.0 = all).
-        seed: seeds a private generator, so the same call gives the same tokens (None: the
-            global generator of the device, as ``torch.manual_seed`` sets it).
-    """
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise MheError(f"temperature must be > 0, got {self.temperature!r}")
-        if self.top_k:
-            require_positive(top_k=self.top_k)
-        if not 0.0 < self.top_p <= 1.0:
-            raise MheError(f"top_p must be in (0, 1], got {self.top_p!r}")
-
-    def generator(self, device: torch.device) -> torch.Generator | None:
-        """A new generator seeded with ``seed`` (None without a seed: the global one is used)."""
-        if self.seed is None:
-            return None
-        return torch.Generator(device=device).manual_seed(self.seed)
-
-    @property
-    def rule(self) -> tuple:
-        """What decides the choice apart from the seed (a captured step serves one rule)."""
-        return (self.do_sample, self.temperature, self.top_k, self.top_p) if self.do_sample else (False,)
-
-
-def filter_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """Temperature, then top-k and top-p: ``[B, V]`` fp32 logits with removed tokens at -inf."""
-    logits = logits.float()
-    if cfg.temperature != 1.0:
-        logits = logits / cfg.temperature
-    if cfg.top_k and cfg.top_k < logits.shape[-1]:
-        kth = logits.topk(cfg.top_k, dim=-1).values[:, -1:]  # [B, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if cfg.top_p < 1.0:  # from the least likely up: drop tokens while their mass stays <= 1 - top_p
-        sorted_logits, order = logits.sort(dim=-1)  # ascending
-        drop = sorted_logits.softmax(-1).cumsum(-1) <= 1 - cfg.top_p
-        drop[:, -1] = False  # the most likely token is always kept
-        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return logits
-
-
-def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of ``probs`` ``[B, V]``, ``[B]``: what ``torch.multinomial(probs, 1)``
-    draws with the same generator state (its one-sample path: the argmax of p / q with
-    q ~ Exp(1), the Gumbel-max trick), in three kernels and without its host-side checks."""
-    q = torch.empty_like(probs).exponential_(1, generator=generator)
-    return (probs / q).argmax(-1)
-
-
-def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The next token of every row, ``[B]``, from last-position logits ``[B, V]``."""
-    if not cfg.do_sample:
-        return logits.argmax(-1)
-    return draw(filter_logits(logits, cfg).softmax(-1), generator)

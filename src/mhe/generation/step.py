@@ -1,20 +1,21 @@
-"""The captured step: a decode step run eagerly, replayed as a CUDA graph, or compiled by
-``torch.compile`` and replayed, and the policy that picks one of these modes.
+"""The captured decode step and what every decode session shares: a step run eagerly, replayed
+as a CUDA graph, or compiled by ``torch.compile`` and replayed; the one policy that picks the
+mode; the undo of a capture's warm-ups; and the one check of non-finite logits.
 
 A step reads and writes only tensors (a static :class:`~mhe.attention.kv_cache.KVCache`, the
-token state of :mod:`mhe.models.generate`, a mask built from the cache's write position), so
+token state of :mod:`mhe.generation.sampling`, a mask built from the cache's write position), so
 the same graph serves every token. :class:`StepRunner` runs it in one of the
 :data:`STEP_MODES`: ``eager``; ``graph``, captured once with ``torch.cuda.graph`` and replayed
 (the same kernels as eager, so the output is bit-identical); ``compile``, compiled once by
 ``torch.compile`` (inductor fuses the elementwise work: norm with residual, bias with
 activation, the cache writes) and, on CUDA, captured in the same kind of graph, so a replay
-launches the fused kernels with no host work. ``auto`` is :data:`CUDA_STEP_MODE` on CUDA and
-``eager`` elsewhere.
+launches the fused kernels with no host work. ``auto`` is the policy's entry of
+:data:`CUDA_MODES` on CUDA and ``eager`` elsewhere.
 
 What the step runs on (the inference view of the model, its decode kernel) belongs to the
 attention package: :func:`mhe.attention.folding.inference_view`,
-:func:`mhe.attention.kernels.decode_kernel`. Generation (:mod:`mhe.models.generate`) and beam
-search (:mod:`mhe.models.beam_search`) build their steps here.
+:func:`mhe.attention.kernels.decode_kernel`. The two policies of a decode session, sampling
+(:mod:`mhe.generation.session`) and beam search (:mod:`mhe.generation.beam`), build their steps here.
 """
 
 from __future__ import annotations
@@ -30,15 +31,15 @@ from mhe.errors import MheError, one_of
 
 STEP_MODES = ("auto", "eager", "graph", "compile")
 
-CUDA_STEP_MODE = "compile"
-"""The step mode ``auto`` means on CUDA for generation (``model.generate``, the sampling path,
-``mhe generate``, the Hugging Face adapter's ``generate``): ``compile``, the step compiled by
-inductor and replayed as one CUDA graph with the choice of the next token, over ``graph`` (the
-same step's eager kernels replayed). Both are measured side by side, per kind and size, by
-``benchmarks/decode_speed.py`` (docs/benchmarks.md section 5: milliseconds per token and the
-first call's compile time of each mode), which this choice follows. Beam search keeps ``graph``
-(:data:`mhe.models.beam_search.CUDA_BEAM_MODE`): its fp32 output must equal the eager search's,
-which inductor's reordered arithmetic does not promise."""
+CUDA_MODES = {"sample": "compile", "beam": "graph"}
+"""What step mode ``auto`` means on CUDA, by policy. Generation (``model.generate``, the sampling
+path, ``mhe generate``, the Hugging Face adapter's ``generate``) takes ``compile``: the step
+compiled by inductor and replayed as one CUDA graph with the choice of the next token, over
+``graph`` (the same step's eager kernels replayed); both are measured side by side, per kind and
+size, by ``benchmarks/decode_speed.py`` (docs/benchmarks.md), which this choice follows. Beam
+search takes ``graph``: its fp32 output must equal the eager search's, which inductor's
+reordered arithmetic does not promise; ``step_mode="compile"`` fuses its step and captures it
+the same way."""
 
 
 ONE_ROW_COMPILE_OPTIONS = {"options": {"coordinate_descent_tuning": True}}
@@ -58,13 +59,14 @@ def default_compile_options(rows: int, device: torch.device, given: dict | None)
     return {"options": dict(ONE_ROW_COMPILE_OPTIONS["options"])}
 
 
-def resolve_mode(mode: str, device: torch.device, cuda_default: str = CUDA_STEP_MODE) -> str:
-    """The mode a step runs in on ``device``: ``auto`` is ``cuda_default`` on CUDA, ``eager``
-    elsewhere; ``graph`` needs CUDA (elsewhere it is ``eager``)."""
+def resolve_mode(mode: str, device: torch.device, policy: str = "sample") -> str:
+    """The mode a step of ``policy`` (``sample`` or ``beam``) runs in on ``device``: ``auto`` is
+    :data:`CUDA_MODES`'s entry on CUDA, ``eager`` elsewhere; ``graph`` needs CUDA (elsewhere it is
+    ``eager``)."""
     if mode not in STEP_MODES:
         raise one_of("decode step mode", mode, STEP_MODES)
     if mode == "auto":
-        return cuda_default if device.type == "cuda" else "eager"
+        return CUDA_MODES[policy] if device.type == "cuda" else "eager"
     if mode == "graph" and device.type != "cuda":
         return "eager"  # CUDA graphs need a CUDA device
     return mode
@@ -200,3 +202,42 @@ def restorer(tensors: Sequence[torch.Tensor]) -> Callable[[], None]:
         for t, s in zip(tensors, saved):
             t.copy_(s)
     return restore
+
+
+def note_non_finite(first: torch.Tensor, broken: torch.Tensor, step: torch.Tensor) -> None:
+    """Record in ``first`` (0-d, -1 while none was) ``step`` if ``broken`` (0-d bool) and no earlier
+    step was: on the device, no host read, so it runs inside a captured step."""
+    first.copy_(torch.where((first < 0) & broken, step, first))
+
+
+def refuse_non_finite(first: torch.Tensor, what: Callable[[int], str], consequence: str) -> None:
+    """Refuse a call whose logits were not finite at some step (``first`` >= 0, read once a call):
+    one line, ``what(step)`` naming the step, then ``consequence`` (a token chosen from NaN is noise)."""
+    step = int(first)
+    if step >= 0:
+        raise MheError(f"{what(step)} are not finite (NaN or inf): the model's weights or activations are; "
+                       f"{consequence}")
+
+
+class RunnerCache:
+    """The captured steps a session keeps, by key, at most ``size`` (the least recently used goes):
+    capturing costs far more than a step, so a session reuses them across calls."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.runners = size, {}
+
+    def get(self, key, build: Callable[[], "StepRunner"]) -> "StepRunner":
+        run = self.runners.pop(key, None)  # re-inserted: the newest last
+        if run is None:
+            if len(self.runners) >= self.size:
+                self.runners.pop(next(iter(self.runners)))
+            run = build()
+        self.runners[key] = run
+        return run
+
+    def clear(self) -> None:
+        self.runners = {}
+
+    def drop(self, which: Callable[[object], bool]) -> None:
+        """Forget the steps whose key ``which`` accepts (their buffers are gone)."""
+        self.runners = {k: r for k, r in self.runners.items() if not which(k)}

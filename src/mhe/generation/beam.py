@@ -1,13 +1,13 @@
-"""Beam search for the encoder-decoder, one static step per token.
+"""Beam search for the encoder-decoder, one static step per token: the beam policy of a decode session.
 
 One step reorders the self-attention caches in place by the surviving parents, decodes the
 last token of every hypothesis, and does the beam bookkeeping (log-softmax, finished
 hypotheses only extend with EOS at no cost, top-k over beam x vocabulary, the token history)
-on tensors, so :class:`~mhe.models.captured_step.StepRunner` can replay it as a CUDA graph or
-compile it once. What outlives one batch belongs to a :class:`BeamSearcher` the caller holds:
-the inference view of the model (fast MHE folded to MQA, the decode kernel of
-:func:`~mhe.attention.kernels.decode_kernel` on the decoder) and one :class:`BeamSession`
-(buffers and captured steps) per shape (rows, beam, source length rounded up to a multiple of
+on tensors, so :class:`~mhe.generation.step.StepRunner` can replay it as a CUDA graph or
+compile it once. What outlives one batch belongs to a :class:`BeamSearcher` the caller holds
+(a :class:`~mhe.generation.session.DecodeSession` of the ``beam`` policy): the inference view of
+the model (fast MHE folded to MQA, the decode kernel of :func:`~mhe.attention.kernels.decode_kernel`
+on the decoder), the captured steps, and one :class:`BeamSession` (buffers) per shape (rows, beam, source length rounded up to a multiple of
 :data:`SOURCE_BUCKET`), reused by later batches: capturing costs far more than a step. A step
 attends over (and reorders) only the first :data:`WINDOW`-multiple of target positions that
 holds its token (one captured step per window), as its mask says (``keys``). The search stops
@@ -23,17 +23,14 @@ import torch.nn.functional as F
 from mhe.attention import masks
 from mhe.attention.folding import inference_view, weights_version
 from mhe.attention.kernels import decode_kernel
+from mhe.attention.masks import as_bool_mask
 from mhe.errors import MheError
-from mhe.models.captured_step import StepRunner, resolve_mode
-from mhe.models.outputs import as_bool_mask
+from mhe.generation.session import DecodeSession
+from mhe.generation.step import note_non_finite, refuse_non_finite, resolve_mode, restorer
 
-__all__ = ["CUDA_BEAM_MODE", "SOURCE_BUCKET", "WINDOW", "BeamSearcher", "BeamSession", "beam_search",
-           "best_hypotheses", "length_penalty", "run_steps", "source_bucket"]
-
-CUDA_BEAM_MODE = "graph"
-"""The step mode ``auto`` means for beam search on CUDA: the eager kernels replayed as one CUDA
-graph, so the search (fp32 by default) gives exactly the eager search's translations;
-``step_mode="compile"`` fuses them (inductor) and captures the fused step the same way."""
+__all__ = ["SOURCE_BUCKET", "WINDOW", "BeamSearcher", "BeamSession", "beam_search", "best_hypotheses",
+           "length_penalty", "run_steps", "source_bucket"]
+SESSIONS = 16  # shapes a searcher keeps buffers for, the newest
 SOURCE_BUCKET = 32  # sources are padded (masked) to a multiple of this, so batches share a captured step
 WINDOW = 16  # steps attend over (and reorder) the first multiple of this many target positions
 
@@ -57,7 +54,7 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, 
     Hypotheses are ranked by log-probability; finished ones (ending in EOS) keep their
     score; the final choice divides by the length penalty. ``beam=1`` is greedy search.
     ``searcher``: a :class:`BeamSearcher` to reuse across batches (its captured steps); None
-    builds one from ``step_mode`` (see :mod:`mhe.models.captured_step`) and ``compile_options``.
+    builds one from ``step_mode`` (see :mod:`mhe.generation.step`) and ``compile_options``.
     ``return_scores`` also returns each best hypothesis's length-normalised score ``[B]``.
     """
     src_mask = check_request(src, src_mask, beam=beam, max_len=max_len)
@@ -70,7 +67,7 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, 
 def check_request(src: torch.Tensor, src_mask: torch.Tensor | None, *, beam: int, max_len: int) -> torch.Tensor:
     """The boolean source mask of a checked request (all True when None): sources ``[B, S]`` of
     token ids with B, S >= 1, a mask of their shape with a real token in every row (as
-    :func:`~mhe.models.generate.generate` asks of its prompts), ``beam >= 1`` and ``max_len >= 2``
+    :func:`~mhe.generation.session.generate` asks of its prompts), ``beam >= 1`` and ``max_len >= 2``
     (the BOS and at least one token)."""
     shape = tuple(getattr(src, "shape", ()))
     if not isinstance(src, torch.Tensor) or src.dim() != 2 or 0 in shape or src.is_floating_point():
@@ -108,31 +105,35 @@ def best_hypotheses(tokens: torch.Tensor, scores: torch.Tensor, *, eos_id: int, 
     return out[:, :width], best_score
 
 
-class BeamSearcher:
+class BeamSearcher(DecodeSession):
     """What beam search keeps between batches, held by the caller: the view of ``model`` it
-    decodes with and one :class:`BeamSession` per shape (the 16 newest), rebuilt when the
-    weights change."""
+    decodes with and the captured steps (a :class:`~mhe.generation.session.DecodeSession` of the
+    ``beam`` policy: ``auto`` replays the eager kernels as a CUDA graph, so an fp32 search gives
+    exactly the eager search's translations), and one :class:`BeamSession` per shape (the
+    :data:`SESSIONS` newest), all made again when the weights change."""
+
+    policy = "beam"
 
     def __init__(self, model, *, step_mode: str = "auto", compile_options: dict | None = None) -> None:
-        self.model, self.step_mode, self.compile_options = model, step_mode, compile_options
-        self.view, self.sessions, self._version = None, {}, None
+        super().__init__(model, step_mode=step_mode, compile_options=compile_options, keep=SESSIONS * 8)
+        self.step_mode, self.sessions = step_mode, {}
 
     def session(self, *, b: int, beam: int, src_len: int, max_len: int, eos_id: int) -> "BeamSession":
-        version = weights_version(self.model)
-        if version != self._version:  # new weights (or a new dtype or device): a new view and new sessions
-            p = next(self.model.parameters())
+        model = self.model
+        p = next(model.parameters())
+
+        def make():  # new weights (or a new dtype or device): a new view, steps and sessions
             self.dtype, self.device = p.dtype, p.device
-            self.mode = resolve_mode(self.step_mode, p.device, cuda_default=CUDA_BEAM_MODE)
-            kernel = decode_kernel(self.model, self.device, self.dtype)
-            self.view = inference_view(self.model, kernel, scope=lambda view: view.decoder_layers)
-            self.sessions, self._version = {}, version
+            self.mode = resolve_mode(self.step_mode, p.device, self.policy)
+            kernel = decode_kernel(model, self.device, self.dtype)
+            return inference_view(model, kernel, scope=lambda view: view.decoder_layers)
+        if self.build(weights_version(model), make):
+            self.sessions = {}
         key = (b, beam, src_len, max_len, eos_id)
         if key not in self.sessions:
-            if len(self.sessions) >= 16:
-                self.sessions.pop(next(iter(self.sessions)))
-            self.sessions[key] = BeamSession(self.view, b=b, beam=beam, src_len=src_len, max_len=max_len,
-                                             eos_id=eos_id, dtype=self.dtype, device=self.device, mode=self.mode,
-                                             compile_options=self.compile_options)
+            if len(self.sessions) >= SESSIONS:
+                self.runners.drop(lambda k, old=self.sessions.pop(next(iter(self.sessions))): k[0] == old.key)
+            self.sessions[key] = BeamSession(self, key, src_len=src_len, max_len=max_len)
         return self.sessions[key]
 
     def search(self, src, src_mask, *, bos_id, eos_id, beam, max_len):
@@ -213,11 +214,14 @@ def run_steps(session, t: int, steps: int, *, shrink: bool = True) -> int:
 
 
 class BeamSession:
-    """Buffers and the captured steps for ``b`` sources x ``beam`` hypotheses of ``max_len``."""
+    """Buffers for ``b`` sources x ``beam`` hypotheses of ``max_len`` (``key``: the searcher's key of
+    this shape, ``(b, beam, src_len, max_len, eos_id)``); its steps live in the searcher's cache."""
 
-    def __init__(self, view, *, b: int, beam: int, src_len: int, max_len: int, eos_id: int, dtype, device,
-                 mode: str, compile_options: dict | None) -> None:
+    def __init__(self, searcher: BeamSearcher, key: tuple, *, src_len: int, max_len: int) -> None:
+        b, beam, _, _, eos_id = key
         bk = b * beam
+        view, dtype, device = searcher.view, searcher.dtype, searcher.device
+        self.searcher, self.key = searcher, key
         self.view, self.b, self.beam, self.eos_id = view, b, beam, eos_id
         m, vocab = view.cfg.d_model, view.cfg.vocab_size
         self.memory = torch.zeros(bk, src_len, m, dtype=dtype, device=device)  # [B*k, S, m]
@@ -235,9 +239,7 @@ class BeamSession:
         self.eos_only[eos_id] = 0.0  # a finished hypothesis only repeats EOS, at no cost
         self._state = (self.history, self.scores, self.finished, self.parents, self.last, self.n_active,
                        self.bad_step)
-        self._saved: list[torch.Tensor] = []
-        self.mode, self.max_len, self.device, self.compile_options = mode, max_len, torch.device(device), compile_options
-        self.runners: dict[int, StepRunner] = {}  # window -> its step
+        self.mode, self.max_len = searcher.mode, max_len
 
     def start(self, memory: torch.Tensor, src_mask: torch.Tensor, bos_id: int) -> None:
         """Load one batch (``memory [B*k, S', m]``, ``S' <= S``) and store its cross-attention keys."""
@@ -282,10 +284,8 @@ class BeamSession:
 
     def check_finite(self) -> None:
         """Refuse a search whose logits were not finite at some step (read once per run of steps)."""
-        step = int(self.bad_step)
-        if step >= 0:
-            raise MheError(f"beam search: the logits of step {step} (target position {step}) are not finite "
-                           "(NaN or inf): the model's weights or activations are; no hypothesis can be ranked")
+        refuse_non_finite(self.bad_step, lambda s: f"beam search: the logits of step {s} (target position {s})",
+                          "no hypothesis can be ranked")
 
     def window(self, t: int) -> int:
         """Self-attention positions step ``t`` (0-based; it writes position ``t``) runs over:
@@ -296,25 +296,18 @@ class BeamSession:
         return min(-(-(t + 1) // WINDOW) * WINDOW, self.max_len)
 
     def advance(self, t: int) -> None:
-        """Run step ``t``, with the step of its window (captured the first time it is needed)."""
+        """Run step ``t``, with the step of its window (captured the first time it is needed; its
+        warm-ups undone by a restore of the state it changes)."""
         w = self.window(t)
-        runner = self.runners.get(w)
-        if runner is None:
-            if self.mode == "graph":
-                self._snapshot()  # capturing runs the step twice: undo it
-            runner = self.runners[w] = StepRunner(lambda: self.step(w), [], mode=self.mode, device=self.device,
-                                                  before_warmup=self._restore, compile_options=self.compile_options)
-        runner()
+
+        def make():
+            captured = self.mode != "eager" and self.searcher.device.type == "cuda"  # warm-ups to undo
+            return self.searcher.new_runner(lambda: self.step(w), mode=self.mode,
+                                            before_warmup=restorer(self._mutable()) if captured else None)
+        self.searcher.runners.get((self.key, w), make)()
 
     def _mutable(self) -> list[torch.Tensor]:
         return list(self._state) + [self.caches[0][0].index] + [c.kv for c, _ in self.caches]
-
-    def _snapshot(self) -> None:
-        self._saved = [t.clone() for t in self._mutable()]
-
-    def _restore(self) -> None:
-        for dst, src in zip(self._mutable(), self._saved):
-            dst.copy_(src)
 
     def step(self, window: int) -> torch.Tensor:
         """One beam step over the first ``window`` target positions."""
@@ -325,7 +318,7 @@ class BeamSession:
         mask = masks.self_attention_mask(tok, None, start=self.caches[0][0].index, keys=window)
         logits = self.view.decode(tok, self.memory, self.src_mask, mask, caches=self.caches)[:, -1]
         broken = (~torch.isfinite(logits.float().amax(-1)) & ~self.finished).any()  # NaN, +inf or all -inf
-        self.bad_step.copy_(torch.where((self.bad_step < 0) & broken, self.last + 1, self.bad_step))
+        note_non_finite(self.bad_step, broken, self.last + 1)
         logp = F.log_softmax(logits.float(), -1)  # [B*k, V]
         logp = torch.where(self.finished[:, None], self.eos_only, logp)
         vocab = logp.shape[-1]
