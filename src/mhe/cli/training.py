@@ -16,6 +16,7 @@ from mhe.models import preset
 from mhe.output_paths import check_output_dir, default_run_dir
 from mhe.tasks.catalogue import CATALOGUE, build_run, read_run_config, read_run_config_file, train_tasks
 from mhe.tasks.finetune_config import default_finetune_dir, finetune_config
+from mhe.tasks.run_tokenizer import refuse_ids_only_run
 from mhe.training.run_files import is_run_dir, require_run_dir
 
 PRETRAIN_TASK = {"decoder": "lm", "encoder": "mlm"}  # the objective of each architecture (section 4.1)
@@ -104,6 +105,8 @@ def pretrain_args(p):
 
 def cmd_pretrain(args) -> int:
     source = read_run_config(require_run_dir(args.init_from, "--init-from")) if args.init_from else None
+    if source is not None:  # before torch: an ids-only conversion cannot read the corpus (issue 58)
+        refuse_ids_only_run(args.init_from, "--init-from", doing="encode the text of --data")
     given, flags = {"preset": args.preset, "attention": args.attention}, given_flags(args)
     if source is not None:  # the source's model; what was given is compared with it (continued_run)
         args.preset, args.attention = source.preset, source.kind

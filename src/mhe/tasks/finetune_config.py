@@ -14,6 +14,7 @@ from mhe.data.benchmarks import bench_task, finetuning_tasks, task_files
 from mhe.errors import MheError
 from mhe.output_paths import default_run_dir
 from mhe.settings import setting
+from mhe.tasks.run_tokenizer import refuse_ids_only_run
 from mhe.training.config import DataConfig, RunConfig, TrainConfig, apply_overrides
 from mhe.training.atomic import verify
 from mhe.training.run_files import locate_run, read_run_record, require_run_dir
@@ -125,6 +126,7 @@ def finetune_config(task: str, checkpoint: str, *, data_dir: str = "", overrides
     ``overrides`` (``model.*`` items change the model from the preset) and the seed."""
     check_finetuning_task(task)
     record = read_run_record(require_run_dir(checkpoint, "--run"))
+    refuse_ids_only_run(checkpoint, "--run", doing=f"encode the text of {task}")
     # the model itself comes from the checkpoint; model.* settings here change it from the preset
     cfg = FinetuneSettings.default_config(record["run"]["preset"], attention=record["model"]["attention"],
                                           dataset=task)
