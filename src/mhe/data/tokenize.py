@@ -180,3 +180,13 @@ def check_encoded(tok: Tokenizer, ids, eos: int, what: str) -> None:
         raise MheError(f"{what}: the tokenizer maps it to {distinct} distinct id(s), {share:.0%} of {n:,} tokens "
                        "[PAD] or unknown; it does not encode this text (give the run the tokenizer its model was "
                        f"trained with; a conversion: {ids_only_fix()})")
+
+
+MODEL_NAMES = {"WordLevel": "word-level", "BPE": "BPE", "WordPiece": "WordPiece", "Unigram": "Unigram"}
+
+
+def describe_tokenizer(tok: Tokenizer) -> str:
+    """One phrase naming ``tok``, for the figures measured through it (a perplexity is per its
+    tokens): ``word-level, 10,000 entries``, ``BPE, 8,192 entries``, or ``ids only, 64 entries``."""
+    kind = "ids only" if ids_only(tok) else MODEL_NAMES.get(type(tok.model).__name__, type(tok.model).__name__)
+    return f"{kind}, {tok.get_vocab_size():,} entries"
