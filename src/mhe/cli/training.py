@@ -16,7 +16,7 @@ from mhe.models import preset
 from mhe.output_paths import check_output_dir, default_run_dir
 from mhe.tasks.catalogue import CATALOGUE, build_run, read_run_config, read_run_config_file, train_tasks
 from mhe.tasks.finetune_config import default_finetune_dir, finetune_config
-from mhe.tasks.run_tokenizer import refuse_ids_only_run
+from mhe.tasks.run_tokenizer import refuse_ids_only_run, run_source
 from mhe.training.run_files import is_run_dir, require_run_dir
 
 PRETRAIN_TASK = {"decoder": "lm", "encoder": "mlm"}  # the objective of each architecture (section 4.1)
@@ -103,6 +103,18 @@ def pretrain_args(p):
                         "unless train.warmup_* is set")
 
 
+def refuse_unsized_uptraining(run: str, items: list[str], steps: int) -> None:
+    """Refuse uptraining a converted run (``mhe convert``) without ``train.steps`` or
+    ``train.epochs``: the default schedule is a pre-training's (``steps`` long, a million for the
+    full-sized presets), not an uptraining's of a few percent of that (issue 58)."""
+    if not run_source(require_run_dir(run, "--init-from")):
+        return
+    if {i.split("=", 1)[0].strip() for i in items} & {"train.steps", "train.epochs"}:
+        return
+    raise MheError(f"--init-from {run} is a conversion: say how long to uptrain it with --set train.steps=N (or "
+                   f"train.epochs=N); the default, {steps:,} steps, is a pre-training schedule")
+
+
 def cmd_pretrain(args) -> int:
     source = read_run_config(require_run_dir(args.init_from, "--init-from")) if args.init_from else None
     if source is not None:  # before torch: an ids-only conversion cannot read the corpus (issue 58)
@@ -125,7 +137,8 @@ def cmd_pretrain(args) -> int:
     from mhe.tasks.runs import exit_status, run_training
 
     if source is not None:
-        cfg = continued_run(cfg, source, args.set, run=args.init_from, **given)
+        cfg = continued_run(cfg, source, args.set, run=args.init_from, **given)  # the model's differences first
+        refuse_unsized_uptraining(args.init_from, args.set, cfg.train.steps)
         cfg.train.init_from = str(args.init_from)
     res = run_training(cfg, args.out, args.resume)
     print_result(res)
