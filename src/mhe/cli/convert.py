@@ -10,6 +10,7 @@ from pathlib import Path
 from mhe.convert.options import MINIMISES, SPLITS, TARGETS, check_request, parse_option_sets
 from mhe.experiments.tables import print_table
 from mhe.output_paths import check_empty_out, default_run_dir
+from mhe.progress import quiet_library_bars
 
 
 def convert_args(p):
@@ -57,6 +58,7 @@ def cmd_convert(args) -> int:
     options = parse_option_sets(args.attention, args.set)  # before anything is read
     check_request(args.checkpoint, args.attention, args.n_kv_heads)  # before torch and any weights (issue 58)
     check_empty_out(out)
+    quiet_library_bars()  # transformers' loading bars only on a terminal
     from mhe.convert.runs import ConvertOptions, convert_run
 
     opts = ConvertOptions(kind=args.attention, n_kv_heads=args.n_kv_heads, options=options, align=args.align,

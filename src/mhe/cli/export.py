@@ -12,6 +12,7 @@ from __future__ import annotations
 from mhe.cli.common import add_run_folder_arg
 from mhe.errors import MheError
 from mhe.output_paths import check_output_dir
+from mhe.progress import quiet_library_bars
 from mhe.training.run_files import locate_run
 
 FORMATS = ("remote-code", "standard")
@@ -34,6 +35,7 @@ def cmd_export(args) -> int:
     if out.exists() and any(out.iterdir()):
         raise MheError(f"--out {out} already exists and is not an empty folder; choose a new folder")
     locate_run(args.run)
+    quiet_library_bars()  # transformers' writing bars only on a terminal
     from mhe.tasks.hf_runs import export_run
 
     out = export_run(args.run, args.out, format=args.format, family=args.family, data_dir=args.data_dir)
