@@ -125,11 +125,12 @@ def test_a_conversion_with_the_sources_tokenizer_trains_and_scores_real_text(tmp
     _tokenizer_folder(tok_dir, read_lines("ptb", "train", data_dir=str(root), limit=2000))
     assert main(["convert", "--checkpoint", str(hf), "--tokenizer", str(tok_dir), "--attention", "mhe-mul",
                  "--out", str(conv)]) == 0
-    record = json.loads((conv / "config.json").read_text())
     capsys.readouterr()
-    # uptraining needs its length: the default schedule is a pre-training's
+    # uptraining needs its length: the default schedule is a pre-training's; the model is the source's
     _refused(["pretrain", "--init-from", str(conv), "--data", "ptb", *data, "--out", str(up), *CHEAP], capsys,
              "is a conversion", "--set train.steps=N")
+    _refused(["pretrain", "--init-from", str(conv), "--preset", "llama-135m", "--data", "ptb", *data, "--out", str(up),
+              *CHEAP, "--set", "train.steps=2"], capsys, "--preset llama-135m (the source's: none, its sizes are its own)")
     assert main(["pretrain", "--init-from", str(conv), "--data", "ptb", *data, "--out", str(up), *CHEAP,
                  "--set", "train.steps=2"]) == 0
     capsys.readouterr()
@@ -148,5 +149,11 @@ def test_a_conversion_with_the_sources_tokenizer_trains_and_scores_real_text(tmp
     results = json.loads((up / "results.json").read_text())
     assert f"| perplexity (per token) | {results['perplexity']:.6g} |" in card
     assert f"measured with the run's tokenizer (BPE, {VOCAB:,} entries)" in card and "ids only" not in card
-    assert record["model"]["n_layers"] == 2 and record["model"]["d_model"] == 32
+    # the conversion and its uptraining record the checkpoint's own sizes, under no preset's name
+    for run in (conv, up):
+        saved = json.loads((run / "config.json").read_text())
+        assert saved["run"]["preset"] == "" and saved["run"]["model"]["n_layers"] == 2
+        assert saved["model"]["d_model"] == 32 and saved["model"]["n_heads"] == 4
+    assert json.loads((up / "results.json").read_text())["preset"] == ""
+    assert "llama-135m" not in card
     _same_logits(up, out, load_tokenizer(up).encode("the company said").ids)

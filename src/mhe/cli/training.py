@@ -13,6 +13,7 @@ from mhe.data.corpora import corpus, corpus_names
 from mhe.data.parallel_text import PARALLEL
 from mhe.errors import MheError, one_of
 from mhe.models import preset
+from mhe.models.config import family_preset
 from mhe.output_paths import check_output_dir, default_run_dir
 from mhe.tasks.catalogue import CATALOGUE, build_run, read_run_config, read_run_config_file, train_tasks
 from mhe.tasks.finetune_config import default_finetune_dir, finetune_config
@@ -121,11 +122,12 @@ def cmd_pretrain(args) -> int:
         refuse_ids_only_run(args.init_from, "--init-from", doing="encode the text of --data")
     given, flags = {"preset": args.preset, "attention": args.attention}, given_flags(args)
     if source is not None:  # the source's model; what was given is compared with it (continued_run)
-        args.preset, args.attention = source.preset, source.kind
+        # a source of no preset (a converted checkpoint) takes its family's conventions (schedule, warm-up)
+        args.preset, args.attention = source.preset or family_preset(source.model), source.kind
     if args.preset is None:
         raise MheError("pretrain needs --preset (tiny-decoder, gpt2-base, bert-base, ...) or --init-from RUN")
     args.attention = args.attention or "mha"
-    task = PRETRAIN_TASK.get(preset(args.preset).arch)
+    task = PRETRAIN_TASK.get((source.model if source is not None else preset(args.preset)).arch)
     if task is None:
         raise MheError(f"pretrain takes an encoder or decoder preset; {args.preset!r} is an encoder-decoder "
                        "(train it with translation)")
@@ -138,6 +140,7 @@ def cmd_pretrain(args) -> int:
 
     if source is not None:
         cfg = continued_run(cfg, source, args.set, run=args.init_from, **given)  # the model's differences first
+        cfg.preset = source.preset  # "" for a converted checkpoint: its sizes are its own
         refuse_unsized_uptraining(args.init_from, args.set, cfg.train.steps)
         cfg.train.init_from = str(args.init_from)
     res = run_training(cfg, args.out, args.resume)
