@@ -77,6 +77,7 @@ def _card_logits(folder, ids) -> torch.Tensor:
     done = subprocess.run([sys.executable, "-c", LOADER.format(snippet=snippet, ids=ids)], cwd=folder, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "[y/N]" not in done.stdout + done.stderr  # transformers asked nothing (it would wait on a terminal)
     return torch.load(folder / "logits.pt")
 
 
