@@ -105,7 +105,9 @@ def test_an_ids_only_conversion_is_refused_wherever_text_goes_in(tmp_path, capsy
     _refused(["eval", "--run", str(conv), *data], capsys, "holds ids only")
     _refused(["generate", "--run", str(conv), "--prompt", "the company said"], capsys, "holds ids only", fix)
     _refused(["finetune", "--task", "rte", "--run", str(conv), *data], capsys, "holds ids only")
-    assert not (tmp_path / "up").exists()
+    _refused(["compare", "--task", "lm", "--preset", "tiny-decoder", "--kinds", "mha", "--seeds", "1", "--data", "ptb",
+              *data, "--set", f"train.init_from={conv}", "--out", str(tmp_path / "cmp")], capsys, "holds ids only", fix)
+    assert not (tmp_path / "up").exists() and not (tmp_path / "cmp").exists()
     # an export works on ids, and its card says so
     out = tmp_path / "exported-ids"
     assert main(["export", "--run", str(conv), "--out", str(out)]) == 0
