@@ -165,7 +165,8 @@ def test_model_card(runs, loaded):
     for want in ("Llama-style decoder", "mhe-mul", "rotary order rope-then-psi", f"| total | {total:,} |",
                  "32 bytes per token in bf16/fp16 (keys and values: 1 layer x 1 K/V head x 8)",
                  f"| perplexity (per {results['perplexity_per']}) | {results['perplexity']:.6g} |",
-                 f"| tokenizer | {results['tokenizer']} |", f"measured with the run's tokenizer ({results['tokenizer']})"):
+                 f"| tokenizer | {results['tokenizer']} |",
+                 f"measured with the run's tokenizer ({results['tokenizer']})"):
         assert want in text, want
     psi_first = (loaded["folder"] / "llama-mhe-mul-psi-first" / "README.md").read_text()
     assert "rotary order psi-then-rope" in psi_first and "1 layer x 4 K/V heads x 8" in psi_first

@@ -133,7 +133,8 @@ def test_a_conversion_with_the_sources_tokenizer_trains_and_scores_real_text(tmp
     _refused(["pretrain", "--init-from", str(conv), "--data", "ptb", *data, "--out", str(up), *CHEAP], capsys,
              "is a conversion", "--set train.steps=N")
     _refused(["pretrain", "--init-from", str(conv), "--preset", "llama-135m", "--data", "ptb", *data, "--out", str(up),
-              *CHEAP, "--set", "train.steps=2"], capsys, "--preset llama-135m (the source's: none, its sizes are its own)")
+              *CHEAP, "--set", "train.steps=2"], capsys,
+             "--preset llama-135m (the source's: none, its sizes are its own)")
     assert main(["pretrain", "--init-from", str(conv), "--data", "ptb", *data, "--out", str(up), *CHEAP,
                  "--set", "train.steps=2"]) == 0
     capsys.readouterr()

@@ -74,7 +74,8 @@ def _run_from_args(task: str, args, task_options: dict | None = None, flags: dic
 
 def print_result(res: dict) -> None:
     keys = [k for k in ("status", "step", "task", "attention", "metric", "split", "score", "perplexity",
-                        "perplexity_per", "tokenizer", "word_perplexity", "accuracy", "mlm_accuracy", "attention_params", "out")
+                        "perplexity_per", "tokenizer", "word_perplexity", "accuracy", "mlm_accuracy",
+                        "attention_params", "out")
             if k in res]
     print(json.dumps({k: res[k] for k in keys}, indent=2))
 

@@ -1,12 +1,13 @@
 """One live line on the terminal for a whole comparison (``mhe compare``): how many runs are done,
 the step each running run has reached and an ETA, redrawn about once a second on standard error.
 
-The runs themselves keep their own progress bars in their logs (``runs/KIND-seedN/stderr.log``
-for the worker processes). The line reads the step each run last logged in its
+The runs themselves keep their own progress in their logs (``runs/KIND-seedN/stderr.log`` for
+the worker processes; whole lines there, :func:`mhe.progress.counter`). The line reads the step each run last logged in its
 ``metrics.jsonl`` (one record per ``train.log_every`` steps), so it works the same for runs in
 this process and in workers. Until a run finishes the ETA divides the steps still to do by the
 rate since the line started; from then on each step to do takes what a finished run's step took,
-its start-up included (:meth:`SweepProgress._seconds_left`). Messages (``[start]``, ``[done]``) are printed above it. Off a terminal it draws nothing.
+its start-up included (:meth:`SweepProgress._seconds_left`). Messages (``[start]``, ``[done]``)
+are printed above it. Off a terminal it draws nothing.
 """
 
 from __future__ import annotations

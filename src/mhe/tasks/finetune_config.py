@@ -8,8 +8,8 @@ import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 from mhe.data.benchmarks import bench_task, finetuning_tasks, task_files
 from mhe.errors import MheError

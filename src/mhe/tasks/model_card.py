@@ -107,7 +107,8 @@ def _tokenizer_lines(tokenizer: str, results: dict) -> list[str]:
         return lines + ["The run saved no tokenizer: the model takes token ids.", ""]
     lines.append(f"`tokenizer.json`: {tokenizer}.")
     if any("perplexity" in k for k in results):
-        lines.append(f"The perplexities below were measured with the run's tokenizer ({results.get('tokenizer', tokenizer)}): "
+        measured = results.get("tokenizer", tokenizer)
+        lines.append(f"The perplexities below were measured with the run's tokenizer ({measured}): "
                      "per word for a word-level tokenizer, else per token (`word_perplexity`: per word).")
     if tokenizer.startswith("ids only"):
         lines.append("**This tokenizer holds ids only**: the model was converted from a checkpoint saved without a "
