@@ -178,8 +178,9 @@ def check_encoded(tok: Tokenizer, ids, eos: int, what: str) -> None:
     share = sum(int(counts[i]) for i in unknown if i < counts.size) / n
     if share > MOST_UNKNOWN or (n >= MIN_TOKENS and distinct < MIN_DISTINCT):
         raise MheError(f"{what}: the tokenizer maps it to {distinct} distinct id(s), {share:.0%} of {n:,} tokens "
-                       "[PAD] or unknown; it does not encode this text (give the run the tokenizer its model was "
-                       f"trained with; a conversion: {ids_only_fix()})")
+                       "[PAD] or unknown: it does not cover this text, and a score or a training on it would mean "
+                       "nothing; give a corpus it covers, or the run its model's own tokenizer (a conversion: "
+                       f"{ids_only_fix()})")
 
 
 MODEL_NAMES = {"WordLevel": "word-level", "BPE": "BPE", "WordPiece": "WordPiece", "Unigram": "Unigram"}
