@@ -51,6 +51,29 @@ def test_setting_errors_import_no_torch():
     assert rcs == [2] * 7 and mods == set()
 
 
+def test_argument_and_path_errors_that_need_no_model_import_no_torch(tmp_path):
+    """Issue 58: a run that does not exist, generation options out of range, a missing checkpoint,
+    a non-empty export folder and a gqa conversion whose K/V heads do not divide the source's (read
+    from its config.json alone) are refused before torch is imported."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "llama", "num_attention_heads": 4}')
+    prompt = ["generate", "--run", str(tmp_path), "--prompt", "a"]
+    rcs, mods = _imported(["eval", "--run", "no-such-run"], ["eval", "--checkpoint", "no-such-run"],
+                          ["generate", "--run", "no-such-run", "--prompt", "a"],
+                          [*prompt, "--max-new-tokens", "-1"], [*prompt, "--top-p", "1.5"],
+                          [*prompt, "--temperature", "0"],
+                          ["export", "--run", "no-such-run", "--out", str(tmp_path / "o")],
+                          ["export", "--run", str(tmp_path), "--out", str(tmp_path / "full")],
+                          ["convert", "--checkpoint", "no-such-run", "--attention", "mqa"],
+                          ["convert", "--checkpoint", str(tmp_path / "hf"), "--attention", "gqa", "--n-kv-heads", "3"],
+                          ["convert", "--checkpoint", str(tmp_path / "hf"), "--attention", "mqa", "--n-kv-heads", "2"],
+                          ["convert", "--checkpoint", str(tmp_path / "hf"), "--attention", "gqa",
+                           "--out", str(tmp_path / "full")])
+    assert rcs == [2] * 12 and mods == set()
+
+
 def test_threads_apply_when_a_command_imports_torch():
     """``MHE_THREADS`` reaches torch when the command first imports it (here ``mhe eval``, which stops
     at a missing run after loading its modules)."""

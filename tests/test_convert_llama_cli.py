@@ -149,7 +149,8 @@ def test_a_hugging_face_llama_style_directory_converts(tmp_path, capsys, family,
                  "--out", str(same), "--no-eval", "--calibration", "0"]) == 0
     assert "</s> is [EOS]" in capsys.readouterr().err
     model, cfg, _ = load_run(same, inference=True)
-    assert cfg.preset == "llama-135m" and cfg.model.positions == "rotary" and cfg.model.qkv_bias == (family == "Qwen2")
+    # no preset (issue 58): the checkpoint's sizes are its own
+    assert cfg.preset == "" and cfg.model.positions == "rotary" and cfg.model.qkv_bias == (family == "Qwen2")
     ids = torch.randint(3, hf.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ours, theirs = model(ids).logits[..., :hf.config.vocab_size], hf(ids).logits

@@ -75,7 +75,7 @@ def test_generate_says_why_each_prompt_stopped(lm_run, capsys):
                  "--min-new-tokens", "1"]) == 0
     assert "prompt 1: 1 new token, stopped by --max-new-tokens 1\n" in capsys.readouterr().err  # one token, singular
     assert main(["generate", "--checkpoint", str(lm_run), "--prompt", "it", "--min-new-tokens", "-1"]) == 2
-    assert "min_new_tokens must be a non-negative integer, got -1" in capsys.readouterr().err
+    assert "--min-new-tokens must be a non-negative integer, got -1" in capsys.readouterr().err
 
 
 def test_generate_passes_its_step_options_to_the_session(lm_run, monkeypatch, capsys):

@@ -156,14 +156,17 @@ def test_translation_run_loads_without_mhe(runs, loaded):
 
 def test_model_card(runs, loaded):
     """The card names the architecture, the attention kind and rotary order, the parameters by
-    part (summing to the model's), the KV cache per token and the run's scores."""
+    part (summing to the model's), the KV cache per token, the tokenizer and the run's scores with
+    their unit (issue 58)."""
     text = (loaded["folder"] / "llama-mhe-mul" / "README.md").read_text()
     core = load_run(runs["llama-mhe-mul"], inference=True)[0]
     total = sum(p.numel() for p in core.parameters())
     results = json.loads((runs["llama-mhe-mul"] / "results.json").read_text())
     for want in ("Llama-style decoder", "mhe-mul", "rotary order rope-then-psi", f"| total | {total:,} |",
                  "32 bytes per token in bf16/fp16 (keys and values: 1 layer x 1 K/V head x 8)",
-                 f"| perplexity | {results['perplexity']:.6g} |"):
+                 f"| perplexity (per {results['perplexity_per']}) | {results['perplexity']:.6g} |",
+                 f"| tokenizer | {results['tokenizer']} |",
+                 f"measured with the run's tokenizer ({results['tokenizer']})"):
         assert want in text, want
     psi_first = (loaded["folder"] / "llama-mhe-mul-psi-first" / "README.md").read_text()
     assert "rotary order psi-then-rope" in psi_first and "1 layer x 4 K/V heads x 8" in psi_first

@@ -82,6 +82,14 @@ def check_output_dir(path: str | os.PathLike, option: str = "--out") -> Path:
     return path
 
 
+def check_empty_out(path: str | os.PathLike, option: str = "--out") -> Path:
+    """A folder a command writes whole (``mhe convert``): :func:`check_output_dir`, and absent or empty."""
+    path = check_output_dir(path, option)
+    if path.exists() and any(path.iterdir()):
+        raise MheError(f"{option} {path} is not empty; choose another {option} ({free_name(path)} is free)")
+    return path
+
+
 def check_output_file(path: str | os.PathLike, option: str, *, suffixes: tuple[str, ...] = (),
                       parent_must_exist: bool = False) -> Path:
     """A file a command may write: not a folder, with one of ``suffixes`` (when given), in a

@@ -7,9 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mhe.convert.options import MINIMISES, SPLITS, TARGETS, parse_option_sets
+from mhe.convert.options import MINIMISES, SPLITS, TARGETS, check_request, parse_option_sets
 from mhe.experiments.tables import print_table
-from mhe.output_paths import default_run_dir
+from mhe.output_paths import check_empty_out, default_run_dir
+from mhe.progress import quiet_library_bars
 
 
 def convert_args(p):
@@ -53,10 +54,13 @@ def convert_args(p):
 
 
 def cmd_convert(args) -> int:
-    from mhe.convert.runs import ConvertOptions, convert_run
-
     out = args.out or str(default_run_dir("convert", Path(args.checkpoint).resolve().name, args.attention))
     options = parse_option_sets(args.attention, args.set)  # before anything is read
+    check_request(args.checkpoint, args.attention, args.n_kv_heads)  # before torch and any weights (issue 58)
+    check_empty_out(out)
+    quiet_library_bars()  # transformers' loading bars only on a terminal
+    from mhe.convert.runs import ConvertOptions, convert_run
+
     opts = ConvertOptions(kind=args.attention, n_kv_heads=args.n_kv_heads, options=options, align=args.align,
                           naive=args.naive, evaluate=args.evaluate, split=args.split, calibration=args.calibration,
                           data=args.data, data_dir=args.data_dir, device=args.device, tokenizer=args.tokenizer)

@@ -15,6 +15,7 @@ from mhe.data.paths import read_source_lines
 from mhe.errors import MheError, one_of
 from mhe.output_paths import check_output_dir, check_output_file
 from mhe.settings import check_bounds
+from mhe.tasks.run_tokenizer import refuse_ids_only_run
 from mhe.training.config import DataConfig, EvalPrecision, option_device
 
 EVAL_TASKS = ("lm", "mlm", "recall", "mt", "finetune")
@@ -99,15 +100,10 @@ def cmd_harness(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    import torch
-
-    from mhe.tasks.cross_eval import corpus_perplexity
-    from mhe.tasks.runs import load_run
-    from mhe.training.checkpoint import write_json_atomic
-    from mhe.training.step import evaluation_precision
-
+    # every check that needs no model comes before torch is imported (under 0.5 s)
     check_scorer_options(args)
     if args.harness:
+        refuse_ids_only_run(args.run, doing="encode the harness's text")  # also: the run exists
         return cmd_harness(args)
     if args.stride is not None:  # checked as data.eval_stride is, before the run is loaded
         stride_field = next(f for f in dataclasses.fields(DataConfig) if f.name == "eval_stride")
@@ -118,9 +114,17 @@ def cmd_eval(args) -> int:
         raise one_of("--task", args.task, EVAL_TASKS)
     if args.precision is not None and args.precision not in EVAL_PRECISIONS:
         raise one_of("--precision", args.precision, EVAL_PRECISIONS)
-    device = option_device(args.device)
     if args.data and args.task != "lm":
         raise MheError(f"--data scores language-modelling runs; --task is {args.task!r}")
+    refuse_ids_only_run(args.run, doing="encode the text it would be scored on")  # also: the run exists
+    import torch
+
+    from mhe.tasks.cross_eval import corpus_perplexity
+    from mhe.tasks.runs import load_run
+    from mhe.training.checkpoint import write_json_atomic
+    from mhe.training.step import evaluation_precision
+
+    device = option_device(args.device)
     # the run's type first; then only its tokenizer and the split scored are read
     model, cfg, task = load_run(args.run, data_dir=args.data_dir, inference=True, tasks=(args.task,),
                                 needs=f"--task says {args.task!r}", device=device)

@@ -10,6 +10,10 @@ transformers architecture where one holds the model exactly and refuses otherwis
 from __future__ import annotations
 
 from mhe.cli.common import add_run_folder_arg
+from mhe.errors import MheError
+from mhe.output_paths import check_output_dir
+from mhe.progress import quiet_library_bars
+from mhe.training.run_files import locate_run
 
 FORMATS = ("remote-code", "standard")
 
@@ -27,10 +31,13 @@ def export_args(p):
 
 
 def cmd_export(args) -> int:
-    from mhe.output_paths import check_output_dir
+    out = check_output_dir(args.out)  # before torch: path errors answer at once (issue 58)
+    if out.exists() and any(out.iterdir()):
+        raise MheError(f"--out {out} already exists and is not an empty folder; choose a new folder")
+    locate_run(args.run)
+    quiet_library_bars()  # transformers' writing bars only on a terminal
     from mhe.tasks.hf_runs import export_run
 
-    check_output_dir(args.out)
     out = export_run(args.run, args.out, format=args.format, family=args.family, data_dir=args.data_dir)
     print(f"wrote {out} ({args.format}): load it with transformers' Auto classes"
           + (" and trust_remote_code=True" if args.format == "remote-code" else ""))

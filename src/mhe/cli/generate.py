@@ -17,6 +17,8 @@ from mhe.cli.common import add_decode_step_args, add_run_folder_arg, compile_opt
 from mhe.data.paths import read_source_lines
 from mhe.data.tokenize import special_id
 from mhe.errors import MheError
+from mhe.tasks.run_tokenizer import refuse_ids_only_run
+from mhe.training.run_files import locate_run
 
 
 def generate_args(p):
@@ -51,16 +53,33 @@ def read_prompts(prompts: list[str], source: str) -> list[str]:
     return out
 
 
+def check_sampling(args) -> None:
+    """The generation options, checked before torch is imported (as the generator checks them)."""
+    if args.max_new_tokens <= 0:
+        raise MheError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
+    if args.min_new_tokens < 0:
+        raise MheError(f"--min-new-tokens must be a non-negative integer, got {args.min_new_tokens}")
+    if not args.temperature > 0:
+        raise MheError(f"--temperature must be > 0, got {args.temperature}")
+    if args.top_k < 0:
+        raise MheError(f"--top-k must be a positive integer (0: all tokens), got {args.top_k}")
+    if not 0.0 < args.top_p <= 1.0:
+        raise MheError(f"--top-p must be in (0, 1], got {args.top_p}")
+
+
 def cmd_generate(args) -> int:
+    check_sampling(args)  # every check that needs no model comes before torch (issue 58)
+    locate_run(args.run)
+    prompts = read_prompts(args.prompt, args.input)
+    if args.stream and len(prompts) != 1:
+        raise MheError(f"--stream prints one continuation as it comes; got {len(prompts)} prompts")
+    refuse_ids_only_run(args.run, doing="encode a prompt")
+    step_options = compile_options(args.compile_options)  # before the model loads: bad input fails at once
     import torch
 
     from mhe.generation.session import left_pad
     from mhe.tasks.runs import load_run
 
-    prompts = read_prompts(args.prompt, args.input)
-    step_options = compile_options(args.compile_options)  # before the model loads: bad input fails at once
-    if args.stream and len(prompts) != 1:
-        raise MheError(f"--stream prints one continuation as it comes; got {len(prompts)} prompts")
     # the run's type first, then the run folder alone (its tokenizer and weights): no corpus is read
     model, cfg, task = load_run(args.run, inference=True, tasks=("lm",),
                                 needs="mhe generate needs a language-model (lm) run")

@@ -13,9 +13,11 @@ from mhe.data.corpora import corpus, corpus_names
 from mhe.data.parallel_text import PARALLEL
 from mhe.errors import MheError, one_of
 from mhe.models import preset
+from mhe.models.config import family_preset
 from mhe.output_paths import check_output_dir, default_run_dir
 from mhe.tasks.catalogue import CATALOGUE, build_run, read_run_config, read_run_config_file, train_tasks
 from mhe.tasks.finetune_config import default_finetune_dir, finetune_config
+from mhe.tasks.run_tokenizer import refuse_ids_only_run, run_source
 from mhe.training.run_files import is_run_dir, require_run_dir
 
 PRETRAIN_TASK = {"decoder": "lm", "encoder": "mlm"}  # the objective of each architecture (section 4.1)
@@ -72,7 +74,8 @@ def _run_from_args(task: str, args, task_options: dict | None = None, flags: dic
 
 def print_result(res: dict) -> None:
     keys = [k for k in ("status", "step", "task", "attention", "metric", "split", "score", "perplexity",
-                        "perplexity_per", "word_perplexity", "accuracy", "mlm_accuracy", "attention_params", "out")
+                        "perplexity_per", "tokenizer", "word_perplexity", "accuracy", "mlm_accuracy",
+                        "attention_params", "out")
             if k in res]
     print(json.dumps({k: res[k] for k in keys}, indent=2))
 
@@ -102,15 +105,30 @@ def pretrain_args(p):
                         "unless train.warmup_* is set")
 
 
+def refuse_unsized_uptraining(run: str, items: list[str], steps: int) -> None:
+    """Refuse uptraining a converted run (``mhe convert``) without ``train.steps`` or
+    ``train.epochs``: the default schedule is a pre-training's (``steps`` long, a million for the
+    full-sized presets), not an uptraining's of a few percent of that (issue 58)."""
+    if not run_source(require_run_dir(run, "--init-from")):
+        return
+    if {i.split("=", 1)[0].strip() for i in items} & {"train.steps", "train.epochs"}:
+        return
+    raise MheError(f"--init-from {run} is a conversion: say how long to uptrain it with --set train.steps=N (or "
+                   f"train.epochs=N); the default, {steps:,} steps, is a pre-training schedule")
+
+
 def cmd_pretrain(args) -> int:
     source = read_run_config(require_run_dir(args.init_from, "--init-from")) if args.init_from else None
+    if source is not None:  # before torch: an ids-only conversion cannot read the corpus (issue 58)
+        refuse_ids_only_run(args.init_from, "--init-from", doing="encode the text of --data")
     given, flags = {"preset": args.preset, "attention": args.attention}, given_flags(args)
     if source is not None:  # the source's model; what was given is compared with it (continued_run)
-        args.preset, args.attention = source.preset, source.kind
+        # a source of no preset (a converted checkpoint) takes its family's conventions (schedule, warm-up)
+        args.preset, args.attention = source.preset or family_preset(source.model), source.kind
     if args.preset is None:
         raise MheError("pretrain needs --preset (tiny-decoder, gpt2-base, bert-base, ...) or --init-from RUN")
     args.attention = args.attention or "mha"
-    task = PRETRAIN_TASK.get(preset(args.preset).arch)
+    task = PRETRAIN_TASK.get((source.model if source is not None else preset(args.preset)).arch)
     if task is None:
         raise MheError(f"pretrain takes an encoder or decoder preset; {args.preset!r} is an encoder-decoder "
                        "(train it with translation)")
@@ -122,7 +140,9 @@ def cmd_pretrain(args) -> int:
     from mhe.tasks.runs import exit_status, run_training
 
     if source is not None:
-        cfg = continued_run(cfg, source, args.set, run=args.init_from, **given)
+        cfg = continued_run(cfg, source, args.set, run=args.init_from, **given)  # the model's differences first
+        cfg.preset = source.preset  # "" for a converted checkpoint: its sizes are its own
+        refuse_unsized_uptraining(args.init_from, args.set, cfg.train.steps)
         cfg.train.init_from = str(args.init_from)
     res = run_training(cfg, args.out, args.resume)
     print_result(res)

@@ -10,6 +10,8 @@ The target kinds, what each fit minimises and the splits scored live here, witho
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 from mhe.attention.options import options_class
 from mhe.errors import MheError
@@ -64,3 +66,33 @@ def target_options(kind: str, n_kv_heads: int = 0, options: dict | None = None):
             raise MheError(f"--n-kv-heads {n_kv_heads} and --set {PREFIX}n_kv_heads={given} disagree; give one")
         values["n_kv_heads"] = n_kv_heads
     return typed_options(options_class(kind), values, "model.attn_options", f"attention kind {kind!r}")
+
+
+def source_heads(path: str | Path) -> int | None:
+    """The source's attention head count, read from its ``config.json`` alone (a run's ``model``,
+    a Hugging Face ``num_attention_heads`` or GPT-2's ``n_head``; None where it says none): the
+    conversion's options are checked against it before any weights load."""
+    try:
+        record = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the loader says what is wrong with the folder
+    if not isinstance(record, dict):
+        return None
+    model = record.get("model") if isinstance(record.get("model"), dict) and "run" in record else record
+    n = next((model[k] for k in ("n_heads", "num_attention_heads", "n_head") if k in model), None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def check_request(source: str | Path, kind: str, n_kv_heads: int) -> None:
+    """What ``mhe convert`` can refuse without torch or weights (issue 58): a source that does not
+    exist, ``n_kv_heads`` for a kind other than gqa, or one that does not divide the source's heads
+    (the same words as :func:`mhe.convert.model.check_conversion`, which checks it again)."""
+    if not Path(source).exists():
+        raise MheError(f"{source} does not exist: pass a run folder (with config.json) or a Hugging Face "
+                       "checkpoint directory")
+    if kind != "gqa" and n_kv_heads:
+        raise MheError(f"n_kv_heads={n_kv_heads} applies to gqa only, not to {kind!r}")
+    heads = source_heads(source)
+    if n_kv_heads < 0 or (n_kv_heads and heads and heads % n_kv_heads):
+        raise MheError(f"n_kv_heads={n_kv_heads} must be a positive divisor of n_heads={heads} "
+                       "(or 0: the default, n/4)")

@@ -26,8 +26,8 @@ from torch import nn
 
 from mhe.data.tokenize import SPECIALS, load_tokenizer, save_tokenizer
 from mhe.errors import MheError
-from mhe.models import PRESETS, build_model
-from mhe.models.config import cpu_sized
+from mhe.models import build_model
+from mhe.models.config import family_preset
 from mhe.tasks import build_task, default_run
 from mhe.tasks.runs import load_run
 from mhe.training.checkpoint import latest_checkpoint
@@ -116,10 +116,10 @@ def _hf_source(path: Path, data: str, data_dir: str, tokenizer: str) -> Source:
     if tok.get_vocab_size() > model.cfg.vocab_size:
         model = grow_vocab(model, tok.get_vocab_size())
     task = PRETRAINING_TASKS[head]
-    preset_name = family_preset(model.cfg)
-    run = default_run(task, preset_name, "mha", data)
+    run = default_run(task, family_preset(model.cfg), "mha", data)  # the family's conventions
     run.data.data_dir = data_dir
-    cfg = RunConfig(task=task, preset=preset_name, model=model.cfg.replace(), train=run.train, data=run.data)
+    # no preset: the checkpoint's sizes are its own (config.json's model), not a preset's
+    cfg = RunConfig(task=task, preset="", model=model.cfg.replace(), train=run.train, data=run.data)
     return Source(model, cfg, tok, path, "huggingface", notes, text)
 
 
@@ -150,14 +150,6 @@ def ids_only_tokenizer(path: Path, vocab_size: int) -> tuple[Tokenizer, list[str
     named = ", ".join(f"{v} = {k}" for k, v in sorted(names.items())) or "no special ids in config.json"
     return tok, [f"tokenizer: none in {path} (pass --tokenizer DIR, a folder or a run, to convert text); the "
                  f"converted run holds ids only: the model's vocabulary of {vocab_size:,} ({named})"]
-
-
-def family_preset(cfg) -> str:
-    """The full-sized preset of the imported model's family, the one its run records (its model
-    settings are the checkpoint's own): ``gpt2-base``, ``bert-base`` or, for a Llama-style
-    decoder (rotary positions), ``llama-135m``."""
-    return next(name for name, make in PRESETS.items() if not cpu_sized(name) and make().arch == cfg.arch
-                and (make().positions == "rotary") == (cfg.positions == "rotary"))
 
 
 def hf_tokenizer(path: Path, vocab_size: int, *, causal: bool = False) -> tuple[Tokenizer, list[str]]:

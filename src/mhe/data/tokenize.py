@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -134,3 +135,60 @@ def special_id(tok: Tokenizer, name: str) -> int:
     if i is None:
         raise MheError(f"tokenizer has no special token {name}")
     return i
+
+
+def ids_only(tok: Tokenizer) -> bool:
+    """Whether ``tok`` has no entry for any text: every token is a bracketed name (``[PAD]``,
+    ``[EOS]``, the ``[unused-N]`` placeholders), as ``mhe convert`` makes for a Hugging Face folder
+    without a tokenizer. Encoding text with it maps every line to one unknown id."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    return bool(vocab) and all(t.startswith("[") and t.endswith("]") for t in vocab)
+
+
+def ids_only_fix(source: str = "") -> str:
+    """How to give an ids-only run a tokenizer (``source``: the converted checkpoint, if known)."""
+    return (f"convert again with a tokenizer: mhe convert --checkpoint {source or 'SOURCE'} --tokenizer FOLDER "
+            "(the source model's tokenizer folder, as transformers saves one, or a run folder)")
+
+
+def refuse_ids_only(tok: Tokenizer, what: str, *, source: str = "", doing: str = "encode text") -> None:
+    """A one-line :class:`MheError` when ``tok`` (``what``: whose it is) holds ids only
+    (:func:`ids_only`): a score, a training or a prompt through it would be of ``[PAD]``s."""
+    if ids_only(tok):
+        raise MheError(f"{what} holds ids only (converted from a Hugging Face folder without a tokenizer) and "
+                       f"cannot {doing}; {ids_only_fix(source)}")
+
+
+MIN_DISTINCT = 5  # a text of MIN_TOKENS tokens or more uses at least this many distinct ids
+MIN_TOKENS = 100
+MOST_UNKNOWN = 0.5  # at most this share of a text's tokens may be [PAD] or the unknown token
+
+
+def check_encoded(tok: Tokenizer, ids, eos: int, what: str) -> None:
+    """Refuse (one line) token ids ``ids`` (a sequence or 1-D tensor; ``eos``: the end of each
+    line, left out) that are not text seen through ``tok``: more than :data:`MOST_UNKNOWN` of them
+    ``[PAD]``/unknown, or fewer than :data:`MIN_DISTINCT` distinct ids in :data:`MIN_TOKENS` or
+    more; a score or a training on them would mean nothing (``what``: the text, for the error)."""
+    arr = np.asarray(ids.numpy() if hasattr(ids, "numpy") else ids, dtype=np.int64)
+    counts = np.bincount(arr[arr != eos]) if arr.size else np.zeros(0, dtype=np.int64)
+    n, distinct = int(counts.sum()), int(np.count_nonzero(counts))
+    if not n:
+        return
+    names = {"[PAD]", "[UNK]", getattr(tok.model, "unk_token", None)}
+    unknown = {tok.token_to_id(t) for t in names if t} - {None}
+    share = sum(int(counts[i]) for i in unknown if i < counts.size) / n
+    if share > MOST_UNKNOWN or (n >= MIN_TOKENS and distinct < MIN_DISTINCT):
+        raise MheError(f"{what}: the tokenizer maps it to {distinct} distinct id(s), {share:.0%} of {n:,} tokens "
+                       "[PAD] or unknown: it does not cover this text, and a score or a training on it would mean "
+                       "nothing; give a corpus it covers, or the run its model's own tokenizer (a conversion: "
+                       f"{ids_only_fix()})")
+
+
+MODEL_NAMES = {"WordLevel": "word-level", "BPE": "BPE", "WordPiece": "WordPiece", "Unigram": "Unigram"}
+
+
+def describe_tokenizer(tok: Tokenizer) -> str:
+    """One phrase naming ``tok``, for the figures measured through it (a perplexity is per its
+    tokens): ``word-level, 10,000 entries``, ``BPE, 8,192 entries``, or ``ids only, 64 entries``."""
+    kind = "ids only" if ids_only(tok) else MODEL_NAMES.get(type(tok.model).__name__, type(tok.model).__name__)
+    return f"{kind}, {tok.get_vocab_size():,} entries"

@@ -1,11 +1,13 @@
 """One live line on the terminal for a whole comparison (``mhe compare``): how many runs are done,
 the step each running run has reached and an ETA, redrawn about once a second on standard error.
 
-The runs themselves keep their own progress bars in their logs (``runs/KIND-seedN/stderr.log``
-for the worker processes). The line reads the step each run last logged in its
+The runs themselves keep their own progress in their logs (``runs/KIND-seedN/stderr.log`` for
+the worker processes; whole lines there, :func:`mhe.progress.counter`). The line reads the step each run last logged in its
 ``metrics.jsonl`` (one record per ``train.log_every`` steps), so it works the same for runs in
-this process and in workers; the ETA divides the steps still to do by the rate since the line
-started. Messages (``[start]``, ``[done]``) are printed above it. Off a terminal it draws nothing.
+this process and in workers. Until a run finishes the ETA divides the steps still to do by the
+rate since the line started; from then on each step to do takes what a finished run's step took,
+its start-up included (:meth:`SweepProgress._seconds_left`). Messages (``[start]``, ``[done]``)
+are printed above it. Off a terminal it draws nothing.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class SweepProgress:
         self._thread: threading.Thread | None = None
         self._t0 = clock()
         self._steps0: int | None = None  # steps already done (resumed runs) when the line started
+        self._began: dict[Path, tuple[float, int]] = {}  # a running run's folder -> (when it started, its step then)
+        self._per_step: list[float] = []  # each finished run's seconds per step, its start-up included
 
     def steps_done(self) -> int:
         return sum(j.steps for j in self.done) + sum(min(last_step(j.run_dir), j.steps or 10 ** 12)
@@ -87,10 +91,30 @@ class SweepProgress:
             done = self.steps_done()
             if self._steps0 is None:
                 self._steps0 = done
-            rate = (done - self._steps0) / max(self.clock() - self._t0, 1e-9)
-            eta = duration((total - done) / rate) if rate > 0 else "--"
+            left = self._seconds_left(running)
+            if left is None:  # no run finished yet: the steps to do at the rate since the line started
+                rate = (done - self._steps0) / max(self.clock() - self._t0, 1e-9)
+                left = (total - done) / rate if rate > 0 else None
+            eta = duration(left) if left is not None else "--"
             parts.append(f"{100 * done // total}% of {total:,} steps, ETA {eta}")
         return " | ".join(parts)
+
+    def _seconds_left(self, running: list[Job]) -> float | None:
+        """Once a run has finished: every step still to do takes what a finished run's step took,
+        its start-up (data, model, compilation) included, shared among the runs going at once; a
+        running run has already spent its time since it started. None before any run finished.
+        (The rate of logged steps since the line started leaves out the start-ups still to come and
+        counts a run's steps only as it logs them.)"""
+        with self._lock:
+            if not self._per_step:
+                return None
+            per_step = sum(self._per_step) / len(self._per_step)
+            began, done = dict(self._began), list(self.done)
+        now = self.clock()
+        queued = sum(j.steps for j in self.jobs if j not in running and j not in done) * per_step
+        going = sum(max(0.0, (j.steps - began[j.run_dir][1]) * per_step - (now - began[j.run_dir][0]))
+                    for j in running if j.run_dir in began)
+        return (queued + going) / max(1, len(running))
 
     def _draw(self, text: str) -> None:
         width = shutil.get_terminal_size((100, 20)).columns - 1
@@ -108,13 +132,18 @@ class SweepProgress:
         self._draw(self.line())
 
     def start(self, job: Job) -> None:
+        step = last_step(job.run_dir)  # a resumed run starts where it stopped
         with self._lock:
             self.running.append(job)
+            self._began[job.run_dir] = (self.clock(), step)
 
     def finish(self, job: Job) -> None:
         with self._lock:
             self.running = [j for j in self.running if j != job]
             self.done.append(job)
+            began = self._began.pop(job.run_dir, None)
+            if began is not None and job.steps > began[1]:  # a run that trained here: its seconds per step
+                self._per_step.append((self.clock() - began[0]) / (job.steps - began[1]))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

@@ -221,6 +221,15 @@ def cpu_sized(name: str) -> bool:
     return name.startswith("tiny-") or name.endswith("-tiny")
 
 
+def family_preset(cfg: ModelConfig) -> str:
+    """The full-sized preset of ``cfg``'s family (``gpt2-base``, ``bert-base`` or, for a
+    Llama-style decoder with rotary positions, ``llama-135m``): the one whose conventions (default
+    schedule, tokenizer kind) a model of no preset takes, e.g. a converted Hugging Face checkpoint,
+    whose run records no preset since its sizes are its own."""
+    return next(name for name, make in PRESETS.items() if not cpu_sized(name) and make().arch == cfg.arch
+                and (make().positions == "rotary") == (cfg.positions == "rotary"))
+
+
 def preset(name: str) -> ModelConfig:
     """The named preset's configuration (a fresh copy)."""
     if name not in PRESETS:

@@ -9,11 +9,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from mhe.data.benchmarks import bench_task, finetuning_tasks, task_files
 from mhe.errors import MheError
+from mhe.models.config import family_preset
 from mhe.output_paths import default_run_dir
 from mhe.settings import setting
+from mhe.tasks.run_tokenizer import refuse_ids_only_run
 from mhe.training.config import DataConfig, RunConfig, TrainConfig, apply_overrides
 from mhe.training.atomic import verify
 from mhe.training.run_files import locate_run, read_run_record, require_run_dir
@@ -118,6 +121,14 @@ class FinetuneSettings(Task):
                 task_files(o.task, split, data_dir=cfg.data.data_dir or None)
 
 
+def _conventions(record: dict) -> str:
+    """The preset whose fine-tuning defaults a pre-training run takes: its own, or for a run of no
+    preset (a converted Hugging Face checkpoint) its family's (:func:`mhe.models.config.family_preset`)."""
+    if record["run"]["preset"]:
+        return record["run"]["preset"]
+    return family_preset(SimpleNamespace(arch=record["model"].get("arch"), positions=record["model"].get("positions")))
+
+
 def finetune_config(task: str, checkpoint: str, *, data_dir: str = "", overrides: Sequence[str] = (),
                     seed: int = 0) -> RunConfig:
     """Fine-tuning ``checkpoint`` (a pre-training run) on benchmark task ``task``: the
@@ -125,8 +136,9 @@ def finetune_config(task: str, checkpoint: str, *, data_dir: str = "", overrides
     ``overrides`` (``model.*`` items change the model from the preset) and the seed."""
     check_finetuning_task(task)
     record = read_run_record(require_run_dir(checkpoint, "--run"))
+    refuse_ids_only_run(checkpoint, "--run", doing=f"encode the text of {task}")
     # the model itself comes from the checkpoint; model.* settings here change it from the preset
-    cfg = FinetuneSettings.default_config(record["run"]["preset"], attention=record["model"]["attention"],
+    cfg = FinetuneSettings.default_config(_conventions(record), attention=record["model"]["attention"],
                                           dataset=task)
     cfg.data.data_dir = data_dir
     cfg.data.task_options = FinetuneOptions(task=task, checkpoint=os.path.normpath(str(checkpoint)))

@@ -84,6 +84,13 @@ def _config_ids(model, run_dir) -> dict[str, int]:
     return ids
 
 
+def _tokenizer_line(root: Path) -> str:
+    """The run's tokenizer in one phrase (:func:`mhe.data.tokenize.describe_tokenizer`; "" without one)."""
+    from mhe.data.tokenize import describe_tokenizer, load_tokenizer
+
+    return describe_tokenizer(load_tokenizer(root)) if (root / "tokenizer.json").is_file() else ""
+
+
 def export_run(run_dir: str | Path, out: str | Path, *, format: str = "remote-code", family: str | None = None,
                data_dir: str = "") -> Path:
     """Write a trained run as a folder transformers loads without mhe (``mhe export``).
@@ -113,5 +120,5 @@ def export_run(run_dir: str | Path, out: str | Path, *, format: str = "remote-co
     ids = _config_ids(model, run_dir)
     results = read_results(root) if (root / "results.json").is_file() else {}
     card = model_card(model, remote_config(model.cfg), name=root.name, run=read_run_record(root)["run"],
-                      results=results, folder_format=format)
+                      results=results, folder_format=format, tokenizer=_tokenizer_line(root))
     return save_model(model, out, format=format, tokenizer=run_tokenizer(run_dir), card=card, family=family, **ids)

@@ -125,8 +125,8 @@ def continued_run(cfg: RunConfig, source: RunConfig, overrides: list[str], *, ru
     if attention is not None and attention != source.kind:
         diffs.insert(0, f"--attention {attention} (the source's: {source.kind}; a new kind: mhe convert "
                         f"--checkpoint {run} --attention {attention}, then --init-from the converted run)")
-    if preset is not None and preset != source.preset:
-        diffs.insert(0, f"--preset {preset} (the source's: {source.preset})")
+    if preset is not None and preset != (source.preset or None):
+        diffs.insert(0, f"--preset {preset} (the source's: {source.preset or 'none, its sizes are its own'})")
     if diffs:
         raise MheError(f"--init-from {run} trains the source run's model, and these differ from it: "
                        f"{'; '.join(diffs)}; drop them (only model.{', model.'.join(RUN_SETTINGS)} may change)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mhe.data.corpora import check_corpus, word_count
-from mhe.data.tokenize import load_tokenizer
+from mhe.data.tokenize import describe_tokenizer, load_tokenizer
 from mhe.errors import MheError
 from mhe.metrics.perplexity import perplexity, sliding_window_nll
 from mhe.models import build_model
@@ -91,7 +91,7 @@ class CausalLMTask(LMSettings):
                                     progress=progress)
         word_level = is_word_level(self.tok)
         out = {"perplexity": perplexity(nll, n), "perplexity_per": "word" if word_level else "token",
-               "tokens": n, "nll": nll}
+               "tokenizer": describe_tokenizer(self.tok), "tokens": n, "nll": nll}
         words = word_count(lines)
         if not word_level:  # sub-word tokenizer: also report per word
             out["word_perplexity"] = perplexity(nll, words - 1)

@@ -87,12 +87,41 @@ def _scores(results: dict) -> list[tuple[str, str]]:
     for key, value in sorted(results.items()):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        rows.append((key, f"{value:.6g}" if isinstance(value, float) else str(value)))
+        rows.append((_with_unit(key, results), f"{value:.6g}" if isinstance(value, float) else str(value)))
     return rows
 
 
-def model_card(model, config, *, name: str, run: dict, results: dict, folder_format: str) -> str:
-    """The card's Markdown (``config``: the exported remote configuration, for the cache)."""
+def _with_unit(key: str, results: dict) -> str:
+    """``key`` with the unit of its perplexity: ``word_perplexity`` is per word, every other
+    perplexity per the run's ``perplexity_per`` (``word`` for a word-level tokenizer, else ``token``)."""
+    if "perplexity" not in key or key == "perplexity_per":
+        return key
+    per = "word" if "word_perplexity" in key else results.get("perplexity_per")
+    return f"{key} (per {per})" if per else key
+
+
+def _tokenizer_lines(tokenizer: str, results: dict) -> list[str]:
+    """The card's tokenizer section: what the scores were measured with; an ids-only tokenizer said plainly."""
+    lines = ["## Tokenizer", ""]
+    if not tokenizer:
+        return lines + ["The run saved no tokenizer: the model takes token ids.", ""]
+    lines.append(f"`tokenizer.json`: {tokenizer}.")
+    if any("perplexity" in k for k in results):
+        measured = results.get("tokenizer", tokenizer)
+        lines.append(f"The perplexities below were measured with the run's tokenizer ({measured}): "
+                     "per word for a word-level tokenizer, else per token (`word_perplexity`: per word).")
+    if tokenizer.startswith("ids only"):
+        lines.append("**This tokenizer holds ids only**: the model was converted from a checkpoint saved without a "
+                     "tokenizer, and the tokenizer here names the model's ids (`[unused-N]`, with its BOS/EOS/PAD) but "
+                     "encodes no text. Feed token ids (`model(input_ids)`), or use the source model's own tokenizer "
+                     "with these weights; text given to this tokenizer becomes unknown ids.")
+    return lines + [""]
+
+
+def model_card(model, config, *, name: str, run: dict, results: dict, folder_format: str,
+               tokenizer: str = "") -> str:
+    """The card's Markdown (``config``: the exported remote configuration, for the cache;
+    ``tokenizer``: the run's tokenizer in one phrase, :func:`mhe.data.tokenize.describe_tokenizer`)."""
     cfg = model.cfg
     auto = AUTO[cfg.arch] if cfg.head in ("lm", "mlm", "seq2seq") else \
         "AutoModelForQuestionAnswering" if cfg.head == "qa" else "AutoModelForSequenceClassification"
@@ -101,7 +130,8 @@ def model_card(model, config, *, name: str, run: dict, results: dict, folder_for
             ("layers x width", f"{cfg.n_layers} x {cfg.d_model}"),
             ("heads x head size", f"{cfg.n_heads} x {cfg.resolved_head_dim}"),
             ("feed-forward width", str(cfg.d_ff)), ("vocabulary", f"{cfg.vocab_size:,}"),
-            ("positions", str(cfg.max_len)), ("KV cache", kv_cache_line(config))]
+            ("tokenizer", tokenizer or "none saved"), ("positions", str(cfg.max_len)),
+            ("KV cache", kv_cache_line(config))]
     lines = ["---", "library_name: transformers", "tags:", "- mhe", "- multi-head-embedding-attention", "---", "",
              f"# {name}", "",
              f"A {architecture(cfg)} with {cfg.attention} attention, trained with mhe (multi-head embedding "
@@ -109,13 +139,15 @@ def model_card(model, config, *, name: str, run: dict, results: dict, folder_for
              "| | |", "| --- | --- |", *[f"| {k} | {v} |" for k, v in rows], "",
              "## Parameters", "", "| part | parameters |", "| --- | ---: |",
              *[f"| {k} | {v:,} |" for k, v in parameters_by_part(model).items()], "",
-             "## Loading", "", "```python", f"from transformers import AutoTokenizer, {auto}", "",
-             f"tokenizer = AutoTokenizer.from_pretrained(folder)",
+             "## Loading", "", "Run from this folder (or set `folder` to its path):", "",
+             "```python", f"from transformers import AutoTokenizer, {auto}", "", 'folder = "."',
+             f"tokenizer = AutoTokenizer.from_pretrained(folder{trust})",
              f"model = {auto}.from_pretrained(folder{trust})", "```", ""]
     if folder_format == "remote-code":
         lines += ["The modeling code (`modeling_mhe.py`, `layers_mhe.py`, `configuration_mhe.py`) is in this folder and needs only "
                   "torch and transformers. LoRA (peft) targets: `q_proj`, `k_proj`, `v_proj`, `out_proj` "
                   "(attention) and `fc_in`, `fc_out` or `gate`, `up`, `down` (feed-forward).", ""]
+    lines += _tokenizer_lines(tokenizer, results)
     scores = _scores(results)
     if scores:
         lines += ["## Scores", "", "| metric | value |", "| --- | --- |", *[f"| {k} | {v} |" for k, v in scores], ""]

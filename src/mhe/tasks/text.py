@@ -12,10 +12,12 @@ import torch
 
 from mhe.data.corpora import SPLITS, check_corpus, corpus, corpus_names, read_lines
 from mhe.errors import MheError
-from mhe.data.tokenize import cached_tokenizer, load_tokenizer, save_tokenizer, special_id
+from mhe.data.tokenize import (cached_tokenizer, check_encoded, load_tokenizer, refuse_ids_only, save_tokenizer,
+                                special_id)
 from mhe.output_paths import shown_path
 from mhe.progress import bar, note
 from mhe.runtime import cache_root
+from mhe.tasks.run_tokenizer import refuse_ids_only_run
 from mhe.tasks.vocab import resolve_tokenizer
 from mhe.training.run_report import phase
 
@@ -30,6 +32,7 @@ def check_text_data(cfg, what: str, splits=SPLITS) -> None:
         from mhe.tasks.init_from import source_checkpoint  # it reads tokenizers through this module
 
         source_checkpoint(cfg.train.init_from)
+        refuse_ids_only_run(cfg.train.init_from, "train.init_from", doing="encode the text of the corpus")
 
 
 def corpus_lines(cfg, split: str) -> list[str]:
@@ -73,13 +76,19 @@ def token_stream(tok, lines: list[str], *, progress: bool = False, desc: str = "
     """Every line's tokens followed by [EOS], as one 1-D stream; ``progress``: count the lines
     on a bar (standard error). A stream of ``CACHED_FROM_LINES`` lines or more (a training split)
     is kept in ``MHE_CACHE_DIR/tokens``, keyed by the SHA-256 of the tokenizer and the lines, and a
-    later run of the same corpus and tokenizer reads it back instead of tokenizing again."""
+    later run of the same corpus and tokenizer reads it back instead of tokenizing again.
+
+    A tokenizer of ids only, or a stream that is mostly ``[PAD]``/unknown ids or of a handful of
+    distinct ids, is refused in one line (:func:`mhe.data.tokenize.check_encoded`): nothing is
+    trained or scored on text the tokenizer cannot see."""
+    refuse_ids_only(tok, "the run's tokenizer")
+    eos = special_id(tok, "[EOS]")
     path = _stream_path(tok, lines) if len(lines) >= CACHED_FROM_LINES else None
     if path is not None and path.is_file():
         ids = np.fromfile(path, dtype=np.int32)
         note(f"{desc}: {len(lines):,} lines, {ids.size:,} tokens read back from {shown_path(path)}", enabled=progress)
+        check_encoded(tok, ids, eos, f"{desc}: {len(lines):,} lines")
         return torch.from_numpy(ids.astype(np.int64))
-    eos = special_id(tok, "[EOS]")
     ids: list[int] = []
     with bar(len(lines), desc=desc, unit="line", enabled=progress) as shown:
         for k in range(0, len(lines), TOKENIZE_CHUNK):
@@ -89,6 +98,7 @@ def token_stream(tok, lines: list[str], *, progress: bool = False, desc: str = "
                 ids.append(eos)
             shown.update(len(chunk))
     stream = torch.tensor(ids, dtype=torch.long)
+    check_encoded(tok, stream, eos, f"{desc}: {len(lines):,} lines")
     if path is not None:
         _write_stream(path, stream)
     return stream

@@ -116,7 +116,9 @@ class DataConfig:
 @dataclass
 class RunConfig:
     """One run: the task, the model preset and its resolved :class:`ModelConfig`, training
-    and data settings. ``model`` defaults to the preset; ``model.attention`` is the kind."""
+    and data settings. ``model`` defaults to the preset; ``model.attention`` is the kind.
+    ``preset`` "" names no preset: the model's sizes are its own (a converted Hugging Face
+    checkpoint), and ``model`` is given."""
 
     task: str
     preset: str
@@ -138,6 +140,8 @@ class RunConfig:
 
     def model_overrides(self) -> dict:
         """The model settings that differ from the preset's (kind and its options aside)."""
+        if not self.preset:
+            return {}  # no preset: the model is its own
         base = preset(self.preset)
         return {f.name: _plain(getattr(self.model, f.name)) for f in dataclasses.fields(ModelConfig)
                 if f.name not in ("attention", "attn_options") and getattr(self.model, f.name) != getattr(base, f.name)}
@@ -208,7 +212,8 @@ def from_dict(d: dict, task_options: type) -> RunConfig:
 def validate(cfg: RunConfig) -> None:
     """Check every setting of ``cfg`` (types, finiteness, ranges, allowed values) and the
     rules between them; normalise the typed options. Raises a one-line :class:`MheError`."""
-    preset(cfg.preset)
+    if cfg.preset or not isinstance(cfg.model, ModelConfig):
+        preset(cfg.preset)
     if not isinstance(cfg.model, ModelConfig):
         raise MheError(f"model must be a ModelConfig, got {type(cfg.model).__name__}")
     cfg.model = cfg.model.replace()  # runs the model's own checks after field-by-field edits

@@ -9,9 +9,8 @@ import threading
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 from mhe.errors import MheError
+from mhe.progress import counter
 from mhe.training.run_files import METRICS, append_metrics
 
 
@@ -97,7 +96,8 @@ class SignalWatch:
 
 
 def _progress(start, total):
-    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, mininterval=1.0, leave=False)
+    """The step bar: tqdm on a terminal, whole lines elsewhere (:func:`mhe.progress.counter`)."""
+    return counter(total, desc="training", unit="step", initial=start)
 
 
 def _tensorboard(out: Path):
