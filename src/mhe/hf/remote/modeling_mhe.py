@@ -61,6 +61,7 @@ class MhePreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_cache_class = True
     _supports_static_cache = True
+    _can_compile_fullgraph = True
 
     def _init_weights(self, module):
         """For a model built from its configuration: N(0, 0.02) weights and head embeddings,
@@ -108,14 +109,17 @@ class MheForCausalLM(MhePreTrainedModel, GenerationMixin):
         return self.lm_head
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, use_cache=None,
-                **kwargs):
+                logits_to_keep=0, **kwargs):
+        """``logits_to_keep``: the last that many positions' logits (0: all), or the positions to keep
+        (as transformers' Llama takes it: ``generate`` asks for the prompt's last one only)."""
         cache = _cache_arg(kwargs)
         if not (self.config.use_cache if use_cache is None else use_cache):
             cache = None
         elif cache is None:
             cache = DynamicCache()
         h = self.decoder(input_ids, attention_mask, cache, position_ids)
-        logits = self._logits(self.lm_head, h)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self._logits(self.lm_head, h[:, keep])
         loss = None if labels is None else _token_loss(logits[:, :-1], labels[:, 1:])
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: cache})
 
@@ -252,7 +256,7 @@ class MheForSeq2SeqLM(MhePreTrainedModel, GenerationMixin):
         x = self.embed(input_ids, positions)
         mask, padding = padding_mask(attention_mask), key_padding(attention_mask)
         for layer in self.encoder_layers:
-            x = layer(x, positions=positions, mask=mask, padding=padding)
+            x = layer(x, mask=mask, padding=padding)
         return self.encoder_norm(x) if self.encoder_norm is not None else x
 
     def decode(self, ids, memory, attention_mask=None, decoder_attention_mask=None, cache=None):
@@ -263,7 +267,7 @@ class MheForSeq2SeqLM(MhePreTrainedModel, GenerationMixin):
         mask = self_attention_mask(decoder_attention_mask, t, start, True, ids.device)
         cross = padding_mask(attention_mask)
         for i, layer in enumerate(self.decoder_layers):
-            x = layer(x, positions=positions, mask=mask, cache=cache, layer=i, context=memory, context_mask=cross)
+            x = layer(x, mask=mask, cache=cache, layer=i, context=memory, context_mask=cross)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         return self._logits(self.lm_head, x)
