@@ -338,6 +338,21 @@ def _rotate(rope, t):
     return t if rope is None else rope(t)
 
 
+_TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _gqa_fused(q) -> bool:
+    """Whether SDPA reads grouped K/V heads (``enable_gqa``, no mask) on a fused kernel: the CPU's;
+    on CUDA FlashAttention-2 (fp16/bf16, head_dim <= 256), and the memory-efficient kernel from
+    torch 2.14 on. Elsewhere SDPA falls to its math backend, which writes out every score."""
+    if q.device.type != "cuda" or _TORCH >= (2, 14):
+        return True
+    dtype = q.dtype
+    if dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+    return dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256
+
+
 def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
@@ -364,8 +379,9 @@ def attend(q, k, v, mask, dropout_p: float, causal: bool = False):
     """Scaled dot-product attention of ``q [B, n, T, d]`` over ``k, v [B, g, L, d]``, each K/V
     head shared by n/g query heads and never copied to them: where every query row sees the same
     keys (one new token, or a mask without a query axis), the n/g heads of a group become rows of one
-    query ``[B, g, (n/g)*T, d]``; under a causal pattern without a mask, SDPA's ``enable_gqa``;
-    only a causal or padded prompt under a full mask repeats K/V. ``causal``: the queries are
+    query ``[B, g, (n/g)*T, d]``; under a causal pattern without a mask, SDPA's ``enable_gqa`` where
+    a fused kernel reads grouped heads (:func:`_gqa_fused`); only a prompt under a full mask (padding)
+    or on no such kernel repeats K/V. ``causal``: the queries are
     positions ``0 .. T-1`` (the keys past T, a static cache's empty rows, are not read)."""
     n, g, t = q.shape[1], k.shape[1], q.shape[2]
     if causal and k.shape[2] > t:
@@ -377,7 +393,7 @@ def attend(q, k, v, mask, dropout_p: float, causal: bool = False):
         out = F.scaled_dot_product_attention(q.reshape(b, g, (n // g) * t, q.shape[-1]), k, v, attn_mask=mask,
                                              dropout_p=dropout_p)
         return out.view(b, n, t, v.shape[-1])
-    if mask is None:
+    if mask is None and _gqa_fused(q):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, enable_gqa=True)
     k, v = k.repeat_interleave(n // g, 1), v.repeat_interleave(n // g, 1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
