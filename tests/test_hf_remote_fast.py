@@ -174,3 +174,39 @@ def test_compiled_static_generate(kind):
         torch._dynamo.reset()
         got = hf.generate(x, max_new_tokens=5, do_sample=False, cache_implementation="static", compile_config=config)
     assert hasattr(hf, "_compiled_call") and torch.equal(got, want)
+
+
+def reference_attention(q, k, v, mask, causal):
+    """softmax(q k^T / sqrt(d)) v written out, K/V heads repeated to the query heads."""
+    r = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(r, 1), v.repeat_interleave(r, 1)
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    if causal:  # query i sees keys 0 .. i
+        t, keys = q.shape[2], k.shape[2]
+        scores = scores.masked_fill(torch.arange(keys)[None, :] > torch.arange(t)[:, None], float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+CASES = {"one token, mask": (1, True, False), "one token": (1, False, False), "prompt, causal": (5, False, True),
+         "prompt, mask": (5, True, False)}
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["gqa-kernel", "no-gqa-kernel"])
+@pytest.mark.parametrize("heads", [(4, 1), (4, 2), (4, 4)], ids=["one-kv", "grouped", "mha"])
+@pytest.mark.parametrize("case", CASES)
+def test_attend_equals_the_written_out_attention(case, heads, fused, monkeypatch):
+    """Every branch of ``attend`` (the query heads as rows of one query, SDPA's ``enable_gqa``, the
+    repeated K/V where no fused kernel reads grouped heads, a static cache's unfilled keys past a
+    causal prompt) computes the written-out attention."""
+    monkeypatch.setattr(layers, "_gqa_fused", lambda q: fused)
+    t, masked, causal = CASES[case]
+    (n, g), keys = heads, 7
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, h, s, 8, generator=gen, dtype=torch.float64) for h, s in ((n, t), (g, keys), (g, keys)))
+    mask = torch.rand(2, 1, t, keys, generator=gen) > 0.3 if masked else None
+    if mask is not None:
+        mask[..., 0] = True  # every query sees a key
+    want = reference_attention(q, k[:, :, :t] if causal else k, v[:, :, :t] if causal else v, mask, causal)
+    torch.testing.assert_close(layers.attend(q, k, v, mask, 0.0, causal), want, **TOL)

@@ -396,7 +396,7 @@ def attend(q, k, v, mask, dropout_p: float, causal: bool = False):
     if mask is None and _gqa_fused(q):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, enable_gqa=True)
     k, v = k.repeat_interleave(n // g, 1), v.repeat_interleave(n // g, 1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
 
 
 class Mixing(nn.Module):
