@@ -5,6 +5,8 @@ weights (and never in training), the static cache and ``torch.compile`` give gen
 and logits. Equality with the core model: tests/test_hf_export.py.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -152,6 +154,23 @@ def test_folds_made_once_and_remade_when_weights_change(monkeypatch):
     assert "fold_query" not in dict(hf.named_buffers(recurse=True)).keys() | set(attn._buffers)
     hf(x).logits.sum().backward()
     assert attn.head_embed.grad.abs().sum() > 0 and len(made) == SMALL["n_layers"] + 1
+
+
+def test_folds_follow_a_merged_adapter():
+    """A model run in eval mode, then wrapped by peft with LoRA on ``out_proj`` and merged at once
+    (``merge_and_unload`` writes W^O through ``.data``, which no version counter sees): its next call
+    computes with the merged weight, as the adapter did unmerged."""
+    peft = pytest.importorskip("peft")
+    hf = to_remote(perturbed("llama-tiny", "mhe-mul")).eval()
+    x = ids()
+    with torch.no_grad():
+        base = hf(x).logits  # the folds made from the weights before the adapter
+        wrapped = peft.get_peft_model(hf, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["out_proj"],
+                                                          init_lora_weights=False))
+        unmerged = copy.deepcopy(wrapped)(input_ids=x).logits
+        merged = wrapped.merge_and_unload()(x).logits
+    assert (unmerged - base).abs().max() > 1e-3
+    torch.testing.assert_close(merged, unmerged, **TOL)
 
 
 def test_logits_to_keep():

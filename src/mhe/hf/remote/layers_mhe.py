@@ -276,12 +276,23 @@ class Attention(nn.Module):
             self.register_buffer(name, None if t is None else _static(t.detach()), persistent=False)
         self._fold_key = key
 
+    def _drop_folds(self) -> None:
+        for name in ("fold_query", "fold_out_weight", "fold_out_bias"):
+            self._buffers.pop(name, None)
+        self._fold_key = None
+
     def train(self, mode: bool = True):
-        if mode and self.kind in MHE_KINDS:  # training computes from the weights: drop the kept copies
-            for name in ("fold_query", "fold_out_weight", "fold_out_bias"):
-                self._buffers.pop(name, None)
-            self._fold_key = None
+        """Also drops the kept folds: training computes from the weights, and ``eval()`` (loaders
+        such as ``from_pretrained`` and peft's call it) makes them again at the next call, so a write
+        no version counter sees (through ``.data``) is seen after it."""
+        if self.kind in MHE_KINDS:
+            self._drop_folds()
         return super().train(mode)
+
+    def __setattr__(self, name, value):
+        if name == "out_proj" and "fold_query" in self.__dict__.get("_buffers", {}):
+            self._drop_folds()  # an adapter wraps W^O or is merged into it through .data (peft): fold anew
+        super().__setattr__(name, value)
 
     # --- projections -------------------------------------------------------------
     def queries(self, x, rope, folded=None):
