@@ -20,6 +20,17 @@ Attention kinds (``config.mhe["attention"]``), all through one :class:`Attention
   ``"psi-then-rope"`` before it (n explicit heads, n cached).
 * ``fnet`` and ``linear`` mix whole sequences (Lee-Thorp et al. 2022): no cache.
 
+Inference runs MHE at multi-query cost, as mhe's own inference view does: in eval mode without
+gradients an MHE sublayer keeps its per-head query factors and its folded output weight and bias
+(MHE-Mul: W^O's columns scaled by 1 + e^V; MHE-Add: the bias b^O + W^O e^V) as buffers outside the
+state dict, made at its first such call and again when the weights they come from change (a
+version counter or storage moves; ``eval()``; ``out_proj`` replaced, as peft does) - a write through
+``.data`` alone is not seen until then; training and calls that want gradients compute from the
+weights. The cache holds one K/V head a layer (``num_key_value_heads``, transformers' dynamic and
+static caches), and SDPA reads it as it is: one new token's n query heads become rows of one query,
+a prompt goes through ``enable_gqa``. The RoPE table is made once on the CPU (mhe's constants) and
+indexed once a forward; ``generate``'s static cache compiles (``torch.compile``, one graph).
+
 LoRA (peft): every projection is an ``nn.Linear`` called as a module, so adapters apply
 wherever they are put. Attention: ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (``kv_proj``
 for skv); feed-forward: ``fc_in``, ``fc_out`` (GPT-2, BERT, Transformer) or ``gate``, ``up``,
