@@ -72,7 +72,6 @@ class MhePreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_cache_class = True
     _supports_static_cache = True
-    _can_compile_fullgraph = True
 
     def _init_weights(self, module):
         """For a model built from its configuration: N(0, 0.02) weights and head embeddings,
@@ -102,6 +101,7 @@ class MheForCausalLM(MhePreTrainedModel, GenerationMixin):
     """The decoder with its language-model head (tied to the token embeddings when the config says)."""
 
     _tied_weights_keys = {"lm_head.weight": "decoder.embed.tokens.weight"}
+    _can_compile_fullgraph = True  # one graph a decode step (tests/test_hf_remote_fast.py)
 
     def __init__(self, config: MheConfig) -> None:
         super().__init__(config)
