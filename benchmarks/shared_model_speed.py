@@ -25,13 +25,15 @@ Per row and shape: one call first (compilation, graph capture), then the median 
 calls; ms per token = the call / N (prefill included); the prefill alone = the median of calls for
 one new token, and the decode step = (t_N - t_1) / (N - 1); the K/V cache's bytes summed over the
 cache's tensors at the end of a call; whether transformers compiled the decode step; and whether
-the greedy tokens equal mhe's (else the first new token where they part: bf16 kernels differ, so a
-late parting is rounding, not an error).
+the exported rows' greedy tokens equal mhe's (else the first new token where they part: bf16
+kernels differ, so a late parting is rounding, not an error; with random weights a weak check, such
+a model mostly repeats its input: tests/test_hf_remote_gpu.py checks weights moved off their
+initialisation).
 
 Each shape's transformers rows run in a subprocess of their own (fresh compile state, as a user's
 first call) with ``PYTHONPATH`` empty and ``mhe`` blocked; the ``mhe`` row runs in this process.
-Rows not started once ``--deadline`` seconds have passed are skipped. Prints a markdown table per
-shape and a summary naming the card; ``--json`` writes every figure. ``--dry-run``: a tiny model
+Rows not started once ``--deadline`` seconds have passed are skipped. Prints the card, the versions
+and a markdown table per shape; ``--json`` writes every figure (rewritten after each shape). ``--dry-run``: a tiny model
 (2 layers, 64 wide, 4 heads; GQA with 2 K/V heads) in float64 on the CPU, shapes 1x16 and 2x24, 4
 new tokens, one repeat: the same code end to end (tests/test_shared_model_speed.py).
 """
