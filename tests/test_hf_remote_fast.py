@@ -111,6 +111,19 @@ def test_static_cache_decode_without_a_mask():
     torch.testing.assert_close(torch.stack(got, 1), want, **TOL)
 
 
+def test_reset_static_cache_prompt_reads_one_kv_head(monkeypatch):
+    """A prompt into a static cache that was filled and reset (its length a tensor at 0) takes the
+    causal path over the one K/V head, as a new cache does, with the same logits."""
+    hf = to_remote(perturbed("llama-tiny", "mhe-mul"))
+    x = ids()
+    static = StaticCache(config=hf.config, max_cache_len=16)
+    with torch.no_grad():
+        want = hf(x, cache=static).logits
+        static.reset()
+        monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda *a, **k: pytest.fail("K/V repeated"))
+        torch.testing.assert_close(hf(x, cache=static).logits, want, **TOL)
+
+
 def test_attention_reads_one_kv_head(monkeypatch):
     """Every SDPA call of an MHE generate gets the one shared K/V head: a decode step's n query
     heads as rows of one query, the prompt's through ``enable_gqa``; nothing repeats K/V."""

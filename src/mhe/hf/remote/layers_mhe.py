@@ -482,6 +482,8 @@ def self_attention_mask(attention_mask, t: int, start, causal: bool, device):
     pad = key_padding(attention_mask)
     if pad is not None and not _compiling() and bool(pad.all()):
         pad = None
+    if t > 1 and isinstance(start, torch.Tensor) and not _compiling():
+        start = int(start)  # a prompt into a static cache that was reset: one read on the host
     fresh = pad is None and isinstance(start, int)  # the keys are this call's and the cache's, nothing past them
     q = start + torch.arange(t, device=device)  # now: a static cache advances its length in place
     made = {}
