@@ -81,28 +81,56 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class Rotary:
-    """RoPE (Su et al. 2021) with half-split pairs over the first ``rope_fraction`` of each head,
-    angles in float32 as Llama computes them; no weights (its constants are made on the CPU, also
-    when transformers builds the model on the meta device)."""
+class Rotary(nn.Module):
+    """RoPE (Su et al. 2021) with half-split pairs over the first ``rope_fraction`` of each head.
+    The angles, cosines and sines of positions ``0 .. max_len - 1`` are one float32 table made on
+    the CPU (``pos * inv_freq`` as Llama computes them; also when transformers builds the model on
+    the meta device) and copied where the model goes, so every card rotates by the constants mhe
+    uses. No weights; a plain attribute, not a buffer (nothing in a state dict)."""
 
     def __init__(self, s: dict) -> None:
-        d = head_dim(s)
-        self.width = int(d * s.get("rope_fraction", 1.0))
-        r = self.width
+        super().__init__()
+        r = self.width = int(head_dim(s) * s.get("rope_fraction", 1.0))
         steps = torch.arange(0, r, 2, dtype=torch.int64, device="cpu").float() / r
-        self.inv_freq = 1.0 / (float(s.get("rope_base", 10000.0)) ** steps)  # Llama's inv_freq
+        inv_freq = 1.0 / (float(s.get("rope_base", 10000.0)) ** steps)  # Llama's inv_freq
+        angles = torch.arange(s["max_len"], dtype=torch.int64, device="cpu").float()[:, None] * inv_freq[None]
+        angles = torch.cat((angles, angles), -1)  # [max_len, r]: pair (i, i + r/2) shares its angle
+        self._cpu = (angles.cos(), angles.sin())
+        self._table = self._cpu
 
-    def __call__(self, x, positions):
-        """``x [B, h, T, d]`` rotated by ``positions`` (``[T]`` or ``[B, T]``)."""
-        angles = positions.to(torch.float32)[..., None] * self.inv_freq.to(positions.device)
-        angles = torch.cat((angles, angles), -1)  # [.., T, r]
+    def table(self, device):
+        """``cos, sin [max_len, r]`` float32 on ``device`` (copied there once)."""
+        if self._table[0].device != device:
+            self._table = tuple(_static(t.to(device)) for t in self._cpu)
+        return self._table
+
+    def _apply(self, fn, recurse=True):
+        target = fn(torch.zeros((), device=self._table[0].device)).device  # .to(device), .cuda(): it follows
+        if target.type != "meta":
+            self.table(target)
+        return super()._apply(fn, recurse)
+
+    def at(self, positions, dtype) -> "Rotation":
+        """The rotation of every layer's queries and keys at ``positions`` (``[T]`` or ``[B, T]``),
+        made once a forward."""
+        cos, sin = (t[positions].to(dtype) for t in self.table(positions.device))  # [T, r] or [B, T, r]
         if positions.dim() == 2:
-            angles = angles[:, None]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+            cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, r]
+        return Rotation(cos, sin, self.width)
+
+
+class Rotation:
+    """RoPE at fixed positions: ``x [B, h, T, d]`` rotated over its first ``width`` dimensions."""
+
+    def __init__(self, cos, sin, width: int) -> None:
+        self.cos, self.sin, self.width = cos, sin, width
+
+    def __call__(self, x):
         r = self.width
+        if r == x.shape[-1]:
+            return x * self.cos + rotate_half(x) * self.sin
         rot, keep = x[..., :r], x[..., r:]
-        return torch.cat((rot * cos + rotate_half(rot) * sin, keep), -1)
+        return torch.cat((rot * self.cos + rotate_half(rot) * self.sin, keep), -1)
 
 
 def sinusoid_table(length: int, dim: int):
@@ -181,6 +209,7 @@ class Attention(nn.Module):
             self.head_embed = nn.Parameter(torch.zeros(3, n, d))  # [q|k|v, n, d]
             self.mul = kind == "mhe-mul"
             self.psi_first = s.get("positions") == "rotary" and opts.get("rope_order") == "psi-then-rope"
+            self._fold_key = None
 
     # --- MHE: psi(A, e) per head (paper section 3.4) ---------------------------------
     def _psi(self, a, e):
@@ -193,71 +222,192 @@ class Attention(nn.Module):
         value offsets average out only when attention rows sum to one)."""
         return self.psi_first or (not self.mul and self.training and self.dropout > 0)
 
-    def _embed(self, a, e, positions, rope):
+    def _embed(self, a, e, rope):
         if self.psi_first:
-            return _rotate(rope, self._psi(a, e), positions)
-        return self._psi(_rotate(rope, a, positions), e)
+            return _rotate(rope, self._psi(a, e))
+        return self._psi(_rotate(rope, a), e)
+
+    def _query_factors(self):
+        """Mul: (Q*(1+eQ_i)) . (K*(1+eK_i)) = (Q*(1+eQ_i)*(1+eK_i)) . K; Add: (Q+eQ_i) . (K+eK_i)
+        differs from (Q+eQ_i) . K by a term constant along the keys. ``[n, d]``."""
+        e = self.head_embed
+        return (e[0] + 1) * (e[1] + 1) if self.mul else e[0]
+
+    def _folded_output(self):
+        """The output weight and bias over the heads' outputs from the shared V: Mul,
+        A_i (V*(1+eV_i)) = (A_i V)*(1+eV_i), W^O's columns scaled; Add, A_i (V + eV_i) = A_i V + eV_i,
+        the bias b^O + W^O eV (a product of elements and a sum, as mhe makes it)."""
+        w, b, e = self.out_proj.weight, self.out_proj.bias, self.head_embed[2].reshape(1, -1)
+        if self.mul:
+            return w * (e + 1), b
+        offset = (w * e).sum(-1)
+        return w, offset if b is None else b + offset
+
+    # --- the inference fold: an eval call without gradients reads tensors made once -------
+    def _plain_output(self) -> bool:
+        return type(self.out_proj) is nn.Linear  # an adapter (peft) wraps it: then it is called as it is
+
+    def _fold_key_now(self):
+        parts = [self.head_embed] + ([self.out_proj.weight, self.out_proj.bias] if self._plain_output() else [])
+        return tuple(_stamp(t) for t in parts)
+
+    def folded(self):
+        """(query factors ``[n, d]``, output weight, output bias) kept as buffers (outside the state
+        dict) for an MHE sublayer in eval mode without gradients, made at its first such call and
+        again whenever the weights they come from change (an optimiser step, a load, ``.to``); the
+        weight is None where ``out_proj`` carries an adapter. None: compute from the weights (training,
+        gradients wanted, n explicit heads, other kinds). Inside ``torch.compile`` the buffers made
+        by the last eager call are read as they are (generate's prefill runs eagerly first)."""
+        if self.kind not in MHE_KINDS or self.training or self._literal():
+            return None
+        if torch.is_grad_enabled() and (self.head_embed.requires_grad or self.out_proj.weight.requires_grad):
+            return None
+        if not _compiling():
+            key = self._fold_key_now()
+            if key != self._fold_key:
+                self._fold(key)
+        f = self._buffers.get("fold_query")
+        return None if f is None else (f, self._buffers.get("fold_out_weight"), self._buffers.get("fold_out_bias"))
+
+    @torch.no_grad()
+    def _fold(self, key) -> None:
+        w, b = self._folded_output() if self._plain_output() else (None, None)
+        for name, t in (("fold_query", self._query_factors()), ("fold_out_weight", w), ("fold_out_bias", b)):
+            self.register_buffer(name, None if t is None else _static(t.detach()), persistent=False)
+        self._fold_key = key
+
+    def _drop_folds(self) -> None:
+        for name in ("fold_query", "fold_out_weight", "fold_out_bias"):
+            self._buffers.pop(name, None)
+        self._fold_key = None
+
+    def train(self, mode: bool = True):
+        """Also drops the kept folds: training computes from the weights, and ``eval()`` (loaders
+        such as ``from_pretrained`` and peft's call it) makes them again at the next call, so a write
+        no version counter sees (through ``.data``) is seen after it."""
+        if self.kind in MHE_KINDS:
+            self._drop_folds()
+        return super().train(mode)
+
+    def __setattr__(self, name, value):
+        if name == "out_proj" and "fold_query" in self.__dict__.get("_buffers", {}):
+            self._drop_folds()  # an adapter wraps W^O or is merged into it through .data (peft): fold anew
+        super().__setattr__(name, value)
 
     # --- projections -------------------------------------------------------------
-    def queries(self, x, positions, rope):
+    def queries(self, x, rope, folded=None):
         if self.kind == "sha":
-            return _rotate(rope, self.q_proj(x).unsqueeze(1), positions)
+            return _rotate(rope, self.q_proj(x).unsqueeze(1))
         if self.kind not in MHE_KINDS:
-            return _rotate(rope, split_heads(self.q_proj(x), self.n), positions)
+            return _rotate(rope, split_heads(self.q_proj(x), self.n))
         q = self.q_proj(x).unsqueeze(1)  # [B, 1, T, d]: the seed query
-        e = self.head_embed
         if self._literal():
-            return self._embed(q, e[0], positions, rope)
-        q = _rotate(rope, q, positions)
-        if self.mul:  # (Q*(1+eQ_i)) . (K*(1+eK_i)) = (Q*(1+eQ_i)*(1+eK_i)) . K
-            return q * ((e[0] + 1) * (e[1] + 1))[None, :, None, :]
-        return q + e[0][None, :, None, :]  # (Q+eQ_i) . (K+eK_i): the eK term is constant along keys
+            return self._embed(q, self.head_embed[0], rope)
+        q = _rotate(rope, q)
+        f = (self._query_factors() if folded is None else folded[0])[None, :, None, :]
+        return q * f if self.mul else q + f  # [B, n, T, d]
 
-    def keys_values(self, src, positions, rope):
+    def keys_values(self, src, rope):
         kind = self.kind
         if kind == "skv":
             kv = split_heads(self.kv_proj(src), self.n)
-            return _rotate(rope, kv, positions), kv
+            return _rotate(rope, kv), kv
         if kind == "el-att":
             kv = split_heads(src, self.n)
-            return _rotate(rope, kv, positions), kv
+            return _rotate(rope, kv), kv
         if kind not in MHE_KINDS and kind != "sha":
             k, v = split_heads(self.k_proj(src), self.g), split_heads(self.v_proj(src), self.g)
-            return _rotate(rope, k, positions), v
+            return _rotate(rope, k), v
         k, v = self.k_proj(src).unsqueeze(1), self.v_proj(src).unsqueeze(1)  # [B, 1, S, d]
         if kind in MHE_KINDS and self._literal():
-            return self._embed(k, self.head_embed[1], positions, rope), self._psi(v, self.head_embed[2])
-        return _rotate(rope, k, positions), v  # one shared head
+            return self._embed(k, self.head_embed[1], rope), self._psi(v, self.head_embed[2])
+        return _rotate(rope, k), v  # one shared head
 
-    def output(self, h):
+    def output(self, h, folded=None):
         if self.kind == "sha":  # one head tiled n times, then the (n*d) x m projection
             return self.out_proj(h[:, 0].repeat(1, 1, self.n))
         if self.kind in MHE_KINDS and not self._literal():
+            if folded is not None and folded[1] is not None:
+                return F.linear(merge_heads(h), folded[1], folded[2])
             h = self._psi(h, self.head_embed[2])  # A_i (V*(1+eV_i)) = (A_i V)*(1+eV_i); Add: + eV_i
         return self.out_proj(merge_heads(h))
 
-    def forward(self, x, *, positions, mask, rope=None, context=None, cache=None, layer=0, padding=None):
-        q = self.queries(x, positions, rope)  # [B, n, T, d]
+    def forward(self, x, *, mask, rope=None, context=None, cache=None, layer=0, padding=None):
+        folded = self.folded() if self.kind in MHE_KINDS else None
+        q = self.queries(x, rope, folded)  # [B, n, T, d]
         if context is None:
-            k, v = self.keys_values(x, positions, rope)
+            k, v = self.keys_values(x, rope)
             if cache is not None:
                 k, v = cache.update(k, v, layer)  # [B, h_kv, L, d]
         else:
-            k, v = self.keys_values(context, None, None)
-        m = mask(k.shape[2]) if callable(mask) else mask
-        return self.output(attend(q, k, v, m, self.dropout if self.training else 0.0))
+            k, v = self.keys_values(context, None)
+        m, causal = mask(k.shape[2]) if callable(mask) else (mask, False)
+        return self.output(attend(q, k, v, m, self.dropout if self.training else 0.0, causal), folded)
 
 
-def _rotate(rope, t, positions):
-    return t if rope is None or positions is None else rope(t, positions)
+def _rotate(rope, t):
+    return t if rope is None else rope(t)
 
 
-def attend(q, k, v, mask, dropout_p: float):
-    """Scaled dot-product attention, the K/V heads shared by n/g query heads each."""
-    n, g = q.shape[1], k.shape[1]
-    if g != n:
-        k, v = k.repeat_interleave(n // g, 1), v.repeat_interleave(n // g, 1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+_TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _gqa_fused(q) -> bool:
+    """Whether SDPA reads grouped K/V heads (``enable_gqa``, no mask) on a fused kernel: the CPU's;
+    on CUDA FlashAttention-2 (fp16/bf16, head_dim <= 256), and the memory-efficient kernel from
+    torch 2.14 on. Elsewhere SDPA falls to its math backend, which writes out every score."""
+    if q.device.type != "cuda" or _TORCH >= (2, 14):
+        return True
+    dtype = q.dtype
+    if dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+    return dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _stamp(t):
+    """What changes when a weight changes: its storage, its in-place version, its dtype (None: no bias)."""
+    if t is None:
+        return None
+    try:
+        return t.data_ptr(), t._version, t.dtype
+    except RuntimeError:  # an inference-mode tensor keeps no version: treat it as changed
+        return object()
+
+
+def _static(t):
+    """``t`` marked as a fixed address for CUDA graphs (as transformers marks its static cache), so
+    that a captured step reads it where it is instead of copying it in at every replay."""
+    if t.is_cuda and not _compiling():
+        torch._dynamo.mark_static_address(t)
+    return t
+
+
+def attend(q, k, v, mask, dropout_p: float, causal: bool = False):
+    """Scaled dot-product attention of ``q [B, n, T, d]`` over ``k, v [B, g, L, d]``, each K/V
+    head shared by n/g query heads and never copied to them: where every query row sees the same
+    keys (one new token, or a mask without a query axis), the n/g heads of a group become rows of one
+    query ``[B, g, (n/g)*T, d]``; under a causal pattern without a mask, SDPA's ``enable_gqa`` where
+    a fused kernel reads grouped heads (:func:`_gqa_fused`); only a prompt under a full mask (padding)
+    or on no such kernel repeats K/V. ``causal``: the queries are
+    positions ``0 .. T-1`` (the keys past T, a static cache's empty rows, are not read)."""
+    n, g, t = q.shape[1], k.shape[1], q.shape[2]
+    if causal and k.shape[2] > t:
+        k, v = k[:, :, :t], v[:, :, :t]
+    if g == n:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
+    b = q.shape[0]
+    if not causal and (mask is None or mask.shape[-2] == 1):
+        out = F.scaled_dot_product_attention(q.reshape(b, g, (n // g) * t, q.shape[-1]), k, v, attn_mask=mask,
+                                             dropout_p=dropout_p)
+        return out.view(b, n, t, v.shape[-1])
+    if mask is None and _gqa_fused(q):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, enable_gqa=True)
+    k, v = k.repeat_interleave(n // g, 1), v.repeat_interleave(n // g, 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
 
 
 class Mixing(nn.Module):
@@ -302,13 +452,11 @@ class Block(nn.Module):
             return x + self.drop(fn(norm(x)))
         return norm(x + self.drop(fn(x)))
 
-    def forward(self, x, *, positions, mask, padding=None, rope=None, cache=None, layer=0, context=None,
-                context_mask=None):
+    def forward(self, x, *, mask, padding=None, rope=None, cache=None, layer=0, context=None, context_mask=None):
         x = self._residual(x, self.self_norm, lambda h: self.self_attn(
-            h, positions=positions, mask=mask, rope=rope, cache=cache, layer=layer, padding=padding))
+            h, mask=mask, rope=rope, cache=cache, layer=layer, padding=padding))
         if self.cross_attn is not None:
-            x = self._residual(x, self.cross_norm, lambda h: self.cross_attn(
-                h, positions=positions, mask=context_mask, context=context))
+            x = self._residual(x, self.cross_norm, lambda h: self.cross_attn(h, mask=context_mask, context=context))
         return self._residual(x, self.ffn_norm, self.ffn)
 
 
@@ -318,21 +466,34 @@ def key_padding(attention_mask):
     return None if attention_mask is None else attention_mask.to(torch.bool)
 
 
-def self_attention_mask(attention_mask, t: int, start: int, causal: bool, device):
-    """A function of the key length L giving the boolean mask ``[B|1, 1, T, L]`` (True: attend)
-    of T new tokens at positions ``start ..``: causal over absolute positions, and the padding
-    of a 2D ``attention_mask`` over the keys it covers. A 4D mask (what ``generate`` builds for
-    a static cache) is used as it is. A query without any key (a padding query) sees all keys,
-    so that its (unused) output stays finite."""
+def self_attention_mask(attention_mask, t: int, start, causal: bool, device):
+    """A function of the key length L giving ``(mask, causal)`` for T new tokens at positions
+    ``start ..`` (``start``: an int, or a static cache's tensor): ``mask`` the boolean
+    ``[B|1, 1, T, L]`` (True: attend), causal over absolute positions and with the padding of a 2D
+    ``attention_mask`` over the keys it covers, or None where no key is hidden (the whole cache of
+    one new token, no padding) or where SDPA's own causal pattern is exact (``causal``: a prompt
+    from position 0 without padding; its fast kernels). A 4D mask (what ``generate`` builds for a
+    static cache) is used as it is. A query without any key (a padding query) sees all keys, so
+    that its (unused) output stays finite. A 2D mask without padding counts as none (one check on
+    the host, outside ``torch.compile``, as transformers makes it)."""
     if attention_mask is not None and attention_mask.dim() == 4:
         m4 = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-        return lambda keys: m4[..., :keys]
+        return lambda keys: (m4[..., :keys], False)
     pad = key_padding(attention_mask)
+    if pad is not None and not _compiling() and bool(pad.all()):
+        pad = None
+    if t > 1 and isinstance(start, torch.Tensor) and not _compiling():
+        start = int(start)  # a prompt into a static cache that was reset: one read on the host
+    fresh = pad is None and isinstance(start, int)  # the keys are this call's and the cache's, nothing past them
+    q = start + torch.arange(t, device=device)  # now: a static cache advances its length in place
     made = {}
 
     def build(keys: int):
+        if fresh and causal and start == 0:
+            return None, True
+        if fresh and keys == start + t and (t == 1 or not causal):
+            return None, False
         if keys not in made:
-            q = start + torch.arange(t, device=device)
             m = torch.arange(keys, device=device)[None, :] <= q[:, None] if causal else \
                 torch.ones(t, keys, dtype=torch.bool, device=device)
             m = m[None]  # [1, T, L]
@@ -342,7 +503,7 @@ def self_attention_mask(attention_mask, t: int, start: int, causal: bool, device
                     p = torch.cat([p, p.new_ones(p.shape[0], keys - p.shape[1])], 1)
                 m = m & p[:, None, :]
             made[keys] = (m | ~m.any(-1, keepdim=True))[:, None]
-        return made[keys]
+        return made[keys], False
 
     return build
 
@@ -354,7 +515,8 @@ def padding_mask(attention_mask):
 
 
 def _cache_arg(kwargs: dict):
-    return kwargs.pop("cache", None) or kwargs.pop("past_key_values", None)
+    cache, past = kwargs.pop("cache", None), kwargs.pop("past_key_values", None)
+    return past if cache is None else cache
 
 
 # ------------------------------------------------------------------ stacks
@@ -376,8 +538,9 @@ class Decoder(nn.Module):
         x = self.embed(input_ids, positions)
         mask = self_attention_mask(attention_mask, t, start, True, input_ids.device)
         padding = key_padding(attention_mask) if attention_mask is not None and attention_mask.dim() == 2 else None
+        rope = self.rope.at(positions, x.dtype) if self.rope is not None else None  # once for every layer
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions=positions, mask=mask, padding=padding, rope=self.rope, cache=cache, layer=i)
+            x = layer(x, mask=mask, padding=padding, rope=rope, cache=cache, layer=i)
         return self.final_norm(x)
 
 
@@ -396,5 +559,5 @@ class Encoder(nn.Module):
         x = self.embed(input_ids, positions, token_type_ids)
         mask, padding = padding_mask(attention_mask), key_padding(attention_mask)
         for layer in self.layers:
-            x = layer(x, positions=positions, mask=mask, padding=padding)
+            x = layer(x, mask=mask, padding=padding)
         return self.final_norm(x) if self.final_norm is not None else x

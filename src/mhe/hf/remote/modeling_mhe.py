@@ -20,6 +20,17 @@ Attention kinds (``config.mhe["attention"]``), all through one :class:`Attention
   ``"psi-then-rope"`` before it (n explicit heads, n cached).
 * ``fnet`` and ``linear`` mix whole sequences (Lee-Thorp et al. 2022): no cache.
 
+Inference runs MHE at multi-query cost, as mhe's own inference view does: in eval mode without
+gradients an MHE sublayer keeps its per-head query factors and its folded output weight and bias
+(MHE-Mul: W^O's columns scaled by 1 + e^V; MHE-Add: the bias b^O + W^O e^V) as buffers outside the
+state dict, made at its first such call and again when the weights they come from change (a
+version counter or storage moves; ``eval()``; ``out_proj`` replaced, as peft does) - a write through
+``.data`` alone is not seen until then; training and calls that want gradients compute from the
+weights. The cache holds one K/V head a layer (``num_key_value_heads``, transformers' dynamic and
+static caches), and SDPA reads it as it is: one new token's n query heads become rows of one query,
+a prompt goes through ``enable_gqa``. The RoPE table is made once on the CPU (mhe's constants) and
+indexed once a forward; ``generate``'s static cache compiles (``torch.compile``, one graph).
+
 LoRA (peft): every projection is an ``nn.Linear`` called as a module, so adapters apply
 wherever they are put. Attention: ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (``kv_proj``
 for skv); feed-forward: ``fc_in``, ``fc_out`` (GPT-2, BERT, Transformer) or ``gate``, ``up``,
@@ -90,6 +101,7 @@ class MheForCausalLM(MhePreTrainedModel, GenerationMixin):
     """The decoder with its language-model head (tied to the token embeddings when the config says)."""
 
     _tied_weights_keys = {"lm_head.weight": "decoder.embed.tokens.weight"}
+    _can_compile_fullgraph = True  # one graph a decode step (tests/test_hf_remote_fast.py)
 
     def __init__(self, config: MheConfig) -> None:
         super().__init__(config)
@@ -108,14 +120,17 @@ class MheForCausalLM(MhePreTrainedModel, GenerationMixin):
         return self.lm_head
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, use_cache=None,
-                **kwargs):
+                logits_to_keep=0, **kwargs):
+        """``logits_to_keep``: the last that many positions' logits (0: all), or the positions to keep
+        (as transformers' Llama takes it: ``generate`` asks for the prompt's last one only)."""
         cache = _cache_arg(kwargs)
         if not (self.config.use_cache if use_cache is None else use_cache):
             cache = None
         elif cache is None:
             cache = DynamicCache()
         h = self.decoder(input_ids, attention_mask, cache, position_ids)
-        logits = self._logits(self.lm_head, h)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self._logits(self.lm_head, h[:, keep])
         loss = None if labels is None else _token_loss(logits[:, :-1], labels[:, 1:])
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: cache})
 
@@ -252,7 +267,7 @@ class MheForSeq2SeqLM(MhePreTrainedModel, GenerationMixin):
         x = self.embed(input_ids, positions)
         mask, padding = padding_mask(attention_mask), key_padding(attention_mask)
         for layer in self.encoder_layers:
-            x = layer(x, positions=positions, mask=mask, padding=padding)
+            x = layer(x, mask=mask, padding=padding)
         return self.encoder_norm(x) if self.encoder_norm is not None else x
 
     def decode(self, ids, memory, attention_mask=None, decoder_attention_mask=None, cache=None):
@@ -263,7 +278,7 @@ class MheForSeq2SeqLM(MhePreTrainedModel, GenerationMixin):
         mask = self_attention_mask(decoder_attention_mask, t, start, True, ids.device)
         cross = padding_mask(attention_mask)
         for i, layer in enumerate(self.decoder_layers):
-            x = layer(x, positions=positions, mask=mask, cache=cache, layer=i, context=memory, context_mask=cross)
+            x = layer(x, mask=mask, cache=cache, layer=i, context=memory, context_mask=cross)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         return self._logits(self.lm_head, x)

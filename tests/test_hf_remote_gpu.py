@@ -1,0 +1,79 @@
+"""GPU check of an exported folder (run with ``pytest -m gpu``): loaded by transformers in a Python
+where mhe cannot be imported, its ``generate`` with the static cache (compiled by transformers itself
+on a GPU: inductor and CUDA graphs) and with the dynamic cache gives the greedy tokens of mhe's own
+``generate`` on the same card and logits close to its logits, with a cache of one K/V head a layer.
+The CPU checks (float64, exact): tests/test_hf_remote_fast.py and tests/test_hf_export.py."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from mhe.hf.export import save_model  # noqa: E402
+from mhe.models import build_model  # noqa: E402
+from weights_kept import perturb  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+NEW = 24
+
+LOADER = r"""
+import sys
+sys.modules["mhe"] = None
+try:
+    import mhe  # noqa: F401
+    raise SystemExit("mhe is importable")
+except ImportError:
+    pass
+import torch, transformers
+folder, inputs, out = sys.argv[1:4]
+ids, mask, new = torch.load(inputs)
+model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32)
+model = model.cuda().eval()
+ids, mask, results = ids.cuda(), mask.cuda(), {"module": type(model).__module__}
+kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None,
+          pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+with torch.no_grad():
+    for name, cache in (("static", "static"), ("static-again", "static"), ("dynamic", None)):
+        got = model.generate(ids, cache_implementation=cache, **kw)
+        cache = got.cache if getattr(got, "cache", None) is not None else got.past_key_values
+        layers = cache.layers
+        results[name] = {"tokens": got.sequences.cpu(), "logits": torch.stack(got.logits, 1).cpu(),
+                         "kv_heads": sorted({l.keys.shape[1] for l in layers} | {l.values.shape[1] for l in layers}),
+                         "compiled": hasattr(model, "_compiled_call")}
+torch.save(results, out)
+"""
+
+
+@cuda
+@pytest.mark.parametrize("preset, kind", [("llama-tiny", "mhe-mul"), ("tiny-decoder", "mhe-add")])
+def test_exported_static_generate_on_gpu(preset, kind, tmp_path):
+    torch.manual_seed(0)
+    core = perturb(build_model(preset, attention=kind, n_layers=3, max_len=64, dropout=0.0, attn_dropout=0.0)).eval()
+    save_model(core, tmp_path / "out")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, core.cfg.vocab_size, (3, 12), generator=g)
+    mask = torch.ones_like(ids)
+    torch.save((ids, mask, NEW), tmp_path / "inputs.pt")
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    done = subprocess.run([sys.executable, "-c", LOADER, str(tmp_path / "out"), str(tmp_path / "inputs.pt"),
+                           str(tmp_path / "got.pt")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=540)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = torch.load(tmp_path / "got.pt")
+    assert got["module"].startswith("transformers_modules.")
+    assert got["static"]["compiled"]  # transformers compiled the static-cache decode step itself
+    core = core.cuda()
+    with torch.no_grad():
+        tokens, logits = core.generate(ids.cuda(), NEW, attention_mask=mask.cuda(), return_logits=True)
+    tokens, logits = tokens.cpu(), logits.cpu().float()
+    scale = logits.abs().max()
+    for name in ("static", "static-again", "dynamic"):
+        run = got[name]
+        assert run["kv_heads"] == [1], name
+        assert torch.equal(run["tokens"], tokens), (name, run["tokens"], tokens)
+        err = (run["logits"] - logits).abs().max() / scale
+        assert err < 1e-4, (name, float(err))
