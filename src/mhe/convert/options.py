@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mhe.attention.options import options_class
+from mhe.attention.spec import options_class
 from mhe.errors import MheError
 from mhe.settings import set_path, typed_options
 
