@@ -122,7 +122,7 @@ def decoder_params(cfg: ModelConfig) -> dict[str, int]:
         raise MheError(f"decoder_params counts decoder language models with a linear output layer, "
                        f"got arch={cfg.arch!r}, head={cfg.head!r}" + (", adaptive softmax" if cfg.adaptive_cutoffs else ""))
     m, L = cfg.d_model, cfg.n_layers
-    attn = sublayer_params(cfg.attention, cfg.attention_config(causal=True))  # its grouping, biases, ...
+    attn = sublayer_params(cfg.spec, cfg.attention_config(causal=True))  # its grouping, biases, ...
     ffn = 3 * m * cfg.d_ff if cfg.mlp == "swiglu" else 2 * m * cfg.d_ff + cfg.d_ff + m
     norm = m if cfg.norm == "rmsnorm" else 2 * m
     parts = {"embeddings": cfg.vocab_size * m + (cfg.max_len * m if cfg.positions == "learned" else 0),

@@ -44,7 +44,6 @@ class FNetMixing(_Mixing):
     A Fourier transform over the sequence sees every position, so FNet cannot be causal.
     """
 
-
     def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         if cfg.causal:
             raise MheError("attention kind 'fnet' mixes the whole sequence and cannot be causal; use it in encoders")
@@ -64,7 +63,6 @@ class LinearMixing(_Mixing):
     With ``causal`` the sequence matrix is lower-triangular.
     Parameters: max_len^2 + m^2 (+ m with bias).
     """
-
 
     def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         super().__init__(cfg, kind=kind)

@@ -62,6 +62,9 @@ class AttentionSpec:
             ``n_kv_heads`` (0 for the mixing kinds, which have none).
         projections: the output widths of its input projections for (n, d, g) (queries first).
         psi: MHE's head-embedding operation, ``"add"`` or ``"mul"``; ``""`` for other kinds.
+        single_head: one query head of width d (SHA; its output tiled n times, section 4.1).
+        causal: can mask future positions (a decoder's self-attention); FNet's Fourier transform
+            sees every position and cannot.
         mixes: mixes whole sequences (FNet, Linear): no queries or keys, no KV cache, no
             cross-attention, no rotary positions, no output projection.
         folds_to: the kind an inference view folds its sublayers into (MHE: ``mqa``), or None.
@@ -74,6 +77,8 @@ class AttentionSpec:
     kv_rule: Callable[[int, object], int]
     projections: Callable[[int, int, int], tuple[int, ...]] = lambda n, d, g: ()
     psi: str = ""
+    single_head: bool = False
+    causal: bool = True
     mixes: bool = False
     folds_to: str | None = None
 
@@ -81,6 +86,17 @@ class AttentionSpec:
     def is_mhe(self) -> bool:
         """Multi-head embedding attention (MHE-Add or MHE-Mul)."""
         return bool(self.psi)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether its options choose the key/value heads (gqa's ``n_kv_heads``)."""
+        return any(f.name == "n_kv_heads" for f in dataclasses.fields(self.options))
+
+    @property
+    def head_groups(self) -> bool:
+        """n query heads over g key/value heads, each with its own K and V projection (mha, mqa,
+        gqa): the attention of the multi-head checkpoints a conversion or a Llama export reads."""
+        return self.projections is _heads_qkv
 
     @property
     def folds(self) -> bool:
@@ -161,7 +177,7 @@ _SPECS = (
     AttentionSpec(name="mha", display="MHA", options=NoOptions, layer=_GQA, kv_rule=_all_heads,
                   projections=_heads_qkv),
     AttentionSpec(name="sha", display="SHA", options=NoOptions, layer="mhe.attention.single_head:SingleHeadAttention",
-                  kv_rule=_one_head, projections=_seed_qkv),
+                  kv_rule=_one_head, projections=_seed_qkv, single_head=True),
     AttentionSpec(name="mqa", display="MQA", options=NoOptions, layer=_GQA, kv_rule=_one_head,
                   projections=_heads_qkv),
     AttentionSpec(name="gqa", display="GQA", options=GroupedQueryOptions, layer=_GQA, kv_rule=_grouped,
@@ -175,7 +191,7 @@ _SPECS = (
     AttentionSpec(name="mhe-mul", display="MHE-Mul", options=MHEOptions, layer="mhe.attention.mhe:MHEMul",
                   kv_rule=_one_head, projections=_seed_qkv, psi="mul", folds_to="mqa"),
     AttentionSpec(name="fnet", display="FNet", options=NoOptions, layer="mhe.attention.mixing:FNetMixing",
-                  kv_rule=_no_heads, mixes=True),
+                  kv_rule=_no_heads, causal=False, mixes=True),
     AttentionSpec(name="linear", display="Linear", options=LinearOptions, layer="mhe.attention.mixing:LinearMixing",
                   kv_rule=_no_heads, mixes=True),
 )
