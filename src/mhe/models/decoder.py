@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -12,11 +14,13 @@ from mhe.attention.rotary import RotaryEmbedding
 from mhe.attention.masks import AttentionMask
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
-from mhe.models.generate import Generator, generate
 from mhe.models.inputs import check_labels, check_mask
 from mhe.models.layers import build_norm
 from mhe.models.losses import IGNORE, causal_lm_loss, chunked_loss_wanted, classification_loss, head_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
+
+if TYPE_CHECKING:
+    from mhe.models.generate import Generator
 
 
 def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
@@ -158,6 +162,8 @@ class DecoderForCausalLM(_DecoderModel):
         """Continue ``input_ids`` (see :func:`mhe.models.generate.generate` for the options:
         sampling, stop tokens, left-padded batches, streaming, a reusable ``session``, compiled
         decode steps); ``eos_id`` adds a stop token."""
+        from mhe.models.generate import generate  # generation loads on first use, not with the model
+
         stop = options.pop("stop_ids", ())
         stop = tuple(stop) + ((eos_id,) if eos_id is not None else ())
         return generate(self, input_ids, max_new_tokens, stop_ids=stop, **options)
@@ -166,6 +172,8 @@ class DecoderForCausalLM(_DecoderModel):
         """The caches and decode step for ``batch`` prompts of up to ``max_len`` positions (prompt +
         new tokens), for the caller to hold and pass as ``generate(..., session=...)``; options:
         ``step_mode``, ``kernel``, ``compile_options`` (:class:`Generator`)."""
+        from mhe.models.generate import Generator
+
         return Generator(self, batch, max_len, **options)
 
 
