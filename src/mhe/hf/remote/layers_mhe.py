@@ -12,10 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .configuration_mhe import cache_heads
-
-MHE_KINDS = ("mhe-add", "mhe-mul")
-MIXING_KINDS = ("fnet", "linear")
+from .configuration_mhe import KINDS, cache_heads
 
 
 def head_dim(s: dict) -> int:
@@ -167,19 +164,21 @@ class Attention(nn.Module):
         in_bias = bias or bool(s.get("qkv_bias", False))
         opts = s.get("attn_options") or {}
         self.kind, self.n, self.d, self.causal = kind, n, d, causal
+        _, self.proj, self.psi = KINDS[kind]  # projections, MHE's psi (the table in configuration_mhe)
+        self.tiled = self.proj == "seed" and not self.psi  # sha: one head tiled n times
         self.dropout = float(s.get("attn_dropout", 0.0))
-        self.g = cache_heads(s) if kind in ("mha", "mqa", "gqa") else n
-        seed = kind in MHE_KINDS or kind == "sha"
+        self.g = cache_heads(s) if self.proj == "heads" else n
+        seed = self.proj == "seed"
         self.q_proj = nn.Linear(m, d if seed else n * d, bias=in_bias)
-        if kind == "skv":
+        if self.proj == "shared":
             self.kv_proj = nn.Linear(m, n * d, bias=in_bias)
-        elif kind != "el-att":
+        elif self.proj != "input":
             self.k_proj = nn.Linear(m, d if seed else self.g * d, bias=in_bias)
             self.v_proj = nn.Linear(m, d if seed else self.g * d, bias=in_bias)
         self.out_proj = nn.Linear(n * d, m, bias=bias)
-        if kind in MHE_KINDS:
+        if self.psi:
             self.head_embed = nn.Parameter(torch.zeros(3, n, d))  # [q|k|v, n, d]
-            self.mul = kind == "mhe-mul"
+            self.mul = self.psi == "mul"
             self.psi_first = s.get("positions") == "rotary" and opts.get("rope_order") == "psi-then-rope"
 
     # --- MHE: psi(A, e) per head (paper section 3.4) ---------------------------------
@@ -200,9 +199,9 @@ class Attention(nn.Module):
 
     # --- projections -------------------------------------------------------------
     def queries(self, x, positions, rope):
-        if self.kind == "sha":
+        if self.tiled:
             return _rotate(rope, self.q_proj(x).unsqueeze(1), positions)
-        if self.kind not in MHE_KINDS:
+        if not self.psi:
             return _rotate(rope, split_heads(self.q_proj(x), self.n), positions)
         q = self.q_proj(x).unsqueeze(1)  # [B, 1, T, d]: the seed query
         e = self.head_embed
@@ -214,25 +213,24 @@ class Attention(nn.Module):
         return q + e[0][None, :, None, :]  # (Q+eQ_i) . (K+eK_i): the eK term is constant along keys
 
     def keys_values(self, src, positions, rope):
-        kind = self.kind
-        if kind == "skv":
+        if self.proj == "shared":
             kv = split_heads(self.kv_proj(src), self.n)
             return _rotate(rope, kv, positions), kv
-        if kind == "el-att":
+        if self.proj == "input":
             kv = split_heads(src, self.n)
             return _rotate(rope, kv, positions), kv
-        if kind not in MHE_KINDS and kind != "sha":
+        if self.proj == "heads":
             k, v = split_heads(self.k_proj(src), self.g), split_heads(self.v_proj(src), self.g)
             return _rotate(rope, k, positions), v
         k, v = self.k_proj(src).unsqueeze(1), self.v_proj(src).unsqueeze(1)  # [B, 1, S, d]
-        if kind in MHE_KINDS and self._literal():
+        if self.psi and self._literal():
             return self._embed(k, self.head_embed[1], positions, rope), self._psi(v, self.head_embed[2])
         return _rotate(rope, k, positions), v  # one shared head
 
     def output(self, h):
-        if self.kind == "sha":  # one head tiled n times, then the (n*d) x m projection
+        if self.tiled:  # one head tiled n times, then the (n*d) x m projection
             return self.out_proj(h[:, 0].repeat(1, 1, self.n))
-        if self.kind in MHE_KINDS and not self._literal():
+        if self.psi and not self._literal():
             h = self._psi(h, self.head_embed[2])  # A_i (V*(1+eV_i)) = (A_i V)*(1+eV_i); Add: + eV_i
         return self.out_proj(merge_heads(h))
 
@@ -287,7 +285,7 @@ class Block(nn.Module):
 
     def __init__(self, s: dict, *, causal: bool, cross: bool) -> None:
         super().__init__()
-        sublayer = Mixing if s["attention"] in MIXING_KINDS else Attention
+        sublayer = Mixing if KINDS[s["attention"]][1] == "mixing" else Attention
         self.norm_first = bool(s.get("norm_first", False))
         self.self_attn = sublayer(s, causal=causal)
         self.self_norm = build_norm(s)
