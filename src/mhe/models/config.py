@@ -31,9 +31,10 @@ class ModelConfig:
 
     ``n_layers`` counts the layers of each stack (the encoder-decoder has
     ``n_layers`` encoder and ``n_layers`` decoder layers). ``attention`` is the
-    kind used by every attention sublayer (the one place a run names it);
-    ``attn_options`` are that kind's typed options, the dataclass its attention sublayers
-    are built with (:func:`mhe.attention.registry.options_class`; a dict is converted).
+    kind used by every attention sublayer (the one place a run names it), held as its name, which
+    is what ``config.json`` and a run's config hash hold; :attr:`spec` is the kind itself, which
+    the code asks (never the name); ``attn_options`` are that kind's typed options, the dataclass
+    its attention sublayers are built with (the spec's ``options``; a dict is converted).
     ``activation`` is the feed-forward (and BERT MLM-transform) non-linearity: ``gelu``
     (exact, erf-based: BERT), ``gelu_tanh`` (the tanh approximation: GPT-2) or ``relu``
     (Vaswani et al. 2017, section 3.3).
