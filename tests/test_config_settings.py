@@ -312,7 +312,8 @@ def test_every_attention_option_reaches_the_sublayers(kind):
     from mhe.models import build_model
 
     names = [f.name for f in dataclasses.fields(options_class(kind))]
-    assert set(names) <= set(OPTION_VALUES) and options_class(kind) is build_attention(kind, d_model=32, n_heads=4).spec.options
+    built = build_attention(kind, d_model=32, n_heads=4)
+    assert set(names) <= set(OPTION_VALUES) and options_class(kind) is built.spec.options
     items = [f"model.attention={kind}"] + [f"model.attn_options.{k}={OPTION_VALUES[k]}" for k in names]
     cfg = apply_overrides(base("mlm" if kind == "fnet" else "lm"), items)
     assert {k: getattr(cfg.model.attn_options, k) for k in names} == {k: OPTION_VALUES[k] for k in names}

@@ -45,7 +45,8 @@ def plot_scaling(path: str, *, head_dim: int = 64) -> None:
     curves = params_vs_heads(heads, head_dim)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     for kind, ys in curves.items():
-        ax1.plot(heads, [y / 1e6 for y in ys], label=LABELS[kind], lw=2, ls=":" if attention_spec(kind).single_head else "-",
+        dotted = attention_spec(kind).single_head
+        ax1.plot(heads, [y / 1e6 for y in ys], label=LABELS[kind], lw=2, ls=":" if dotted else "-",
                  color=COLOURS[kind])
     ax1.set_xlabel("attention heads n")
     ax1.set_ylabel("parameters per sublayer (M)")

@@ -17,7 +17,8 @@ class GroupedQueryAttention(Attention):
     * ``mqa``, g = 1: multi-query attention (Shazeer 2019), one key and one value head;
     * ``gqa``, g = ``n_kv_heads``: grouped-query attention (Ainslie et al. 2023).
 
-    The kind fixes g (mha, mqa) or takes it from its options (gqa; its spec's :meth:`~mhe.attention.spec.AttentionSpec.kv_heads`).
+    The kind fixes g (mha, mqa) or takes it from its options (gqa); its spec says which
+    (:meth:`~mhe.attention.spec.AttentionSpec.kv_heads`).
     Parameters: m*n*d (Q) + 2*m*g*d (K, V) + n*d*m (output): 4m^2 for MHA when m = n*d;
     Table 4 (no output projection): 3 d^2 n^2 (MHA), d^2 n^2 + 2 d^2 n (MQA).
     """

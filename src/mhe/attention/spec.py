@@ -27,6 +27,7 @@ from mhe.attention.options import (
     default_kv_heads,
 )
 from mhe.errors import MheError, one_of
+from mhe.settings import typed_options
 
 
 def _all_heads(n_heads: int, options: object) -> int:
@@ -68,6 +69,8 @@ class AttentionSpec:
         mixes: mixes whole sequences (FNet, Linear): no queries or keys, no KV cache, no
             cross-attention, no rotary positions, no output projection.
         folds_to: the kind an inference view folds its sublayers into (MHE: ``mqa``), or None.
+        own_params: the parameter count of a kind without projections (the mixing kinds), in
+            place of the projection formula of :meth:`params`.
     """
 
     name: str
@@ -81,6 +84,7 @@ class AttentionSpec:
     causal: bool = True
     mixes: bool = False
     folds_to: str | None = None
+    own_params: Callable[[AttentionConfig], int] | None = None
 
     @property
     def is_mhe(self) -> bool:
@@ -134,11 +138,9 @@ class AttentionSpec:
     def params(self, cfg: AttentionConfig, *, include_output: bool = True) -> int:
         """The analytic parameter count of one sublayer configured by ``cfg``
         (:func:`mhe.accounting.params.attention_params` documents the formulas)."""
+        if self.own_params is not None:
+            return self.own_params(cfg)
         m, n, d, bias = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.bias
-        if self.mixes:
-            if not dataclasses.fields(self.options):  # fnet: no parameters
-                return 0
-            return cfg.options.resolved_max_len ** 2 + m * m + (m if bias else 0)
         widths = self.projections(n, d, self.kv_heads(n, cfg.options))
         total = sum(m * w + (w if cfg.in_bias else 0) for w in widths)
         if self.is_mhe:
@@ -159,9 +161,13 @@ class AttentionSpec:
 
     def make_options(self, value: object = None) -> object:
         """``value`` (None, a dict or an options dataclass) as this kind's options, checked."""
-        from mhe.settings import typed_options
-
         return typed_options(self.options, value, "model.attn_options", f"attention kind {self.name!r}")
+
+
+def _linear_params(cfg: AttentionConfig) -> int:
+    """Linear mixing: max_len^2 (sequence) + m^2 (hidden) + m with a bias; no output projection."""
+    m = cfg.d_model
+    return cfg.options.resolved_max_len ** 2 + m * m + (m if cfg.bias else 0)
 
 
 def _heads_qkv(n, d, g):
@@ -182,8 +188,9 @@ _SPECS = (
                   projections=_heads_qkv),
     AttentionSpec(name="gqa", display="GQA", options=GroupedQueryOptions, layer=_GQA, kv_rule=_grouped,
                   projections=_heads_qkv),
-    AttentionSpec(name="skv", display="SKV", options=NoOptions, layer="mhe.attention.multi_head:SharedKeyValueAttention",
-                  kv_rule=_all_heads, projections=lambda n, d, g: (n * d, n * d)),
+    AttentionSpec(name="skv", display="SKV", options=NoOptions,
+                  layer="mhe.attention.multi_head:SharedKeyValueAttention", kv_rule=_all_heads,
+                  projections=lambda n, d, g: (n * d, n * d)),
     AttentionSpec(name="el-att", display="EL-att", options=NoOptions, layer="mhe.attention.el_attention:ELAttention",
                   kv_rule=_all_heads, projections=lambda n, d, g: (n * d,)),
     AttentionSpec(name="mhe-add", display="MHE-Add", options=MHEOptions, layer="mhe.attention.mhe:MHEAdd",
@@ -191,9 +198,9 @@ _SPECS = (
     AttentionSpec(name="mhe-mul", display="MHE-Mul", options=MHEOptions, layer="mhe.attention.mhe:MHEMul",
                   kv_rule=_one_head, projections=_seed_qkv, psi="mul", folds_to="mqa"),
     AttentionSpec(name="fnet", display="FNet", options=NoOptions, layer="mhe.attention.mixing:FNetMixing",
-                  kv_rule=_no_heads, causal=False, mixes=True),
+                  kv_rule=_no_heads, causal=False, mixes=True, own_params=lambda cfg: 0),
     AttentionSpec(name="linear", display="Linear", options=LinearOptions, layer="mhe.attention.mixing:LinearMixing",
-                  kv_rule=_no_heads, mixes=True),
+                  kv_rule=_no_heads, mixes=True, own_params=_linear_params),
 )
 
 SPECS: dict[str, AttentionSpec] = {s.name: s for s in _SPECS}

@@ -88,7 +88,8 @@ def row_name(model: dict) -> str:
     spec = attention_spec(kind)
     options = None
     if spec.has_rope_order:  # only the order is read: a run folder's other options stay as written
-        options = spec.options(rope_order=(model.get("attn_options") or {}).get("rope_order", spec.options().rope_order))
+        given = (model.get("attn_options") or {}).get("rope_order", spec.options().rope_order)
+        options = spec.options(rope_order=given)
     return spec.row_name(options, rotary=model.get("positions") == "rotary")
 
 
