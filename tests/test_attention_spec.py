@@ -61,6 +61,14 @@ def test_a_folded_sublayer_is_its_specs_fold_target():
         assert folded.spec is attention_spec(SPECS[kind].folds_to) and folded.cache_heads == 1
 
 
+def test_a_copied_or_pickled_sublayer_keeps_the_registrys_spec():
+    import copy
+    import pickle
+
+    mod = build_attention("mhe-mul", d_model=32, n_heads=4)
+    assert copy.deepcopy(mod).spec is SPECS["mhe-mul"] and pickle.loads(pickle.dumps(mod)).spec is SPECS["mhe-mul"]
+
+
 def test_the_model_config_holds_the_spec_and_serialises_the_name():
     by_name = preset("gpt2-base").replace(attention="gqa", attn_options={"n_kv_heads": 4})
     by_spec = preset("gpt2-base").replace(attention=SPECS["gqa"], attn_options={"n_kv_heads": 4})

@@ -86,6 +86,11 @@ class AttentionSpec:
     folds_to: str | None = None
     own_params: Callable[[AttentionConfig], int] | None = None
 
+    def __reduce__(self):
+        """Copied or pickled as its name: a copy is the registry's own spec (a model's sublayers
+        deep-copied into an inference view, or pickled, keep ``spec is SPECS[kind]``)."""
+        return attention_spec, (self.name,)
+
     @property
     def is_mhe(self) -> bool:
         """Multi-head embedding attention (MHE-Add or MHE-Mul)."""
