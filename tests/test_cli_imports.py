@@ -92,9 +92,9 @@ def test_params_memory_and_scaling_import_no_torch():
 
 @pytest.mark.parametrize("rotary", [False, True])
 def test_the_torch_free_cache_heads_are_the_sublayers_own(rotary):
-    """``options.cache_heads`` (what ``mhe memory`` prints) equals every built sublayer's."""
+    """``spec.cache_heads`` (what ``mhe memory`` prints) equals every built sublayer's."""
     from mhe.attention import KINDS, build_attention
-    from mhe.attention.options import cache_heads, make_config
+    from mhe.attention.spec import cache_heads, make_config
     from mhe.attention.rotary import RotaryEmbedding
 
     cases = [(k, {}) for k in KINDS if k not in ("fnet", "linear")] + [("gqa", {"n_kv_heads": 2})]

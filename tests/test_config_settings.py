@@ -309,11 +309,12 @@ def test_every_attention_option_reaches_the_sublayers(kind):
     of its fields set by ``--set`` reaches them (a dropped option fails here)."""
     import dataclasses
 
-    from mhe.attention import Attention, attention_class, options_class
+    from mhe.attention import Attention, build_attention, options_class
     from mhe.models import build_model
 
     names = [f.name for f in dataclasses.fields(options_class(kind))]
-    assert set(names) <= set(OPTION_VALUES) and options_class(kind) is attention_class(kind).kind_options[kind]
+    built = build_attention(kind, d_model=32, n_heads=4)
+    assert set(names) <= set(OPTION_VALUES) and options_class(kind) is built.spec.options
     items = [f"model.attention={kind}"] + [f"model.attn_options.{k}={OPTION_VALUES[k]}" for k in names]
     cfg = apply_overrides(base("mlm" if kind == "fnet" else "lm"), items)
     assert {k: getattr(cfg.model.attn_options, k) for k in names} == {k: OPTION_VALUES[k] for k in names}

@@ -46,13 +46,14 @@ def test_bert_base_gqa_uses_three_groups(capsys):
 
 
 def test_one_explicit_table_and_one_class_for_mha_mqa_gqa():
-    from mhe.attention import ATTENTION_CLASSES, KINDS, PAPER_KINDS
+    from mhe.attention import KINDS, PAPER_KINDS, SPECS, attention_class
 
     assert KINDS == ("mha", "sha", "mqa", "gqa", "skv", "el-att", "mhe-add", "mhe-mul", "fnet", "linear")
     assert PAPER_KINDS == ("sha", "mha", "el-att", "mqa", "skv", "mhe-add", "mhe-mul")
-    assert {ATTENTION_CLASSES[k] for k in ("mha", "mqa", "gqa")} == {GroupedQueryAttention}
-    for kind, cls in ATTENTION_CLASSES.items():
-        assert kind in cls.kind_options and build_attention(kind, d_model=32, n_heads=4).kind == kind
+    assert {attention_class(k) for k in ("mha", "mqa", "gqa")} == {GroupedQueryAttention}
+    for kind, spec in SPECS.items():
+        built = build_attention(kind, d_model=32, n_heads=4)
+        assert built.kind == kind and built.spec is spec and type(built) is spec.layer_class
     g = {k: build_attention(k, d_model=32, n_heads=8).cache_heads for k in ("mha", "mqa", "gqa")}
     assert g == {"mha": 8, "mqa": 1, "gqa": 2}
 

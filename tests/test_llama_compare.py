@@ -12,7 +12,7 @@ from conftest import require_data
 from mhe.accounting.memory import decoder_memory
 from mhe.cli import main
 from mhe.errors import MheError
-from mhe.experiments.entries import entry_dir, parse_entries, row_name, split_entry
+from mhe.experiments.entries import Entry, entry_dir, entry_kind, parse_entries, parse_entry, row_name
 from mhe.experiments.presets import experiment
 from mhe.experiments.summary import write_summary
 from mhe.experiments.sweep import Sweep, run_config
@@ -29,7 +29,7 @@ def test_the_preset_builds_seven_entries_with_distinct_rows():
     assert len({entry_dir(e) for e in exp.kinds}) == 7
     for e, c in cfgs.items():
         m = c.model
-        assert (m.attention, m.positions, m.norm, m.mlp) == (split_entry(e)[0], "rotary", "rmsnorm", "swiglu")
+        assert (m.attention, m.positions, m.norm, m.mlp) == (entry_kind(e), "rotary", "rmsnorm", "swiglu")
         assert (m.n_layers, m.d_model, m.n_heads, m.resolved_head_dim, m.max_len) == (6, 512, 8, 64, 256)
         assert c.train.seed == 2 and c.data.dataset == "offline-english"
         assert c.data.task_options.also_test == ["ptb"] and c.train.compile is False and c.train.steps == 600
@@ -43,12 +43,15 @@ def test_the_preset_builds_seven_entries_with_distinct_rows():
 
 
 def test_entries_refuse_what_has_no_rotary_order():
-    assert split_entry("mhe-mul psi-then-rope") == ("mhe-mul", ["model.attn_options.rope_order=psi-then-rope"])
+    from mhe.attention import SPECS
+
+    assert parse_entry("mhe-mul psi-then-rope") == Entry(SPECS["mhe-mul"], "psi-then-rope")
+    assert parse_entry("mha") == Entry(SPECS["mha"])
     assert parse_entries("mha, mhe-mul  psi-then-rope") == ("mha", "mhe-mul psi-then-rope")
     with pytest.raises(MheError, match="kind 'mha' has no variants"):
-        split_entry("mha psi-then-rope")
+        parse_entry("mha psi-then-rope")
     with pytest.raises(MheError, match="'psi-first'"):
-        split_entry("mhe-mul psi-first")
+        parse_entry("mhe-mul psi-first")
     with pytest.raises(MheError, match="names an entry twice"):
         parse_entries("mha,mha")
     # without rotary positions the order does not exist and the row is the kind alone
@@ -58,7 +61,7 @@ def test_entries_refuse_what_has_no_rotary_order():
 
 def _fake_run(root, entry, seed, wiki, ptb, params):
     """A finished run's two files as training writes them (results.json, config.json's model)."""
-    kind, sets = split_entry(entry)
+    kind = entry_kind(entry)
     d = root / "runs" / f"{entry_dir(entry)}-seed{seed}"
     d.mkdir(parents=True)
     cfg = experiment("gpu-llama-6x512").run_config(entry, seed)

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from mhe.accounting.params import attention_params, decoder_params
-from mhe.attention.options import cache_heads
 from mhe.errors import require_positive
 
 if TYPE_CHECKING:
@@ -94,11 +93,11 @@ def decoder_memory(cfg, *, cache_bytes: int = 2) -> dict[str, int]:
     ``kv_cache_bytes_per_token`` (what one sequence's KV cache holds per position:
     2 (K and V) x layers x cached K/V heads x d x ``cache_bytes``; 2 = bf16). The cached heads
     are the sublayer's own (``cache_heads``: n for MHA and SKV, g for GQA, one for MQA, SHA and
-    fast MHE, n for MHE with psi before RoPE: :func:`mhe.attention.options.cache_heads`, tested
+    fast MHE, n for MHE with psi before RoPE: :meth:`mhe.attention.spec.AttentionSpec.cache_heads`, tested
     against the built sublayers); no torch is needed."""
     params = decoder_params(cfg)["total"]
     # MHE's cache depends on where the rotation sits (rope_order)
-    heads = cache_heads(cfg.attention, cfg.n_heads, cfg.attn_options, rotary=cfg.positions == "rotary")
+    heads = cfg.spec.cache_heads(cfg.n_heads, cfg.attn_options, rotary=cfg.rotary)
     return {"params": params, "training_state_bytes": params * TRAINING_BYTES_PER_PARAM, "kv_heads": heads,
             "kv_cache_bytes_per_token": 2 * cfg.n_layers * heads * cfg.resolved_head_dim * cache_bytes}
 

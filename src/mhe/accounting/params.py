@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mhe.attention.options import AttentionConfig, kv_heads, make_config
+from mhe.attention.options import AttentionConfig
+from mhe.attention.spec import AttentionSpec, attention_spec, make_config
 from mhe.errors import MheError, one_of
 from mhe.models.config import ARCHS, ModelConfig
 
@@ -45,33 +46,11 @@ def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | N
     return sublayer_params(kind, cfg, include_output=include_output)
 
 
-def sublayer_params(kind: str, cfg: AttentionConfig, *, include_output: bool = True) -> int:
+def sublayer_params(kind: str | AttentionSpec, cfg: AttentionConfig, *, include_output: bool = True) -> int:
     """:func:`attention_params` of a sublayer's typed configuration (a model's:
-    :meth:`~mhe.models.ModelConfig.attention_config`)."""
-    m, n, d, bias = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.bias
-    nd = n * d
-    if kind == "fnet":
-        return 0
-    if kind == "linear":
-        return cfg.options.resolved_max_len ** 2 + m * m + (m if bias else 0)
-    g = kv_heads(kind, n, cfg.options)  # key/value heads: n (mha), 1 (mqa), gqa's n_kv_heads or its default
-    # (input width, output width) of each input projection
-    projections = {
-        "mha": [nd, g * d, g * d],
-        "gqa": [nd, g * d, g * d],
-        "mqa": [nd, g * d, g * d],
-        "skv": [nd, nd],
-        "el-att": [nd],
-        "sha": [d, d, d],
-        "mhe-add": [d, d, d],
-        "mhe-mul": [d, d, d],
-    }[kind]
-    total = sum(m * w + (w if cfg.in_bias else 0) for w in projections)
-    if kind.startswith("mhe-"):
-        total += 3 * n * d
-    if include_output:
-        total += nd * m + (m if bias else 0)
-    return total
+    :meth:`~mhe.models.ModelConfig.attention_config`); the formula is the kind's spec's
+    (:meth:`~mhe.attention.spec.AttentionSpec.params`)."""
+    return attention_spec(kind).params(cfg, include_output=include_output)
 
 
 def count_params(module: nn.Module, *, include_output: bool = True, include_bias: bool = True) -> int:
@@ -143,7 +122,7 @@ def decoder_params(cfg: ModelConfig) -> dict[str, int]:
         raise MheError(f"decoder_params counts decoder language models with a linear output layer, "
                        f"got arch={cfg.arch!r}, head={cfg.head!r}" + (", adaptive softmax" if cfg.adaptive_cutoffs else ""))
     m, L = cfg.d_model, cfg.n_layers
-    attn = sublayer_params(cfg.attention, cfg.attention_config(causal=True))  # its grouping, biases, ...
+    attn = sublayer_params(cfg.spec, cfg.attention_config(causal=True))  # its grouping, biases, ...
     ffn = 3 * m * cfg.d_ff if cfg.mlp == "swiglu" else 2 * m * cfg.d_ff + cfg.d_ff + m
     norm = m if cfg.norm == "rmsnorm" else 2 * m
     parts = {"embeddings": cfg.vocab_size * m + (cfg.max_len * m if cfg.positions == "learned" else 0),

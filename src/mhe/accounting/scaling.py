@@ -8,11 +8,12 @@ with 32 and 64 heads of 64 (Q, K, V only).
 from __future__ import annotations
 
 from mhe.accounting.params import attention_params
-from mhe.attention import KINDS, PAPER_KINDS
+from mhe.attention import KINDS, PAPER_KINDS, SPECS, attention_spec
 
 SCALING_KINDS = ("mha", "skv", "mqa", "el-att", "mhe-mul", "sha")
-LABELS = {"mha": "MHA", "skv": "SKV", "mqa": "MQA", "el-att": "EL-att", "mhe-mul": "MHE",
-          "mhe-add": "MHE-Add", "sha": "SHA", "gqa": "GQA", "fnet": "FNet", "linear": "Linear"}
+LABELS = {**{k: s.display for k, s in SPECS.items()}, "mhe-mul": "MHE"}
+"""Each kind's printed name (its spec's ``display``); the scaling figures show one MHE, MHE-Mul,
+labelled MHE as the paper's Figures 1, 3 and 4 do."""
 # One colour per kind in every plot (matplotlib's tab10, the paper's seven kinds first)
 COLOURS = {k: f"tab:{c}" for k, c in zip(
     list(PAPER_KINDS) + [k for k in KINDS if k not in PAPER_KINDS],
@@ -44,7 +45,8 @@ def plot_scaling(path: str, *, head_dim: int = 64) -> None:
     curves = params_vs_heads(heads, head_dim)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     for kind, ys in curves.items():
-        ax1.plot(heads, [y / 1e6 for y in ys], label=LABELS[kind], lw=2, ls=":" if kind == "sha" else "-",
+        dotted = attention_spec(kind).single_head
+        ax1.plot(heads, [y / 1e6 for y in ys], label=LABELS[kind], lw=2, ls=":" if dotted else "-",
                  color=COLOURS[kind])
     ax1.set_xlabel("attention heads n")
     ax1.set_ylabel("parameters per sublayer (M)")

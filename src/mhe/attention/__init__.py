@@ -1,8 +1,8 @@
 """The attention zoo: every kind behind one contract (see :mod:`mhe.attention.base`), listed by
-name in :mod:`mhe.attention.registry`.
+name in :mod:`mhe.attention.spec` (one spec per kind).
 
-Names are imported on first use (PEP 562): the kinds and their options
-(:mod:`mhe.attention.options`) come without torch, the sublayers with it.
+Names are imported on first use (PEP 562): the kinds' specs and their options
+(:mod:`mhe.attention.spec`, :mod:`mhe.attention.options`) come without torch, the sublayers with it.
 """
 
 import importlib
@@ -10,12 +10,13 @@ import importlib
 _WHERE = {
     "Attention": "base", "set_kernel": "base",
     "AttentionConfig": "options", "NoOptions": "options", "MHEOptions": "options", "LinearOptions": "options",
-    "GroupedQueryOptions": "options", "KINDS": "options", "PAPER_KINDS": "options", "make_config": "options",
-    "options_class": "options", "parse_kinds": "options",
+    "GroupedQueryOptions": "options", "KINDS": "spec", "PAPER_KINDS": "spec", "make_config": "spec",
+    "options_class": "spec", "parse_kinds": "spec", "AttentionSpec": "spec", "SPECS": "spec",
+    "attention_spec": "spec",
     "KERNELS": "kernels", "register_kernel": "kernels",
     "CachePosition": "kv_cache", "CrossCache": "kv_cache", "KVCache": "kv_cache", "layer_caches": "kv_cache",
     "AttentionMask": "masks",
-    "ATTENTION_CLASSES": "registry", "attention_class": "registry", "attention_from_config": "registry",
+    "attention_class": "registry", "attention_from_config": "registry",
     "build_attention": "registry",
 }
 

@@ -32,6 +32,7 @@ from mhe.attention.kv_cache import CachePosition, CrossCache, KVCache
 from mhe.attention.options import AttentionConfig, NoOptions  # noqa: F401 (re-exported)
 from mhe.attention.masks import AttentionMask
 from mhe.attention.rotary import RotaryEmbedding
+from mhe.attention.spec import AttentionSpec, specs_of
 from mhe.errors import MheError, one_of
 
 
@@ -40,8 +41,9 @@ class Attention(nn.Module):
 
     Subclasses implement ``_queries(x, positions)`` (``[B, T, m] -> [B, h_q, T, d]``),
     ``_keys_values(src, positions)`` (``[B, S, m] -> 2 x [B, h_kv, S, d]``) and ``_output``
-    (``[B, h_q, T, d] -> [B, T, m]``), set ``cache_heads`` and name the kinds they build in
-    ``kind_options``; an instance knows its ``kind`` (the registry passes it). The projection
+    (``[B, h_q, T, d] -> [B, T, m]``); the kinds a class builds are the specs that name it
+    (:data:`mhe.attention.spec.SPECS`), and an instance knows its ``kind`` and ``spec`` (the
+    registry passes the kind; the class's first is the default). The projection
     hooks receive the tokens' absolute positions, so a position-dependent embedding (rotary)
     acts there, before keys are cached: with a rotary embedding attached (:meth:`attach_rotary`)
     each kind rotates where it needs to (:meth:`_rotate`; MHE before or after its head
@@ -49,17 +51,17 @@ class Attention(nn.Module):
     and values go through the cache when there is one, and the kernel reads what the mask covers.
     """
 
-    kind_options: ClassVar[dict[str, type]] = {}
-    """The kinds this class builds, each with its options dataclass; the first is the default."""
     supports_cache: ClassVar[bool] = True
     supports_cross: ClassVar[bool] = True
 
     def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         super().__init__()
-        self.kind = kind or next(iter(self.kind_options))
-        if self.kind not in self.kind_options:
-            raise one_of(f"kind for {type(self).__name__}", self.kind, self.kind_options)
-        want = self.kind_options[self.kind]
+        own = {s.name: s for s in specs_of(type(self))}
+        self.kind = kind or next(iter(own))
+        if self.kind not in own:
+            raise one_of(f"kind for {type(self).__name__}", self.kind, own)
+        self.spec: AttentionSpec = own[self.kind]
+        want = self.spec.options
         if type(cfg.options) is not want:
             raise MheError(f"attention kind {self.kind!r} takes {want.__name__}, got {type(cfg.options).__name__}")
         self.cfg = cfg
@@ -68,8 +70,9 @@ class Attention(nn.Module):
     # --- the contract ---------------------------------------------------
     @property
     def cache_heads(self) -> int:
-        """How many key/value heads the KV cache holds for this kind."""
-        raise NotImplementedError
+        """How many key/value heads the KV cache holds for this kind (its spec's rule, under this
+        sublayer's rotary positions)."""
+        return self.spec.cache_heads(self.cfg.n_heads, self.cfg.options, rotary=self.rotary is not None)
 
     def new_cache(self, batch: int, max_len: int, *, dtype: torch.dtype | None = None,
                   device: torch.device | str | None = None, position: CachePosition | None = None,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mhe.attention.base import AttentionConfig, NoOptions
+from mhe.attention.base import AttentionConfig
 from mhe.attention.multi_head import GroupedQueryAttention
 from mhe.errors import MheError
 
@@ -15,8 +15,6 @@ class ELAttention(GroupedQueryAttention):
     both key and value. This needs m = n*d. Parameters: m*n*d (Q) + n*d*m
     (output); Table 4: d^2 n^2 without the output projection.
     """
-
-    kind_options = {"el-att": NoOptions}
 
     def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         if cfg.inner_dim != cfg.d_model:

@@ -22,6 +22,7 @@ per-step folding work, and with the decode kernel
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Callable
 
 import torch
@@ -29,7 +30,8 @@ from torch import nn
 
 from mhe.attention.base import attention_sublayers, set_kernel
 from mhe.attention.mhe import _MHEBase
-from mhe.attention.registry import build_attention
+from mhe.attention.registry import attention_from_config
+from mhe.attention.spec import attention_spec
 from mhe.errors import MheError
 
 
@@ -41,12 +43,14 @@ def fold_mhe(mod: _MHEBase) -> nn.Module:
     if mod.rotary is not None:
         raise MheError(f"an {mod.kind} sublayer under rotary positions has no folded multi-query form "
                        "(its per-head factors act after the rotation); run it as it is")
-    c = mod.cfg
     w_q, b_q = mod.folded_query()  # [n*d, m], [n*d] or None
     w_o, b_o = mod.folded_output()  # [m, n*d], [m] or None
+    target = attention_spec(mod.spec.folds_to)
+    # the sublayer's own typed configuration with the target's options and the folded biases
+    cfg = dataclasses.replace(mod.cfg, bias=mod.cfg.bias or b_q is not None or b_o is not None, qkv_bias=False,
+                              options=target.options())
     with torch.device("meta"):  # shapes only: every weight is set below, so skip the random init
-        mqa = build_attention("mqa", d_model=c.d_model, n_heads=c.n_heads, head_dim=c.head_dim, dropout=c.dropout,
-                              causal=c.causal, bias=c.bias or b_q is not None or b_o is not None, kernel=c.kernel)
+        mqa = attention_from_config(target, cfg)
     mqa.k_proj, mqa.v_proj = mod.k_proj, mod.v_proj
     for lin, weight, bias in ((mqa.q_proj, w_q, b_q), (mqa.out_proj, w_o, b_o)):
         lin.weight = nn.Parameter(weight.detach(), requires_grad=False)

@@ -38,6 +38,7 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import TYPE_CHECKING, Callable
 
@@ -53,7 +54,31 @@ if TYPE_CHECKING:
     from mhe.attention.masks import AttentionMask
 
 Kernel = Callable[..., torch.Tensor]
-KERNELS: dict[str, Kernel] = {}
+_KERNELS: dict[str, Kernel] = {}  # read as KERNELS (below), which first loads the PLUGINS
+
+PLUGINS = ("mhe.attention.flash_decode", "mhe.attention.triton_decode")
+"""The modules of further kernels (``flash-decode``, ``split-k-decode``), each registering itself
+when imported. This registry imports none of them: they are loaded on the first lookup of a name
+not registered yet and whenever :data:`KERNELS` is read, so building or importing a model loads
+no Triton code."""
+
+
+def _load_plugins() -> None:
+    for module in PLUGINS:
+        importlib.import_module(module)
+
+
+def _loaded(name: str) -> None:
+    """Load the plugins when ``name`` is not registered yet (it may be one of theirs)."""
+    if name not in _KERNELS:
+        _load_plugins()
+
+
+def __getattr__(name: str):
+    if name == "KERNELS":  # every kernel by name, the plugins' included
+        _load_plugins()
+        return _KERNELS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 _READS_KEY_RANGE: set[str] = set()
 _ADDITIVE_MASK: set[str] = set()
 
@@ -66,7 +91,7 @@ def register_kernel(name: str, *, reads_key_range: bool = False, additive_mask: 
     boolean, and the forward converts it once for every layer
     (:meth:`mhe.attention.masks.AttentionMask.for_kernel`)."""
     def deco(fn: Kernel) -> Kernel:
-        KERNELS[name] = fn
+        _KERNELS[name] = fn
         if reads_key_range:
             _READS_KEY_RANGE.add(name)
         if additive_mask:
@@ -77,18 +102,21 @@ def register_kernel(name: str, *, reads_key_range: bool = False, additive_mask: 
 
 def takes_additive_mask(name: str) -> bool:
     """Whether kernel ``name`` reads an additive mask (SDPA: it converts a boolean one at every call)."""
+    _loaded(name)
     return name in _ADDITIVE_MASK
 
 
 def reads_key_range(name: str) -> bool:
     """Whether kernel ``name`` reads a one-query step's keys as a run per row (``flash-decode``)."""
+    _loaded(name)
     return name in _READS_KEY_RANGE
 
 
 def get_kernel(name: str) -> Kernel:
-    if name not in KERNELS:
-        raise one_of("attention kernel", name, KERNELS)
-    return KERNELS[name]
+    _loaded(name)
+    if name not in _KERNELS:
+        raise one_of("attention kernel", name, _KERNELS)
+    return _KERNELS[name]
 
 
 def check_kernel(name: str) -> str:
@@ -361,6 +389,8 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     Else the configured kernel, which a model configured with another kernel keeps. ``dtype``:
     the decoding dtype (default: the weights').
     """
+    from mhe.attention import triton_decode  # a plugin (PLUGINS), loaded only where decoding is chosen
+
     if requested is not None:
         return requested
     attns = _sublayers(module)
@@ -410,7 +440,3 @@ def _sublayers(module: nn.Module) -> list:
     from mhe.attention.base import attention_sublayers  # base imports this module
 
     return attention_sublayers(module)
-
-
-from mhe.attention import flash_decode  # noqa: E402,F401  registers "flash-decode" (it builds on sdpa)
-from mhe.attention import triton_decode  # noqa: E402,F401  registers "split-k-decode" (Triton, sdpa without it)

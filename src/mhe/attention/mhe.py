@@ -92,17 +92,13 @@ class _MHEBase(Attention):
     @property
     def literal(self) -> bool:
         """Computes n explicit heads: the reference, or psi-then-rope under rotary positions."""
-        return self.reference or (self.rotary is not None and self.cfg.options.rope_order == "psi-then-rope")
+        return self.spec.literal(self.cfg.options, rotary=self.rotary is not None)
 
     @property
     def foldable(self) -> bool:
         """Equals the plain multi-query sublayer :func:`~mhe.attention.folding.fold_mhe` builds:
         the fast path without rotary positions."""
         return not self.literal and self.rotary is None
-
-    @property
-    def cache_heads(self) -> int:
-        return self.cfg.n_heads if self.literal else 1
 
     def _psi(self, a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """psi(A, e_i) for every head: A [B, 1|n, S, d], e [n, d] -> [B, n, S, d]."""
@@ -241,7 +237,6 @@ def _scaled_heads(a: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
 class MHEMul(_MHEBase):
     """MHE-Mul: psi(A, e) = A * (e + 1) (section 3.4). See the module docstring."""
 
-    kind_options = {"mhe-mul": MHEOptions}
     multiplicative = True
 
     def _query_factors(self):
@@ -255,8 +250,6 @@ class MHEMul(_MHEBase):
 
 class MHEAdd(_MHEBase):
     """MHE-Add: psi(A, e) = A + e (section 3.4). See the module docstring."""
-
-    kind_options = {"mhe-add": MHEOptions}
 
     def _query_factors(self):
         return self.head_embed[0]  # the key offsets cancel in softmax

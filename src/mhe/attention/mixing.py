@@ -9,21 +9,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mhe.attention.base import Attention, AttentionConfig, NoOptions
+from mhe.attention.base import Attention, AttentionConfig
 from mhe.attention.kv_cache import KVCache
 from mhe.attention import masks
 from mhe.attention.masks import AttentionMask
-from mhe.attention.options import LinearOptions
 from mhe.errors import MheError
 
 
 class _Mixing(Attention):
     supports_cache = False
     supports_cross = False
-
-    @property
-    def cache_heads(self) -> int:
-        return 0
 
     def forward(self, x, *, positions=None, context=None, mask=None, cache: KVCache | None = None):
         """``positions`` are accepted and unused: mixing has no queries or keys to rotate."""
@@ -49,8 +44,6 @@ class FNetMixing(_Mixing):
     A Fourier transform over the sequence sees every position, so FNet cannot be causal.
     """
 
-    kind_options = {"fnet": NoOptions}
-
     def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         if cfg.causal:
             raise MheError("attention kind 'fnet' mixes the whole sequence and cannot be causal; use it in encoders")
@@ -70,8 +63,6 @@ class LinearMixing(_Mixing):
     With ``causal`` the sequence matrix is lower-triangular.
     Parameters: max_len^2 + m^2 (+ m with bias).
     """
-
-    kind_options = {"linear": LinearOptions}
 
     def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         super().__init__(cfg, kind=kind)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from mhe.attention.base import Attention, AttentionConfig, NoOptions
+from mhe.attention.base import Attention, AttentionConfig
 from mhe.attention.fused_projections import fused_projection
-from mhe.attention.options import GroupedQueryOptions, default_kv_heads, kv_heads  # noqa: F401 (re-exported)
+from mhe.attention.options import GroupedQueryOptions, default_kv_heads  # noqa: F401 (re-exported)
 
 
 class GroupedQueryAttention(Attention):
@@ -17,16 +17,15 @@ class GroupedQueryAttention(Attention):
     * ``mqa``, g = 1: multi-query attention (Shazeer 2019), one key and one value head;
     * ``gqa``, g = ``n_kv_heads``: grouped-query attention (Ainslie et al. 2023).
 
-    The kind fixes g (mha, mqa) or takes it from its options (gqa; see :func:`kv_heads`).
+    The kind fixes g (mha, mqa) or takes it from its options (gqa); its spec says which
+    (:meth:`~mhe.attention.spec.AttentionSpec.kv_heads`).
     Parameters: m*n*d (Q) + 2*m*g*d (K, V) + n*d*m (output): 4m^2 for MHA when m = n*d;
     Table 4 (no output projection): 3 d^2 n^2 (MHA), d^2 n^2 + 2 d^2 n (MQA).
     """
 
-    kind_options = {"mha": NoOptions, "mqa": NoOptions, "gqa": GroupedQueryOptions}
-
     def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         super().__init__(cfg, kind=kind)
-        self.n_kv_heads = kv_heads(self.kind, cfg.n_heads, cfg.options)
+        self.n_kv_heads = self.spec.kv_heads(cfg.n_heads, cfg.options)
         m, nd = cfg.d_model, cfg.inner_dim
         self.q_proj = nn.Linear(m, nd, bias=cfg.in_bias)
         self._make_kv(cfg)
@@ -36,10 +35,6 @@ class GroupedQueryAttention(Attention):
         kv = self.n_kv_heads * cfg.head_dim
         self.k_proj = nn.Linear(cfg.d_model, kv, bias=cfg.in_bias)
         self.v_proj = nn.Linear(cfg.d_model, kv, bias=cfg.in_bias)
-
-    @property
-    def cache_heads(self) -> int:
-        return self.n_kv_heads
 
     def _queries(self, x, positions):
         return self._rotate(self._split_heads(self.q_proj(x), self.cfg.n_heads), positions)  # [B, n, T, d]
@@ -72,8 +67,6 @@ class SharedKeyValueAttention(GroupedQueryAttention):
 
     Parameters: m*n*d (Q) + m*n*d (shared K/V) + n*d*m (output); Table 4: 2 d^2 n^2.
     """
-
-    kind_options = {"skv": NoOptions}
 
     def _make_kv(self, cfg: AttentionConfig) -> None:
         self.kv_proj = nn.Linear(cfg.d_model, cfg.inner_dim, bias=cfg.in_bias)

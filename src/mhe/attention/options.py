@@ -1,10 +1,10 @@
-"""What an attention kind is configured with, without torch: the kinds' names, the options every
-kind shares (:class:`AttentionConfig`), each kind's own options dataclass (``model.attn_options``)
-and the rules that resolve them (GQA's default grouping, the rotary width).
+"""What an attention kind is configured with, without torch: the options every kind shares
+(:class:`AttentionConfig`), each kind's own options dataclass (``model.attn_options``) and the
+rules that resolve them (GQA's default grouping, the rotary width).
 
-The model configuration, ``mhe params`` and ``mhe memory`` need only this, so they start without
-importing torch; the sublayers (:mod:`mhe.attention.registry`) name the same dataclasses in their
-``kind_options``, and the registry checks at import that the two tables agree.
+The model configuration, ``mhe params`` and ``mhe memory`` need only this and the kinds' specs
+(:mod:`mhe.attention.spec`, which names each kind's options dataclass), so they start without
+importing torch.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class AttentionConfig:
             :data:`mhe.attention.kernels.KERNELS` (``sdpa``, ``eager``, ...); it never
             changes the function, only how it runs.
         options: the kind's own knobs, its options dataclass (the one ``--set
-            model.attn_options.*`` fills; :func:`mhe.attention.registry.options_class`).
+            model.attn_options.*`` fills; :attr:`mhe.attention.spec.AttentionSpec.options`).
     """
 
     d_model: int
@@ -93,7 +93,7 @@ def default_kv_heads(n_heads: int) -> int:
     One quarter keeps GQA between its two limits, MQA (g = 1) and MHA (g = n), as Ainslie et
     al. (2023) use it (e.g. 8 groups of 64 heads is n/8; n/4 is the middle ground common in
     released models); a default of 1 would only repeat MQA. Models, ``mhe params`` and
-    ``mhe memory`` all take it from here (through :func:`kv_heads`).
+    ``mhe memory`` all take it from here (through :meth:`mhe.attention.spec.AttentionSpec.kv_heads`).
     """
     require_positive(n_heads=n_heads)
     limit = max(1, n_heads // 4)
@@ -114,19 +114,6 @@ class GroupedQueryOptions:
     def __post_init__(self) -> None:
         if self.n_kv_heads != 0 or isinstance(self.n_kv_heads, bool):
             require_positive(n_kv_heads=self.n_kv_heads)
-
-
-def kv_heads(kind: str, n_heads: int, options: object) -> int:
-    """The key/value heads g of a multi-head kind: 1 for ``mqa``, gqa's ``n_kv_heads``
-    (0: :func:`default_kv_heads`), n for the others (``mha``, ``skv``, ``el-att``)."""
-    if kind == "mqa":
-        return 1
-    if kind != "gqa":
-        return n_heads
-    g = options.n_kv_heads or default_kv_heads(n_heads)
-    if n_heads % g:
-        raise MheError(f"n_kv_heads={g} must divide n_heads={n_heads}")
-    return g
 
 
 IMPLS = ("fast", "reference")
@@ -191,80 +178,3 @@ def rotary_width(head_dim: int, fraction: float) -> int:
         raise MheError(f"rope_fraction={fraction} rotates {r} of head_dim={head_dim} dimensions; "
                        "the rotated width must be even and at least 2")
     return r
-
-
-KIND_OPTIONS: dict[str, type] = {
-    "mha": NoOptions,
-    "sha": NoOptions,
-    "mqa": NoOptions,
-    "gqa": GroupedQueryOptions,
-    "skv": NoOptions,
-    "el-att": NoOptions,
-    "mhe-add": MHEOptions,
-    "mhe-mul": MHEOptions,
-    "fnet": NoOptions,
-    "linear": LinearOptions,
-}
-"""Every attention kind and its options dataclass, in the order tables list them."""
-
-KINDS: tuple[str, ...] = tuple(KIND_OPTIONS)
-"""Every attention kind, in the order tables list them."""
-
-PAPER_KINDS: tuple[str, ...] = ("sha", "mha", "el-att", "mqa", "skv", "mhe-add", "mhe-mul")
-"""The seven kinds of the paper's main tables (Tables 1-3), in their row order."""
-
-SIZES = ("d_model", "n_heads", "head_dim")
-SHARED_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AttentionConfig)
-                                        if f.name not in SIZES + ("options",))
-"""The options every kind takes (``dropout``, ``causal``, ``bias``, ``qkv_bias``, ``kernel``)."""
-
-
-def parse_kinds(spec: str, *, what: str = "--kinds") -> tuple[str, ...]:
-    """A comma-separated list of kinds, ``paper`` (the seven of Tables 1-3) or ``all``."""
-    if spec == "paper":
-        return PAPER_KINDS
-    if spec == "all":
-        return KINDS
-    kinds = tuple(k.strip() for k in spec.split(",") if k.strip())
-    if not kinds:
-        raise MheError(f"{what} {spec!r} names no attention kind; give paper, all or a comma-separated list of "
-                       f"{', '.join(KINDS)}")
-    for k in kinds:
-        if k not in KINDS:
-            raise one_of("attention kind", k, KINDS)
-    return kinds
-
-
-def options_class(kind: str) -> type:
-    """The options dataclass of an attention kind (``model.attn_options``)."""
-    if kind not in KIND_OPTIONS:
-        raise one_of("attention kind", kind, KINDS)
-    return KIND_OPTIONS[kind]
-
-
-def make_config(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None, **options) -> AttentionConfig:
-    """Validate ``options`` for ``kind`` (the shared ones and the kind's own) and return its config."""
-    own_class = options_class(kind)
-    own_names = tuple(f.name for f in dataclasses.fields(own_class))
-    bad = sorted(set(options) - set(SHARED_OPTIONS) - set(own_names))
-    if bad:
-        raise MheError(f"attention kind {kind!r} takes no option {bad[0]!r}; valid options: "
-                       f"{', '.join(SHARED_OPTIONS + own_names)}")
-    own = own_class(**{k: v for k, v in options.items() if k in own_names})
-    shared = {k: v for k, v in options.items() if k in SHARED_OPTIONS}
-    return AttentionConfig(d_model=d_model, n_heads=n_heads, head_dim=head_dim, options=own, **shared)
-
-
-def cache_heads(kind: str, n_heads: int, options: object, *, rotary: bool = False) -> int:
-    """The key/value heads a kind's KV cache holds (each sublayer's ``cache_heads``, without
-    building it): n for ``mha``, ``skv``, ``el-att``; g for ``gqa``; one for ``mqa``, ``sha`` and
-    fast MHE; n for MHE computed head by head (``impl="reference"``, or ``psi-then-rope`` under
-    rotary positions); none for ``fnet`` and ``linear``."""
-    if kind in ("fnet", "linear"):
-        return 0
-    if kind == "sha":
-        return 1
-    if kind.startswith("mhe-"):
-        literal = options.impl == "reference" or (rotary and options.rope_order == "psi-then-rope")
-        return n_heads if literal else 1
-    return kv_heads(kind, n_heads, options)

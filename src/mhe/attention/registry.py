@@ -1,62 +1,37 @@
-"""Name -> attention class. Names are exactly the paper's labels (section 4.1, Appendix A).
+"""Name -> attention sublayer. Names are exactly the paper's labels (section 4.1, Appendix A).
 
-The table is written out below; each class names the kinds it builds with their options
-dataclass (``kind_options``: ``mha``, ``mqa`` and ``gqa`` are one class that differs only in
-its key/value heads). A kind's options are the typed ``model.attn_options`` of a run; the names,
-options and config live without torch in :mod:`mhe.attention.options`, whose ``KIND_OPTIONS``
-must agree with the classes (checked below, at import).
+The one table of kinds is :data:`mhe.attention.spec.SPECS` (without torch): each kind's spec
+names its options dataclass and its class (``mha``, ``mqa`` and ``gqa`` are one class that
+differs only in its key/value heads). This module builds the sublayers from it.
 """
 
 from __future__ import annotations
 
 from mhe.attention.base import Attention
-from mhe.attention.options import (  # noqa: F401 (re-exported: the names, without torch)
-    KIND_OPTIONS,
+from mhe.attention.options import AttentionConfig
+from mhe.attention.spec import (  # noqa: F401 (re-exported: the names, without torch)
     KINDS,
     PAPER_KINDS,
     SHARED_OPTIONS,
-    AttentionConfig,
+    AttentionSpec,
+    attention_spec,
     make_config,
     options_class,
     parse_kinds,
 )
-from mhe.attention.el_attention import ELAttention
-from mhe.attention.mhe import MHEAdd, MHEMul
-from mhe.attention.mixing import FNetMixing, LinearMixing
-from mhe.attention.multi_head import GroupedQueryAttention, SharedKeyValueAttention
-from mhe.attention.single_head import SingleHeadAttention
-from mhe.errors import MheError, one_of
-
-ATTENTION_CLASSES: dict[str, type[Attention]] = {
-    "mha": GroupedQueryAttention,
-    "sha": SingleHeadAttention,
-    "mqa": GroupedQueryAttention,
-    "gqa": GroupedQueryAttention,
-    "skv": SharedKeyValueAttention,
-    "el-att": ELAttention,
-    "mhe-add": MHEAdd,
-    "mhe-mul": MHEMul,
-    "fnet": FNetMixing,
-    "linear": LinearMixing,
-}
-"""Every attention kind and the class that builds it, in the order tables list them."""
-
-if tuple(ATTENTION_CLASSES) != KINDS or any(ATTENTION_CLASSES[k].kind_options.get(k) is not KIND_OPTIONS[k]
-                                            for k in KINDS):
-    raise MheError("attention.options.KIND_OPTIONS and the classes' kind_options disagree; keep them one table")
 
 
-def attention_class(kind: str) -> type[Attention]:
-    if kind not in ATTENTION_CLASSES:
-        raise one_of("attention kind", kind, KINDS)
-    return ATTENTION_CLASSES[kind]
+def attention_class(kind: str | AttentionSpec) -> type[Attention]:
+    """The sublayer class of a kind (its spec's ``layer_class``)."""
+    return attention_spec(kind).layer_class
 
 
-def build_attention(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None, **options) -> Attention:
+def build_attention(kind: str | AttentionSpec, *, d_model: int, n_heads: int, head_dim: int | None = None,
+                    **options) -> Attention:
     """Build one attention sublayer of the given kind.
 
     Args:
-        kind: one of :data:`KINDS`.
+        kind: one of :data:`KINDS`, or its spec.
         d_model: model width m.
         n_heads: heads n (SHA keeps n for its output projection, see ``sha``).
         head_dim: per-head width d (default m / n).
@@ -64,11 +39,13 @@ def build_attention(kind: str, *, d_model: int, n_heads: int, head_dim: int | No
             fields of the kind's options dataclass (:func:`options_class`): ``n_kv_heads``
             (gqa), ``max_len`` (linear), ``impl``, ``init_std``, ``query_fold``, ``rope_order`` (mhe-*).
     """
-    return attention_from_config(kind, make_config(kind, d_model=d_model, n_heads=n_heads, head_dim=head_dim,
+    spec = attention_spec(kind)
+    return attention_from_config(spec, make_config(spec.name, d_model=d_model, n_heads=n_heads, head_dim=head_dim,
                                                    **options))
 
 
-def attention_from_config(kind: str, cfg: AttentionConfig) -> Attention:
+def attention_from_config(kind: str | AttentionSpec, cfg: AttentionConfig) -> Attention:
     """One attention sublayer of ``kind`` built with its typed configuration as it is (a model's
     sublayers: :meth:`mhe.models.ModelConfig.attention_config`)."""
-    return attention_class(kind)(cfg, kind=kind)
+    spec = attention_spec(kind)
+    return spec.layer_class(cfg, kind=spec.name)

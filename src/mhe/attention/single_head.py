@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from mhe.attention.base import Attention, AttentionConfig, NoOptions
+from mhe.attention.base import Attention, AttentionConfig
 
 
 class SingleHeadAttention(Attention):
@@ -22,8 +22,6 @@ class SingleHeadAttention(Attention):
     Parameters: 3*m*d (Q, K, V) + n*d*m (output).
     """
 
-    kind_options = {"sha": NoOptions}
-
     def __init__(self, cfg: AttentionConfig, *, kind: str | None = None) -> None:
         super().__init__(cfg, kind=kind)
         m, d = cfg.d_model, cfg.head_dim
@@ -31,10 +29,6 @@ class SingleHeadAttention(Attention):
         self.k_proj = nn.Linear(m, d, bias=cfg.in_bias)
         self.v_proj = nn.Linear(m, d, bias=cfg.in_bias)
         self.out_proj = nn.Linear(cfg.inner_dim, m, bias=cfg.bias)
-
-    @property
-    def cache_heads(self) -> int:
-        return 1
 
     def _queries(self, x, positions):
         return self._rotate(self.q_proj(x).unsqueeze(1), positions)  # [B, 1, T, d]

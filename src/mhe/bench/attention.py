@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from mhe.attention import build_attention, masks
+from mhe.attention import attention_spec, build_attention, masks
 from mhe.attention.folding import fold_mhe, fold_model, inference_view
 from mhe.attention.kernels import decode_kernel, split_kernel, view_kernels
 from mhe.bench.common import bench_config, model_shape, timed
@@ -24,13 +24,13 @@ from mhe.models import build_model
 def _variants(kinds):
     out = []
     for k in kinds:
-        opts = {"n_kv_heads": 4} if k == "gqa" else {}
+        spec = attention_spec(k)
+        opts = {"n_kv_heads": 4} if spec.grouped else {}
         out.append((k, k, opts))
-        if k == "mhe-mul":
-            out.append(("mhe-mul (act. fold)", k, {"query_fold": "activation"}))
-            out.append(("mhe-mul (reference)", k, {"impl": "reference"}))
-        if k == "mhe-add":
-            out.append(("mhe-add (reference)", k, {"impl": "reference"}))
+        if spec.psi == "mul":  # the weight fold (default) and the activation fold of the query factors
+            out.append((f"{k} (act. fold)", k, {"query_fold": "activation"}))
+        if spec.is_mhe:
+            out.append((f"{k} (reference)", k, {"impl": "reference"}))
     return out
 
 
@@ -76,7 +76,7 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
         for kind in kinds:
             opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
             mod = build_attention(kind, d_model=m, n_heads=n, causal=True, kernel=configured, **opts).to(dev, dtype).eval()
-            if kind.startswith("mhe-"):
+            if attention_spec(kind).folds:
                 mod = fold_mhe(mod)
             chosen = decode_kernel(mod, dev, dtype, requested, batch=batch, positions=ctx + 1)
             mod = inference_view(mod, chosen)
@@ -110,7 +110,7 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
             cfg = bench_config(preset, kind, small=small, max_len=ctx + 1, dropout=0.0, attn_dropout=0.0,
                                attn_kernel=configured)
             model = build_model(cfg).to(dev, dtype).eval()
-            if kind.startswith("mhe-"):
+            if attention_spec(kind).folds:
                 fold_model(model)  # decode exactly as a multi-query model (under RoPE: as it is, one head)
             model = inference_view(model, decode_kernel(model, dev, dtype, requested, batch=batch, positions=ctx + 1))
             caches = model.new_caches(batch, ctx + 1)

@@ -7,6 +7,7 @@ import statistics
 import time
 from typing import Callable
 
+from mhe.attention.spec import attention_spec
 from mhe.models import preset as model_preset
 
 BENCH_KINDS = ("mha", "mqa", "gqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul")
@@ -22,7 +23,7 @@ def bench_config(preset: str, kind: str, *, small: bool, gqa_heads: int | None =
     ``gqa_heads`` or the default group count; ``small`` shrinks every model to
     :data:`SMOKE_SIZES` (GQA then 2 K/V heads)."""
     cfg = model_preset(preset)
-    if kind == "gqa" and (small or (gqa_heads and cfg.attention != "gqa")):
+    if attention_spec(kind).grouped and (small or (gqa_heads and not cfg.spec.grouped)):
         overrides["attn_options"] = {"n_kv_heads": 2 if small else gqa_heads}
     return cfg.replace(attention=kind, **{**overrides, **(SMOKE_SIZES if small else {})})
 

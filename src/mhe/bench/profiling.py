@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mhe.attention.masks import AttentionMask
-from mhe.attention import kernels
+from mhe.attention import attention_spec, kernels
 from mhe.bench.common import timed
 
 CATEGORIES = ("attention fwd", "attention bwd", "optimizer", "matmul/GEMM", "cross-entropy/loss", "copies/casts",
@@ -119,14 +119,13 @@ def _attention_inputs(kind: str, seq: int, dev, batch: int = 32, heads: int = 12
     ``[B, h, T, d]``; MQA's one K/V head split the same way, MHE's unsqueezed (``mhe.attention``)."""
     T = seq
     q = torch.randn(batch, T, heads * d, device=dev, dtype=torch.bfloat16).view(batch, T, heads, d).transpose(1, 2)
-    if kind == "mha":
-        kv = [torch.randn(batch, T, heads * d, device=dev, dtype=torch.bfloat16).view(batch, T, heads, d)
-              .transpose(1, 2) for _ in range(2)]
-    elif kind == "mqa":
-        kv = [torch.randn(batch, T, d, device=dev, dtype=torch.bfloat16).view(batch, T, 1, d).transpose(1, 2)
-              for _ in range(2)]
-    else:
+    spec = attention_spec(kind)
+    if spec.is_mhe:  # the one shared head, unsqueezed
         kv = [torch.randn(batch, T, d, device=dev, dtype=torch.bfloat16).unsqueeze(1) for _ in range(2)]
+    else:  # g heads split from [B, T, g*d]: n for MHA, one for MQA
+        g = spec.kv_heads(heads, spec.options())
+        kv = [torch.randn(batch, T, g * d, device=dev, dtype=torch.bfloat16).view(batch, T, g, d)
+              .transpose(1, 2) for _ in range(2)]
     return [t.detach().requires_grad_() for t in (q, *kv)]
 
 

@@ -37,25 +37,40 @@ from mhe.bench.profiling import by_category, kernel_times, sdpa_calls
 from mhe.bench.training import RandomLM, RandomMLM, real_params
 from mhe.models import preset as model_preset
 from mhe.models.vocab_padding import pad_vocabulary
+from mhe.settings import set_path
 from mhe.tasks import build_run, build_task
 from mhe.training import distributed
 from mhe.training.batches import BatchOrder
+from mhe.training.config import check_device, validate
 from mhe.training import parallelize as wrapping
 from mhe.training.prefetch import Prefetcher
 from mhe.training.state import TrainerState, seed_all
 from mhe.training.step import StepWindow, train_step
 
 
+def run_config(preset: str, kind: str, dropout: bool, s):
+    """``(task name, RunConfig)`` of one configuration: ``mhe pretrain``'s defaults for ``preset``
+    and ``kind`` with the profile's sizes (``s``) set as typed values."""
+    task_name = "lm" if model_preset(preset).arch == "decoder" else "mlm"  # as mhe pretrain chooses
+    cfg = build_run(task_name, preset, attention=kind, data=s.data, data_dir=s.data_dir)
+    # typed values set as values; only the command line's --cuda-graphs word is text, parsed once here
+    cfg.train.batch_size, cfg.train.progress, cfg.train.device = s.batch, False, s.device
+    set_path(cfg.train, ["cuda_graphs"], getattr(s, "cuda_graphs", "auto"), "train.cuda_graphs",
+             text=isinstance(getattr(s, "cuda_graphs", "auto"), str))
+    cfg.data.seq_len = s.seq
+    sizes = {"max_len": max(s.seq, 512) if not s.cpu_smoke else 128}
+    sizes.update({} if dropout else {"dropout": 0.0, "attn_dropout": 0.0})
+    sizes.update(SMOKE_SIZES if s.cpu_smoke else {})
+    sizes.update({"n_layers": s.layers} if getattr(s, "layers", 0) else {})
+    cfg.model = cfg.model.replace(**sizes)
+    validate(cfg)
+    check_device(cfg.train.device)
+    return task_name, cfg
+
+
 def build(preset: str, kind: str, dropout: bool, s, out: Path) -> dict:
     """The trainer's step objects for one configuration, set up as ``Trainer._build`` does."""
-    task_name = "lm" if model_preset(preset).arch == "decoder" else "mlm"  # as mhe pretrain chooses
-    items = [f"train.batch_size={s.batch}", f"data.seq_len={s.seq}", "train.progress=false",
-             f"model.max_len={max(s.seq, 512) if not s.cpu_smoke else 128}", f"train.device={s.device}",
-             f"train.cuda_graphs={getattr(s, 'cuda_graphs', 'auto')}"]
-    items += [] if dropout else ["model.dropout=0", "model.attn_dropout=0"]
-    items += [f"model.{k}={v}" for k, v in SMOKE_SIZES.items()] if s.cpu_smoke else []
-    items += [f"model.n_layers={s.layers}"] if getattr(s, "layers", 0) else []
-    cfg = build_run(task_name, preset, attention=kind, data=s.data, data_dir=s.data_dir, overrides=items)
+    task_name, cfg = run_config(preset, kind, dropout, s)
     task = build_task(task_name) if s.data else (RandomLM() if task_name == "lm" else RandomMLM())
     t, dist = cfg.train, distributed.setup(cfg.train.device)
     seed_all(t.seed)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,7 +32,7 @@ from mhe.models.vocab_padding import pad_optimizer_state, pad_vocabulary, paddin
 from mhe.tasks import build_task
 from mhe.tasks.lm import CausalLMTask
 from mhe.tasks.mlm import MaskedLMTask, masked_positions, masked_rows, mask_tokens
-from mhe.training.config import TrainConfig, compile_wanted
+from mhe.training.config import TrainConfig, compile_wanted, validate
 from mhe.tasks import build_run
 from mhe.training.loop import Trainer
 from mhe.training.optim import build_optimizer
@@ -118,18 +119,30 @@ class RandomMLM(_RandomBlocks, MaskedLMTask):
     pass
 
 
+def trainer_config(preset: str, kind: str, *, dev: torch.device, B: int, T: int, steps: int, log_every: int,
+                   small: bool, data: str = "", data_dir: str = ""):
+    """``(task name, RunConfig)`` of :func:`user_path`'s run: ``mhe pretrain``'s defaults for
+    ``preset`` and ``kind`` with the bench's steps, batch and sizes set as typed values."""
+    task_name = "lm" if model_preset(preset).arch == "decoder" else "mlm"  # as mhe pretrain chooses
+    cfg = build_run(task_name, preset, attention=kind, data=data, data_dir=data_dir)
+    t = cfg.train  # typed values set as values (no --set text to parse again)
+    t.steps, t.epochs, t.batch_size, t.log_every, t.device = steps, 0.0, B, log_every, dev.type
+    t.save_every = t.eval_every = t.warmup_steps = 0
+    t.keep_checkpoints = t.progress = False
+    cfg.data.seq_len = T
+    sizes = {"max_len": max(T, 512), **(SMOKE_SIZES if small else {})}
+    if small and cfg.model.spec.grouped:  # GQA: 2 K/V heads in the smoke sizes (as bench_config)
+        sizes["attn_options"] = replace(cfg.model.attn_options, n_kv_heads=2)
+    cfg.model = cfg.model.replace(**sizes)
+    validate(cfg)
+    return task_name, cfg
+
+
 def user_path(preset: str, kind: str, *, dev: torch.device, B: int, T: int, steps: int, log_every: int,
               small: bool, data: str = "", data_dir: str = "") -> dict:
     """``mhe pretrain``'s trainer for ``steps`` steps with its defaults; its median logged rate."""
-    task_name = "lm" if model_preset(preset).arch == "decoder" else "mlm"  # as mhe pretrain chooses
-    items = [f"train.steps={steps}", f"train.batch_size={B}", f"train.log_every={log_every}", "train.save_every=0",
-             "train.eval_every=0", "train.keep_checkpoints=false", "train.progress=false", "train.warmup_steps=0",
-             f"data.seq_len={T}", f"model.max_len={max(T, 512)}", f"train.device={dev.type}"]
-    if small:  # GQA: the default grouping while the heads shrink, then 2 K/V heads (as bench_config)
-        gqa = kind == "gqa"
-        items += ["model.attn_options.n_kv_heads=0"] * gqa + [f"model.{k}={v}" for k, v in SMOKE_SIZES.items()]
-        items += ["model.attn_options.n_kv_heads=2"] * gqa
-    cfg = build_run(task_name, preset, attention=kind, data=data, data_dir=data_dir, overrides=items)
+    task_name, cfg = trainer_config(preset, kind, dev=dev, B=B, T=T, steps=steps, log_every=log_every, small=small,
+                                    data=data, data_dir=data_dir)
     task = build_task(task_name) if data else (RandomLM() if task_name == "lm" else RandomMLM())
     if data:  # the timing needs no evaluation
         task.evaluate, task.final = (lambda model: {task.metric: 0.0}), (lambda model: {"score": 0.0})

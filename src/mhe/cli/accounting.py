@@ -10,7 +10,7 @@ from mhe.accounting import attention_memory, attention_params, attention_sublaye
 from mhe.accounting.memory import byte_unit, decoder_memory, memory_table
 from mhe.accounting.params import decoder_params
 from mhe.accounting.scaling import LABELS, params_vs_heads, params_vs_layers, plot_scaling
-from mhe.attention import parse_kinds
+from mhe.attention import attention_spec, parse_kinds
 from mhe.errors import MheError
 from mhe.experiments.tables import print_table
 from mhe.models import preset
@@ -73,9 +73,10 @@ def _kinds(args) -> list[str]:
 
 
 def _kind_options(kind: str, geo: dict) -> dict:
-    if kind == "linear":
+    spec = attention_spec(kind)
+    if hasattr(spec.options(), "max_len"):  # linear's sequence matrix
         return {"max_len": geo["max_len"]}
-    if kind == "gqa" and geo.get("n_kv_heads") and geo["n_heads"] % geo["n_kv_heads"] == 0:
+    if spec.grouped and geo.get("n_kv_heads") and geo["n_heads"] % geo["n_kv_heads"] == 0:
         return {"n_kv_heads": geo["n_kv_heads"]}  # the preset's grouping, else the config's default
     return {}
 
@@ -124,9 +125,9 @@ def _whole_model_configs(name: str, kinds, geo: dict) -> dict:
         return {}
     out = {}
     for kind in kinds:
-        if cfg.positions == "rotary" and kind in ("fnet", "linear"):
+        if cfg.rotary and attention_spec(kind).mixes:
             continue  # no rotary positions without queries and keys
-        if kind == "fnet":
+        if not attention_spec(kind).causal:
             continue  # mixes whole sequences: no causal decoder
         try:
             out[kind] = cfg.replace(attention=kind, **sizes)

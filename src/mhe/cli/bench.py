@@ -5,13 +5,14 @@ function per section."""
 from __future__ import annotations
 
 from mhe.accounting.memory import byte_unit
-from mhe.attention import parse_kinds
+from mhe.attention import attention_spec, parse_kinds
 from mhe.bench import BENCH_KINDS, SMOKE
 from mhe.errors import MheError, one_of
 from mhe.experiments.tables import print_table
 from mhe.output_paths import check_output_file, make_folder
 
 SECTIONS = ("attn", "train", "decode", "generate")
+BASELINE = "mha"  # the row the generate table's "tok/s vs MHA" column divides by
 
 
 def bench_args(p):
@@ -60,7 +61,7 @@ def _check(args) -> tuple[list[str], set[str]]:
 
     kinds = list(parse_kinds(args.kinds))
     for k in kinds:
-        if k in ("fnet", "linear"):
+        if attention_spec(k).mixes:
             raise MheError(f"unknown bench kind {k!r}; valid: {', '.join(BENCH_KINDS)}")
     sections = set(args.sections.split(","))
     bad = sections - set(SECTIONS)
@@ -205,7 +206,7 @@ def generate_section(args, kinds, *, dev, small, reps, warm, dtype) -> dict:
 def print_generate_table(rows: list[dict], dtype, shape: str) -> None:
     """The generate section's table: each path beside Hugging Face's and beside MHA."""
     base = {(r["batch"], r["prompt"]): r for r in rows if r["path"].startswith("HF")}
-    mha = {(r["batch"], r["prompt"]): r for r in rows if r["kind"] == "mha" and not r["path"].startswith("HF")}
+    mha = {(r["batch"], r["prompt"]): r for r in rows if r["kind"] == BASELINE and not r["path"].startswith("HF")}
     print(f"\ngenerate end to end ({shape}, random weights, greedy, {_dtype_name(dtype)}; "
           "prefill included; MHE folded to MQA, or one K/V head as it is under RoPE; model.generate: median of "
           "3 calls after a warm-up (1 in smoke sizes), HF: one call after a short warm-up)")

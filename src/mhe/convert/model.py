@@ -14,6 +14,7 @@ import dataclasses
 
 from torch import nn
 
+from mhe.attention.spec import attention_spec
 from mhe.convert.heads import read_heads
 from mhe.convert.options import target_options
 from mhe.convert.report import ConversionReport
@@ -39,7 +40,7 @@ def check_conversion(cfg, kind: str, n_kv_heads: int = 0, options: dict | None =
     if cfg.arch == "encoder-decoder":
         raise MheError("converting an encoder-decoder is not supported (its cross-attention reads the encoder); "
                        "valid architectures: decoder, encoder")
-    if kind != "gqa" and n_kv_heads:
+    if not attention_spec(kind).grouped and n_kv_heads:
         raise MheError(f"n_kv_heads={n_kv_heads} applies to gqa only, not to {kind!r}")
     if n_kv_heads < 0 or (n_kv_heads and cfg.n_heads % n_kv_heads):
         raise MheError(f"n_kv_heads={n_kv_heads} must be a positive divisor of n_heads={cfg.n_heads} "
@@ -81,7 +82,7 @@ def convert_model(model: nn.Module, kind: str, *, n_kv_heads: int = 0, options: 
     dtype = next(model.parameters()).dtype
     target = build_model(cfg.replace(attention=kind, attn_options=opts)).to(dtype)
     first = attention_modules(target)[0][1]
-    kv = first.cache_heads if kind == "gqa" else 1
+    kv = attention_spec(kind).kv_heads(cfg.n_heads, opts)  # the fitted K/V heads: 1, or gqa's groups
     state, layers = _fit_sublayers(model, kind, kv, opts, stats or {}, align=align, align_iters=align_iters,
                                    naive=naive)
     try:

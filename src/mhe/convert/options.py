@@ -13,7 +13,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from mhe.attention.options import options_class
+from mhe.attention.spec import options_class
 from mhe.errors import MheError
 from mhe.settings import set_path, typed_options
 

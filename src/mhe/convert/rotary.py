@@ -34,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mhe.attention.rotary import rotary_width
+from mhe.attention.spec import attention_spec
 
-MHE_KINDS = ("mhe-mul", "mhe-add")
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,15 @@ class RotaryFit:
     def describe(self, kind: str) -> str:
         """One line for the command's output and ``conversion.json``: what the order means here."""
         rotated = f"rotary positions on {self.width} of {self.head_dim} dimensions per head"
-        if kind == "sha":
+        spec = attention_spec(kind)
+        if spec.single_head:
             return f"{rotated}: one query scale per rotary pair"
-        if kind not in MHE_KINDS:
+        if not spec.is_mhe:
             return f"{rotated}: queries and keys are aligned only by rotations that commute with RoPE"
         if not self.psi_after:
             return (f"{rotated}, rope_order=psi-then-rope: the head embeddings act before the rotation, so each "
                     "dimension's scale or offset is fitted freely and the KV cache holds n rotated heads")
-        what = ("query/key scales are shared within each rotary pair" if kind == "mhe-mul" else
+        what = ("query/key scales are shared within each rotary pair" if spec.psi == "mul" else
                 "query offsets are the mean of the rotated residual projections over the calibration tokens")
         return (f"{rotated}, rope_order=rope-then-psi: the head embeddings act after the rotation, so the {what}; "
                 "one K/V head is cached")
@@ -85,5 +86,5 @@ def rotary_fit(cfg, head_dim: int, kind: str, options) -> RotaryFit | None:
     ``kind`` with ``options`` (its ``model.attn_options``); None for absolute positions."""
     if getattr(cfg, "positions", "") != "rotary":
         return None
-    order = getattr(options, "rope_order", "") if kind in MHE_KINDS else ""
+    order = getattr(options, "rope_order", "") if attention_spec(kind).is_mhe else ""
     return RotaryFit(head_dim, rotary_width(head_dim, cfg.rope_fraction), order)

@@ -42,6 +42,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from mhe.attention.spec import attention_spec
 from mhe.convert.fit import procrustes, product_error, relative_error, rotary_procrustes, sqrt_psd
 from mhe.convert.heads import ROLES, Heads
 from mhe.convert.rotary import RotaryFit
@@ -88,8 +89,9 @@ def convert_sublayer(h: Heads, kind: str, *, kv_heads: int = 1, stats: InputStat
         return fit_target(heads, kind, kv_heads=kv_heads, naive=baseline, stats=stats, rotary=rotary)
 
     aligned = h
-    if align and not naive and kind != "sha":  # SHA's fit does not depend on rotations
-        aligned = _align(h, fit, align_iters, stats if kind == "mhe-add" else None, rotary)
+    spec = attention_spec(kind)
+    if align and not naive and not spec.single_head:  # SHA's fit does not depend on rotations
+        aligned = _align(h, fit, align_iters, stats if spec.psi == "add" else None, rotary)
     fitted = fit(aligned, baseline=naive)
     base = fit(h, baseline=True)
     spaces = {"weight": (None, None, None)}

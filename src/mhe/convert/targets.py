@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from mhe.attention.spec import attention_spec
 from mhe.convert.fit import expand_groups, group_means, low_rank_factors, rank1_scales
 from mhe.convert.heads import ROLES, Heads, linear_state, out_state
 from mhe.convert.options import MINIMISES, TARGETS  # noqa: F401 (re-exported)
@@ -80,11 +81,12 @@ def fit_target(h: Heads, kind: str, *, kv_heads: int = 1, naive: bool = False, s
             zero mean input.
         rotary: how rotary positions constrain the fit (None: absolute positions).
     """
-    if kind in ("mqa", "gqa"):
-        return _pooled(h, 1 if kind == "mqa" else kv_heads)
-    if kind == "mhe-add":
+    spec = attention_spec(kind)
+    if spec.head_groups:  # mqa's one K/V head, gqa's kv_heads
+        return _pooled(h, kv_heads if spec.grouped else spec.kv_heads(h.n, spec.options()))
+    if spec.psi == "add":
         return _add(h, naive, stats, rotary is not None and rotary.psi_after)
-    if kind == "sha":
+    if spec.single_head:
         return _sha(h, naive, rotary.pairs if rotary else None)
     return _mul(h, *_mul_fit(h, naive, rotary.scale_groups() if rotary else None))
 

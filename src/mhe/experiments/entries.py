@@ -15,39 +15,53 @@ comparison summarised again (``mhe report``) names its rows the same way.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
-from mhe.attention.options import KINDS, ROPE_ORDERS, options_class
+from mhe.attention.options import ROPE_ORDERS
+from mhe.attention.spec import KINDS, AttentionSpec, attention_spec
 from mhe.errors import MheError, one_of
 
 
-def _has_rope_order(kind: str) -> bool:
-    return any(f.name == "rope_order" for f in dataclasses.fields(options_class(kind)))
+@dataclass(frozen=True)
+class Entry:
+    """One comparison entry, parsed: its kind's spec and, for MHE, the rotary order it asks for
+    (``""``: the kind's default options)."""
+
+    spec: AttentionSpec
+    rope_order: str = ""
+
+    def apply(self, cfg):
+        """``cfg`` (a :class:`~mhe.training.config.RunConfig`) with its model set to this entry's
+        variant: the typed options changed in place of a ``--set`` item parsed again."""
+        if self.rope_order:
+            opts = dataclasses.replace(cfg.model.attn_options, rope_order=self.rope_order)
+            cfg.model = cfg.model.replace(attn_options=opts)
+        return cfg
 
 
-def split_entry(entry: str) -> tuple[str, list[str]]:
-    """``(kind, --set items)`` of an entry: ``"mhe-mul psi-then-rope"`` ->
-    ``("mhe-mul", ["model.attn_options.rope_order=psi-then-rope"])``."""
+def parse_entry(entry: str) -> Entry:
+    """An entry's text as its :class:`Entry`: ``"mhe-mul psi-then-rope"`` ->
+    ``Entry(spec of mhe-mul, rope_order="psi-then-rope")``."""
     kind, _, variant = entry.strip().partition(" ")
-    if kind not in KINDS:
-        raise one_of("attention kind", kind, KINDS)
+    spec = attention_spec(kind)
     variant = variant.strip()
     if not variant:
-        return kind, []
-    if not _has_rope_order(kind):
+        return Entry(spec)
+    if not spec.has_rope_order:
         raise MheError(f"comparison entry {entry!r}: kind {kind!r} has no variants; give the kind alone")
     if variant not in ROPE_ORDERS:
         raise one_of(f"variant of {kind!r}", variant, ROPE_ORDERS)
-    return kind, [f"model.attn_options.rope_order={variant}"]
+    return Entry(spec, variant)
 
 
 def entry_kind(entry: str) -> str:
     """The attention kind of an entry."""
-    return split_entry(entry)[0]
+    return parse_entry(entry).spec.name
 
 
 def entry_dir(entry: str) -> str:
     """The entry as a run-folder name: ``mhe-mul psi-then-rope`` -> ``mhe-mul-psi-then-rope``."""
-    split_entry(entry)
+    parse_entry(entry)
     return "-".join(entry.split())
 
 
@@ -58,7 +72,7 @@ def parse_entries(spec: str, *, what: str = "--kinds") -> tuple[str, ...]:
         raise MheError(f"{what} {spec!r} names no attention kind; give a comma-separated list of "
                        f"{', '.join(KINDS)} (MHE kinds may add a rotary order: 'mhe-mul psi-then-rope')")
     for e in entries:
-        split_entry(e)
+        parse_entry(e)
     if len(set(entries)) < len(entries):
         raise MheError(f"{what} {spec!r} names an entry twice")
     return entries
@@ -66,12 +80,17 @@ def parse_entries(spec: str, *, what: str = "--kinds") -> tuple[str, ...]:
 
 def row_name(model: dict) -> str:
     """The summary row of a run whose resolved model (``config.json``'s ``model``) is ``model``:
-    its kind, and for a kind with a rotary order under rotary positions, the order."""
+    its kind, and for a kind with a rotary order under rotary positions, the order
+    (:meth:`~mhe.attention.spec.AttentionSpec.row_name`)."""
     kind = model["attention"]
-    if model.get("positions") != "rotary" or kind not in KINDS or not _has_rope_order(kind):
+    if kind not in KINDS:
         return kind
-    order = (model.get("attn_options") or {}).get("rope_order", options_class(kind)().rope_order)
-    return f"{kind} {order}"
+    spec = attention_spec(kind)
+    options = None
+    if spec.has_rope_order:  # only the order is read: a run folder's other options stay as written
+        given = (model.get("attn_options") or {}).get("rope_order", spec.options().rope_order)
+        options = spec.options(rope_order=given)
+    return spec.row_name(options, rotary=model.get("positions") == "rotary")
 
 
 def base_kind(name: str) -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from mhe.accounting.scaling import COLOURS
-from mhe.accounting.scaling import LABELS as _SCALING_LABELS
+from mhe.attention.spec import SPECS
 from mhe.training.run_files import read_metrics
 
-LABELS = {**_SCALING_LABELS, "mhe-mul": "MHE-Mul"}  # both MHE variants appear side by side here
+LABELS = {k: s.display for k, s in SPECS.items()}  # the paper's names; both MHE variants appear side by side here
 KIND_COLORS = {"mha": "#1f77b4", "sha": "#7f7f7f", "mqa": "#2ca02c", "gqa": "#17becf", "skv": "#9467bd",
                "el-att": "#8c564b", "mhe-add": "#ff7f0e", "mhe-mul": "#d62728", "fnet": "#bcbd22",
                "linear": "#e377c2"}

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import functools
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Callable
 
 from mhe.attention import PAPER_KINDS
 from mhe.errors import one_of
-from mhe.experiments.entries import split_entry
+from mhe.experiments.entries import parse_entry
 from mhe.tasks import default_run
 from mhe.tasks.settings import LMOptions
-from mhe.training.config import RunConfig, apply_overrides, validate
+from mhe.training.config import RunConfig, check_device, validate
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,11 @@ class Experiment:
     def run_config(self, kind: str, seed: int = 0, *, data: str | None = None) -> RunConfig:
         """One run: the task's defaults for the preset, kind and data, then this experiment's
         settings, then the entry's variant (``mhe-mul psi-then-rope``: its rotary order)."""
-        kind, entry_sets = split_entry(kind)
-        cfg = self.settings(default_run(self.task, self.preset, kind, self.data if data is None else data))
-        cfg = apply_overrides(cfg, entry_sets)
+        entry = parse_entry(kind)
+        cfg = self.settings(default_run(self.task, self.preset, entry.spec.name, self.data if data is None else data))
+        cfg = entry.apply(cfg)
+        validate(cfg)
+        check_device(cfg.train.device)
         cfg.train.seed = seed
         return cfg
 
@@ -270,7 +272,7 @@ def llama_model(cfg: RunConfig) -> RunConfig:
     """``llama-135m``'s layer (RMSNorm, SwiGLU, rotary positions, no biases, tied embeddings, no
     dropout) at :data:`LLAMA_6x512`; GQA with 2 K/V heads."""
     opts = cfg.model.attn_options
-    if cfg.model.attention == "gqa":
+    if any(f.name == "n_kv_heads" for f in fields(opts)):  # grouped K/V heads: a quarter of them
         opts = replace(opts, n_kv_heads=LLAMA_6x512["n_heads"] // 4)
     cfg.model = cfg.model.replace(**LLAMA_6x512, attn_options=opts)
     return cfg

@@ -30,6 +30,11 @@ from mhe.training.checkpoint import write_json_atomic, write_text_atomic
 
 ORDER = list(PAPER_KINDS) + [k for k in KINDS if k not in PAPER_KINDS]
 
+PRR_BASE = "mha"
+"""The row PRR is relative to: the paper's performance retention ratio is a kind's score against MHA's."""
+PEOP_BASE = "sha"
+"""The row PEoP is relative to: the paper's elasticity of parameters is measured against SHA."""
+
 
 def collect(out: Path, *, kv_cache: bool = False) -> list[dict]:
     """Every finished run's results.json under ``out/runs`` (or packed in ``out/runs.tar.xz``),
@@ -104,11 +109,11 @@ def aggregate(runs: list[dict], metric: str | None = None) -> dict:
                         if "kv_cache_bytes_per_token" in first else {})})
     ref = {r["kind"]: r for r in rows}
     for row in rows:
-        if "mha" in ref and ref["mha"]["mean"] != 0:
-            row["prr"] = prr(row["mean"], ref["mha"]["mean"], higher_is_better=hib)
-        if "sha" in ref and row["kind"] != "sha":
-            row["peop"] = _safe_peop(row["mean"], row["attention_params"], ref["sha"]["mean"],
-                                     ref["sha"]["attention_params"], hib)
+        if PRR_BASE in ref and ref[PRR_BASE]["mean"] != 0:
+            row["prr"] = prr(row["mean"], ref[PRR_BASE]["mean"], higher_is_better=hib)
+        if PEOP_BASE in ref and row["kind"] != PEOP_BASE:
+            row["peop"] = _safe_peop(row["mean"], row["attention_params"], ref[PEOP_BASE]["mean"],
+                                     ref[PEOP_BASE]["attention_params"], hib)
     out = {"task": task, "metric": metric, "higher_is_better": hib, "rows": rows}
     if metric.startswith("perplexity") and runs[0].get("perplexity_per"):
         out["perplexity_per"] = runs[0]["perplexity_per"]  # word or token: the unit every table names
@@ -143,10 +148,10 @@ def paper_columns(summary: dict, table: str) -> dict:
     out = {}
     for kind, (params_m, score) in rows.items():
         col = {"params_m": params_m, "params": exact[kind], "score": score, "prr": None, "peop": None}
-        if "mha" in rows:
-            col["prr"] = prr(score, rows["mha"][1], higher_is_better=hib)
-        if "sha" in rows and kind != "sha" and params_m is not None:  # no printed size (FNet, Linear): no PEoP
-            col["peop"] = _safe_peop(score, exact[kind], rows["sha"][1], exact["sha"], hib)
+        if PRR_BASE in rows:
+            col["prr"] = prr(score, rows[PRR_BASE][1], higher_is_better=hib)
+        if PEOP_BASE in rows and kind != PEOP_BASE and params_m is not None:  # no printed size (FNet, Linear): no PEoP
+            col["peop"] = _safe_peop(score, exact[kind], rows[PEOP_BASE][1], exact[PEOP_BASE], hib)
         out[kind] = col
     return {"table": table, "metric": t["metric"], "rows": out, "percent": bool(t.get("percent"))}
 
@@ -318,13 +323,13 @@ def overview(dirs: list[Path], plot: Path | None = None) -> str:
         cells = [_label(k), f"{params[k] / 1e6:.3f}M"]
         cells += [_mean_std(c["mean"], c["std"], c["n_seeds"], f"{c['mean']:.4f}", f"{c['std']:.3f}")
                   for c in (cell[(t, k)] for t in tasks)]
-        r = prr(avg[k], avg["mha"], higher_is_better=hib) if "mha" in avg else None
-        e = (_safe_peop(avg[k], params[k], avg["sha"], params["sha"], hib)
-             if "sha" in avg and k != "sha" else None)
+        r = prr(avg[k], avg[PRR_BASE], higher_is_better=hib) if PRR_BASE in avg else None
+        e = (_safe_peop(avg[k], params[k], avg[PEOP_BASE], params[PEOP_BASE], hib)
+             if PEOP_BASE in avg and k != PEOP_BASE else None)
         cells += [f"{avg[k]:.4f}", "-" if r is None else f"{100 * r:.1f}", "-" if e is None else f"{e:.2f}"]
         if paper_avg:
-            pr = (prr(paper_avg[k], paper_avg["mha"], higher_is_better=paper_hib)
-                  if k in paper_avg and "mha" in paper_avg else None)
+            pr = (prr(paper_avg[k], paper_avg[PRR_BASE], higher_is_better=paper_hib)
+                  if k in paper_avg and PRR_BASE in paper_avg else None)
             cells += [f"{paper_avg[k]:.4f}" if k in paper_avg else "-", "-" if pr is None else f"{100 * pr:.1f}"]
             prr_rows.append((k, r, pr))
         lines.append("| " + " | ".join(cells) + " |")

@@ -18,7 +18,7 @@ import torch
 
 from mhe.data.benchmarks import BENCH_TASKS as BENCH
 from mhe.errors import MheError
-from mhe.experiments.entries import entry_dir, split_entry
+from mhe.experiments.entries import entry_dir, parse_entry
 from mhe.experiments.paper import paper_tables
 from mhe.experiments.presets import EXPERIMENTS, experiment
 from mhe.experiments.run_archive import RunFiles, archive_of
@@ -111,7 +111,8 @@ def run_config(sweep: Sweep, entry: str, seed: int, *, progress: bool = False):
     for the entry's kind, the entry's variant (:mod:`mhe.experiments.entries`), the sweep's
     --set items, the seed. Its progress bars are off unless ``progress`` (a worker's, drawn in
     its ``stderr.log``), and then only where the --set items leave them on."""
-    kind, entry_sets = split_entry(entry)
+    parsed = parse_entry(entry)
+    kind = parsed.spec.name
     if sweep.task in BENCH:
         if not sweep.pretrained:
             raise MheError(f"fine-tuning {sweep.task!r} needs --pretrained DIR, a comparison of pre-training runs")
@@ -130,7 +131,7 @@ def run_config(sweep: Sweep, entry: str, seed: int, *, progress: bool = False):
     else:
         cfg = default_run(sweep.task, sweep.preset, kind, sweep.data)
     cfg.data.data_dir = sweep.data_dir
-    cfg = apply_overrides(cfg, entry_sets + list(sweep.overrides or []))
+    cfg = apply_overrides(parsed.apply(cfg), list(sweep.overrides or []))
     cfg.train.seed = seed
     cfg.train.progress = progress and cfg.train.progress
     return cfg

@@ -79,7 +79,7 @@ def mhe_to_bigcode(model) -> dict:
            "lm_head.weight": model.lm_head.weight}
     for i, layer in enumerate(dec.layers):
         h = f"transformer.h.{i}."
-        attn = layer.self_attn if cfg.attention == "mqa" else fold_mhe(layer.self_attn)
+        attn = fold_mhe(layer.self_attn) if cfg.spec.folds else layer.self_attn
         q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj
         w = torch.cat([q.weight, k.weight, v.weight], 0)  # [n*d + 2d, m]
         out[h + "attn.c_attn.weight"] = w

@@ -100,7 +100,7 @@ def check_llama_exportable(cfg: ModelConfig) -> None:
         if getattr(cfg, key) != value:
             raise MheError(f"only Llama-style decoders export to Llama/Qwen2/Mistral: model.{key} is "
                            f"{getattr(cfg, key)!r}, needs {value!r}")
-    if cfg.attention not in ("mha", "gqa", "mqa"):
+    if not cfg.spec.head_groups:
         raise MheError(f"only mha, gqa and mqa attention export to Llama/Qwen2/Mistral, got {cfg.attention!r}")
 
 
@@ -109,7 +109,7 @@ def llama_hf_config(cfg: ModelConfig, cls_name: str):
     import transformers
 
     check_llama_exportable(cfg)
-    g = {"mha": cfg.n_heads, "mqa": 1}.get(cfg.attention) or cfg.attn_options.n_kv_heads
+    g = cfg.spec.kv_heads(cfg.n_heads, cfg.attn_options)
     common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
                   num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=g,
                   head_dim=cfg.resolved_head_dim, max_position_embeddings=cfg.max_len, rms_norm_eps=cfg.layer_norm_eps,

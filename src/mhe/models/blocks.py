@@ -19,7 +19,7 @@ __all__ = ["Block", "Embeddings", "activation", "build_sublayer", "init_model", 
 
 def build_sublayer(cfg: ModelConfig, *, causal: bool):
     """One attention sublayer of the model's kind, built with its typed configuration."""
-    return attention_from_config(cfg.attention, cfg.attention_config(causal=causal))
+    return attention_from_config(cfg.spec, cfg.attention_config(causal=causal))
 
 
 class Block(nn.Module):

@@ -6,9 +6,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mhe.attention.options import KINDS, AttentionConfig, options_class, rotary_width
+from mhe.attention.options import AttentionConfig, rotary_width
+from mhe.attention.spec import KINDS, AttentionSpec, attention_spec, options_class
 from mhe.errors import MheError, one_of
-from mhe.settings import check_fields, setting, typed_options
+from mhe.settings import check_fields, setting
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 HEADS = {"encoder": ("mlm", "classification", "qa"), "decoder": ("lm", "classification"),
@@ -30,9 +31,10 @@ class ModelConfig:
 
     ``n_layers`` counts the layers of each stack (the encoder-decoder has
     ``n_layers`` encoder and ``n_layers`` decoder layers). ``attention`` is the
-    kind used by every attention sublayer (the one place a run names it);
-    ``attn_options`` are that kind's typed options, the dataclass its attention sublayers
-    are built with (:func:`mhe.attention.registry.options_class`; a dict is converted).
+    kind used by every attention sublayer (the one place a run names it), held as its name, which
+    is what ``config.json`` and a run's config hash hold; :attr:`spec` is the kind itself, which
+    the code asks (never the name); ``attn_options`` are that kind's typed options, the dataclass
+    its attention sublayers are built with (the spec's ``options``; a dict is converted).
     ``activation`` is the feed-forward (and BERT MLM-transform) non-linearity: ``gelu``
     (exact, erf-based: BERT), ``gelu_tanh`` (the tanh approximation: GPT-2) or ``relu``
     (Vaswani et al. 2017, section 3.3).
@@ -77,9 +79,10 @@ class ModelConfig:
     adaptive_cutoffs: list[int] = field(default_factory=list)  # decoder LM: adaptive softmax (Grave et al. 2017)
 
     def __post_init__(self) -> None:
+        if isinstance(self.attention, AttentionSpec):  # a spec given in code: held by its name (config.json's)
+            self.attention = self.attention.name
         if self.attention in KINDS:
-            self.attn_options = typed_options(options_class(self.attention), self.attn_options,
-                                              "model.attn_options", f"attention kind {self.attention!r}")
+            self.attn_options = self.spec.make_options(self.attn_options)
         check_fields(self, "model")
         if self.head_dim is None and self.d_model % self.n_heads:
             raise MheError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads} "
@@ -102,10 +105,20 @@ class ModelConfig:
         if self.arch != "decoder":
             raise MheError(f"model.positions='rotary' is for the decoder; a {self.arch} takes learned or "
                            "sinusoidal positions")
-        if self.attention in ("fnet", "linear"):
+        if self.spec.mixes:
             raise MheError(f"model.positions='rotary' must rotate queries and keys, which attention kind "
                            f"{self.attention!r} does not have (it mixes whole sequences); use a kind with a KV cache")
         rotary_width(self.resolved_head_dim, self.rope_fraction)
+
+    @property
+    def spec(self) -> AttentionSpec:
+        """The attention kind's spec (:data:`mhe.attention.spec.SPECS`)."""
+        return attention_spec(self.attention)
+
+    @property
+    def rotary(self) -> bool:
+        """Rotary positions (RoPE) in every self-attention sublayer."""
+        return self.positions == "rotary"
 
     @property
     def resolved_head_dim(self) -> int:
@@ -128,6 +141,8 @@ class ModelConfig:
         if bad:
             raise MheError(f"unknown model setting {bad[0]!r}; valid keys: {', '.join(sorted(valid))}")
         kind = changes.get("attention", self.attention)
+        if isinstance(kind, AttentionSpec):
+            kind = changes["attention"] = kind.name
         if "attn_options" not in changes and kind in KINDS and options_class(kind) is not type(self.attn_options):
             changes["attn_options"] = None  # a new kind starts from its own default options
         return dataclasses.replace(self, **changes)

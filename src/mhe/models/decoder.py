@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,6 +18,9 @@ from mhe.models.inputs import check_labels, check_mask
 from mhe.models.layers import build_norm
 from mhe.models.losses import IGNORE, causal_lm_loss, chunked_loss_wanted, classification_loss, head_loss
 from mhe.models.outputs import ModelOutput, as_bool_mask
+
+if TYPE_CHECKING:
+    from mhe.generation.session import Generator
 
 
 def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,6 @@ from torch import nn
 from mhe.attention import masks
 from mhe.attention.kv_cache import CrossCache, KVCache, check_layer_caches, layer_caches
 from mhe.attention.masks import AttentionMask
-from mhe.attention.registry import attention_class
 from mhe.errors import MheError
 from mhe.models.blocks import Block, Embeddings, init_model
 from mhe.models.config import ModelConfig
@@ -26,7 +25,7 @@ class EncoderDecoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        if not attention_class(cfg.attention).supports_cross:
+        if not cfg.spec.layer_class.supports_cross:
             raise MheError(f"attention kind {cfg.attention!r} cannot cross-attend, so it cannot build an "
                            "encoder-decoder; use it in an encoder or decoder")
         self.cfg = cfg

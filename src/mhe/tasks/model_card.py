@@ -31,14 +31,15 @@ def architecture(cfg: ModelConfig) -> str:
 
 def attention_line(cfg: ModelConfig) -> str:
     """The kind and, for MHE, its psi and (under rotary positions) the order of psi and RoPE."""
-    line = cfg.attention
-    if cfg.attention.startswith("mhe-"):
-        psi = "A * (1 + e_i)" if cfg.attention == "mhe-mul" else "A + e_i"
+    spec = cfg.spec
+    line = spec.name
+    if spec.is_mhe:
+        psi = {"mul": "A * (1 + e_i)", "add": "A + e_i"}[spec.psi]
         line += f" (multi-head embedding attention, psi = {psi}"
         if cfg.positions == "rotary":
             line += f"; rotary order {cfg.attn_options.rope_order}"
         line += ")"
-    elif cfg.attention == "gqa":
+    elif spec.grouped:
         line += f" ({cfg.attn_options.n_kv_heads or 'default'} K/V heads)"
     return line
 

@@ -46,26 +46,37 @@ class MheConfig(PretrainedConfig):
         self.attention_kind = s["attention"]
         self.is_encoder_decoder = s["arch"] == "encoder-decoder"
         self.tie_word_embeddings = bool(s.get("tie_embeddings", True))
-        if s["attention"] in ("fnet", "linear"):  # they mix whole sequences: no K/V to cache
+        if KINDS[s["attention"]][1] == "mixing":  # they mix whole sequences: no K/V to cache
             self.use_cache = False
         if getattr(self, "pad_token_id", None) is None:
             self.pad_token_id = s.get("pad_id", 0)
         super().__post_init__(**kwargs)
 
 
+KINDS = {
+    "mha": ("n", "heads", ""), "sha": ("1", "seed", ""), "mqa": ("1", "heads", ""), "gqa": ("g", "heads", ""),
+    "skv": ("n", "shared", ""), "el-att": ("n", "input", ""), "mhe-add": ("1", "seed", "add"),
+    "mhe-mul": ("1", "seed", "mul"), "fnet": ("0", "mixing", ""), "linear": ("0", "mixing", ""),
+}
+"""The one table of attention kinds here (this folder cannot import mhe's specs): kind -> (its K/V
+heads: ``n``, ``g`` (gqa's ``n_kv_heads``), ``1`` or ``0``; its projections: ``heads`` (n query
+heads over g K/V heads), ``shared`` (skv: K = V), ``input`` (el-att: the input is K and V),
+``seed`` (one d-wide query, key and value: sha, MHE) or ``mixing`` (fnet, linear); MHE's psi,
+``add`` or ``mul``)."""
+
+
 def cache_heads(s: dict) -> int:
     """The K/V heads a self-attention layer caches: n for mha, skv, el-att and MHE with
     psi-then-rope under rotary positions, g for gqa, 1 for mqa, sha and other MHE (one shared
     K/V head, the paper's section 3 identities), 0 for the mixing kinds."""
-    kind, n, opts = s["attention"], s["n_heads"], s.get("attn_options") or {}
-    if kind in ("mqa", "sha"):
-        return 1
-    if kind == "gqa":
-        return opts.get("n_kv_heads") or _default_kv_heads(n)
-    if kind in ("mhe-add", "mhe-mul"):
+    n, opts = s["n_heads"], s.get("attn_options") or {}
+    heads, _, psi = KINDS[s["attention"]]
+    if psi:
         literal = s.get("positions") == "rotary" and opts.get("rope_order") == "psi-then-rope"
         return n if literal else 1
-    return 0 if kind in ("fnet", "linear") else n
+    if heads == "g":
+        return opts.get("n_kv_heads") or _default_kv_heads(n)
+    return {"n": n, "1": 1, "0": 0}[heads]
 
 
 def _default_kv_heads(n: int) -> int:
