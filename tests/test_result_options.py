@@ -216,3 +216,31 @@ def test_final_perplexity_uses_both_strides(lm_run):
     assert res["perplexity_stride24"] != pytest.approx(res["perplexity"], rel=1e-6)
     task.cfg.data.eval_stride = 100  # capped at half the 32-token window
     assert task.final(model)["stride"] == 16
+
+
+def test_translation_task_decodes_with_its_alpha():
+    """The task's ``alpha`` option reaches the search, by its effect: a random model whose
+    hypotheses end at different lengths (EOS favoured, as in ``ending_model``) translates as
+    the literal search does with that alpha, and the translations change with alpha."""
+    import dataclasses
+
+    from mhe.tasks.translation import pad_rows
+    from test_task_settings import _tiny_translation
+
+    model, task, texts = _tiny_translation(beam=4)
+    task.max_len = 24
+    with torch.no_grad():
+        model.lm_head.weight[task.eos, 0] = 4.0  # (tied: the EOS embedding too)
+    lines = ["a man rides a bike .", "two dogs play in the snow .", "a girl reads a book .", "a dog .",
+             "two men read .", "a girl rides a dog in the snow ."]
+    outs = {}
+    for alpha in (0.0, 1.0, 4.0):
+        task.o = dataclasses.asdict(dataclasses.replace(task.cfg.data.task_options, alpha=alpha))
+        outs[alpha] = task.translate(model, lines)
+        for line, got in zip(lines, outs[alpha]):
+            src = pad_rows([task._encode(line)], task.pad)
+            hyp = beam_search_uncached(model, src, src != task.pad, bos_id=task.bos, eos_id=task.eos, beam=4,
+                                       max_len=task.max_len, alpha=alpha)[0].tolist()[1:]
+            hyp = hyp[:hyp.index(task.eos)] if task.eos in hyp else hyp
+            assert got == task.tok.decode(hyp, skip_special_tokens=True).strip(), (alpha, line)
+    assert outs[0.0] != outs[1.0] != outs[4.0], outs
