@@ -53,7 +53,7 @@ EFFECTS: dict[str, dict[str, str]] = {
         "data_dir": "test_generate_cli::test_generate_needs_only_the_run_folder",
         "prompt": "test_generate_cli::test_generate_command_continues_prompts",
         "input": "test_generate_cli::test_generate_command_continues_prompts",
-        "min_new_tokens": "test_generate_cli::test_generate_says_why_each_prompt_stopped",
+        "min_new_tokens": "test_result_options::test_generate_min_new_tokens_holds_the_end_token_back",
         **{f: "test_option_effects::test_each_generate_option_changes_the_continuation"
            for f in ("max_new_tokens", "sample", "temperature", "top_k", "top_p", "seed")},
         "stream": "test_option_effects::test_generate_stream_prints_the_same_continuation",

@@ -244,3 +244,34 @@ def test_translation_task_decodes_with_its_alpha():
             hyp = hyp[:hyp.index(task.eos)] if task.eos in hyp else hyp
             assert got == task.tok.decode(hyp, skip_special_tokens=True).strip(), (alpha, line)
     assert outs[0.0] != outs[1.0] != outs[4.0], outs
+
+
+# ---------------------------------------------------------------- mhe generate's --min-new-tokens
+def test_generate_min_new_tokens_holds_the_end_token_back(lm_run, capsys, monkeypatch):
+    """The run's model with the end token made the likeliest at every step (its logit raised
+    by 50 through a constant unit of the final norm): without ``--min-new-tokens`` each prompt
+    stops after one token, with 3 the end token is held back for three and ends the fourth."""
+    import mhe.tasks.runs as runs
+    from mhe.cli import main
+    from mhe.data.tokenize import special_id
+
+    real = runs.load_run
+
+    def ending(*args, **kw):
+        model, cfg, task = real(*args, **kw)
+        eos = special_id(task.tok, "[EOS]")
+        with torch.no_grad():
+            norm = model.decoder.final_norm
+            norm.weight[0], norm.bias[0] = 0.0, 1.0
+            model.lm_head.weight[eos, 0] = 50.0
+        return model, cfg, task
+
+    monkeypatch.setattr(runs, "load_run", ending)
+    stopped = {}
+    for least in (0, 3):
+        capsys.readouterr()
+        assert main(["generate", "--run", str(lm_run), "--prompt", "the company said", "--prompt", "it",
+                     "--max-new-tokens", "6", "--min-new-tokens", str(least)]) == 0
+        stopped[least] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("prompt ")]
+    assert stopped == {n: [f"prompt {i}: {n + 1} new token{'s' if n else ''}, stopped by the end token"
+                           for i in (1, 2)] for n in (0, 3)}
