@@ -216,6 +216,40 @@ def test_final_perplexity_uses_both_strides(lm_run):
     assert res["perplexity_stride24"] != pytest.approx(res["perplexity"], rel=1e-6)
     task.cfg.data.eval_stride = 100  # capped at half the 32-token window
     assert task.final(model)["stride"] == 16
+    task.valid = task.valid[:400]  # validation: windows of the whole width, one token shared
+    nll, n = direct_sliding_window_nll(model, task.valid, window=model.cfg.max_len, stride=model.cfg.max_len)
+    res = task.evaluate(model)
+    assert res["tokens"] == n and res["nll"] == pytest.approx(nll, rel=1e-6)
+
+
+def test_masked_lm_evaluation_masks_the_same_tokens_every_time():
+    """Validation accuracy and loss of masked LM: the masks of a generator seeded 12345 (the same
+    at every evaluation, so figures of one run compare), scored on the masked positions of the
+    model's full logits, written out here."""
+    import torch.nn.functional as F
+
+    from mhe.models import build_model
+
+    vocab = 50
+    task = MaskedLMTask()
+    task.valid, task.mask_id, task.vocab, task.special = corpus(70, 32, vocab), MASK, vocab, SPECIAL
+    model = build_model("tiny-encoder", vocab_size=vocab, d_model=32, n_heads=4, d_ff=64, n_layers=1, max_len=32,
+                        dropout=0.0, attn_dropout=0.0).double().eval()
+    got = task.evaluate(model)
+    assert task.evaluate(model) == got
+    g = torch.Generator().manual_seed(12345)
+    correct, nll, total = 0, 0.0, 0
+    with torch.no_grad():
+        for i in range(0, 70, 32):
+            inputs, labels = mask_tokens(task.valid[i:i + 32], mask_id=MASK, vocab_size=vocab, special=SPECIAL,
+                                         generator=g)
+            logp = F.log_softmax(model(inputs).logits, -1)
+            sel = labels != -100
+            correct += int((logp[sel].argmax(-1) == labels[sel]).sum())
+            nll -= float(logp[sel].gather(1, labels[sel][:, None]).sum())
+            total += int(sel.sum())
+    assert got["mlm_accuracy"] == correct / total
+    assert got["mlm_loss"] == pytest.approx(nll / total, rel=1e-6)  # the loss is taken in float32
 
 
 def test_translation_task_decodes_with_its_alpha():

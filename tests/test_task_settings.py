@@ -145,9 +145,9 @@ def test_translation_reads_the_options_languages_limits_and_budget(monkeypatch, 
         longest = max(len(task.src_ids[i]) for i in batch) + max(len(task.tgt_ids[i]) + 1 for i in batch)
         assert rows * longest <= 300 or rows == 1
     decoded = []
-    monkeypatch.setattr(task, "translate", lambda m, src, **kw: decoded.append(len(src)) or [""] * len(src))
+    monkeypatch.setattr(task, "translate", lambda m, src, **kw: decoded.append((len(src), kw)) or [""] * len(src))
     task.evaluate(model)
-    assert decoded == [7] and len(task._test()[0]) == 5
+    assert decoded == [(7, {"beam": 1})] and len(task._test()[0]) == 5  # validation BLEU: greedy
 
 
 # ---------------------------------------------------------------- fine-tuning's options
