@@ -229,17 +229,25 @@ def test_translation_options_beam_and_alpha_decide_the_output(mt_run):
     assert len(set(map(tuple, outs.values()))) > 1
 
 
-def test_translation_decode_dtype_decodes_a_bfloat16_copy(mt_run):
+def test_translation_decode_dtype_decodes_a_bfloat16_copy(mt_run, monkeypatch):
+    """The search runs on a bfloat16 copy (the one it is handed; the tiny run's translations may
+    not change with the rounding) and gives the literal search's translations in bfloat16."""
     import dataclasses as dc
 
     from mhe.tasks.runs import load_run
+    from mhe.tasks.translation import TranslationTask
 
     model, cfg, task = load_run(mt_run, inference=True)
     lines = _mt_lines()
     task.o = dc.asdict(dc.replace(cfg.data.task_options, decode_dtype="bfloat16"))
     o = task.o
+    searched = []
+    real = TranslationTask.translate.__globals__["beam_search"]
+    monkeypatch.setitem(TranslationTask.translate.__globals__, "beam_search",
+                        lambda run, *a, **kw: searched.append(next(run.parameters()).dtype) or real(run, *a, **kw))
     assert task.translate(model, lines) == _mt_reference(mt_run, lines, beam=o["beam"], alpha=o["alpha"],
                                                          dtype=torch.bfloat16)
+    assert searched and set(searched) == {torch.bfloat16}
     assert next(model.parameters()).dtype == torch.float32
 
 
