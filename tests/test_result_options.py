@@ -309,3 +309,20 @@ def test_generate_min_new_tokens_holds_the_end_token_back(lm_run, capsys, monkey
         stopped[least] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("prompt ")]
     assert stopped == {n: [f"prompt {i}: {n + 1} new token{'s' if n else ''}, stopped by the end token"
                            for i in (1, 2)] for n in (0, 3)}
+
+
+# ---------------------------------------------------------------- label smoothing where no loss reads it
+@pytest.mark.parametrize("task", ["recall", "lm"])
+def test_label_smoothing_is_refused_where_the_loss_ignores_it(task, tmp_path, capsys):
+    """Only translation's loss reads ``train.label_smoothing``; another task would train without
+    it, so a non-zero value is refused in one line before any folder is made."""
+    from mhe.cli import main
+
+    out = tmp_path / "run"
+    data = ["--data", "ptb", "--data-dir", str(tmp_path)] if task == "lm" else []
+    capsys.readouterr()
+    assert main(["train", "--task", task, "--preset", "tiny-decoder", *data, "--out", str(out),
+                 "--set", "train.label_smoothing=0.1"]) == 2
+    err = capsys.readouterr().err
+    assert f"train.label_smoothing=0.1 has no effect on the {task} task" in err and "Traceback" not in err
+    assert not out.exists()
