@@ -1,6 +1,7 @@
 """Settings that shape a result, tested by their effect (issue 66; the table in tests/README.md
-names every such setting and its test): BERT's masking proportions, beam search's length
-penalty, and the second sliding-window stride of the final perplexity.
+names every such setting and its test): BERT's masking proportions and masked LM's evaluation
+masks, beam search's length penalty (and translation's ``alpha`` reaching it), the strides of
+the final perplexity, ``--min-new-tokens``, and label smoothing refused where no loss reads it.
 
 Proportions are checked against exact binomial intervals at confidence ``1 - 1e-6`` (each
 check; the draws are from a fixed generator, so the outcome is the same every run). At a
@@ -14,9 +15,9 @@ import pytest
 import torch
 from scipy.stats import binom
 
-from mhe.models.beam_search import best_hypotheses, beam_search
+from mhe.models.beam_search import beam_search, best_hypotheses, length_penalty
 from mhe.tasks.mlm import MaskedLMTask, mask_tokens
-from reference import beam_search_uncached, gnmt_length_penalty
+from reference import beam_search_uncached, best_by_length_penalty, gnmt_length_penalty
 
 CONFIDENCE = 1 - 1e-6
 PAD, CLS, SEP, MASK = 0, 1, 2, 3
@@ -72,7 +73,8 @@ def test_mask_tokens_labels_and_untouched_positions():
     assert torch.equal(inputs[~chosen], ids[~chosen])  # nothing else is touched
     random = chosen & (inputs != MASK) & (inputs != ids)
     assert random.any() and int(inputs[random].min()) >= 0 and int(inputs[random].max()) < vocab
-    again = mask_tokens(ids, mask_id=MASK, vocab_size=vocab, special=SPECIAL, generator=torch.Generator().manual_seed(1))
+    again = mask_tokens(ids, mask_id=MASK, vocab_size=vocab, special=SPECIAL,
+                        generator=torch.Generator().manual_seed(1))
     assert torch.equal(again[0], inputs) and torch.equal(again[1], labels)  # the generator decides
 
 
@@ -137,8 +139,6 @@ def test_length_penalty_is_gnmts():
     lengths = torch.arange(1, 30)
     for alpha in (0.0, 0.6, 1.0, 2.5):
         want = torch.stack([gnmt_length_penalty(int(n), alpha) for n in lengths])
-        from mhe.models.beam_search import length_penalty
-
         assert torch.equal(length_penalty(lengths, alpha), want)
 
 
@@ -153,16 +153,10 @@ def test_length_penalty_decides_between_a_short_and_a_long_hypothesis():
     winners = {}
     for alpha in (0.0, 0.5, 0.6, 1.0, 3.0):
         out, score = best_hypotheses(tokens, scores, eos_id=eos, alpha=alpha)
-        ref, ref_score = reference_best(tokens, scores, eos, alpha)
+        ref, ref_score = best_by_length_penalty(tokens, scores, eos_id=eos, alpha=alpha)
         assert torch.equal(out, ref) and torch.equal(score, ref_score)
         winners[alpha] = "A" if out.shape[1] == 3 else "B"
     assert winners == {0.0: "A", 0.5: "A", 0.6: "B", 1.0: "B", 3.0: "B"}
-
-
-def reference_best(tokens, scores, eos, alpha):
-    from reference import best_by_length_penalty
-
-    return best_by_length_penalty(tokens, scores, eos_id=eos, alpha=alpha)
 
 
 def test_length_penalty_changes_which_translation_a_search_returns():
