@@ -196,9 +196,8 @@ def beam_search_uncached(model, src, src_mask=None, *, bos_id, eos_id, beam, max
                          return_scores=False):
     """Beam search re-reading the whole prefix each step: the same ranking as
     ``mhe.generation.beam.beam_search`` (finished hypotheses only extend with EOS at no cost,
-    top-k over beam x vocabulary), the same final choice (``best_hypotheses``)."""
-    from mhe.generation.beam import best_hypotheses
-
+    top-k over beam x vocabulary), the final choice made one hypothesis at a time by
+    :func:`best_by_length_penalty`."""
     b, dev = src.shape[0], src.device
     src_mask = torch.ones_like(src, dtype=torch.bool) if src_mask is None else src_mask
     memory = model.encode(src, src_mask).repeat_interleave(beam, 0)  # [B*k, S, m]
@@ -221,5 +220,35 @@ def beam_search_uncached(model, src, src_mask=None, *, bos_id, eos_id, beam, max
         finished = finished[sel] | (tok.view(-1) == eos_id)
         if bool(finished.all()):
             break
-    out, best = best_hypotheses(tokens, scores, eos_id=eos_id, alpha=alpha)
+    out, best = best_by_length_penalty(tokens, scores, eos_id=eos_id, alpha=alpha)
     return (out, best) if return_scores else out
+
+
+def gnmt_length_penalty(length: int, alpha: float) -> torch.Tensor:
+    """Wu et al. (2016), Eq. 14: lp(Y) = (5 + |Y|)^alpha / (5 + 1)^alpha, in float32 (the
+    search's scores are float32)."""
+    return ((5.0 + torch.tensor(float(length))) / 6.0) ** alpha
+
+
+def best_by_length_penalty(tokens, scores, *, eos_id, alpha):
+    """Each source's best of its ``k`` hypotheses (``tokens [B*k, L]`` from BOS, ``scores [B, k]``
+    summed log-probabilities), one hypothesis at a time: |Y| counts the tokens after BOS up to and
+    including the first EOS (all of them when none ends), the score divided by
+    :func:`gnmt_length_penalty`, the first of equal scores. Rows: BOS, the hypothesis up to its
+    EOS, then EOS up to the longest row; with the chosen scores ``[B]``."""
+    b, k = scores.shape
+    rows, best = [], []
+    for i in range(b):
+        chosen, value = None, None
+        for j in range(k):
+            hyp = tokens[i * k + j].tolist()
+            body = hyp[1:]
+            n = body.index(eos_id) + 1 if eos_id in body else len(body)
+            v = scores[i, j] / gnmt_length_penalty(n, alpha)
+            if value is None or bool(v > value):
+                chosen, value = hyp[:n + 1], v
+        rows.append(chosen)
+        best.append(value)
+    width = max(len(r) for r in rows)
+    out = torch.tensor([r + [eos_id] * (width - len(r)) for r in rows], dtype=tokens.dtype, device=tokens.device)
+    return out, torch.stack(best)

@@ -123,6 +123,9 @@ def test_sampled_tokens_respect_top_k_and_top_p():
     assert kept(SamplingConfig(do_sample=True, top_p=0.65)) == [0, 1]  # 0.4 < 0.65 <= 0.7
     assert kept(SamplingConfig(do_sample=True, top_p=0.7001)) == [0, 1, 2]
     assert kept(SamplingConfig(do_sample=True, top_p=0.1)) == [0]  # the most likely token always stays
+    uniform = torch.zeros(1, 4)  # probabilities 1/4 each, their sums exact: a mass of exactly 1 - top_p goes
+    for top_p, n in ((0.5, 2), (0.75, 3), (0.7, 3)):
+        assert int(torch.isfinite(filter_logits(uniform, SamplingConfig(do_sample=True, top_p=top_p))).sum()) == n
     model = small("tiny-decoder", "mha")
     ids = torch.randint(3, 99, (4, 3))
     _, steps = model.generate(ids, 6, return_logits=True)

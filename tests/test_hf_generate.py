@@ -60,24 +60,31 @@ def test_static_generate_equals_transformers_loop_and_model_generate(kind, sampl
 
 
 @pytest.mark.parametrize("kind", ["mha", "mhe-mul"])
-def test_end_tokens_min_new_tokens_and_the_output_dict(kind):
+def test_end_tokens_min_new_tokens_and_the_output_dict(kind, monkeypatch):
     """The config's end token stops rows (then padded; the batch ends when every row has), min_new_tokens
-    holds it back, and return_dict_in_generate gives transformers' sequences and logits."""
+    (or min_length, counting the prompt) holds it back, and return_dict_in_generate gives transformers'
+    sequences and logits; the fast path serves each request."""
     model, probe = adapter(kind)
+    served = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda *a, **kw: served.append(1) or generate(*a, **kw))
     ids, mask = left_padded()
     first = probe.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
     end = int(first[0, 7])  # row 0's second new token (or its first, if that is the same)
     at = 6 + first[0, 6:].tolist().index(end)
     hf = to_hf(model, eos_token_id=end, pad_token_id=0).eval()
-    for least in (0, 3):
-        kw = dict(attention_mask=mask, max_new_tokens=8, min_new_tokens=least, do_sample=False,
-                  return_dict_in_generate=True, output_logits=True)
+    served.clear()
+    for least, hold in ((0, {"min_new_tokens": 0}), (3, {"min_new_tokens": 3}), (3, {"min_length": 6 + 3})):
+        kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, return_dict_in_generate=True,
+                  output_logits=True, **hold)
         fast, loop = both(hf, ids, **kw)
         assert torch.equal(fast.sequences, loop.sequences)
         assert least or (fast.sequences[0, at] == end and bool((fast.sequences[0, at + 1:] == 0).all()))
+        assert bool((fast.sequences[0, 6:6 + least] != end).all())  # held back for `least` tokens
         assert len(fast.logits) == len(loop.logits) == fast.sequences.shape[1] - 6
         torch.testing.assert_close(torch.stack(fast.logits), torch.stack(loop.logits), rtol=1e-10, atol=1e-10)
         assert fast.logits[0].dtype == loop.logits[0].dtype == torch.float32
+    assert len(served) == 3
 
 
 def test_what_the_fast_path_does_not_serve_runs_transformers_loop(monkeypatch):

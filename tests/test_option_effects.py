@@ -53,7 +53,7 @@ EFFECTS: dict[str, dict[str, str]] = {
         "data_dir": "test_generate_cli::test_generate_needs_only_the_run_folder",
         "prompt": "test_generate_cli::test_generate_command_continues_prompts",
         "input": "test_generate_cli::test_generate_command_continues_prompts",
-        "min_new_tokens": "test_generate_cli::test_generate_says_why_each_prompt_stopped",
+        "min_new_tokens": "test_result_options::test_generate_min_new_tokens_holds_the_end_token_back",
         **{f: "test_option_effects::test_each_generate_option_changes_the_continuation"
            for f in ("max_new_tokens", "sample", "temperature", "top_k", "top_p", "seed")},
         "stream": "test_option_effects::test_generate_stream_prints_the_same_continuation",
@@ -257,17 +257,25 @@ def test_translation_options_beam_and_alpha_decide_the_output(mt_run):
     assert len(set(map(tuple, outs.values()))) > 1
 
 
-def test_translation_decode_dtype_decodes_a_bfloat16_copy(mt_run):
+def test_translation_decode_dtype_decodes_a_bfloat16_copy(mt_run, monkeypatch):
+    """The search runs on a bfloat16 copy (the one it is handed; the tiny run's translations may
+    not change with the rounding) and gives the literal search's translations in bfloat16."""
     import dataclasses as dc
 
     from mhe.tasks.runs import load_run
+    from mhe.tasks.translation import TranslationTask
 
     model, cfg, task = load_run(mt_run, inference=True)
     lines = _mt_lines()
     task.o = dc.asdict(dc.replace(cfg.data.task_options, decode_dtype="bfloat16"))
     o = task.o
+    searched = []
+    real = TranslationTask.translate.__globals__["beam_search"]
+    monkeypatch.setitem(TranslationTask.translate.__globals__, "beam_search",
+                        lambda run, *a, **kw: searched.append(next(run.parameters()).dtype) or real(run, *a, **kw))
     assert task.translate(model, lines) == _mt_reference(mt_run, lines, beam=o["beam"], alpha=o["alpha"],
                                                          dtype=torch.bfloat16)
+    assert searched and set(searched) == {torch.bfloat16}
     assert next(model.parameters()).dtype == torch.float32
 
 

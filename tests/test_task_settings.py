@@ -145,9 +145,9 @@ def test_translation_reads_the_options_languages_limits_and_budget(monkeypatch, 
         longest = max(len(task.src_ids[i]) for i in batch) + max(len(task.tgt_ids[i]) + 1 for i in batch)
         assert rows * longest <= 300 or rows == 1
     decoded = []
-    monkeypatch.setattr(task, "translate", lambda m, src, **kw: decoded.append(len(src)) or [""] * len(src))
+    monkeypatch.setattr(task, "translate", lambda m, src, **kw: decoded.append((len(src), kw)) or [""] * len(src))
     task.evaluate(model)
-    assert decoded == [7] and len(task._test()[0]) == 5
+    assert decoded == [(7, {"beam": 1})] and len(task._test()[0]) == 5  # validation BLEU: greedy
 
 
 # ---------------------------------------------------------------- fine-tuning's options
@@ -168,7 +168,10 @@ def test_doc_stride_sets_the_overlap_of_squad_windows():
     assert counts[12] > counts[4] > 1  # the stride is the overlap (tokenizers, HF): more of it, more windows
 
 
-@pytest.mark.parametrize("max_answer_len, answer", [(3, "w0 w1"), (30, "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9 w10")])
+ELEVEN = "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9 w10"  # the likeliest span: 11 tokens
+
+
+@pytest.mark.parametrize("max_answer_len, answer", [(3, "w0 w1"), (10, "w0 w1"), (11, ELEVEN), (30, ELEVEN)])
 def test_max_answer_len_bounds_the_predicted_span(max_answer_len, answer, monkeypatch):
     task, examples = _span_task(max_answer_len=max_answer_len)
     task.dev_examples = examples

@@ -199,7 +199,9 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, resume: bool =
     check_sweep_dir(out, sweep)
     for kind in sweep.kinds:  # every run's configuration and data checked before any folder is made
         cfg = run_config(sweep, kind, 0)
-        build_task(cfg.task).check(cfg)
+        task = build_task(cfg.task)
+        task.check_label_smoothing(cfg)
+        task.check(cfg)
     runs = [(kind, seed, out / "runs" / f"{entry_dir(kind)}-seed{seed}") for seed in range(sweep.seeds)
             for kind in sweep.kinds]
     if archive_of(out / "runs").is_file():

@@ -121,6 +121,7 @@ class TranslationSettings(Task):
     summary = "translation with the encoder-decoder, test BLEU"
     command = "train-mt"
     options = TranslationOptions
+    smooths_labels = True
 
     @classmethod
     def default_train(cls, preset, dataset):

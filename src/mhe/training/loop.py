@@ -92,6 +92,7 @@ class Trainer:
 
     def _fit(self) -> dict:
         t = self.cfg.train
+        self.task.check_label_smoothing(self.cfg)
         self.task.check(self.cfg)  # every setting, path and data source, before any folder is created
         dist = self._start()
         if is_run_dir(self.out) and (self.out / RESULTS).is_file():

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mhe.errors import MheError
 from mhe.models.config import cpu_sized
 from mhe.models.config import preset as get_preset
 from mhe.training.config import DataConfig, NoTaskOptions, RunConfig, TrainConfig
@@ -47,6 +48,7 @@ class Task:
     command: str = "train"            # the mhe command that trains it
     options: type = NoTaskOptions     # the class of ``data.task_options``
     static_shapes: bool = False       # every training batch has one shape (CUDA graphs can replay the step)
+    smooths_labels: bool = False      # its loss reads train.label_smoothing (translation's does)
 
     # ------------------------------------------------------------------ defaults
     @classmethod
@@ -75,6 +77,13 @@ class Task:
     def check(self, cfg: RunConfig) -> None:
         """Check every setting, path and data source of ``cfg`` that the task will use, before
         any folder is created (one-line errors); reads no data."""
+
+    def check_label_smoothing(self, cfg: RunConfig) -> None:
+        """Refuse a non-zero ``train.label_smoothing`` for a task whose loss does not read it:
+        the run would train without it, silently."""
+        if cfg.train.label_smoothing and not self.smooths_labels:
+            raise MheError(f"train.label_smoothing={cfg.train.label_smoothing} has no effect on the {self.name} task "
+                           "(only mt smooths its loss); leave it at 0")
 
     def setup(self, cfg: RunConfig, out: Path, dist: Dist) -> torch.nn.Module:
         raise NotImplementedError
