@@ -26,7 +26,9 @@ exact, docs/recipes.md), and uptrained with the source's logits distilled (``-kd
 Everything goes under ``--out``: ``runs/`` (as the study's), ``summary.md`` / ``summary.json``
 (per method: KV cache, the converted model's test perplexity, the conversion's seconds, mean ±
 std of the uptrained perplexities and the runs' mean seconds) and ``methods.log``. With
-``--budget-s`` the runs still going at the budget are stopped and the table says what finished.
+``--budget-s`` the runs still going at the budget are stopped and the table says what finished;
+the same command into the same folder keeps the finished runs and conversions and resumes the
+stopped runs (as the study does).
 """
 
 from __future__ import annotations
@@ -156,10 +158,18 @@ def visible_gpus() -> list[str]:
     return [g.strip() for g in given.split(",")] if given else [str(i) for i in range(torch.cuda.device_count())]
 
 
+ROW = "study-row.json"
+"""A conversion's row, written beside it (what a later call keeps)."""
+
+
 def convert_one(conv, method: Method, out: Path, args, log) -> dict:
-    """One conversion written to ``out``, timed; its row."""
+    """One conversion written to ``out``, timed; its row (kept from an earlier call into the same
+    folder: a conversion is written whole or not at all, its row beside it)."""
     from mhe.convert.outputs import OutputFit
 
+    if (out / ROW).is_file():
+        log(f"[convert] {out.name}: kept from an earlier call")
+        return json.loads((out / ROW).read_text())
     t = time.time()
     fit = OutputFit(steps=args.fit_steps, lr=args.fit_lr) if method.fit == "outputs" else None
     model, rep = conv.convert(method.kind, out, options=method.options or None, output_fit=fit)
@@ -167,6 +177,7 @@ def convert_one(conv, method: Method, out: Path, args, log) -> dict:
 
     row = {"ppl_converted": rep.scores["converted"]["score"], "seconds": time.time() - t,
            "kv_bytes_per_token": kv_cache_bytes_per_token(model), "output_fit": rep.options.get("output_fit")}
+    (out / ROW).write_text(json.dumps(row))
     log(f"[convert] {out.name}: test perplexity {row['ppl_converted']:.2f} ({row['seconds']:.0f} s)")
     return row
 
