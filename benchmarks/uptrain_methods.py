@@ -72,7 +72,11 @@ METHODS = {
     "mhe-mul-kd": Method("mhe-mul", distill=True),
     "mhe-mul-outputs-kd": Method("mhe-mul", fit="outputs", distill=True),
     "mhe-add-outputs": Method("mhe-add", fit="outputs"),
+    "mqa-outputs": Method("mqa", fit="outputs"),
 }
+DEFAULT_METHODS = ("mqa", "mhe-mul", "mhe-mul-outputs", "mhe-mul-psi-then-rope", "mhe-mul-kd", "mhe-mul-outputs-kd",
+                   "mhe-add-outputs")
+"""The study's rows (``mqa-outputs``, the output fit of the MQA baseline, on request)."""
 
 
 def parse_args(argv=None):
@@ -80,7 +84,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=os.environ.get("MHE_DATA", ""), help="data folder (default $MHE_DATA)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help=f"comma-separated, of {', '.join(METHODS)} (default: all but mqa-outputs)")
     p.add_argument("--fractions", default="0.05,0.1", help="uptraining steps as fractions of N (default 0.05,0.1)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per method and fraction (default 3)")
     p.add_argument("--source", default="", help="a finished MHA run of the study's settings (default: pre-train one)")

@@ -32,7 +32,7 @@ def test_the_plan_is_valid_commands_with_the_methods_settings(tmp_path, capsys):
     assert mod.main(["--out", str(tmp_path / "m"), "--data-dir", "data", "--dry-run"]) == 0
     parser = build_parser()
     cmds = [parser.parse_args(shlex.split(line)[1:]) for line in capsys.readouterr().out.splitlines()]
-    assert len(cmds) == len(mod.METHODS) * 2 * 3  # methods x fractions x seeds
+    assert len(cmds) == len(mod.DEFAULT_METHODS) * 2 * 3  # methods x fractions x seeds
     by_run = {Path(c.out).name: c for c in cmds}
     kd = by_run["uptrain-mhe-mul-outputs-kd-10pct-seed2"]
     assert kd.command == "pretrain" and kd.init_from.endswith("convert-mhe-mul-outputs") and kd.seed == 2
