@@ -93,11 +93,7 @@ def convert_model(model: nn.Module, kind: str, *, n_kv_heads: int = 0, options: 
         target.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
     except RuntimeError as e:
         raise MheError(f"the converted {kind} model does not take the fitted weights ({str(e).splitlines()[0]})") from e
-    fitted_outputs = None
-    if output_fit is not None and not naive:
-        if not fit_batches:
-            raise MheError("the output fit needs calibration sequences (--calibration > 0 and a corpus, --data)")
-        fitted_outputs = fit_outputs(model, target, list(fit_batches), output_fit, device)
+    fitted = fit_outputs(model, target, fit_batches, output_fit, device) if output_fit and not naive else None
     target = target.train(model.training)
     rotary = rotary_fit(cfg, first.cfg.head_dim, kind, opts)
     report = ConversionReport(source=cfg.attention, kind=kind, layers=layers,
@@ -106,10 +102,8 @@ def convert_model(model: nn.Module, kind: str, *, n_kv_heads: int = 0, options: 
                                        "rotary": rotary.describe(kind) if rotary else None,
                                        "calibration_tokens": min((s.count for s in (stats or {}).values()),
                                                                  default=0)})
-    if fitted_outputs is not None:
-        report.options["output_fit"] = {"steps": output_fit.steps, "lr": output_fit.lr,
-                                        "held_out": output_fit.held_out,
-                                        "layers": [{"sublayer": name, **rec} for name, rec in fitted_outputs]}
+    if fitted is not None:
+        report.options["output_fit"] = fitted
     return target, report
 
 

@@ -139,25 +139,28 @@ def fit_sublayer(mod: nn.Module, data: list[tuple], fit: OutputFit) -> dict:
             "held_out_tokens": sum(x.shape[0] * x.shape[1] for x, _, _ in held)}
 
 
-def fit_outputs(source: nn.Module, target: nn.Module, batches: list, fit: OutputFit,
-                device: torch.device | str = "cpu") -> list[tuple[str, dict]]:
+def fit_outputs(source: nn.Module, target: nn.Module, batches, fit: OutputFit,
+                device: torch.device | str = "cpu") -> dict:
     """Fit every attention sublayer of ``target`` (the weight-fitted conversion of ``source``,
     in place) to ``source``'s sublayer outputs on ``batches``, layer by layer with the source's
-    inputs, on ``device`` (both models are returned to the CPU); per sublayer, its
-    :func:`fit_sublayer` record."""
+    inputs, on ``device`` (both models are returned to the CPU). Returns the report's record:
+    the settings and, per sublayer, its :func:`fit_sublayer` record."""
+    if not batches:
+        raise MheError("the output fit needs calibration sequences (--calibration > 0 and a corpus, --data)")
+    batches = list(batches)
     fit.split(batches)  # refuse too few batches before any work
     dtype = next(target.parameters()).dtype
     try:
         recorded = record_sublayers(source.to(device), [_to(b, device) for b in batches])
         target.to(device)
-        out = []
+        layers = []
         for name, mod in attention_modules(target):
             data = [(x.to(dtype), kw, y.to(dtype)) for x, kw, y in recorded[name]]
-            out.append((name, fit_sublayer(mod, data, fit)))
-        return out
+            layers.append({"sublayer": name, **fit_sublayer(mod, data, fit)})
     finally:
         source.cpu()
         target.cpu()
+    return {"steps": fit.steps, "lr": fit.lr, "held_out": fit.held_out, "layers": layers}
 
 
 def _to(batch, device):
