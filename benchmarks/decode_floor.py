@@ -42,6 +42,7 @@ skipped and listed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -52,7 +53,7 @@ from torch import nn
 
 from mhe.attention.fused_projections import fuse_projections
 from mhe.bench.common import PEAK_BF16, bench_config, device_peak, timed
-from mhe.models import build_model
+from mhe.models import build_model, layers
 from mhe.attention.folding import inference_view, shared_copy
 from mhe.attention.kernels import decode_kernel, view_kernels
 from mhe.models.captured_step import compile_step, default_compile_options
@@ -206,19 +207,38 @@ def floor_rows(model, preset, kind, a, run) -> None:
                 run.skip(label, "past the deadline")
                 continue
             opts = default_compile_options(batch, run.dev, a.compile_options) if a.mode == "compile" else None
-            ms, kernel = step_ms(model, batch, context, dev=run.dev, dtype=run.dtype, mode=a.mode, reps=a.reps,
-                                 kernel=a.kernel, compile_options=opts)
-            pre, rows, rate = prefills(batch, context - NEW) if a.prefill else (0.0, 0, 0.0)
-            nbytes = per_position * batch * context + weights
-            floor = nbytes / run.bandwidth * 1e3
-            run.floor.append({"card": run.card, "preset": preset, "kind": kind, "batch": batch, "context": context,
-                              "step_ms": round(ms, 4), "prefill_ms": round(pre, 3), "bytes_per_step": nbytes,
-                              "floor_ms": round(floor, 4), "fraction_of_bandwidth": round(floor / ms, 3),
-                              "kernel": kernel, "mode": a.mode, "prefill_rows": rows,
-                              "prefill_fraction_of_peak": round(rate * 1e3 / run.peak, 3) if run.peak and a.prefill else None,
-                              **({"compile_options": opts} if opts else {})})
-            run.save()
-            print(json.dumps(run.floor[-1]), flush=True)
+            for gate_up in GATE_UP_CHOICES[a.gate_up]:
+                with gate_up_products(gate_up):
+                    ms, kernel = step_ms(model, batch, context, dev=run.dev, dtype=run.dtype, mode=a.mode,
+                                         reps=a.reps, kernel=a.kernel, compile_options=opts)
+                pre, rows, rate = prefills(batch, context - NEW) if a.prefill else (0.0, 0, 0.0)
+                nbytes = per_position * batch * context + weights
+                floor = nbytes / run.bandwidth * 1e3
+                run.floor.append({"card": run.card, "preset": preset, "kind": kind, "batch": batch,
+                                  "context": context, "step_ms": round(ms, 4), "prefill_ms": round(pre, 3),
+                                  "bytes_per_step": nbytes, "floor_ms": round(floor, 4),
+                                  "fraction_of_bandwidth": round(floor / ms, 3), "kernel": kernel, "mode": a.mode,
+                                  "prefill_rows": rows, "prefill_fraction_of_peak":
+                                  round(rate * 1e3 / run.peak, 3) if run.peak and a.prefill else None,
+                                  **({"gate_up": gate_up} if a.gate_up != "fused" else {}),
+                                  **({"compile_options": opts} if opts else {})})
+                run.save()
+                print(json.dumps(run.floor[-1]), flush=True)
+
+
+GATE_UP_CHOICES = {"fused": ("fused",), "apart": ("apart",), "both": ("fused", "apart")}
+
+
+@contextlib.contextmanager
+def gate_up_products(how: str):
+    """A gated feed-forward's gate and up as one product at inference (``fused``: the library's rule,
+    :data:`mhe.models.layers.FUSE_MAX_BYTES`) or as two (``apart``: no pair is stacked)."""
+    before = layers.FUSE_MAX_BYTES
+    layers.FUSE_MAX_BYTES = before if how == "fused" else -1
+    try:
+        yield
+    finally:
+        layers.FUSE_MAX_BYTES = before
 
 
 def server_row(model, preset, kind, context, a, run) -> None:
@@ -287,14 +307,16 @@ def server_table(rows: list[dict]) -> str:
 
 
 def floor_table(rows: list[dict]) -> str:
-    mha = {(r["preset"], r["batch"], r["context"]): r["step_ms"] for r in rows if r["kind"] == "mha"}
+    mha = {(r["preset"], r["batch"], r["context"]): r["step_ms"] for r in rows
+           if r["kind"] == "mha" and r.get("gate_up", "fused") == "fused"}
     lines = ["| model | kind | batch | context | step ms | floor ms | of bandwidth | MHA step / this | prefill ms "
              "| prefill of peak |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         peak = f"{r['prefill_fraction_of_peak']:.0%}" if r["prefill_fraction_of_peak"] is not None else "-"
         base = mha.get((r["preset"], r["batch"], r["context"]))
         vs = f"{base / r['step_ms']:.2f}x" if base else "-"
-        lines.append(f"| {r['preset']} | {r['kind']} | {r['batch']} | {r['context']:,} | {r['step_ms']:.3f} | "
+        kind = r["kind"] + (f" (gate/up {r['gate_up']})" if r.get("gate_up") else "")
+        lines.append(f"| {r['preset']} | {kind} | {r['batch']} | {r['context']:,} | {r['step_ms']:.3f} | "
                      f"{r['floor_ms']:.3f} | {r['fraction_of_bandwidth']:.0%} | {vs} | {r['prefill_ms']:.1f} | {peak} |")
     return "\n".join(lines)
 
@@ -346,6 +368,9 @@ def parse(argv=None):
     ap.add_argument("--compile-options", type=json.loads, default=None,
                     help='floor rows, --mode compile: torch.compile options as JSON, as model.generate takes them '
                          '(e.g. \'{"options": {"coordinate_descent_tuning": true}}\')')
+    ap.add_argument("--gate-up", choices=tuple(GATE_UP_CHOICES), default="fused",
+                    help="floor rows: a gated feed-forward's gate and up as one product (fused, the default), two "
+                         "(apart), or both side by side")
     ap.add_argument("--no-prefill", dest="prefill", action="store_false", help="floor rows: skip the prefill timing")
     ap.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
     ap.add_argument("--deadline", type=float, default=330.0, help="seconds after which no row starts (0: none)")

@@ -20,7 +20,7 @@ For (batch, context) in 1x512, 64x512 and 64x4096 (256 new tokens), in bf16 on t
 
 Writes ``OUT/decode-speed.md`` (the tables, the targets of issue 28 read off them, the card, torch
 and transformers) and ``OUT/decode-speed.json`` (every row; rewritten after each row, so a run
-cut short keeps what it measured). Beam search's target is ``benchmarks/beam_target.py``.
+cut short keeps what it measured).
 """
 
 from __future__ import annotations

@@ -1,41 +1,53 @@
-"""Write ``results/logs/gpu-tests.md``: every GPU test, run on one GPU and on two for one src tree.
+"""The GPU record: every GPU test run at once over all GPUs of a host, and ``results/logs/gpu-tests.md``.
 
-    # on the GPU host, for each device set (one GPU, then two):
-    CUDA_VISIBLE_DEVICES=0 python -m pytest -m gpu -o addopts="" -q -rs -p no:cacheprovider > gpu-tests-1gpu.log
-    CUDA_VISIBLE_DEVICES=0,1 python -m pytest -m gpu -o addopts="" -q -rs -p no:cacheprovider > gpu-tests-2gpu.log
-    # back here, on the commit whose src/ was sent:
-    python benchmarks/gpu_tests_record.py ENV_TXT gpu-tests-1gpu.log gpu-tests-2gpu.log [--out results/logs/gpu-tests.md]
+    # on the GPU host (one call; about 5 minutes on four H200s):
+    python benchmarks/gpu_tests_record.py run --out $OUT
+    # back here, on the commit whose src/ was sent, with the folder that came back:
+    python benchmarks/gpu_tests_record.py adopt FOLDER
 
-A two-GPU run that a call's time limit cut off may be finished in a later call by the node ids it
-had not reached (pytest's collection order): pass both logs, in order, as the parts of the run.
+``run`` starts two pytest runs side by side and waits for both (each under a deadline):
 
-``ENV_TXT`` holds what the host printed of itself (torch, transformers, the cards and a sha256 of
-the sorted ``src/**/*.py`` files); the record states ``git rev-parse HEAD:src`` of this checkout
-and refuses to write when the host's source hash differs from this checkout's, so the record
-always describes the tree it names. Each log's first line is the command it ran (``+ ...``); the
-record keeps its pytest summary line, every skip with pytest's reason (``-rs``) and every failure.
+* the one-card tests (``-m "gpu and not two_gpus"``), spread by pytest-xdist over every GPU of the
+  host, ``--per-gpu`` workers a card (each worker sees its own card alone: ``MHE_GPU_SETS`` names
+  the cards, ``tests/conftest.py`` sets ``CUDA_VISIBLE_DEVICES`` in each worker before CUDA starts);
+* the two-card tests (``-m "gpu and two_gpus"``), one worker a pair of cards.
+
+It writes into ``--out`` the two logs (each opening with its command, ``+ ...``, and closing with
+``exit N after S s``), ``env.txt`` (torch, transformers, the cards and a sha256 of the sorted
+``src/**/*.py`` files) and ``gpu-tests.md``, the record with the call's wall time. ``adopt``
+checks that this checkout's ``src`` has the sha256 the host ran, names ``git rev-parse HEAD:src``,
+and writes the record and the logs under ``results/logs/`` (it refuses a run of other files).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+LOGS = ("gpu-tests-one-card.log", "gpu-tests-two-cards.log")
+PYTEST = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-rs", "-p", "no:cacheprovider", "--durations=20"]
 
 
-def src_sha() -> str:
-    """sha256 over ``sha256sum``'s lines of the sorted ``src/**/*.py`` files (as the host computes it)."""
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py"))
-    lines = "".join(f"{hashlib.sha256((ROOT / f).read_bytes()).hexdigest()}  {f}\n" for f in files)
+def src_sha(root: Path = ROOT) -> str:
+    """sha256 over ``sha256sum``'s lines of the sorted ``src/**/*.py`` files (the same on either machine)."""
+    files = sorted(str(p.relative_to(root)) for p in (root / "src").rglob("*.py"))
+    lines = "".join(f"{hashlib.sha256((root / f).read_bytes()).hexdigest()}  {f}\n" for f in files)
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
+# ---------------------------------------------------------------------------------------------- reading logs
 def section(log: Path, title: str) -> list[str]:
+    """The record's section of one log: its command, pytest's summary (or a killed run's progress),
+    its exit line, every failure and every skip with pytest's reason."""
     text = []
     for ln in log.read_text(errors="replace").splitlines():  # a killed run's last progress line and the
         m = re.match(r"^(.+?)(exit \d+ after \d+ s)$", ln)  # script's exit line can share a line
@@ -66,33 +78,160 @@ def unfinished(text: list[str]) -> str:
     return f"no summary line (the run did not finish); progress marks before it ended: {done or 'none'}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("env", type=Path)
-    ap.add_argument("one", type=Path, help="the log of the run on one GPU")
-    ap.add_argument("two", type=Path, nargs="+",
-                    help="the log of the run on two GPUs (or its parts, in order, where one call's time ran out)")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "logs" / "gpu-tests.md")
-    ap.add_argument("--how", default="Both runs ran at the same time on one host, on separate GPUs.",
-                    help="how the two runs shared the host (a sentence for the record)")
-    a = ap.parse_args()
-    env = [ln for ln in a.env.read_text().splitlines() if not ln.startswith("src tree:")]  # the host's own git
-    host_sha = next((ln.split(":", 1)[1].strip() for ln in env if ln.startswith("src sha256")), None)
-    if host_sha != src_sha():
-        print(f"gpu_tests_record: the host ran src/ with sha {host_sha}, this checkout's is {src_sha()}; "
-              "record the run on the commit that was sent", file=sys.stderr)
+def passed(log: Path) -> bool:
+    """The run ended with exit 0 (every selected test passed or was skipped)."""
+    return bool(re.search(r"exit 0 after \d+ s\s*$", log.read_text(errors="replace")))
+
+
+def record(env: list[str], logs: list[tuple[Path, str]], how: str, tree: str | None = None) -> str:
+    """The text of ``gpu-tests.md``: the host, how the runs shared it, and each log's section."""
+    sha = next((ln.split(":", 1)[1].strip() for ln in env if ln.startswith("src sha256")), "?")
+    head = ["# GPU tests on the device for main's src tree", ""]
+    head += [f"src tree: {tree}", ""] if tree else []
+    head += [f"The host ran the `src/` files whose sha256 is {sha}.", "", "Host (as it printed itself):", "",
+             "```"] + env + ["```", "", how, "",
+             "Refresh this file whenever `src/` changes: `python benchmarks/gpu_tests_record.py run --out DIR` on "
+             "the GPU host, then `python benchmarks/gpu_tests_record.py adopt DIR` here.", ""]
+    body = []
+    for log, title in logs:
+        body += section(log, title)
+    return "\n".join(head + body).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- running
+def host_lines(cards: int) -> list[str]:
+    """What the host says of itself: versions, the cards, the sha256 of the src files it runs."""
+    import torch
+
+    try:
+        import transformers
+        hf = transformers.__version__
+    except ImportError:
+        hf = "not installed"
+    names = {torch.cuda.get_device_name(i) for i in range(cards)}
+    lines = [f"torch {torch.__version__} transformers {hf} python {sys.version.split()[0]}",
+             f"cards {cards} x {', '.join(sorted(names)) or 'none'}",
+             f"src sha256 (sorted .py files): {src_sha()}"]
+    return lines
+
+
+def plan(cards: int, per_gpu: int) -> list[tuple[str, str, int, str]]:
+    """(log name, pytest marker expression, workers, MHE_GPU_SETS) of the runs that share the host."""
+    singles = ";".join(str(i) for i in range(cards))
+    runs = [(LOGS[0], "gpu and not two_gpus", max(1, cards * per_gpu), singles)]
+    if cards >= 2:
+        pairs = ";".join(f"{2 * i},{2 * i + 1}" for i in range(cards // 2))
+        runs.append((LOGS[1], "gpu and two_gpus", cards // 2, pairs))
+    return runs
+
+
+def start(log: Path, marker: str, workers: int, sets: str) -> tuple[subprocess.Popen, float]:
+    """One pytest run in a session of its own (so a deadline ends it and every process it started)."""
+    command = PYTEST + ["-m", marker, "-n", str(workers)]
+    fh = log.open("w")
+    fh.write(f"+ MHE_GPU_SETS='{sets}' {' '.join(command[1:])}\n")
+    fh.flush()
+    env = {**os.environ, "MHE_GPU_SETS": sets, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return proc, time.monotonic()
+
+
+def wait_all(runs: list[tuple[Path, subprocess.Popen, float]], deadline: float) -> None:
+    """Wait for every run; past ``deadline`` (seconds from now) end the ones left (SIGTERM, then
+    SIGKILL) so the call still returns its logs. Each log closes with ``exit N after S s``."""
+    end = time.monotonic() + deadline
+    left = list(runs)
+    while left:
+        time.sleep(2)
+        for run in list(left):
+            log, proc, began = run
+            code = proc.poll()
+            if code is None and time.monotonic() > end:
+                stop(proc)
+                code = 124
+            if code is not None:
+                with log.open("a") as fh:
+                    fh.write(f"\nexit {code} after {round(time.monotonic() - began)} s\n")
+                left.remove(run)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End ``proc``'s session: SIGTERM, and SIGKILL for what is left after 10 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+            if sig == signal.SIGTERM:
+                os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived their parent
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            continue
+        return
+
+
+def cmd_run(a) -> int:
+    import torch
+
+    cards = torch.cuda.device_count()
+    out = a.out
+    out.mkdir(parents=True, exist_ok=True)
+    env = host_lines(cards)
+    (out / "env.txt").write_text("\n".join(env) + "\n")
+    began = time.monotonic()
+    runs = []
+    for name, marker, workers, sets in plan(cards, a.per_gpu):
+        proc, t0 = start(out / name, marker, workers, sets)
+        runs.append((out / name, proc, t0))
+    wait_all(runs, a.deadline)
+    wall = round(time.monotonic() - began)
+    how = (f"One call on a host of {cards} cards: the runs below ran at the same time, the one-card tests over "
+           f"all {cards} cards ({a.per_gpu} pytest-xdist workers a card), the two-card tests one worker a pair. "
+           f"Wall time of the whole suite: {wall} s.")
+    logs = [(path, title) for (path, _, _), title in zip(runs, ("One card each", "Two cards each"))]
+    (out / "gpu-tests.md").write_text(record(env, logs, how))
+    ok = all(passed(path) for path, _, _ in runs)
+    print(f"gpu tests: {'all passed' if ok else 'FAILURES or unfinished runs'} in {wall} s; record in {out}")
+    return 0 if ok else 1
+
+
+def cmd_adopt(a) -> int:
+    folder = a.folder
+    env = (folder / "env.txt").read_text().splitlines()
+    host = next((ln.split(":", 1)[1].strip() for ln in env if ln.startswith("src sha256")), None)
+    if host != src_sha():
+        print(f"gpu_tests_record: the host ran src/ with sha256 {host}, this checkout's is {src_sha()}; "
+              "adopt the run on the commit whose tree was sent", file=sys.stderr)
         return 2
+    text = (folder / "gpu-tests.md").read_text()
     tree = subprocess.run(["git", "rev-parse", "HEAD:src"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    head = ["# GPU tests on the device for main's src tree", "", f"src tree: {tree}", "",
-            f"The host ran these `src/` files: their sha256 (below) equals this checkout's, {host_sha}.", "",
-            "Host (as it printed itself):", "", "```"] + env + ["```", "",
-            f"{a.how} Refresh this file whenever `src/` changes (`benchmarks/gpu_tests_record.py`).", ""]
-    body = section(a.one, "One GPU")
-    for k, log in enumerate(a.two, 1):
-        body += section(log, "Two GPUs" + (f", part {k} of {len(a.two)}" if len(a.two) > 1 else ""))
-    a.out.write_text("\n".join(head + body).rstrip() + "\n")
-    print(f"wrote {a.out} (src tree {tree})")
+    text = text.replace("# GPU tests on the device for main's src tree\n\n",
+                        f"# GPU tests on the device for main's src tree\n\nsrc tree: {tree}\n\n", 1)
+    a.out.write_text(text)
+    logs = a.out.parent / "gpu-tests"
+    logs.mkdir(exist_ok=True)
+    for name in LOGS + ("env.txt",):
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, logs / name)
+    print(f"wrote {a.out} (src tree {tree}) and the logs in {logs}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="on the GPU host: run every GPU test over all its cards at once")
+    run.add_argument("--out", type=Path, required=True, help="folder for the logs, env.txt and gpu-tests.md")
+    run.add_argument("--per-gpu", type=int, default=2, help="pytest-xdist workers a card for one-card tests")
+    run.add_argument("--deadline", type=float, default=540, help="seconds before unfinished runs are ended")
+    adopt = sub.add_parser("adopt", help="here: check the host's src sha256 and write the record")
+    adopt.add_argument("folder", type=Path)
+    adopt.add_argument("--out", type=Path, default=ROOT / "results" / "logs" / "gpu-tests.md")
+    a = ap.parse_args(argv)
+    if a.cmd == "run" and a.per_gpu < 1:
+        ap.error(f"--per-gpu must be at least 1, got {a.per_gpu}")
+    return cmd_run(a) if a.cmd == "run" else cmd_adopt(a)
 
 
 if __name__ == "__main__":

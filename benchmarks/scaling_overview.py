@@ -19,7 +19,7 @@ from pathlib import Path
 from mhe.experiments.paper import appendix_table
 from mhe.experiments.presets import SCALING_SIZES
 from mhe.metrics import prr
-from mhe.training.run_files import read_results
+from mhe.experiments.run_archive import RunFiles
 
 CORPORA = {"ptb": "PTB (per word)", "wikitext-2": "WikiText-2 (per BPE token)"}
 PAPER_COLUMN = {"ptb": "ptb", "wikitext-2": "wikitext-103"}
@@ -29,8 +29,9 @@ VARIANTS = ("mhe-mul", "mhe-add")
 def _runs(folder: Path) -> dict[str, dict[int, dict]]:
     """``{kind: {seed: results}}`` of the finished runs in one comparison folder."""
     out: dict[str, dict[int, dict]] = {}
-    for f in sorted((folder / "runs").glob("*/results.json")):
-        r = read_results(f.parent)
+    files = RunFiles(folder)  # runs/ or runs.tar.xz
+    for name in files.finished():
+        r = files.results(name)
         out.setdefault(r["attention"], {})[r["seed"]] = r
     return out
 

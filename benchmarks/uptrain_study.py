@@ -186,6 +186,8 @@ def main(argv=None) -> int:
         return 0
     if not args.data_dir:
         sys.exit(f"give --data-dir (or set MHE_DATA): the folder {args.data} is read from")
+    if (out / "runs.tar.xz").is_file():
+        sys.exit(f"{out} is packed (runs.tar.xz); unpack it first to continue the study: mhe report --unpack {out}")
     out.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     with open(out / "study.log", "a") as logf:

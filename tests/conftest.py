@@ -3,8 +3,21 @@ import random
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+
+def _pin_gpus() -> None:
+    """Each pytest-xdist worker of a GPU record (``benchmarks/gpu_tests_record.py run``) sees its own
+    card (or pair): ``MHE_GPU_SETS`` lists the sets, ``;`` apart, and worker ``gwK`` takes set
+    ``K mod len``. Set before torch reads ``CUDA_VISIBLE_DEVICES`` (before CUDA starts)."""
+    sets, worker = os.environ.get("MHE_GPU_SETS"), os.environ.get("PYTEST_XDIST_WORKER", "")
+    if sets and worker.startswith("gw"):
+        choices = sets.split(";")
+        os.environ["CUDA_VISIBLE_DEVICES"] = choices[int(worker[2:]) % len(choices)]
+
+
+_pin_gpus()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -112,3 +112,33 @@ def test_bad_generate_caps_exit_2_in_one_line(option, value, capsys):
     assert main(["bench", "--smoke", "--sections", "generate", option, value]) == 2
     err = capsys.readouterr().err
     assert option in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_session_names_the_step_mode_that_ran_when_compiling_fails(monkeypatch):
+    """A ``compile`` session whose step cannot compile runs its eager kernels (with a warning);
+    ``step_mode_ran`` (the bench's row label) says so, where ``mode`` still names what was asked."""
+    import warnings
+
+    import torch
+
+    from mhe.models import build_model
+    from mhe.models import captured_step
+
+    def broken(fn, **kw):
+        def run(*a):
+            raise RuntimeError("no compiler here")
+        return run
+
+    model = build_model("tiny-decoder", attention="mha", d_model=32, d_ff=64, n_layers=1, vocab_size=64).eval()
+    ids = torch.randint(0, 64, (1, 4))
+    monkeypatch.setattr(captured_step.torch, "compile", lambda fn, **kw: fn)  # compiles (to itself) at once
+    works = model.generator(1, 8, step_mode="compile")
+    model.generate(ids, 2, session=works)
+    assert works.step_mode_ran() == "compile"
+    monkeypatch.setattr(captured_step.torch, "compile", broken)
+    session = model.generator(1, 8, step_mode="compile")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model.generate(ids, 2, session=session)
+    assert any("cannot compile" in str(w.message) for w in seen)
+    assert session.mode == "compile" and session.step_mode_ran() == "eager (compile failed)"

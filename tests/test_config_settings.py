@@ -12,6 +12,7 @@ import torch
 
 from mhe.cli import main
 from mhe.errors import MheError
+from mhe.experiments.run_archive import RunFiles
 from mhe.attention import GroupedQueryOptions, MHEOptions, NoOptions
 from mhe.training.config import DataConfig, RunConfig, apply_overrides
 from mhe.tasks import default_run, run_config_from_dict
@@ -232,10 +233,10 @@ def test_a_saved_configuration_in_the_earlier_layout_names_the_migration():
 
 
 def test_a_saved_run_of_this_repository_loads():
-    f = Path(__file__).parent.parent / "results" / "lm-ptb" / "runs" / "mha-seed0" / "config.json"
-    if not f.exists():
+    exp = Path(__file__).parent.parent / "results" / "lm-ptb"  # its runs packed in runs.tar.xz
+    if not exp.exists():
         pytest.skip("no saved results in this checkout")
-    saved = json.loads(f.read_text())
+    saved = RunFiles(exp).config("mha-seed0")
     cfg = run_config_from_dict(saved["run"], source="test")
     resolved = {k: v for k, v in saved["model"].items() if k not in ("vocab_size", "attn_options")}
     mine = {k: v for k, v in cfg.model.to_dict().items() if k in resolved}

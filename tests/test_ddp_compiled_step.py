@@ -95,3 +95,23 @@ def test_ddp_setups_build_the_trainers_step_with_its_arguments(setup, monkeypatc
         assert isinstance(net, ddp)
         assert isinstance(net.module, OptimizedModule) if setup != "blocks" else net.module is model
     assert ready.step.ddp and ready.step.model is model
+
+
+def test_release_drops_the_ddp_wrapper_while_the_process_group_lives(one_process_group):
+    """``StepModule.release`` (the trainer calls it when the steps end, before evaluation and
+    teardown) frees DDP's wrapper and its reducer, so they never outlive the process group (a gloo
+    group destroyed under a live reducer could hang the process at exit). A weak reference to the
+    wrapper dies at release; the steps' module is the plain model after it."""
+    import weakref
+
+    torch.manual_seed(0)
+    model = build_model("tiny-decoder", attention="mha", d_model=32, d_ff=64, n_layers=1, vocab_size=64)
+    step = parallelize(model, TrainConfig(compile=False), Dist(world=2), static_shapes=True,
+                       note=lambda _: None).step
+    ids = torch.randint(0, 64, (2, 8))
+    step.run(lambda net: net(ids, labels=ids, return_logits=False).loss.backward())
+    wrapper = weakref.ref(step.net)
+    assert isinstance(wrapper(), torch.nn.parallel.DistributedDataParallel)
+    step.release()
+    assert wrapper() is None and step.net is model
+    assert dist.is_initialized()  # freed before teardown, not by it

@@ -63,3 +63,28 @@ def test_compile_options_reach_torch_compile_and_the_row(tmp_path, monkeypatch):
     with_, without = (json.loads((tmp_path / d / "decode-floor-cpu.json").read_text()) for d in ("with", "without"))
     assert [r["compile_options"] for r in with_] == [options, options]
     assert all("compile_options" not in r for r in without)
+
+
+def test_gate_up_both_times_one_product_and_two_side_by_side(tmp_path, monkeypatch):
+    """``--gate-up both`` gives each (batch, context) two rows: the step with gate and up as one
+    product (the library's rule) and with them apart; the view each step decodes with holds one
+    stacked product or none, and the library's threshold is as it was afterwards."""
+    from mhe.attention.fused_projections import fused_projection
+    from mhe.models import layers
+
+    stacked = []
+    original = decode_floor.decode_view
+
+    def spying(*a, **kw):
+        view = original(*a, **kw)
+        stacked.append(any(fused_projection(m) is not None for m in view.modules() if isinstance(m, layers.SwiGLU)))
+        return view
+
+    monkeypatch.setattr(decode_floor, "decode_view", spying)
+    before = layers.FUSE_MAX_BYTES
+    decode_floor.main(["--cpu-smoke", "--sections", "floor", "--presets", "llama-135m", "--kinds", "mqa",
+                       "--no-prefill", "--gate-up", "both", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "decode-floor-cpu.json").read_text())
+    assert [(r["batch"], r["gate_up"]) for r in rows] == [(1, "fused"), (1, "apart"), (2, "fused"), (2, "apart")]
+    assert stacked == [True, False, True, False] and layers.FUSE_MAX_BYTES == before  # smoke batches 1 and 2
+    assert "mqa (gate/up apart)" in decode_floor.floor_table(rows)

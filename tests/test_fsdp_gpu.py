@@ -51,6 +51,7 @@ def losses(out):
     return [r["loss"] for r in read_metrics(out / "metrics.jsonl")]
 
 
+@pytest.mark.two_gpus
 @two_gpus
 def test_fsdp_with_the_gpu_defaults_trains_like_ddp_resumes_and_saves_the_real_vocabulary(tmp_path):
     from safetensors.torch import load_file

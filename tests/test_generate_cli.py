@@ -76,3 +76,31 @@ def test_generate_says_why_each_prompt_stopped(lm_run, capsys):
     assert "prompt 1: 1 new token, stopped by --max-new-tokens 1\n" in capsys.readouterr().err  # one token, singular
     assert main(["generate", "--checkpoint", str(lm_run), "--prompt", "it", "--min-new-tokens", "-1"]) == 2
     assert "min_new_tokens must be a non-negative integer, got -1" in capsys.readouterr().err
+
+
+def test_generate_passes_its_step_options_to_the_session(lm_run, monkeypatch, capsys):
+    """``--step-mode`` and ``--compile-options`` reach ``model.generate`` as the session's options
+    (the compiled step's torch.compile options); without them the defaults (auto, None) do."""
+    from mhe.models.decoder import DecoderForCausalLM
+
+    seen = []
+    original = DecoderForCausalLM.generate
+
+    def spy(self, *args, **kw):
+        seen.append((kw.get("step_mode"), kw.get("compile_options")))
+        return original(self, *args, **kw)
+
+    monkeypatch.setattr(DecoderForCausalLM, "generate", spy)
+    base = ["generate", "--checkpoint", str(lm_run), "--prompt", "the", "--max-new-tokens", "2"]
+    assert main(base) == 0
+    assert main([*base, "--step-mode", "eager", "--compile-options", '{"mode": "default", "options": {}}']) == 0
+    assert seen == [("auto", None), ("eager", {"mode": "default", "options": {}})]
+
+
+def test_generate_refuses_bad_compile_options_in_one_line(lm_run, capsys):
+    base = ["generate", "--checkpoint", str(lm_run), "--prompt", "the"]
+    for text, words in (("{mode", "JSON object"), ("[1]", "JSON object"), ('{"fullgraph": false}', "'fullgraph'"),
+                        ('{"options": 3}', "'options'")):
+        assert main([*base, "--compile-options", text]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--compile-options" in err and words in err, err

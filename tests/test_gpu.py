@@ -168,6 +168,7 @@ def test_mhe_eval_runs_on_the_gpu_and_equals_the_cpu_figure(tmp_path, capsys):
     assert bf16 != pytest.approx(cpu, rel=1e-5) and bf16 == pytest.approx(cpu, rel=2e-2)
 
 
+@pytest.mark.two_gpus
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                     reason="needs two CUDA devices")
 def test_translate_on_a_second_gpu_equals_the_first(mt_run, tmp_path, capsys):

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from processes import spawn_on_a_free_port
 from mhe.errors import MheError
+from mhe.experiments.run_archive import RunFiles
 from mhe.models import build_model
 from mhe.tasks import default_run, run_config_from_dict
 from mhe.tasks.recall import RecallTask
@@ -37,7 +38,7 @@ from mhe.training.loop import Trainer
 from mhe.training.parallelize import parallelize
 
 VOCAB = 64
-SAVED = Path(__file__).parents[1] / "results" / "decoder-lm" / "runs" / "mha-seed0" / "config.json"
+SAVED = Path(__file__).parents[1] / "results" / "decoder-lm"  # its runs packed in runs.tar.xz
 
 
 def tiny_model() -> torch.nn.Module:
@@ -144,5 +145,5 @@ def test_bf16_reduce_is_refused_under_fsdp_and_is_part_of_the_run():
     assert base.identity()["train"]["grad_reduce"] == "float32"
     assert apply_overrides(default_run("lm", "tiny-decoder", "mha"), ["train.grad_reduce=bf16"]).hash() != base.hash()
     if SAVED.exists():  # a committed run (migrated by benchmarks/migrate_runs.py) keeps its hash
-        saved = json.loads(SAVED.read_text())
+        saved = RunFiles(SAVED).config("mha-seed0")
         assert run_config_from_dict(saved["run"], source=str(SAVED)).hash() == saved["config_hash"]

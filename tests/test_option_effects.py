@@ -57,6 +57,8 @@ EFFECTS: dict[str, dict[str, str]] = {
         **{f: "test_option_effects::test_each_generate_option_changes_the_continuation"
            for f in ("max_new_tokens", "sample", "temperature", "top_k", "top_p", "seed")},
         "stream": "test_option_effects::test_generate_stream_prints_the_same_continuation",
+        **{f: "test_generate_cli::test_generate_passes_its_step_options_to_the_session"
+           for f in ("step_mode", "compile_options")},
     },
     "translate": {
         "run": "test_option_effects::test_translate_options_reach_the_output",
@@ -65,6 +67,8 @@ EFFECTS: dict[str, dict[str, str]] = {
         "alpha": "test_option_effects::test_translate_options_reach_the_output",
         "dtype": "test_option_effects::test_translate_options_reach_the_output",
         "device": "test_option_effects::test_translate_device_option_places_the_model",
+        **{f: "test_option_effects::test_translate_step_options_reach_the_beam_searcher"
+           for f in ("step_mode", "compile_options")},
     },
 }
 
@@ -191,6 +195,30 @@ def test_translate_options_reach_the_output(mt_run, tmp_path, capsys):
     model, _, task = load_run(mt_run, inference=True)
     assert bf16 == task.translate(model, lines, dtype="bfloat16")
     assert bf16 == _mt_reference(mt_run, lines, beam=2, alpha=0.6, dtype=torch.bfloat16)  # the run's beam 2
+
+
+def test_translate_step_options_reach_the_beam_searcher(mt_run, tmp_path, capsys, monkeypatch):
+    """``--step-mode`` and ``--compile-options`` are what the translation's beam searcher is built
+    with (its decode step's mode and torch.compile options); the output is the same (eager on a CPU)."""
+    import mhe.tasks.translation as translation
+
+    seen = []
+    real = translation.BeamSearcher
+
+    def spy(model, **kw):
+        seen.append((kw.get("step_mode"), kw.get("compile_options")))
+        return real(model, **kw)
+
+    monkeypatch.setattr(translation, "BeamSearcher", spy)
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(_mt_lines()) + "\n")
+    capsys.readouterr()
+    assert main(["translate", "--run", str(mt_run), "--input", str(src)]) == 0
+    plain = capsys.readouterr().out
+    assert main(["translate", "--run", str(mt_run), "--input", str(src), "--step-mode", "eager",
+                 "--compile-options", '{"mode": "default"}']) == 0
+    assert capsys.readouterr().out == plain
+    assert seen == [("auto", None), ("eager", {"mode": "default"})]
 
 
 def test_translate_device_option_places_the_model(mt_run, tmp_path, capsys, monkeypatch):

@@ -84,6 +84,7 @@ def test_fused_merge_is_the_same_at_every_launch_of_a_full_card(hq, hk, d, b):
     assert counters is None or int(counters.abs().sum()) == 0
 
 
+@pytest.mark.two_gpus
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_a_launch_on_a_card_that_is_not_current_runs_on_the_tensors_card():
     """Tensors on cuda:1 while cuda:0 is current (a model decoding eagerly on a second card):

@@ -563,3 +563,35 @@ def test_tf32_evaluation_works_under_a_callers_per_backend_precision_and_restore
         assert matmul.fp32_precision == caller
     finally:
         matmul.fp32_precision = found
+
+
+PRECISION_PROBE = r"""
+import torch
+from mhe.training.step import float32_matmuls
+cuda, cpu = torch.backends.cuda.matmul, torch.backends.mkldnn.matmul
+caller = {caller!r}
+if caller:  # a caller who used torch's per-backend setting (reading the process-wide level then raises)
+    cuda.fp32_precision = caller
+before = (cuda.fp32_precision, cpu.fp32_precision)
+for mode in ("tf32", "ieee"):
+    with float32_matmuls(mode):
+        level = torch.get_float32_matmul_precision()  # raised inside before the fix, in a default process
+        assert level == ("high" if mode == "tf32" else "highest"), level
+        assert cuda.allow_tf32 is (mode == "tf32")
+        assert cuda.fp32_precision == mode
+    assert (cuda.fp32_precision, cpu.fp32_precision) == before, ((cuda.fp32_precision, cpu.fp32_precision), before)
+torch.get_float32_matmul_precision()  # readable after, too
+print("ok")
+"""
+
+
+@needs_per_backend
+@pytest.mark.parametrize("caller", [None, "tf32", "ieee"])
+def test_float32_matmuls_keeps_the_process_wide_level_readable_inside_and_after(caller):
+    """Inside and after a ``tf32`` (or ``ieee``) block, code can read the process-wide float32 level
+    (inductor's max-autotune and a user's task code do), in a default process and after a caller used
+    the per-backend setting; the caller's per-backend values come back exactly. A fresh interpreter,
+    since the per-backend state is process-wide."""
+    out = subprocess.run([sys.executable, "-c", PRECISION_PROBE.format(caller=caller)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -23,6 +23,28 @@ def _writable_parent(path: Path, option: str) -> None:
         raise MheError(f"{option} {path}: folder {parent} is not writable")
 
 
+def portable_path(path: str) -> str:
+    """``path`` as a run record keeps it: relative to the working folder where it lies inside it
+    (a data folder given as ``/ABS/REPO/data-cache/data`` from ``/ABS/REPO`` is recorded as
+    ``data-cache/data``, so no machine's path lands in a committed run), else as given."""
+    if not path or not os.path.isabs(path):
+        return path
+    rel = os.path.relpath(path, os.getcwd())
+    return path if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` as a log line shows it: :func:`portable_path`, or with the home folder written ``~``
+    (a cache under ``~/.cache/mhe``), so console logs kept with a run name no machine's folders."""
+    path = str(path)
+    shown = portable_path(path)
+    if os.path.isabs(shown):
+        home = os.path.expanduser("~")
+        if home not in ("", "/") and (shown == home or shown.startswith(home + os.sep)):
+            return "~" + shown[len(home):]
+    return shown
+
+
 RUNS = "runs"
 
 

@@ -21,3 +21,39 @@ def refuse_set_keys(items: list[str], owned: dict[str, str]) -> None:
         if key in owned:
             raise MheError(f"--set {item} clashes with this command's own {key}, set by {owned[key]}; "
                            "drop the item")
+
+
+STEP_MODE_CHOICES = ("auto", "eager", "graph", "compile")  # mhe.models.captured_step.STEP_MODES (no torch here)
+COMPILE_OPTION_KEYS = ("mode", "options", "backend")  # torch.compile's keywords a decode step takes
+
+
+def add_decode_step_args(p) -> None:
+    """``--step-mode`` and ``--compile-options``: how the decode step runs (the session's options of
+    ``model.generate`` and beam search, :mod:`mhe.models.captured_step`)."""
+    p.add_argument("--step-mode", default="auto", choices=STEP_MODE_CHOICES,
+                   help="the decode step: auto (compiled and captured on a GPU, eager on a CPU), eager, graph "
+                        "(captured eager kernels), compile (default: auto)")
+    p.add_argument("--compile-options", default=None, metavar="JSON",
+                   help="torch.compile options of a compiled decode step, as a JSON object with keys among "
+                        f"{', '.join(COMPILE_OPTION_KEYS)}, e.g. '{{\"mode\": \"max-autotune-no-cudagraphs\"}}'; "
+                        "'{}' turns off the one-row default (coordinate-descent tuning, a slower first call)")
+
+
+def compile_options(text: str | None) -> dict | None:
+    """``--compile-options``'s JSON as a dict (None when not given); one line naming what is wrong."""
+    import json
+
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MheError(f"--compile-options must be a JSON object, got {text!r} ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise MheError(f"--compile-options must be a JSON object like '{{\"mode\": \"default\"}}', got {text!r}")
+    unknown = sorted(set(value) - set(COMPILE_OPTION_KEYS))
+    if unknown:
+        raise MheError(f"--compile-options: unknown key {unknown[0]!r}; allowed: {', '.join(COMPILE_OPTION_KEYS)}")
+    if "options" in value and not isinstance(value["options"], dict):
+        raise MheError(f"--compile-options: 'options' must be an object of inductor settings, got {value['options']!r}")
+    return value

@@ -119,15 +119,40 @@ def cmd_compare(args) -> int:
 
 
 def report_args(p):
-    p.add_argument("dirs", nargs="+", help="comparison folders (each with runs/*/results.json)")
+    p.add_argument("dirs", nargs="+",
+                   help="comparison folders (each with runs/*/results.json, or those packed in runs.tar.xz)")
     p.add_argument("--paper", default=None, help="paper table to set beside ours (default: the sweep's)")
     p.add_argument("--metric", default=None,
                    help="summarise this number of each results.json instead of the score (e.g. accuracy)")
+    way = p.add_mutually_exclusive_group()
+    way.add_argument("--pack", action="store_true",
+                     help="instead: pack each folder's runs/ into runs.tar.xz (deterministic; report reads it "
+                          "as it is), or a folder without runs/ into FOLDER.tar.xz")
+    way.add_argument("--unpack", action="store_true",
+                     help="instead: restore each folder's runs/ from runs.tar.xz (or FOLDER from FOLDER.tar.xz), "
+                          "to resume a packed comparison")
+
+
+def cmd_pack(args) -> int:
+    """``mhe report --pack`` / ``--unpack``: each folder's run files into one archive and back."""
+    from mhe.experiments.run_archive import pack, pack_target, unpack, unpack_target
+
+    for d in args.dirs:
+        if args.pack:
+            target = pack(pack_target(d))
+            print(f"packed {d} into {target} ({target.stat().st_size:,} bytes)")
+        else:
+            print(f"unpacked {unpack(unpack_target(d))}")
+    return 0
 
 
 def cmd_report(args) -> int:
     from mhe.experiments.summary import write_summary
 
+    if args.pack or args.unpack:
+        if args.paper is not None or args.metric is not None:
+            raise MheError("--paper and --metric go with a report, not with --pack or --unpack")
+        return cmd_pack(args)
     for d in args.dirs:
         d = Path(d)
         paper, metric, also, kv = args.paper, args.metric, (), False

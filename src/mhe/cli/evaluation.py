@@ -9,7 +9,7 @@ import math
 import typing
 from pathlib import Path
 
-from mhe.cli.common import DATA_DIR_HELP, add_run_folder_arg
+from mhe.cli.common import DATA_DIR_HELP, add_decode_step_args, add_run_folder_arg, compile_options
 from mhe.data.paths import read_source_lines
 from mhe.errors import MheError, one_of
 from mhe.output_paths import check_output_dir, check_output_file
@@ -88,6 +88,7 @@ def translate_args(p):
     p.add_argument("--dtype", default=None,
                    help="decode in float32 (the default) or bfloat16 (faster on GPU; the output may differ)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_decode_step_args(p)
 
 
 def cmd_translate(args) -> int:
@@ -103,11 +104,12 @@ def cmd_translate(args) -> int:
     if args.input != "-" and not Path(args.input).is_file():
         raise MheError(f"--input {args.input} does not exist")
     device = option_device(args.device)
+    step_options = compile_options(args.compile_options)
     lines = read_source_lines(args.input)  # before the model loads: bad input fails at once
     model, cfg, task = load_run(args.run, inference=True, tasks=("mt",),  # the run folder alone: no corpus
                                 needs="mhe translate needs a translation (mt) run", device=device)
     for hyp in task.translate(model, lines, beam=args.beam, alpha=args.alpha, progress=cfg.train.progress,
-                              dtype=args.dtype):
+                              dtype=args.dtype, step_mode=args.step_mode, compile_options=step_options):
         print(hyp)
     return 0
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mhe.cli.common import add_run_folder_arg
+from mhe.cli.common import add_decode_step_args, add_run_folder_arg, compile_options
 from mhe.data.paths import read_source_lines
 from mhe.data.tokenize import special_id
 from mhe.errors import MheError
@@ -37,6 +37,7 @@ def generate_args(p):
     p.add_argument("--stream", action="store_true", help="print tokens as they come (one prompt)")
     p.add_argument("--data-dir", default="", help="ignored: generation reads only the run folder (kept so that "
                                                   "the options of mhe eval also work here)")
+    add_decode_step_args(p)
 
 
 def read_prompts(prompts: list[str], source: str) -> list[str]:
@@ -57,6 +58,7 @@ def cmd_generate(args) -> int:
     from mhe.tasks.runs import load_run
 
     prompts = read_prompts(args.prompt, args.input)
+    step_options = compile_options(args.compile_options)  # before the model loads: bad input fails at once
     if args.stream and len(prompts) != 1:
         raise MheError(f"--stream prints one continuation as it comes; got {len(prompts)} prompts")
     # the run's type first, then the run folder alone (its tokenizer and weights): no corpus is read
@@ -74,7 +76,8 @@ def cmd_generate(args) -> int:
         streamer = lambda new: new[0] != eos and print(" " + tok.decode([new[0]]), end="", flush=True)  # noqa: E731
     res = model.generate(ids.to(dev), args.max_new_tokens, attention_mask=mask.to(dev), stop_ids=[eos], pad_id=pad,
                          min_new_tokens=args.min_new_tokens, do_sample=args.sample, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, streamer=streamer, return_dict=True)
+                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, streamer=streamer, return_dict=True,
+                         step_mode=args.step_mode, compile_options=step_options)
     if args.stream:
         print()
     for i, (reason, n) in enumerate(zip(res.finish_reasons(), res.new_tokens.tolist())):

@@ -19,6 +19,7 @@ import tokenizers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from mhe.errors import MheError, one_of
+from mhe.output_paths import shown_path
 from mhe.progress import note
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]"]
@@ -87,7 +88,7 @@ def cached_tokenizer(kind: str, texts: list[str], vocab_size: int, *, cache: Pat
             tok = None
         if tok is not None:
             note(f"reusing the {kind} tokenizer of at most {vocab_size:,} entries trained before on these "
-                 f"{len(texts):,} lines ({path})", enabled=progress)
+                 f"{len(texts):,} lines ({shown_path(path)})", enabled=progress)
             return tok
     tok = train_tokenizer(kind, texts, vocab_size, lowercase=lowercase, progress=progress)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

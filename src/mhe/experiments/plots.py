@@ -95,10 +95,13 @@ def plot_curves(runs: list[dict], path: Path) -> None:
         if name in seen:
             continue
         seen.add(name)
-        f = Path(r["run_dir"]) / "metrics.jsonl"
-        if not f.exists():
+        if callable(r.get("training_log")):  # collect's: the run's log from its folder or its archive
+            recs = r["training_log"]()
+        else:
+            f = Path(r["run_dir"]) / "metrics.jsonl"
+            recs = read_metrics(f) if f.exists() else None
+        if recs is None:
             continue
-        recs = read_metrics(f)
         recs = [x for x in recs if "loss" in x]
         steps, loss = [x["step"] for x in recs], smooth([x["loss"] for x in recs])
         ax.plot(steps, loss, label=label(name), color=_colour(name),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -21,31 +22,34 @@ from mhe.errors import MheError
 from mhe.attention.mhe import ROPE_ORDERS
 from mhe.experiments.entries import row_name
 from mhe.experiments.paper import paper_table, source
+from mhe.experiments.run_archive import RunFiles
 from mhe.experiments.plots import label, plot_curves, plot_prr_vs_paper, plot_score_vs_params
 from mhe.metrics import peop, prr
 from mhe.models import ModelConfig, preset
 from mhe.training.checkpoint import write_json_atomic, write_text_atomic
-from mhe.training.run_files import read_json, read_results
 
 ORDER = list(PAPER_KINDS) + [k for k in KINDS if k not in PAPER_KINDS]
 
 
 def collect(out: Path, *, kv_cache: bool = False) -> list[dict]:
-    """Every finished run's results.json under ``out/runs``, with its row name and (``kv_cache``,
-    a decoder) its KV cache per token, both from the run's ``config.json`` where it has one."""
+    """Every finished run's results.json under ``out/runs`` (or packed in ``out/runs.tar.xz``),
+    with its row name and (``kv_cache``, a decoder) its KV cache per token, both from the run's
+    ``config.json`` where it has one, and its training log (``training_log``: read when drawn)."""
+    files = RunFiles(out)
     runs = []
-    for f in sorted((out / "runs").glob("*/results.json")):
-        r = read_results(f.parent)
-        r["run_dir"] = str(f.parent)
-        r.update(_from_config(f.parent, kv_cache))
+    for name in files.finished():
+        r = files.results(name)
+        r["run_dir"] = str(out / "runs" / name)  # the same in either form: reports do not differ
+        r.update(_from_config(files.config(name), kv_cache))
+        r["training_log"] = functools.partial(files.metrics, name)
         runs.append(r)
     return runs
 
 
-def _from_config(run_dir: Path, kv_cache: bool) -> dict:
-    """``row`` and ``kv_cache_bytes_per_token`` (bf16) of a run folder's resolved model."""
-    f = run_dir / "config.json"
-    model = read_json(f, what="run configuration").get("model") if f.is_file() else None
+def _from_config(record: dict | None, kv_cache: bool) -> dict:
+    """``row`` and ``kv_cache_bytes_per_token`` (bf16) of a run's resolved model (its
+    ``config.json``'s ``model``; None: a run without one)."""
+    model = (record or {}).get("model")
     if not isinstance(model, dict) or "attention" not in model:
         return {}
     out = {"row": row_name(model)}

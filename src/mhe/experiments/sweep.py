@@ -21,6 +21,7 @@ from mhe.errors import MheError
 from mhe.experiments.entries import entry_dir, split_entry
 from mhe.experiments.paper import paper_tables
 from mhe.experiments.presets import EXPERIMENTS, experiment
+from mhe.experiments.run_archive import RunFiles, archive_of
 from mhe.experiments.summary import write_summary
 from mhe.experiments.sweep_progress import Job, SweepProgress
 from mhe.output_paths import default_run_dir, free_name
@@ -115,6 +116,9 @@ def run_config(sweep: Sweep, entry: str, seed: int, *, progress: bool = False):
         if not sweep.pretrained:
             raise MheError(f"fine-tuning {sweep.task!r} needs --pretrained DIR, a comparison of pre-training runs")
         ckpt = Path(sweep.pretrained) / "runs" / f"{entry_dir(entry)}-seed0"
+        if archive_of(ckpt.parent).is_file() and not ckpt.parent.is_dir():
+            raise MheError(f"{sweep.pretrained} is packed ({archive_of(ckpt.parent).name}); fine-tuning needs its "
+                           f"run folders: mhe report --unpack {sweep.pretrained}")
         if not (ckpt / "results.json").exists():
             raise MheError(f"no finished pre-training run for {entry!r} at {ckpt}")
         cfg = finetune_config(sweep.task, str(ckpt), data_dir=sweep.data_dir, overrides=list(sweep.overrides or []),
@@ -176,6 +180,15 @@ def check_sweep_dir(out: Path, sweep: Sweep) -> None:
                            f"choose another --out ({free_name(out)} is free)")
 
 
+def check_packed_finished(out: Path, names: list[str]) -> None:
+    """A packed comparison (``runs.tar.xz``) is reported, never trained into: every run asked
+    for must be finished in the archive, else the one-line way to unpack it first."""
+    missing = sorted(set(names) - set(RunFiles(out).finished()))
+    if missing:
+        raise MheError(f"{out} is packed ({archive_of(out / 'runs').name}) and {len(missing)} run(s) asked for are "
+                       f"not finished in it ({', '.join(missing)}); unpack it first: mhe report --unpack {out}")
+
+
 def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, resume: bool = False, log=print,
               progress: bool = False) -> dict:
     """Run what is missing, then write the summary. Returns the summary. ``progress``: draw one
@@ -188,6 +201,10 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, resume: bool =
         build_task(cfg.task).check(cfg)
     runs = [(kind, seed, out / "runs" / f"{entry_dir(kind)}-seed{seed}") for seed in range(sweep.seeds)
             for kind in sweep.kinds]
+    if archive_of(out / "runs").is_file():
+        check_packed_finished(out, [d.name for _, _, d in runs])
+        log(f"already finished: results in {archive_of(out / 'runs')}")
+        return write_summary(out, **sweep.report())
     unfinished = [f"{k} seed {s}" for k, s, d in runs if is_run_dir(d) and not (d / RESULTS).is_file()]
     if unfinished and not resume:
         raise MheError(f"{out} holds {len(unfinished)} unfinished run(s) of this comparison ({', '.join(unfinished)}); "
@@ -258,7 +275,7 @@ def _run_parallel(sweep, jobs, workers, log, line: SweepProgress | None = None) 
         slot, (job, (kind, seed, run_dir)) = slot_job
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg = run_config(sweep, kind, seed, progress=True)  # its bar in its stderr.log (outside the run's hash)
-        write_json_atomic(run_dir / "run.json", cfg.to_dict())
+        write_json_atomic(run_dir / "run.json", cfg.record())
         cmd = [sys.executable, "-m", "mhe", "run", "--config", str(run_dir / "run.json"), "--out", str(run_dir)]
         if is_run_dir(run_dir):  # unfinished (--resume was given: run_sweep checked)
             cmd.append("--resume")

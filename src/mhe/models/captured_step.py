@@ -172,6 +172,11 @@ class _CompiledStep:
     def __init__(self, compiled: Callable[..., torch.Tensor], eager: Callable[..., torch.Tensor]) -> None:
         self.run, self.eager, self.proven = compiled, eager, False
 
+    @property
+    def fell_back(self) -> bool:
+        """Compiling failed and the step runs its eager kernels."""
+        return self.run is self.eager
+
     def __call__(self, *args):
         if self.proven:
             return self.run(*args)

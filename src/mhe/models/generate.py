@@ -233,6 +233,14 @@ class Generator:
             raise MheError("the model of this generator no longer exists")
         return model
 
+    def step_mode_ran(self) -> str:
+        """The step mode this session's steps ran, where ``mode`` is the one asked for: a
+        ``compile`` step whose compilation failed ran its eager kernels (captured on CUDA: ``graph``)."""
+        compiled = [s for s in self._steps.values() if hasattr(s, "fell_back")]
+        if self.mode == "compile" and any(s.fell_back for s in compiled):
+            return f"{'graph' if self.device.type == 'cuda' else 'eager'} (compile failed)"
+        return self.mode
+
     def prefill(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor,
                 new_tokens: int) -> torch.Tensor:
         """Run the prompts ``[B, P]`` into empty caches, to be followed by up to ``new_tokens``

@@ -13,6 +13,7 @@ import torch
 from mhe.data.corpora import SPLITS, check_corpus, corpus, corpus_names, read_lines
 from mhe.errors import MheError
 from mhe.data.tokenize import cached_tokenizer, load_tokenizer, save_tokenizer, special_id
+from mhe.output_paths import shown_path
 from mhe.progress import bar, note
 from mhe.runtime import cache_root
 from mhe.tasks.vocab import resolve_tokenizer
@@ -76,7 +77,7 @@ def token_stream(tok, lines: list[str], *, progress: bool = False, desc: str = "
     path = _stream_path(tok, lines) if len(lines) >= CACHED_FROM_LINES else None
     if path is not None and path.is_file():
         ids = np.fromfile(path, dtype=np.int32)
-        note(f"{desc}: {len(lines):,} lines, {ids.size:,} tokens read back from {path}", enabled=progress)
+        note(f"{desc}: {len(lines):,} lines, {ids.size:,} tokens read back from {shown_path(path)}", enabled=progress)
         return torch.from_numpy(ids.astype(np.int64))
     eos = special_id(tok, "[EOS]")
     ids: list[int] = []

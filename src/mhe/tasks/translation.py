@@ -152,10 +152,12 @@ class TranslationTask(TranslationSettings):
 
     # ------------------------------------------------------------------ decoding
     def translate(self, model, sources: list[str], *, beam: int | None = None, alpha: float | None = None,
-                  progress: bool = False, dtype: str | None = None) -> list[str]:
+                  progress: bool = False, dtype: str | None = None, step_mode: str = "auto",
+                  compile_options: dict | None = None) -> list[str]:
         """Detokenised translations, in input order; ``progress``: count the sentences decoded on
         a bar (standard error); ``dtype``: ``float32`` or ``bfloat16`` (default: the run's
-        ``decode_dtype``). Sources are sorted by length and decoded in large batches
+        ``decode_dtype``); ``step_mode`` and ``compile_options``: the beam searcher's decode step
+        (:class:`~mhe.models.beam_search.BeamSearcher`). Sources are sorted by length and decoded in large batches
         (:func:`decode_batches`); padding is masked, so a sentence's translation does not
         depend on the batch it is in."""
         model.eval()
@@ -169,7 +171,7 @@ class TranslationTask(TranslationSettings):
         batches = decode_batches([len(x) for x in ids], order, sentences=int(self.o["eval_batch"]), beam=beam,
                                  max_len=self.max_len, max_tokens=int(self.o.get("decode_tokens", 262144)))
         out: list[str] = [""] * len(ids)
-        searcher = self._searcher(run)
+        searcher = self._searcher(run, step_mode, compile_options)
         with bar(len(order), desc=f"decoding (beam {beam})", unit="sentence", enabled=progress) as shown:
             for chunk in batches:
                 src = pad_rows([ids[i] or [self.tok.token_to_id("[UNK]")] for i in chunk], self.pad).to(dev)
@@ -182,11 +184,12 @@ class TranslationTask(TranslationSettings):
                 shown.update(len(chunk))
         return out
 
-    def _searcher(self, model) -> BeamSearcher:
-        """The beam searcher of ``model``, kept across calls: batches of one shape share its captured
-        steps (it rebuilds them when the weights change)."""
-        if self.searcher is None or self.searcher.model is not model:
-            self.searcher = BeamSearcher(model)
+    def _searcher(self, model, step_mode: str = "auto", compile_options: dict | None = None) -> BeamSearcher:
+        """The beam searcher of ``model`` with these step options, kept across calls: batches of one
+        shape share its captured steps (it rebuilds them when the weights change)."""
+        s = self.searcher
+        if s is None or s.model is not model or (s.step_mode, s.compile_options) != (step_mode, compile_options):
+            self.searcher = BeamSearcher(model, step_mode=step_mode, compile_options=compile_options)
         return self.searcher
 
     def _decoding_model(self, model, dtype: str):

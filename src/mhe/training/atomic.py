@@ -59,6 +59,22 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Write bytes through a temporary file, fsync and rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
 def new_temp_folder(root: Path, name: str) -> Path:
     """An empty ``root/.tmp-NAME-PID`` to fill and then :func:`seal_and_place`."""
     tmp = root / f"{TMP_PREFIX}{name}-{os.getpid()}"

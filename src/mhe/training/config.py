@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 from mhe.errors import MheError, one_of
 from mhe.models.config import ModelConfig, preset
+from mhe.output_paths import portable_path
 from mhe.settings import build, check_fields, field_types, parse_text, set_path, setting, typed_options
 
 if TYPE_CHECKING:  # settings are read and checked without torch (the mhe command's setting errors)
@@ -150,6 +151,14 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def record(self) -> dict:
+        """:meth:`to_dict` as a run folder records it (``run.json``, ``config.json``'s ``run``): the
+        data folder relative to the working folder where it lies inside it
+        (:func:`mhe.output_paths.portable_path`); it is no part of :meth:`identity`, so hashes agree."""
+        d = self.to_dict()
+        d["data"]["data_dir"] = portable_path(d["data"]["data_dir"])
+        return d
 
     def identity(self) -> dict:
         """What makes two runs the same run: the task, the preset, the whole model (kind and

@@ -35,13 +35,20 @@ def read_json(path: str | Path, *, what: str = "JSON file") -> object:
     if not path.is_file():
         raise MheError(f"{path} does not exist (a {what} was expected)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise MheError(f"{path}: not UTF-8 text (byte {e.start})") from e
-    except json.JSONDecodeError as e:
-        raise MheError(f"{path}: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
+        return parse_json(path.read_bytes(), where=path)
     except OSError as e:
         raise MheError(f"{path}: cannot be read ({e.strerror})") from e
+
+
+def parse_json(data: bytes, *, where: str | Path) -> object:
+    """The JSON document in ``data`` (a file's bytes, on disk or in an archive named by ``where``);
+    bytes that are not UTF-8 or not JSON raise a one-line error naming ``where``."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise MheError(f"{where}: not UTF-8 text (byte {e.start})") from e
+    except json.JSONDecodeError as e:
+        raise MheError(f"{where}: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
 
 
 def write_run_record(folder: str | Path, run: RunConfig, model: torch.nn.Module, *, train: TrainConfig,
@@ -55,7 +62,7 @@ def write_run_record(folder: str | Path, run: RunConfig, model: torch.nn.Module,
     from mhe.accounting import count_attention_params
 
     write_json_atomic(Path(folder) / CONFIG, {
-        "run": run.to_dict(), "resolved_train": dataclasses.asdict(train), "model": model.cfg.to_dict(),
+        "run": run.record(), "resolved_train": dataclasses.asdict(train), "model": model.cfg.to_dict(),
         "config_hash": run.hash(), "attention_params": count_attention_params(model), "torch": torch.__version__,
         "device": device, **extra})
 
@@ -133,10 +140,16 @@ def read_metrics(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         return []
+    return parse_metrics(path.read_bytes(), where=path)
+
+
+def parse_metrics(data: bytes, *, where: str | Path) -> list[dict]:
+    """The records of a ``metrics.jsonl``'s bytes (on disk or in an archive named by ``where``),
+    as :func:`read_metrics` reads them."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise MheError(f"{path}: not UTF-8 text (byte {e.start})") from e
+        raise MheError(f"{where}: not UTF-8 text (byte {e.start})") from e
     lines = text.split("\n")
     records = []
     for n, line in enumerate(lines, 1):
@@ -149,7 +162,7 @@ def read_metrics(path: str | Path) -> list[dict]:
                 break
             rec = None
         if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
-            raise MheError(f"{path} line {n}: not a metrics record with an integer 'step': {line[:60]!r}")
+            raise MheError(f"{where} line {n}: not a metrics record with an integer 'step': {line[:60]!r}")
         records.append(rec)
     return records
 

@@ -16,6 +16,7 @@ is evaluated or saved, so no checkpoint or best weights come from past a bad ste
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Callable
 
 import torch
@@ -47,12 +48,18 @@ class StepModule:
         self.proven = not compiled  # a compiled module is proven by its first micro-step
 
     def release(self) -> None:
-        """Free the captured graphs and their memory pool once training ends (the evaluation runs
-        the plain model; a later run in the same process, as a sweep's, captures its own)."""
+        """Free what only the steps use once training ends: the captured graphs and their memory
+        pool (the evaluation runs the plain model; a later run in the same process, as a sweep's,
+        captures its own), and DDP's wrapper. The wrapper's reducer holds the process group; freed
+        only at teardown, a gloo group's destructor could join a thread that waits for the GIL and
+        hang the process at exit. Dropped here, it goes while the group is alive."""
         if self.cuda_graphs:
             from torch._inductor import cudagraph_trees
 
             cudagraph_trees.reset_cudagraph_trees()
+        if self.ddp:
+            self.net = self.model  # the module itself: DDP's wrapper (and its reducer) has no holder left
+            gc.collect()  # the wrapper's reference cycles go now, not at some later collection
 
     def sync(self, last: bool):
         """The context of a micro-step: DDP's all-reduce waits for the last micro-batch of the step
@@ -167,28 +174,44 @@ def evaluation_precision(cfg, device: torch.device):
     return contextlib.nullcontext()
 
 
+MATMUL_BACKENDS = ("cuda", "mkldnn")  # the backends whose float32 product setting the process-wide level spans
+
+
+def _matmul_backend_settings() -> dict[str, str]:
+    """Torch's per-backend float32 product settings (torch 2.9+), by backend; empty on older torch."""
+    found = {}
+    for name in MATMUL_BACKENDS:
+        matmul = getattr(getattr(torch.backends, name, None), "matmul", None)
+        if matmul is not None and hasattr(matmul, "fp32_precision"):
+            found[name] = matmul.fp32_precision
+    return found
+
+
 @contextlib.contextmanager
 def float32_matmuls(mode: str):
-    """CUDA float32 matrix products on TF32 (``mode="tf32"``) or IEEE (``"ieee"``) tensor paths for
-    the block, the previous setting restored. Torch 2.9 and later set this per backend
-    (``torch.backends.cuda.matmul.fp32_precision``); once a caller used that setting, reading the
-    process-wide level raises, so the per-backend one is used wherever it exists, and the
-    process-wide level (``"high"`` / ``"highest"``) only on older torch."""
-    matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision"):
-        before = matmul.fp32_precision
-        matmul.fp32_precision = mode
-        try:
-            yield
-        finally:
-            matmul.fp32_precision = before
-        return
-    before = torch.get_float32_matmul_precision()
+    """Float32 matrix products on TF32 (``mode="tf32"``) or IEEE (``"ieee"``) tensor paths for the
+    block, the caller's setting restored exactly afterwards (also when the block raises).
+
+    The block runs under the process-wide level (``"high"`` / ``"highest"``), which sets every
+    backend's product setting alike, so code inside it (a task's own code, inductor's
+    max-autotune) can read ``torch.get_float32_matmul_precision()`` and ``matmul.allow_tf32``.
+    Torch 2.9+ also has a per-backend setting (``torch.backends.cuda.matmul.fp32_precision``);
+    once a caller set the backends apart, reading the process-wide level raises. So the caller's
+    per-backend values are kept and written back one by one, and the process-wide level is
+    restored only where it could be read before."""
+    backends = _matmul_backend_settings()
+    try:
+        level = torch.get_float32_matmul_precision()
+    except RuntimeError:  # the caller set the backends apart: only their per-backend values restore
+        level = None
     torch.set_float32_matmul_precision("high" if mode == "tf32" else "highest")
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(before)
+        if level is not None:
+            torch.set_float32_matmul_precision(level)
+        for name, value in backends.items():
+            getattr(torch.backends, name).matmul.fp32_precision = value
 
 
 def train_step(step: StepModule, data: Prefetcher, state: TrainerState, task: Task, t: TrainConfig, dist: Dist,
