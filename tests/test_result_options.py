@@ -15,7 +15,7 @@ import pytest
 import torch
 from scipy.stats import binom
 
-from mhe.models.beam_search import beam_search, best_hypotheses, length_penalty
+from mhe.generation.beam import beam_search, best_hypotheses, length_penalty
 from mhe.tasks.mlm import MaskedLMTask, mask_tokens
 from reference import beam_search_uncached, best_by_length_penalty, gnmt_length_penalty
 

@@ -8,6 +8,10 @@
 #          uptrain  benchmarks/uptrain_study.py --preset llama-6x512: the MHA source pre-trained, converted
 #                   to MQA, GQA, MHE-Mul, MHE-Add, uptrained 5% and 10% x 3 seeds, from-scratch references
 #                   -> RESULTS_DIR/uptrain-llama-6x512
+#          methods  benchmarks/uptrain_methods.py (issue 61): the same source, converted and uptrained by each
+#                   method (output fit, psi-then-rope, distillation; MQA and MHE-Mul re-run beside them), on every
+#                   GPU of the host -> RESULTS_DIR/uptrain-llama-6x512/methods (STUDY_ARGS: e.g. "--methods
+#                   mqa,mhe-mul-outputs-kd --fractions 0.1")
 #
 # RESULTS_DIR defaults to results. Each section writes its console to RESULTS_DIR/logs/llama-SECTION.log
 # (card, torch, start and end times). With $OUT set (the device machine's return folder) the
@@ -22,11 +26,12 @@
 # (uptrain: extra arguments of uptrain_study.py, e.g. "--steps 40 --limit-lines 200").
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-section=${1:?SECTION (scratch or uptrain)}; results=${2:-results}; data=${MHE_DATA:-data-cache/data}
+section=${1:?SECTION (scratch, uptrain or methods)}; results=${2:-results}; data=${MHE_DATA:-data-cache/data}
 case $section in
   scratch) folder=llama-6x512 ;;
   uptrain) folder=uptrain-llama-6x512 ;;
-  *) echo "unknown section '$section': scratch or uptrain" >&2; exit 2 ;;
+  methods) folder=uptrain-llama-6x512/methods ;;
+  *) echo "unknown section '$section': scratch, uptrain or methods" >&2; exit 2 ;;
 esac
 [ -d "$data/wikitext-2" ] && [ -d "$data/ptb" ] || { echo "no data folder at $data (set MHE_DATA)" >&2; exit 2; }
 mkdir -p "$results/logs"
@@ -45,6 +50,11 @@ EOF
         --workers "${WORKERS:-11}" --out "$results/$folder" --resume "${extra[@]}"
     rc=$?
     [ -f "$results/$folder/summary.json" ] || python -m mhe report "$results/$folder" >/dev/null
+  elif [ "$section" = methods ]; then
+    # shellcheck disable=SC2086  # STUDY_ARGS is a list of words
+    timeout "${DEADLINE:-560}" python benchmarks/uptrain_methods.py --data-dir "$data" --out "$results/$folder" \
+        --budget-s "$(( ${DEADLINE:-560} - 20 ))" ${STUDY_ARGS:-}
+    rc=$?
   else
     # shellcheck disable=SC2086  # STUDY_ARGS is a list of words
     timeout "${DEADLINE:-560}" python benchmarks/uptrain_study.py --preset llama-6x512 --data-dir "$data" \

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mhe.convert.options import MINIMISES, SPLITS, TARGETS, check_request, parse_option_sets
+from mhe.convert.options import FITS, MINIMISES, SPLITS, TARGETS, check_request, parse_option_sets
 from mhe.experiments.tables import print_table
 from mhe.output_paths import check_empty_out, default_run_dir
 from mhe.progress import quiet_library_bars
@@ -34,6 +34,14 @@ def convert_args(p):
     p.add_argument("--naive", action="store_true",
                    help="write the naive initialisation instead of the fit: the mean of the heads, head "
                         "embeddings zero (the baseline the report compares with)")
+    p.add_argument("--fit", default="weights", choices=FITS,
+                   help="weights (default): the least-squares fit of the weights; outputs: then fit each attention "
+                        "sublayer to the source sublayer's outputs on the calibration sequences (a short Adam "
+                        "descent on all its parameters, layer by layer with the source's inputs), kept per sublayer "
+                        "only where its error on held-out calibration sequences is below the weight fit's")
+    p.add_argument("--fit-steps", type=int, default=200,
+                   help="Adam steps per sublayer of --fit outputs, one calibration batch each (default 200)")
+    p.add_argument("--fit-lr", type=float, default=1e-3, help="learning rate of --fit outputs (default 1e-3)")
     p.add_argument("--no-eval", dest="evaluate", action="store_false",
                    help="skip scoring the source and the converted model (no corpus is read unless calibrating)")
     p.add_argument("--split", default="valid", choices=SPLITS,
@@ -56,13 +64,16 @@ def convert_args(p):
 def cmd_convert(args) -> int:
     out = args.out or str(default_run_dir("convert", Path(args.checkpoint).resolve().name, args.attention))
     options = parse_option_sets(args.attention, args.set)  # before anything is read
-    check_request(args.checkpoint, args.attention, args.n_kv_heads)  # before torch and any weights (issue 58)
+    check_request(args.checkpoint, args.attention, args.n_kv_heads)  # before torch and any weights
     check_empty_out(out)
     quiet_library_bars()  # transformers' loading bars only on a terminal
+    from mhe.convert.outputs import OutputFit
     from mhe.convert.runs import ConvertOptions, convert_run
 
+    fit = OutputFit(steps=args.fit_steps, lr=args.fit_lr)  # checked before anything is read
     opts = ConvertOptions(kind=args.attention, n_kv_heads=args.n_kv_heads, options=options, align=args.align,
-                          naive=args.naive, evaluate=args.evaluate, split=args.split, calibration=args.calibration,
+                          naive=args.naive, output_fit=fit if args.fit == "outputs" else None, evaluate=args.evaluate,
+                          split=args.split, calibration=args.calibration,
                           data=args.data, data_dir=args.data_dir, device=args.device, tokenizer=args.tokenizer)
     report = convert_run(args.checkpoint, out, opts, log=lambda m: print(m, file=sys.stderr))
     what = "naive initialisation" if args.naive else "fit"
@@ -76,6 +87,7 @@ def cmd_convert(args) -> int:
     if report.has_output_errors():
         print(f"\nthe same on the projected outputs of {report.options['calibration_tokens']:,} calibration tokens:")
         print_table(*report.error_table("output"))
+    _print_output_fit(report)
     if report.scores:
         src, conv = report.scores["source"], report.scores["converted"]
         metric = src["metric"] + (f" per {src['perplexity_per']}" if "perplexity_per" in src else "")
@@ -86,3 +98,15 @@ def cmd_convert(args) -> int:
         print(f"\nnot scored: {report.options.get('not_scored', '--no-eval')}")
     print(f"\nwrote {out}")
     return 0
+
+
+def _print_output_fit(report) -> None:
+    """The output fit's held-out errors per sublayer, beside the weight fit's (--fit outputs)."""
+    fit = report.options.get("output_fit")
+    if not fit:
+        return
+    print(f"\noutput fit ({fit['steps']} Adam steps a sublayer, lr {fit['lr']:g}): relative error of the sublayer's "
+          "output on held-out calibration sequences, and the fit kept")
+    print_table(["sublayer", "weight fit (%)", "output fit (%)", "kept"],
+                [[r["sublayer"], f"{100 * r['weight_fit']:.2f}", f"{100 * r['output_fit']:.2f}", r["kept"]]
+                 for r in fit["layers"]])

@@ -4,7 +4,11 @@
   fitted (:mod:`mhe.convert.targets` says what each fit minimises), everything else copied;
 * :func:`convert_run` (``mhe.convert.runs``): a run folder or a Hugging Face directory in, a
   run folder out that ``mhe eval``, ``generate``, ``finetune`` and ``pretrain --init-from`` take,
-  with the score of the source and of the converted model before any training.
+  with the score of the source and of the converted model before any training;
+* :mod:`mhe.convert.outputs`: the output fit (``mhe convert --fit outputs``), each sublayer then
+  fitted to the source sublayer's outputs on calibration sequences;
+* :func:`mhe.convert.fold.fold_rope_order`: an MHE-Mul ``psi-then-rope`` model as ``rope-then-psi``
+  (one K/V head), exact only when its factors allow it.
 
 Names are imported on first use (PEP 562): ``mhe convert --help`` reads the targets without torch.
 """

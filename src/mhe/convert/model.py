@@ -17,6 +17,7 @@ from torch import nn
 from mhe.attention.spec import attention_spec
 from mhe.convert.heads import read_heads
 from mhe.convert.options import target_options
+from mhe.convert.outputs import OutputFit, fit_outputs
 from mhe.convert.report import ConversionReport
 from mhe.convert.rotary import rotary_fit
 from mhe.convert.stats import attention_modules, input_stats
@@ -52,7 +53,8 @@ def check_conversion(cfg, kind: str, n_kv_heads: int = 0, options: dict | None =
 
 def convert_model(model: nn.Module, kind: str, *, n_kv_heads: int = 0, options: dict | None = None,
                   calibration=None, align: bool = True, align_iters: int = 20,
-                  naive: bool = False) -> tuple[nn.Module, ConversionReport]:
+                  naive: bool = False, output_fit: OutputFit | None = None, fit_batches=None,
+                  device="cpu") -> tuple[nn.Module, ConversionReport]:
     """The ``kind`` model fitted to a trained multi-head (MHA, GQA or MQA) ``model``.
 
     Args:
@@ -70,6 +72,9 @@ def convert_model(model: nn.Module, kind: str, *, n_kv_heads: int = 0, options: 
             MQA/GQA is Ainslie et al.'s plain mean pooling.
         align_iters: alternations of fit and Procrustes when aligning.
         naive: write the naive initialisation (mean of the heads, zero head embeddings).
+        output_fit: then fit every sublayer to the source's sublayer outputs on ``fit_batches``
+            (token id tensors or dicts of model inputs, at least two batches; the last ones held
+            out), on ``device`` (:mod:`mhe.convert.outputs`); None: the weight fit alone.
 
     Returns:
         (the converted model, on the CPU in the source's dtype and mode; the report: per
@@ -89,6 +94,7 @@ def convert_model(model: nn.Module, kind: str, *, n_kv_heads: int = 0, options: 
         target.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
     except RuntimeError as e:
         raise MheError(f"the converted {kind} model does not take the fitted weights ({str(e).splitlines()[0]})") from e
+    fitted = fit_outputs(model, target, fit_batches, output_fit, device) if output_fit and not naive else None
     target = target.train(model.training)
     rotary = rotary_fit(cfg, first.cfg.head_dim, kind, opts)
     report = ConversionReport(source=cfg.attention, kind=kind, layers=layers,
@@ -97,6 +103,8 @@ def convert_model(model: nn.Module, kind: str, *, n_kv_heads: int = 0, options: 
                                        "rotary": rotary.describe(kind) if rotary else None,
                                        "calibration_tokens": min((s.count for s in (stats or {}).values()),
                                                                  default=0)})
+    if fitted is not None:
+        report.options["output_fit"] = fitted
     return target, report
 
 

@@ -27,6 +27,10 @@ MINIMISES = {"mhe-mul": "query, key and value projections (weights)",
              "sha": "logits and value-output maps (weights; the heads' mean and sum)"}
 """What each kind's fit minimises exactly: those errors can never exceed the naive ones."""
 
+FITS = ("weights", "outputs")
+"""``mhe convert --fit``: the weight fit alone, or followed by the output fit (each sublayer
+fitted to the source's sublayer outputs on calibration tokens, :mod:`mhe.convert.outputs`)."""
+
 SPLITS = ("valid", "test")
 """The held-out splits a conversion scores."""
 

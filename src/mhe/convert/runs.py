@@ -22,6 +22,7 @@ from torch import nn
 
 from mhe.convert.model import check_conversion, convert_model
 from mhe.convert.options import SPLITS
+from mhe.convert.outputs import OutputFit
 from mhe.convert.report import ConversionReport
 from mhe.convert.sources import Source, data_task, load_source
 from mhe.convert.stats import input_stats
@@ -38,13 +39,15 @@ from mhe.training.run_files import write_run_record
 @dataclass
 class ConvertOptions:
     """What ``mhe convert`` asks for: the target (``kind``, ``n_kv_heads``, ``options``, ``align``,
-    ``naive``: see :func:`mhe.convert.convert_model`) and the source's options (:class:`Converter`)."""
+    ``naive``, ``output_fit``: see :func:`mhe.convert.convert_model`; None: the weight fit alone) and
+    the source's options (:class:`Converter`)."""
 
     kind: str
     n_kv_heads: int = 0
     options: dict | None = None
     align: bool = True
     naive: bool = False
+    output_fit: OutputFit | None = None
     evaluate: bool = True
     split: str = "valid"
     calibration: int = 32
@@ -91,7 +94,7 @@ class Converter:
                 log("calibration: none without a corpus (--data); the fit uses the weights alone")
                 self.calibration = 0
         self._work = tempfile.TemporaryDirectory(prefix="mhe-convert-")
-        self._task, self._stats, self._source_score = None, None, None
+        self._task, self._stats, self._source_score, self._batches = None, None, None, None
 
     def close(self) -> None:
         self._work.cleanup()
@@ -109,11 +112,16 @@ class Converter:
             self._task = data_task(self.src, Path(self._work.name), self.device)
         return self._task
 
+    def batches(self) -> list:
+        """The calibration batches (on the device; empty: no calibration)."""
+        if self._batches is None:
+            self._batches = calibration_batches(self.task, self.calibration, self.device) if self.calibration else []
+        return self._batches
+
     def stats(self) -> dict | None:
         """The calibration statistics of every attention sublayer's input (None: no calibration)."""
         if self._stats is None and self.calibration:
-            batches = calibration_batches(self.task, self.calibration, self.device)
-            self._stats = input_stats(self.src.model.to(self.device), batches)
+            self._stats = input_stats(self.src.model.to(self.device), self.batches())
             self.src.model.cpu()
         return self._stats
 
@@ -123,13 +131,18 @@ class Converter:
         return self._source_score
 
     def convert(self, kind: str, out: str | Path | None, *, n_kv_heads: int = 0, options: dict | None = None,
-                align: bool = True, naive: bool = False) -> tuple[nn.Module, ConversionReport]:
+                align: bool = True, naive: bool = False,
+                output_fit: OutputFit | None = None) -> tuple[nn.Module, ConversionReport]:
         """The converted model and its report (scores included when evaluating); with ``out``,
-        also written there as a run folder. ``options``: the target's ``model.attn_options``."""
+        also written there as a run folder. ``options``: the target's ``model.attn_options``;
+        ``output_fit``: fit each sublayer to the source's outputs too (:mod:`mhe.convert.outputs`)."""
         check_conversion(self.src.model.cfg, kind, n_kv_heads, options)  # before any data is read
         out = _check_out(Path(out)) if out is not None else None
+        if output_fit is not None and not naive:
+            output_fit.split(self.batches())  # one line before the fit when there are too few sequences
         model, report = convert_model(self.src.model, kind, n_kv_heads=n_kv_heads, options=options,
-                                      calibration=self.stats(), align=align, naive=naive)
+                                      calibration=self.stats(), align=align, naive=naive, output_fit=output_fit,
+                                      fit_batches=self.batches(), device=self.device)
         report.options.update({"source": str(self.src.path), "origin": self.src.origin, "notes": self.src.notes})
         if self.unscored:
             report.options["not_scored"] = self.unscored
@@ -148,7 +161,7 @@ def convert_run(source_path: str | Path, out: str | Path, opts: ConvertOptions, 
     with Converter(source_path, data=opts.data, data_dir=opts.data_dir, device=opts.device, split=opts.split,
                    calibration=opts.calibration, evaluate=opts.evaluate, tokenizer=opts.tokenizer, log=log) as conv:
         return conv.convert(opts.kind, out, n_kv_heads=opts.n_kv_heads, options=opts.options, align=opts.align,
-                            naive=opts.naive)[1]
+                            naive=opts.naive, output_fit=opts.output_fit)[1]
 
 
 def _check_out(out: Path) -> Path:

@@ -10,10 +10,13 @@ from mhe.errors import MheError
 from mhe.metrics.perplexity import perplexity, sliding_window_nll
 from mhe.models import build_model
 from mhe.models.config import cpu_sized
+from mhe.tasks.catalogue import read_run_config
 from mhe.tasks.cross_eval import corpus_perplexity
+from mhe.tasks.distill import Distiller, load_teacher
 from mhe.tasks.init_from import init_weights, pretraining_tokenizer
 from mhe.tasks.settings import LMSettings
 from mhe.tasks.text import check_text_data, corpus_lines, is_word_level, token_stream
+from mhe.training.run_files import require_run_dir
 from mhe.training.run_report import phase
 
 
@@ -30,6 +33,8 @@ class CausalLMTask(LMSettings):
         if cfg.model.arch != "decoder":
             raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({cfg.model.arch})")
         check_text_data(cfg, "language modelling")
+        if cfg.train.distill_from:  # the teacher's folder, before any data is read
+            require_run_dir(cfg.train.distill_from, "train.distill_from")
         for name in cfg.data.task_options.also_test:  # their files there before training starts
             check_corpus(name, ("test",), data_dir=cfg.data.data_dir or None, source=cfg.data.source)
 
@@ -45,6 +50,11 @@ class CausalLMTask(LMSettings):
             model = self._build_model(cfg, dist)
         if source:
             init_weights(model, source)
+        self.distiller = None
+        if cfg.train.distill_from and cfg.train.distill_weight > 0:  # the teacher of train.distill_from
+            teacher = load_teacher(cfg.train.distill_from, out, self.model_for, read_run_config)
+            self.distiller = Distiller(teacher.to(dist.device), cfg.train.distill_weight,
+                                       cfg.train.distill_temperature)
         self.max_len = model.cfg.max_len
         self.seq_len = min(cfg.data.seq_len or self.max_len, self.max_len)
         stream = token_stream(self.tok, train, progress=cfg.train.progress, desc="tokenizing the training text")
@@ -60,13 +70,17 @@ class CausalLMTask(LMSettings):
         self.tok = load_tokenizer(out)
         return self._build_model(cfg, dist)
 
-    def _build_model(self, cfg, dist):
-        self.device = dist.device
+    def model_for(self, cfg):
+        """The (untrained) model of a run configured by ``cfg`` at this task's vocabulary."""
         vocab = self.tok.get_vocab_size()
         extra = {}
         if cpu_sized(cfg.preset) and vocab >= ADAPTIVE_FROM and not cfg.model.adaptive_cutoffs:
             extra["adaptive_cutoffs"] = [c for c in ADAPTIVE_CUTOFFS if c < vocab]
-        model = build_model(cfg.model, vocab_size=vocab, **extra)
+        return build_model(cfg.model, vocab_size=vocab, **extra)
+
+    def _build_model(self, cfg, dist):
+        self.device = dist.device
+        model = self.model_for(cfg)
         if model.cfg.arch != "decoder":
             raise MheError(f"causal language modelling needs a decoder preset, got {cfg.preset!r} ({model.cfg.arch})")
         self.max_len = model.cfg.max_len
@@ -83,6 +97,8 @@ class CausalLMTask(LMSettings):
 
     def loss(self, model, batch, *, chunked_loss=None):
         x = batch["input_ids"]
+        if getattr(self, "distiller", None) is not None:  # train.distill_from (mhe.tasks.distill)
+            return self.distiller.loss(model, x), x.numel()
         return model(x, labels=x, return_logits=False, chunked_loss=chunked_loss).loss, x.numel()
 
     def _ppl(self, model, ids, lines, stride, *, progress: bool = False):

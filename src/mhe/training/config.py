@@ -57,6 +57,9 @@ class TrainConfig:
     clip_norm: float = setting(1.0, ge=0)      # 0: no clipping
     label_smoothing: float = setting(0.0, ge=0, lt=1)
     init_from: str = ""                         # a run directory: start from its weights and tokenizer (tasks/init_from.py)
+    distill_from: str = ""                      # lm: a run directory whose logits the model also learns (tasks/distill.py)
+    distill_weight: float = setting(0.5, ge=0, le=1)  # loss = (1 - w) * cross-entropy + w * T^2 * KL(teacher || model)
+    distill_temperature: float = setting(1.0, gt=0)   # T: both distributions softened by it
     seed: int = setting(0, ge=0)
     log_every: int = setting(10, gt=0)
     eval_every: int = setting(0, ge=0)         # 0: only at the end
@@ -81,6 +84,10 @@ class TrainConfig:
     tensorboard: bool = False
     device: str = "auto"                       # auto | cpu | cuda | cuda:N | mps
 
+
+DISTILL_KEYS = ("distill_from", "distill_weight", "distill_temperature")
+"""Distillation's settings: in the hash only when ``distill_from`` is set, so the hashes of runs
+without it are those recorded before distillation existed."""
 
 # train.* settings that change how a run is carried out, not what it computes: outside the hash
 OPERATIONAL_TRAIN_KEYS = ("stop_at", "log_every", "eval_every", "save_every", "keep_last", "keep_checkpoints",
@@ -166,7 +173,7 @@ class RunConfig:
         changes no other). Hashes of earlier layouts are rewritten by
         ``benchmarks/migrate_runs.py``."""
         train = dataclasses.asdict(self.train)
-        for k in OPERATIONAL_TRAIN_KEYS:
+        for k in OPERATIONAL_TRAIN_KEYS + (() if self.train.distill_from else DISTILL_KEYS):
             train.pop(k)
         data = dataclasses.asdict(self.data)
         for k in ("data_dir", "eval_batch_size", "eval_second_stride", "eval_precision"):
@@ -233,6 +240,8 @@ def validate(cfg: RunConfig) -> None:
     if t.grad_reduce == "bf16" and t.parallel == "fsdp":
         raise MheError("train.grad_reduce='bf16' is not allowed with train.parallel=fsdp (FSDP reduces its gradients "
                        "in float32, mhe.training.fsdp); train.grad_reduce takes float32 there, bf16 only under ddp")
+    if t.distill_from and cfg.task != "lm":
+        raise MheError(f"train.distill_from is for causal language modelling (task lm) only, not task {cfg.task!r}")
     if t.cuda_graphs is True and t.grad_accum > 1:
         raise MheError(f"train.cuda_graphs=true needs train.grad_accum=1, got {t.grad_accum} (a replayed backward "
                        "reuses the memory the accumulated gradients would live in); set train.cuda_graphs=auto or false")
