@@ -57,6 +57,7 @@ def pretrain_args(a) -> list[str]:
                 "data.limit_lines=200", "--set", "train.precision=bf16", "--set", "train.compile=false",
                 "--set", "train.progress=false", "--set", "train.device=cpu", "--set", "model.n_layers=1"]
     return ["--preset", a.preset, "--attention", "mhe-mul", "--data", a.data, "--set", f"train.steps={a.steps}",
+            "--set", f"train.warmup_steps={max(1, a.steps // 10)}", "--set", f"train.lr={a.lr}",
             "--set", f"train.eval_every={max(1, a.steps // 3)}", "--set", "train.log_every=10", "--set",
             "train.precision=bf16", "--set", "train.progress=false", "--set", f"train.device={a.device}"]
 
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="llama-135m")
     ap.add_argument("--data", default="wikitext-2")
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--lr", type=float, default=1e-3,
+                    help="peak learning rate, reached after a tenth of the steps (the preset's schedule is a "
+                         "pre-training's: 10,000 warm-up steps would leave a short run at a vanishing rate)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=Path("runs/factor-precision"))
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny-decoder, a few steps on a CPU")
