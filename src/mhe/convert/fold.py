@@ -64,7 +64,7 @@ def fold_rope_order(model: nn.Module) -> tuple[nn.Module, list[tuple[str, float]
     require_model(model, "fold_rope_order")
     cfg = model.cfg
     opts = getattr(cfg.attn_options, "rope_order", None)
-    if cfg.attention != "mhe-mul" or opts != "psi-then-rope" or cfg.positions != "rotary":
+    if cfg.spec.psi != "mul" or opts != "psi-then-rope" or cfg.positions != "rotary":
         raise MheError(f"folding takes an mhe-mul model with rotary positions and rope_order=psi-then-rope, got "
                        f"{cfg.attention} ({cfg.positions} positions, rope_order={opts})")
     new_cfg = cfg.replace(attn_options=dataclasses.replace(cfg.attn_options, rope_order="rope-then-psi"))

@@ -13,7 +13,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from mhe.attention.spec import options_class
+from mhe.attention.spec import attention_spec, options_class
 from mhe.errors import MheError
 from mhe.settings import set_path, typed_options
 
@@ -94,7 +94,7 @@ def check_request(source: str | Path, kind: str, n_kv_heads: int) -> None:
     if not Path(source).exists():
         raise MheError(f"{source} does not exist: pass a run folder (with config.json) or a Hugging Face "
                        "checkpoint directory")
-    if kind != "gqa" and n_kv_heads:
+    if not attention_spec(kind).grouped and n_kv_heads:
         raise MheError(f"n_kv_heads={n_kv_heads} applies to gqa only, not to {kind!r}")
     heads = source_heads(source)
     if n_kv_heads < 0 or (n_kv_heads and heads and heads % n_kv_heads):
