@@ -18,3 +18,10 @@ def require_positive(**values: object) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise MheError(f"{name} must be a positive integer, got {value!r}")
+
+
+def name_keys(keys, shown: int = 5) -> str:
+    """Up to ``shown`` of ``keys`` and the count of the rest, for a one-line error."""
+    keys = list(keys)
+    rest = len(keys) - shown
+    return ", ".join(keys[:shown]) + (f" and {rest} more" if rest > 0 else "")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from mhe.errors import MheError, one_of
+from mhe.errors import MheError, name_keys, one_of
 from mhe.hf.checkpoint_files import check_shapes
 from mhe.hf.llama import LLAMA_CLASSES, llama_class, llama_hf_config, llama_model_config, llama_to_mhe, mhe_to_llama
 from mhe.models import MODEL_CLASSES, ModelConfig
@@ -281,11 +281,15 @@ def export_hf(model, family: str | None = None, *, tokenizer=None):
 
 
 def load_exact(target: torch.nn.Module, state: dict) -> None:
-    """Copy every parameter; any parameter of ``target`` left without a value is an error."""
+    """Copy every parameter; a parameter of ``target`` left without a value, or a value of
+    ``state`` no parameter takes, is an error naming up to five keys."""
     own = dict(target.named_parameters(remove_duplicate=False))
     missing = [k for k in own if k not in state]
     if missing:
-        raise MheError(f"no source weight for {missing[0]} (and {len(missing) - 1} more)")
+        raise MheError(f"no source weight for {name_keys(missing)}")
+    unused = [k for k in state if k not in own]
+    if unused:
+        raise MheError(f"source weights no parameter takes: {name_keys(unused)}")
     with torch.no_grad():
         for k, p in own.items():
             src = state[k]
