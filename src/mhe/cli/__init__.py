@@ -20,7 +20,7 @@ import sys
 from typing import Callable, NamedTuple
 
 from mhe.errors import MheError
-from mhe.runtime import configure_threads_on_import, launched_rank, setting_threads
+from mhe.runtime import check_launch_env, configure_threads_on_import, launched_rank, setting_threads
 
 
 def lazy(module: str, name: str) -> Callable:
@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         setting_threads()  # MHE_THREADS: one setting for every command, checked first (mhe.runtime)
+        if COMMANDS[args.command].torch:
+            check_launch_env()  # WORLD_SIZE/RANK without the rest: one line before any work
         if COMMANDS[args.command].torch:
             configure_threads_on_import()  # applied when torch loads: a setting's error comes before it
         # under torchrun only rank 0 prints results (messages and errors still go to standard error)

@@ -27,10 +27,13 @@ def export_args(p):
 
 
 def cmd_export(args) -> int:
+    from pathlib import Path
+
+    from mhe.hf.export import partial_path
     from mhe.output_paths import check_output_dir
     from mhe.tasks.hf_runs import export_run
 
-    check_output_dir(args.out)
+    check_output_dir(args.out, temp=partial_path(Path(args.out)).name)  # the folder the write fills, tried
     out = export_run(args.run, args.out, format=args.format, family=args.family, data_dir=args.data_dir)
     print(f"wrote {out} ({args.format}): load it with transformers' Auto classes"
           + (" and trust_remote_code=True" if args.format == "remote-code" else ""))

@@ -203,14 +203,37 @@ def _load_hf(source, **kwargs):
     import transformers
 
     path = Path(source)
-    if not (path / "config.json").is_file():
-        raise MheError(f"{path} is not a Hugging Face model directory (no config.json)")
-    config = transformers.AutoConfig.from_pretrained(str(path))
+    config = _hf_config(path)
     arch = (getattr(config, "architectures", None) or [""])[0]
     if arch not in HF_CLASSES and arch not in LLAMA_CLASSES:
         raise one_of(f"Hugging Face model class in {path}", arch, (*HF_CLASSES, *LLAMA_CLASSES))
     check_shapes(path, getattr(transformers, arch), config)  # whole weights of config.json's shapes, or one line
     return getattr(transformers, arch).from_pretrained(str(path), **kwargs)
+
+
+def _hf_config(path: Path):
+    """The directory's ``config.json`` as transformers reads it, after checking it is a JSON object
+    with a ``model_type`` (else one line, not transformers' traceback)."""
+    import json
+
+    import transformers
+
+    file = path / "config.json"
+    if not file.is_file():
+        raise MheError(f"{path} is not a Hugging Face model directory (no config.json)")
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MheError(f"{file} is not readable JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise MheError(f"{file}: must be a JSON object (a Hugging Face configuration), got {type(raw).__name__}")
+    if not isinstance(raw.get("model_type"), str):
+        raise MheError(f"{file} has no model_type: not a Hugging Face configuration (a run folder's config.json "
+                       "records a run)")
+    try:
+        return transformers.AutoConfig.from_pretrained(str(path))
+    except (ValueError, KeyError, TypeError) as e:
+        raise MheError(f"{file}: transformers cannot read it ({str(e).splitlines()[0]})") from None
 
 
 def import_hf(source, **from_pretrained_kwargs):

@@ -1,0 +1,255 @@
+"""Kill training at random moments and check that nothing is lost (issue 63).
+
+Each trial starts a small ``mhe train`` run (the synthetic recall task: no data files), sends it
+SIGKILL, SIGTERM or SIGINT at a random moment, or as soon as a checkpoint write has begun (its
+temporary folder appeared), then resumes it with ``--resume`` until it finishes, as a user would.
+The trial passes when
+
+* every checkpoint folder the kill left under ``checkpoints/`` is sealed and whole (a torn one
+  would be named ``step-N`` without a valid manifest) or was set aside by the resume;
+* the resumed run's ``metrics.jsonl`` holds every step once, and each step's loss and gradient
+  norm equal the uninterrupted reference run's (bit for bit when two uninterrupted runs agree bit
+  for bit, as on the CPU; else within the larger of their own run-to-run gap and ``--tol``);
+* its final weights equal the reference's to the same rule.
+
+Setups: ``single`` (one process), ``ddp`` and ``fsdp`` (``torchrun --nproc-per-node N``, gloo
+on the CPU, NCCL with ``--device cuda``); a signal goes to the whole process group (a job
+scheduler's SIGTERM, a terminal's Ctrl-C, a lost node). One JSON line per trial goes to
+``WORK/trials.jsonl`` and a summary is printed::
+
+    python benchmarks/kill_trials.py --trials 100 --setups single,ddp,fsdp --work /tmp/kills
+    python benchmarks/kill_trials.py --trials 20 --setups fsdp --nproc 2 --device cuda --work /tmp/kills-gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
+MOMENTS = ("random", "write")  # a uniform moment of the run, or just after a checkpoint write began
+RUN_LIMIT_S = 300
+
+
+def run_args(out: Path, steps: int, device: str, setup: str) -> list[str]:
+    """``mhe train`` arguments of the trials' run: a checkpoint every step, so kills land in writes."""
+    items = ["model.d_model=32", "model.d_ff=64", "model.n_layers=1", "model.dropout=0", "model.attn_dropout=0",
+             'data.task_options={"train_size": 256, "test_size": 16, "pairs": 4, "queries": 4}',
+             "train.batch_size=16", f"train.steps={steps}", "train.log_every=1", "train.save_every=1",
+             "train.keep_last=3", "train.eval_every=0", "train.progress=false", "train.warmup_steps=2",
+             "train.lr=3e-3", f"train.device={device}", "train.keep_checkpoints=true"]
+    if setup != "single":
+        items.append(f"train.parallel={setup}")
+    sets = [a for item in items for a in ("--set", item)]
+    return ["train", "--task", "recall", "--preset", "tiny-decoder", "--attention", "mhe-mul", "--out", str(out), *sets]
+
+
+def command(setup: str, nproc: int) -> list[str]:
+    """The launcher: ``python -m mhe`` for one process, ``torchrun`` for ``ddp``/``fsdp``."""
+    if setup == "single":
+        return [sys.executable, "-m", "mhe"]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "mhe"]
+
+
+def environment() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+                OMP_NUM_THREADS="1", MHE_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def start(args: list[str], setup: str, nproc: int, log: Path) -> subprocess.Popen:
+    with open(log, "a") as f:
+        return subprocess.Popen(command(setup, nproc) + args, stdout=f, stderr=subprocess.STDOUT, env=environment(),
+                                start_new_session=True, cwd=ROOT)
+
+
+def finish(proc: subprocess.Popen, limit_s: float = RUN_LIMIT_S) -> int:
+    """The exit status; a run past ``limit_s`` is killed (status -9) and counted as a hang."""
+    try:
+        return proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return -9
+
+
+def records(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def final_weights(out: Path, steps: int) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "checkpoints" / f"step-{steps:08d}" / "model.safetensors"))
+
+
+def reference(work: Path, setup: str, nproc: int, steps: int, device: str, copies: int = 2) -> tuple[list, float]:
+    """Uninterrupted runs of ``setup`` (cached in ``work``): (their folders, mean wall seconds)."""
+    outs, walls = [], []
+    for i in range(copies):
+        out = work / f"reference-{setup}-{i}"
+        stamp = out / "wall_s.txt"
+        if not stamp.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            t0 = time.monotonic()
+            code = finish(start(run_args(out, steps, device, setup), setup, nproc, work / f"reference-{setup}-{i}.log"))
+            if code != 0:
+                raise SystemExit(f"the uninterrupted {setup} run failed (exit {code}); see {work}/reference-{setup}-{i}.log")
+            stamp.write_text(str(time.monotonic() - t0))
+        outs.append(out)
+        walls.append(float(stamp.read_text()))
+    return outs, sum(walls) / len(walls)
+
+
+def gap(a, b) -> float:
+    """The largest absolute difference of two numbers, lists of records or dicts of tensors."""
+    if isinstance(a, dict):
+        if a.keys() != b.keys():
+            return math.inf
+        return max((float((a[k].double() - b[k].double()).abs().max()) for k in a), default=0.0)
+    return max((abs(x[key] - y[key]) for x, y in zip(a, b) for key in ("loss", "grad_norm")), default=0.0)
+
+
+def kill(proc: subprocess.Popen, out: Path, moment: str, sig: str, wall_s: float, rng: random.Random) -> float:
+    """Send ``sig`` to the run's process group at ``moment``; returns seconds after start (-1: it
+    had finished first)."""
+    t0 = time.monotonic()
+    if moment == "random":
+        deadline = t0 + rng.uniform(0.05, 1.0) * wall_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.002)
+    else:  # the first write after a random moment of the run's first three quarters
+        time.sleep(rng.uniform(0.0, 0.75) * wall_s)
+        while proc.poll() is None and not any(p.name.startswith(".tmp-") for p in _folders(out / "checkpoints")):
+            time.sleep(0.0005)
+        time.sleep(rng.uniform(0.0, 0.01))
+    if proc.poll() is not None:
+        return -1.0
+    try:
+        os.killpg(proc.pid, SIGNALS[sig])
+    except ProcessLookupError:
+        return -1.0
+    return time.monotonic() - t0
+
+
+def _folders(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except OSError:
+        return []
+
+
+def left_checkpoints(out: Path) -> tuple[int, int]:
+    """(sealed checkpoints, torn ones) under ``out/checkpoints`` as the kill left them."""
+    from mhe.training.atomic import verify
+
+    named = [p for p in _folders(out / "checkpoints") if p.name.startswith("step-") and "." not in p.name]
+    torn = [p for p in named if verify(p) is not None]
+    return len(named) - len(torn), len(torn)
+
+
+def resume(out: Path, setup: str, nproc: int, steps: int, device: str, log: Path) -> int:
+    """``--resume`` to the end; a run killed before its folder held a configuration starts afresh."""
+    args = run_args(out, steps, device, setup)
+    if (out / "config.json").exists():
+        args.append("--resume")
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+    return finish(start(args, setup, nproc, log))
+
+
+def trial(i: int, work: Path, setup: str, opts, refs: list, wall_s: float, tol: float, rng: random.Random) -> dict:
+    """One kill and resume; the record of what happened and whether anything was lost."""
+    sig, moment = rng.choice(sorted(SIGNALS)), rng.choice(MOMENTS)
+    out, log = work / f"trial-{i:03d}-{setup}", work / f"trial-{i:03d}-{setup}.log"
+    shutil.rmtree(out, ignore_errors=True)
+    proc = start(run_args(out, opts.steps, opts.device, setup), setup, opts.nproc, log)
+    at = kill(proc, out, moment, sig, wall_s, rng)
+    killed_code = finish(proc)
+    sealed, torn = left_checkpoints(out)
+    steps_logged = len(records(out))
+    code = resume(out, setup, opts.nproc, opts.steps, opts.device, log)
+    got, want = records(out), records(refs[0])
+    complete = code == 0 and [r["step"] for r in got] == list(range(1, opts.steps + 1))
+    loss_gap = gap(got, want) if complete else math.inf
+    weight_gap = gap(final_weights(out, opts.steps), final_weights(refs[0], opts.steps)) if complete else math.inf
+    rejected = sum(1 for p in _folders(out / "checkpoints") if ".rejected-" in p.name)
+    ok = complete and loss_gap <= tol and weight_gap <= tol
+    row = {"trial": i, "setup": setup, "nproc": 1 if setup == "single" else opts.nproc, "device": opts.device,
+           "signal": sig, "moment": moment, "at_s": round(at, 3), "killed_exit": killed_code,
+           "steps_logged_at_kill": steps_logged, "sealed_left": sealed, "torn_left": torn, "set_aside": rejected,
+           "resume_exit": code, "loss_gap": loss_gap, "weight_gap": weight_gap, "tolerance": tol, "ok": ok}
+    if ok and not opts.keep:
+        shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+def summary(rows: list[dict]) -> str:
+    """Counts per setup and signal: trials, kills that landed, passes, the largest gaps."""
+    lines = ["setup   signal   trials  landed  in-write  torn-left  set-aside  passed  max loss gap  max weight gap"]
+    for setup in sorted({r["setup"] for r in rows}):
+        for sig in sorted(SIGNALS):
+            rs = [r for r in rows if r["setup"] == setup and r["signal"] == sig]
+            if not rs:
+                continue
+            landed = [r for r in rs if r["at_s"] >= 0]
+            lines.append(f"{setup:<7} {sig:<8} {len(rs):>6}  {len(landed):>6}  "
+                         f"{sum(r['moment'] == 'write' for r in landed):>8}  {sum(r['torn_left'] for r in rs):>9}  "
+                         f"{sum(r['set_aside'] for r in rs):>9}  {sum(r['ok'] for r in rs):>6}  "
+                         f"{max(r['loss_gap'] for r in rs):>12.3g}  {max(r['weight_gap'] for r in rs):>14.3g}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=int, default=100)
+    p.add_argument("--setups", default="single,ddp,fsdp", help="comma-separated: single, ddp, fsdp (taken in turn)")
+    p.add_argument("--nproc", type=int, default=2, help="processes of a ddp/fsdp run (torchrun)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--tol", type=float, default=0.0, help="allowed gap beyond two uninterrupted runs' own")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", required=True, help="folder for the runs and trials.jsonl")
+    p.add_argument("--keep", action="store_true", help="keep the run folders of passed trials")
+    opts = p.parse_args(argv)
+    setups = opts.setups.split(",")
+    if not set(setups) <= {"single", "ddp", "fsdp"} or opts.trials < 1 or opts.nproc < 1:
+        p.error(f"--setups takes single, ddp, fsdp (got {opts.setups}); --trials and --nproc positive")
+    work = Path(opts.work)
+    work.mkdir(parents=True, exist_ok=True)
+    refs = {}
+    for s in setups:
+        outs, wall = reference(work, s, opts.nproc, opts.steps, opts.device)
+        noise = max(gap(records(outs[0]), records(outs[1])),
+                    gap(final_weights(outs[0], opts.steps), final_weights(outs[1], opts.steps)))
+        refs[s] = (outs, wall, max(noise, opts.tol))
+    rng, rows = random.Random(opts.seed), []
+    with open(work / "trials.jsonl", "a") as f:
+        for i in range(opts.trials):
+            s = setups[i % len(setups)]
+            outs, wall, tol = refs[s]
+            row = trial(i, work, s, opts, outs, wall, tol, rng)
+            rows.append(row)
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            print(json.dumps(row), flush=True)
+    print(summary(rows))
+    print(f"tolerance per setup (two uninterrupted runs' own gap, or --tol): "
+          + ", ".join(f"{s} {refs[s][2]:.3g}" for s in setups))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
