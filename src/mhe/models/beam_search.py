@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from mhe.attention import masks
 from mhe.attention.folding import inference_view, weights_version
 from mhe.attention.kernels import decode_kernel
-from mhe.errors import MheError
-from mhe.models.captured_step import StepRunner, resolve_mode
+from mhe.errors import MheError, checked_keywords
+from mhe.models.captured_step import StepRunner, check_compile_options, resolve_mode
 from mhe.models.outputs import as_bool_mask
 
 __all__ = ["CUDA_BEAM_MODE", "SOURCE_BUCKET", "WINDOW", "BeamSearcher", "BeamSession", "beam_search",
@@ -47,6 +47,7 @@ def source_bucket(s: int) -> int:
     return -(-s // SOURCE_BUCKET) * SOURCE_BUCKET
 
 
+@checked_keywords
 @torch.no_grad()
 def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, *, bos_id: int, eos_id: int,
                 beam: int = 4, max_len: int = 100, alpha: float = 0.6, step_mode: str = "auto",
@@ -114,7 +115,7 @@ class BeamSearcher:
     weights change."""
 
     def __init__(self, model, *, step_mode: str = "auto", compile_options: dict | None = None) -> None:
-        self.model, self.step_mode, self.compile_options = model, step_mode, compile_options
+        self.model, self.step_mode, self.compile_options = model, step_mode, check_compile_options(compile_options)
         self.view, self.sessions, self._version = None, {}, None
 
     def session(self, *, b: int, beam: int, src_len: int, max_len: int, eos_id: int) -> "BeamSession":

@@ -41,8 +41,9 @@ import torch
 from mhe.attention import kernels, masks
 from mhe.attention.folding import inference_view, shared_copy, weights_version
 from mhe.attention.fused_projections import fuse_projections
-from mhe.errors import MheError, require_positive
-from mhe.models.captured_step import StepRunner, compile_step, default_compile_options, resolve_mode, restorer
+from mhe.errors import MheError, checked_keywords, require_positive
+from mhe.models.captured_step import (StepRunner, check_compile_options, compile_step, default_compile_options,
+                                      resolve_mode, restorer)
 from mhe.models.outputs import as_bool_mask
 
 __all__ = ["CHECK_EVERY", "GenerateOutput", "Generator", "Rule", "SamplingConfig", "TokenState", "default_session",
@@ -75,6 +76,7 @@ class GenerateOutput:
         return ["stop" if s else "length" for s in self.stopped.tolist()]
 
 
+@checked_keywords
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_mask: torch.Tensor | None = None,
              stop_ids: Sequence[int] = (), pad_id: int | None = None, min_new_tokens: int = 0,
@@ -209,6 +211,7 @@ class Generator:
             which keep the configured kernels.
     """
 
+    @checked_keywords
     def __init__(self, model, batch: int, max_len: int, *, step_mode: str = "auto", kernel: str | None = None,
                  compile_options: dict | None = None) -> None:
         require_positive(batch=batch, max_len=max_len)
@@ -218,7 +221,7 @@ class Generator:
         self.dtype, self.device = p.dtype, p.device  # of the weights, and so of the caches
         self.mode = resolve_mode(step_mode, self.device)
         self.kernel = kernels.check_kernel(kernel) if kernel is not None else None
-        self.compile_options = default_compile_options(batch, self.device, compile_options)
+        self.compile_options = default_compile_options(batch, self.device, check_compile_options(compile_options))
         self.options = {"step_mode": self.mode, "kernel": self.kernel, "compile_options": compile_options}
         self.view, self.caches, self.padded = None, None, False
         self.key_mask = torch.ones(batch, max_len, dtype=torch.bool, device=self.device)  # [B, L] over the caches
