@@ -158,10 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if COMMANDS[args.command].torch:
+        try:
+            check_launch_env()  # WORLD_SIZE/RANK without the rest: no torchrun, so every process says so
+        except MheError as e:
+            print(f"mhe {args.command}: error: {e}", file=sys.stderr)
+            return 2
     try:
         setting_threads()  # MHE_THREADS: one setting for every command, checked first (mhe.runtime)
-        if COMMANDS[args.command].torch:
-            check_launch_env()  # WORLD_SIZE/RANK without the rest: one line before any work
         if COMMANDS[args.command].torch:
             configure_threads_on_import()  # applied when torch loads: a setting's error comes before it
         # under torchrun only rank 0 prints results (messages and errors still go to standard error)

@@ -1,0 +1,149 @@
+"""Bad input on the newest paths (issue 63): each class is one line and exit 2 on the command line
+(``MheError`` in the API), nothing left behind: an output that cannot be written (tried by creating
+the temporary sibling the write will use, not guessed from permissions), a ``config.json`` that is
+JSON but not an object, a partial ``torchrun`` environment, a cache setting that names a file, the
+export API's unwritable place and failed write, malformed ``compile_options``, keyword mistakes of
+``generate``/``beam_search``/``Generator``, and ``mhe run --config`` given a run folder's record."""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from mhe.cli import main
+from mhe.errors import MheError
+from mhe.models import build_model
+from mhe.models.beam_search import beam_search
+from mhe.models.generate import generate
+
+# /proc takes no new entries, though os.access says it is writable for root: the probe must try
+UNWRITABLE = Path("/proc/mhe-no-such-folder")
+needs_proc = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs a /proc that takes no new folders")
+
+
+def _one_line(capsys, *parts):
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    for part in parts:
+        assert part in err, err
+    return err
+
+
+def _decoder():
+    return build_model("tiny-decoder", vocab_size=40, d_model=16, d_ff=32, n_layers=1, n_heads=2, max_len=32).eval()
+
+
+@needs_proc
+@pytest.mark.parametrize("command", ["export", "convert", "train"])
+def test_an_output_that_cannot_be_written_is_one_line_before_any_work(lm_run, command, capsys):
+    args = {"export": ["export", "--run", str(lm_run), "--out", str(UNWRITABLE)],
+            "convert": ["convert", "--checkpoint", str(lm_run), "--attention", "gqa", "--no-eval", "--out",
+                        str(UNWRITABLE)],
+            "train": ["train", "--task", "recall", "--preset", "tiny-decoder", "--out", str(UNWRITABLE / "run")]}
+    assert main(args[command]) == 2
+    _one_line(capsys, f"--out {UNWRITABLE}", "nothing can be written in /proc")
+
+
+@needs_proc
+def test_the_export_api_refuses_an_unwritable_place_and_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    from mhe.hf import save_model
+    with pytest.raises(MheError, match=re.escape(f"--out {UNWRITABLE}: nothing can be written in /proc")):
+        save_model(_decoder(), UNWRITABLE)
+    # the place is writable, the write fails half way (a full disk): one line, no partial folder left
+    import transformers
+
+    def full_disk(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", full_disk)
+    with pytest.raises(MheError, match="the export could not be written \\(No space left on device\\)"):
+        save_model(_decoder(), tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '"text"', "3"])
+def test_a_config_json_that_is_not_an_object_is_one_line(tmp_path, capsys, content):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(content)
+    assert main(["convert", "--checkpoint", str(tmp_path / "hf"), "--attention", "gqa", "--out",
+                 str(tmp_path / "conv")]) == 2
+    _one_line(capsys, "config.json: must be a JSON object")
+    assert not (tmp_path / "conv").exists()
+    from mhe.hf import import_hf
+    with pytest.raises(MheError, match="must be a JSON object"):
+        import_hf(tmp_path / "hf")
+
+
+@pytest.mark.parametrize("env, named", [({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 set, RANK, MASTER_ADDR, MASTER_PORT not"),
+                                        ({"RANK": "1"}, "RANK=1 set, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not"),
+                                        ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1"},
+                                         "MASTER_PORT not")])
+def test_a_partial_distributed_environment_is_one_line(tmp_path, monkeypatch, capsys, env, named):
+    for key in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "run"
+    assert main(["train", "--task", "recall", "--preset", "tiny-decoder", "--out", str(out),
+                 "--set", "train.steps=1"]) == 2
+    _one_line(capsys, "a partial distributed environment", named, "launch with torchrun")
+    assert not out.exists()
+    from mhe.training.distributed import setup
+    with pytest.raises(MheError, match="a partial distributed environment"):
+        setup("cpu")
+
+
+def test_a_cache_setting_that_names_a_file_is_one_line_and_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
+    from conftest import require_data
+    root = require_data("ptb/ptb.train.txt.gz", "ptb/ptb.valid.txt.gz", "ptb/ptb.test.txt.gz")
+    (tmp_path / "cache").write_text("a file")
+    for setting in (tmp_path / "cache", tmp_path / "cache" / "below"):
+        monkeypatch.setenv("MHE_CACHE_DIR", str(setting))
+        out = tmp_path / "run"
+        assert main(["pretrain", "--preset", "tiny-decoder", "--data", "ptb", "--data-dir", str(root), "--out",
+                     str(out), "--set", "train.steps=1", "--set", "data.limit_lines=50", "--set", "model.n_layers=1",
+                     "--set", "model.max_len=16"]) == 2
+        _one_line(capsys, f"MHE_CACHE_DIR={setting}: {tmp_path / 'cache'} is a file, not a folder")
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("options, match", [
+    ("fast", "compile_options must be a dict of torch.compile keywords (mode, options, backend, disable), got str"),
+    ([1], "compile_options must be a dict"),
+    ({"bogus": 1}, "compile_options has no key 'bogus'; valid: mode, options, backend, disable"),
+    ({"mode": "nope"}, "unknown compile_options mode 'nope'; valid: default, reduce-overhead"),
+    ({"options": "x"}, "compile_options['options'] must be a dict of inductor settings, got str"),
+])
+def test_malformed_compile_options_are_one_line_before_any_compilation(options, match):
+    model, ids = _decoder(), torch.tensor([[1, 2, 3]])
+    with pytest.raises(MheError, match=re.escape(match)):
+        model.generate(ids, 2, step_mode="compile", compile_options=options)
+    with pytest.raises(MheError, match=re.escape(match)):
+        model.generator(1, 8, step_mode="compile", compile_options=options)
+
+
+def test_keyword_mistakes_name_the_keyword_and_the_allowed_ones():
+    model, ids = _decoder(), torch.tensor([[1, 2, 3]])
+    with pytest.raises(MheError, match=r"^generate\(\) has no keyword 'beams'; valid: .*max_new_tokens, attention_mask"):
+        model.generate(ids, 2, beams=4)
+    with pytest.raises(MheError, match=r"^generate\(\) has no keyword 'num_beams'; valid: .*do_sample, temperature"):
+        generate(model, ids, 2, num_beams=4)
+    with pytest.raises(MheError, match=r"^Generator\(\) has no keyword 'beams'; valid: .*step_mode, kernel"):
+        model.generator(1, 8, beams=2)
+    s2s = build_model("tiny-encoder-decoder", vocab_size=40, d_model=16, d_ff=32, n_layers=1, n_heads=2,
+                      max_len=16).eval()
+    with pytest.raises(MheError, match=r"^beam_search\(\) has no keyword 'beams'; valid: .*beam, max_len, alpha"):
+        beam_search(s2s, ids, bos_id=1, eos_id=2, beams=4)
+    assert generate(model, ids, 2).shape == (1, 5)  # the right keywords still work
+
+
+def test_run_config_given_a_run_folders_config_json_points_at_run_json(lm_run, tmp_path, capsys):
+    assert main(["run", "--config", str(lm_run / "config.json"), "--out", str(tmp_path / "again")]) == 2
+    _one_line(capsys, "is a run folder's config.json (the record of a run), not a run configuration",
+              "--config takes a run.json")
+    assert not (tmp_path / "again").exists()
+    assert json.loads((lm_run / "config.json").read_text())["run"]  # the record it pointed at
