@@ -147,3 +147,36 @@ def test_run_config_given_a_run_folders_config_json_points_at_run_json(lm_run, t
               "--config takes a run.json")
     assert not (tmp_path / "again").exists()
     assert json.loads((lm_run / "config.json").read_text())["run"]  # the record it pointed at
+
+
+# ---------------------------------------------------------------- options the output ignores
+def test_a_family_that_the_format_or_architecture_ignores_is_refused(lm_run, tmp_path, capsys):
+    """--family picks a Llama-style class of --format standard: with remote-code, or for a GPT-2-shaped
+    model, it would be dropped without a word."""
+    assert main(["export", "--run", str(lm_run), "--out", str(tmp_path / "a"), "--family", "qwen2"]) == 2
+    _one_line(capsys, "--family qwen2 applies to --format standard", "drop --family")
+    assert main(["export", "--run", str(lm_run), "--out", str(tmp_path / "b"), "--format", "standard",
+                 "--family", "llama"]) == 2
+    _one_line(capsys, "--family llama chooses among Llama-style classes (rotary positions); this decoder")
+    assert list(tmp_path.iterdir()) == []
+    from mhe.hf import export_hf, save_model
+    gpt2_shaped = build_model("gpt2-base", vocab_size=40, d_model=16, d_ff=32, n_layers=1, n_heads=2, max_len=16)
+    with pytest.raises(MheError, match="family='mistral' chooses among Llama-style classes"):
+        export_hf(gpt2_shaped, "mistral")
+    with pytest.raises(MheError, match="--family llama applies to --format standard"):
+        save_model(gpt2_shaped, tmp_path / "c", family="llama")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_convert_refuses_a_split_it_would_not_score_and_notes_an_alignment_it_would_not_do(lm_run, tmp_path, capsys):
+    assert main(["convert", "--checkpoint", str(lm_run), "--attention", "gqa", "--no-eval", "--split", "test",
+                 "--out", str(tmp_path / "a")]) == 2
+    _one_line(capsys, "--split test names the split scored, and --no-eval scores none")
+    assert not (tmp_path / "a").exists()
+    pytest.importorskip("transformers")
+    from test_convert_hf_folders import _llama
+    _llama(tmp_path / "hf")
+    capsys.readouterr()
+    assert main(["convert", "--checkpoint", str(tmp_path / "hf"), "--attention", "gqa", "--naive", "--no-align",
+                 "--out", str(tmp_path / "b")]) == 0
+    assert "note: --no-align changes nothing here (--naive writes the mean of the heads" in capsys.readouterr().err

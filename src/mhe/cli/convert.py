@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from mhe.convert.options import MINIMISES, SPLITS, TARGETS, parse_option_sets
+from mhe.errors import MheError
 from mhe.experiments.tables import print_table
 from mhe.output_paths import default_run_dir
 
@@ -35,7 +36,7 @@ def convert_args(p):
                         "embeddings zero (the baseline the report compares with)")
     p.add_argument("--no-eval", dest="evaluate", action="store_false",
                    help="skip scoring the source and the converted model (no corpus is read unless calibrating)")
-    p.add_argument("--split", default="valid", choices=SPLITS,
+    p.add_argument("--split", default=None, choices=SPLITS,
                    help="the held-out split scored before and after conversion (default valid)")
     p.add_argument("--calibration", type=int, default=32,
                    help="training sequences whose attention inputs fit MHE-Add's head offsets and measure the "
@@ -57,8 +58,9 @@ def cmd_convert(args) -> int:
 
     out = args.out or str(default_run_dir("convert", Path(args.checkpoint).resolve().name, args.attention))
     options = parse_option_sets(args.attention, args.set)  # before anything is read
+    ignored_options(args)
     opts = ConvertOptions(kind=args.attention, n_kv_heads=args.n_kv_heads, options=options, align=args.align,
-                          naive=args.naive, evaluate=args.evaluate, split=args.split, calibration=args.calibration,
+                          naive=args.naive, evaluate=args.evaluate, split=args.split or "valid", calibration=args.calibration,
                           data=args.data, data_dir=args.data_dir, device=args.device, tokenizer=args.tokenizer)
     report = convert_run(args.checkpoint, out, opts, log=lambda m: print(m, file=sys.stderr))
     what = "naive initialisation" if args.naive else "fit"
@@ -82,3 +84,14 @@ def cmd_convert(args) -> int:
         print(f"\nnot scored: {report.options.get('not_scored', '--no-eval')}")
     print(f"\nwrote {out}")
     return 0
+
+
+def ignored_options(args) -> None:
+    """Options the chosen conversion would not use: refused where they change what the user
+    expects to get (``--split`` with ``--no-eval``: no score at all), noted on standard error where
+    harmless (``--no-align`` where nothing is aligned: the naive initialisation, or an sha target)."""
+    if args.split is not None and not args.evaluate:
+        raise MheError(f"--split {args.split} names the split scored, and --no-eval scores none: drop one of them")
+    if not args.align and (args.naive or args.attention == "sha"):
+        why = "--naive writes the mean of the heads" if args.naive else "sha's fit does not depend on rotations"
+        print(f"note: --no-align changes nothing here ({why}, nothing is aligned)", file=sys.stderr)

@@ -80,6 +80,9 @@ def to_standard(model, family: str | None = None):
     from mhe.hf.weights import export_hf
 
     cfg = model.cfg
+    if family is not None and cfg.positions != "rotary":
+        raise MheError(f"--family {family} chooses among Llama-style classes (rotary positions); this {cfg.arch} "
+                       f"({cfg.positions} positions) exports as GPT-2/BERT/GPTBigCode: drop --family")
     try:
         if cfg.positions != "rotary" and cfg.arch == "decoder" and cfg.attention in BIGCODE_KINDS:
             return export_bigcode(model)
@@ -115,6 +118,9 @@ def save_model(model, out: str | Path, *, format: str = "remote-code", tokenizer
 
     if format not in FORMATS:
         raise one_of("export format", format, FORMATS)
+    if family is not None and format != "standard":
+        raise MheError(f"--family {family} applies to --format standard (the transformers class written); "
+                       f"--format {format} writes mhe's own classes: drop --family")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise MheError(f"--out {out} already exists and is not an empty folder; choose a new folder")

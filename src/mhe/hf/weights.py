@@ -284,6 +284,9 @@ def export_hf(model, family: str | None = None, *, tokenizer=None):
 
     cfg = model.cfg
     llama = cfg.positions == "rotary"
+    if family is not None and not llama:
+        raise MheError(f"family={family!r} chooses among Llama-style classes (rotary positions); this {cfg.arch} "
+                       "exports as GPT-2/BERT: drop family")
     name = llama_class(cfg, family) if llama else MHE_HEADS.get((cfg.arch, cfg.head))
     config = llama_hf_config(cfg, name) if llama else hf_config(cfg)
     hf = getattr(transformers, name)(config)
