@@ -1,20 +1,23 @@
 """Kill training at random moments and check that nothing is lost (issue 63).
 
-Each trial starts a small ``mhe train`` run (the synthetic recall task: no data files), sends it
-SIGKILL, SIGTERM or SIGINT at a random moment, or as soon as a checkpoint write has begun (its
-temporary folder appeared), then resumes it with ``--resume`` until it finishes, as a user would.
+Each trial starts a small ``mhe train`` run (the synthetic recall task: no data files; a
+checkpoint every step), and sends it SIGKILL, SIGTERM or SIGINT once checkpoint K (drawn
+uniformly over the run) exists: at once or up to 50 ms later (``random``; K = 0: a random moment
+of the start-up), or as soon as the next checkpoint write has begun, its temporary folder there
+(``write``). It then resumes the run with ``--resume`` until it finishes, as a user would.
 The trial passes when
 
 * every checkpoint folder the kill left under ``checkpoints/`` is sealed and whole (a torn one
   would be named ``step-N`` without a valid manifest) or was set aside by the resume;
+* no worker outlives its launcher by more than a minute (a signalled worker saves and exits);
 * the resumed run's ``metrics.jsonl`` holds every step once, and each step's loss and gradient
   norm equal the uninterrupted reference run's (bit for bit when two uninterrupted runs agree bit
   for bit, as on the CPU; else within the larger of their own run-to-run gap and ``--tol``);
 * its final weights equal the reference's to the same rule.
 
 Setups: ``single`` (one process), ``ddp`` and ``fsdp`` (``torchrun --nproc-per-node N``, gloo
-on the CPU, NCCL with ``--device cuda``); a signal goes to the whole process group (a job
-scheduler's SIGTERM, a terminal's Ctrl-C, a lost node). One JSON line per trial goes to
+on the CPU, NCCL with ``--device cuda``); a signal goes to the launcher and every worker (a job
+scheduler's SIGTERM to the job, a lost node; torchrun's workers run in sessions of their own). One JSON line per trial goes to
 ``WORK/trials.jsonl`` and a summary is printed::
 
     python benchmarks/kill_trials.py --trials 100 --setups single,ddp,fsdp --work /tmp/kills
@@ -122,26 +125,86 @@ def gap(a, b) -> float:
     return max((abs(x[key] - y[key]) for x, y in zip(a, b) for key in ("loss", "grad_norm")), default=0.0)
 
 
-def kill(proc: subprocess.Popen, out: Path, moment: str, sig: str, wall_s: float, rng: random.Random) -> float:
-    """Send ``sig`` to the run's process group at ``moment``; returns seconds after start (-1: it
-    had finished first)."""
-    t0 = time.monotonic()
+def progress(out: Path) -> int:
+    """The newest checkpoint's step (one is saved every step), -1 before the first."""
+    steps = [int(p.name[5:]) for p in _folders(out / "checkpoints") if p.name.startswith("step-") and p.name[5:].isdigit()]
+    return max(steps, default=-1)
+
+
+def writing(out: Path) -> bool:
+    """Whether a checkpoint write is under way (its temporary folder is there)."""
+    return any(p.name.startswith(".tmp-") for p in _folders(out / "checkpoints"))
+
+
+def wait_for_moment(proc: subprocess.Popen, out: Path, moment: str, after: int, wall_s: float,
+                    rng: random.Random) -> None:
+    """Return at the kill's moment: once checkpoint ``after`` exists (``after`` 0: a random moment
+    of the start-up, before any), then at once plus up to a step's time (``random``) or as soon
+    as the next checkpoint write has begun (``write``)."""
+    if after == 0 and moment == "random":
+        time.sleep(rng.uniform(0.0, 0.9) * wall_s)
+        return
+    while after and proc.poll() is None and progress(out) < after:
+        time.sleep(0.001)
     if moment == "random":
-        deadline = t0 + rng.uniform(0.05, 1.0) * wall_s
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.002)
-    else:  # the first write after a random moment of the run's first three quarters
-        time.sleep(rng.uniform(0.0, 0.75) * wall_s)
-        while proc.poll() is None and not any(p.name.startswith(".tmp-") for p in _folders(out / "checkpoints")):
-            time.sleep(0.0005)
-        time.sleep(rng.uniform(0.0, 0.01))
-    if proc.poll() is not None:
-        return -1.0
+        time.sleep(rng.uniform(0.0, 0.05))
+        return
+    while proc.poll() is None and not writing(out):
+        time.sleep(0.0002)
+    time.sleep(rng.uniform(0.0, 0.005))
+
+
+def processes(root: int) -> list[int]:
+    """``root`` and every process below it (the launcher's workers run in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def alive(pid: int) -> bool:
     try:
-        os.killpg(proc.pid, SIGNALS[sig])
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return -1.0
-    return time.monotonic() - t0
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+def kill(proc: subprocess.Popen, sig: str) -> list[int]:
+    """Send ``sig`` to the launcher and every worker (a scheduler's signal to the job, a lost
+    node); returns the processes signalled (empty: the run had finished first)."""
+    if proc.poll() is not None:
+        return []
+    pids = processes(proc.pid)
+    for pid in pids:
+        try:
+            os.kill(pid, SIGNALS[sig])
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def stragglers(pids: list[int], limit_s: float = 60.0) -> int:
+    """How many of ``pids`` are still alive ``limit_s`` after the launcher ended (a worker left
+    hanging); those are killed, so that none writes into the folder the resume uses."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    left = [p for p in pids if alive(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return len(left)
 
 
 def _folders(path: Path) -> list[Path]:
@@ -172,12 +235,15 @@ def resume(out: Path, setup: str, nproc: int, steps: int, device: str, log: Path
 
 def trial(i: int, work: Path, setup: str, opts, refs: list, wall_s: float, tol: float, rng: random.Random) -> dict:
     """One kill and resume; the record of what happened and whether anything was lost."""
-    sig, moment = rng.choice(sorted(SIGNALS)), rng.choice(MOMENTS)
+    sig, moment, after = rng.choice(sorted(SIGNALS)), rng.choice(MOMENTS), rng.randrange(opts.steps - 1)
     out, log = work / f"trial-{i:03d}-{setup}", work / f"trial-{i:03d}-{setup}.log"
     shutil.rmtree(out, ignore_errors=True)
+    t0 = time.monotonic()
     proc = start(run_args(out, opts.steps, opts.device, setup), setup, opts.nproc, log)
-    at = kill(proc, out, moment, sig, wall_s, rng)
+    wait_for_moment(proc, out, moment, after, wall_s, rng)
+    at, in_write, pids = time.monotonic() - t0, writing(out), kill(proc, sig)
     killed_code = finish(proc)
+    hung = stragglers(pids)
     sealed, torn = left_checkpoints(out)
     steps_logged = len(records(out))
     code = resume(out, setup, opts.nproc, opts.steps, opts.device, log)
@@ -186,9 +252,10 @@ def trial(i: int, work: Path, setup: str, opts, refs: list, wall_s: float, tol: 
     loss_gap = gap(got, want) if complete else math.inf
     weight_gap = gap(final_weights(out, opts.steps), final_weights(refs[0], opts.steps)) if complete else math.inf
     rejected = sum(1 for p in _folders(out / "checkpoints") if ".rejected-" in p.name)
-    ok = complete and loss_gap <= tol and weight_gap <= tol
+    ok = complete and loss_gap <= tol and weight_gap <= tol and hung == 0
     row = {"trial": i, "setup": setup, "nproc": 1 if setup == "single" else opts.nproc, "device": opts.device,
-           "signal": sig, "moment": moment, "at_s": round(at, 3), "killed_exit": killed_code,
+           "signal": sig, "moment": moment, "after_checkpoint": after, "at_s": round(at, 3) if pids else -1.0,
+           "write_under_way": in_write, "killed_exit": killed_code, "hung_workers": hung,
            "steps_logged_at_kill": steps_logged, "sealed_left": sealed, "torn_left": torn, "set_aside": rejected,
            "resume_exit": code, "loss_gap": loss_gap, "weight_gap": weight_gap, "tolerance": tol, "ok": ok}
     if ok and not opts.keep:
@@ -197,18 +264,21 @@ def trial(i: int, work: Path, setup: str, opts, refs: list, wall_s: float, tol: 
 
 
 def summary(rows: list[dict]) -> str:
-    """Counts per setup and signal: trials, kills that landed, passes, the largest gaps."""
-    lines = ["setup   signal   trials  landed  in-write  torn-left  set-aside  passed  max loss gap  max weight gap"]
+    """Counts per setup and signal: trials, kills that landed (the run not yet finished), those
+    during a checkpoint write, torn checkpoints left, checkpoints a resume set aside, workers left
+    hanging, passes, the largest gaps."""
+    lines = ["| setup | signal | trials | landed | in a write | torn left | set aside | hung | passed | max loss gap "
+             "| max weight gap |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for setup in sorted({r["setup"] for r in rows}):
         for sig in sorted(SIGNALS):
             rs = [r for r in rows if r["setup"] == setup and r["signal"] == sig]
             if not rs:
                 continue
             landed = [r for r in rs if r["at_s"] >= 0]
-            lines.append(f"{setup:<7} {sig:<8} {len(rs):>6}  {len(landed):>6}  "
-                         f"{sum(r['moment'] == 'write' for r in landed):>8}  {sum(r['torn_left'] for r in rs):>9}  "
-                         f"{sum(r['set_aside'] for r in rs):>9}  {sum(r['ok'] for r in rs):>6}  "
-                         f"{max(r['loss_gap'] for r in rs):>12.3g}  {max(r['weight_gap'] for r in rs):>14.3g}")
+            counts = (len(rs), len(landed), sum(r["write_under_way"] for r in landed), sum(r["torn_left"] for r in rs),
+                      sum(r["set_aside"] for r in rs), sum(r["hung_workers"] for r in rs), sum(r["ok"] for r in rs))
+            lines.append(f"| {setup} | {sig} | " + " | ".join(map(str, counts))
+                         + f" | {max(r['loss_gap'] for r in rs):.3g} | {max(r['weight_gap'] for r in rs):.3g} |")
     return "\n".join(lines)
 
 
