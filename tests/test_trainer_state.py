@@ -70,6 +70,32 @@ class ScriptedTask(RecallTask):
 
 
 # ---------------------------------------------------------------- the state object
+def test_a_kill_while_an_old_checkpoint_is_deleted_leaves_no_torn_checkpoint(tmp_path, monkeypatch):
+    """Pruning past keep_last deletes file by file; killed half way (found by benchmarks/kill_trials.py
+    under DDP), the old folder must not stay behind under its step-N name without its manifest."""
+    model = torch.nn.Linear(3, 2)
+    opt, sched = build_optimizer(model, tiny_run().train)
+    state = TrainerState(opt, sched, BatchOrder(64, 8, seed=1), config_hash="abc")
+    for step in (1, 2):
+        state.step = step
+        ckpt.save_checkpoint(tmp_path, model=model, state=state.state_dict(), keep_last=2)
+
+    def killed_half_way(path, ignore_errors=False):  # the manifest goes first, then the process dies
+        (Path(path) / "manifest.json").unlink()
+        raise KeyboardInterrupt
+    import mhe.training.atomic as atomic
+    monkeypatch.setattr(atomic.shutil, "rmtree", killed_half_way)
+    state.step = 3
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_checkpoint(tmp_path, model=model, state=state.state_dict(), keep_last=2)
+    monkeypatch.undo()
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path)]
+    assert names == ["step-00000002", "step-00000003"]
+    assert all(verify(p) is None for p in ckpt.list_checkpoints(tmp_path))
+    from mhe.training.atomic import remove_temporaries
+    assert [p.name.startswith(".tmp-removed-step-00000001") for p in remove_temporaries(tmp_path)] == [True]
+
+
 def test_trainer_state_round_trips_through_a_checkpoint(tmp_path):
     model = torch.nn.Linear(3, 2)
     cfg = tiny_run().train
