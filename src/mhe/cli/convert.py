@@ -60,7 +60,8 @@ def cmd_convert(args) -> int:
     options = parse_option_sets(args.attention, args.set)  # before anything is read
     ignored_options(args)
     opts = ConvertOptions(kind=args.attention, n_kv_heads=args.n_kv_heads, options=options, align=args.align,
-                          naive=args.naive, evaluate=args.evaluate, split=args.split or "valid", calibration=args.calibration,
+                          naive=args.naive, evaluate=args.evaluate, split=args.split or "valid",
+                          calibration=args.calibration,
                           data=args.data, data_dir=args.data_dir, device=args.device, tokenizer=args.tokenizer)
     report = convert_run(args.checkpoint, out, opts, log=lambda m: print(m, file=sys.stderr))
     what = "naive initialisation" if args.naive else "fit"
