@@ -180,3 +180,48 @@ def test_convert_refuses_a_split_it_would_not_score_and_notes_an_alignment_it_wo
     assert main(["convert", "--checkpoint", str(tmp_path / "hf"), "--attention", "gqa", "--naive", "--no-align",
                  "--out", str(tmp_path / "b")]) == 0
     assert "note: --no-align changes nothing here (--naive writes the mean of the heads" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- strict weight loading
+def _add_tensors(folder, extra):
+    from safetensors.torch import load_file, save_file
+    state = load_file(folder / "model.safetensors")
+    save_file({**state, **extra}, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_stored_tensors_no_parameter_takes_are_refused_unless_named_as_skipped(tmp_path):
+    """A BERT masked-LM folder may carry BERT's pooler and next-sentence head (bert-base does) and
+    GPT-2's old causal-mask buffers: named skips, the logits unchanged. Any other tensor the model
+    has no place for is refused, naming it."""
+    transformers = pytest.importorskip("transformers")
+    from mhe.hf import import_hf
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=16)
+    torch.manual_seed(0)
+    hf = transformers.BertForMaskedLM(cfg).eval()
+    hf.save_pretrained(tmp_path / "bert")
+    _add_tensors(tmp_path / "bert", {"bert.pooler.dense.weight": torch.randn(16, 16),
+                                     "bert.pooler.dense.bias": torch.randn(16),
+                                     "cls.seq_relationship.weight": torch.randn(2, 16),
+                                     "bert.embeddings.position_ids": torch.arange(16)[None]})
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = import_hf(tmp_path / "bert").eval()(ids).logits, hf(ids).logits
+    assert float((ours - theirs).abs().max() / theirs.abs().max()) < 1e-5  # float32: the two libraries' kernels
+    _add_tensors(tmp_path / "bert", {"bert.encoder.layer.1.output.dense.bias": torch.randn(16)})
+    with pytest.raises(MheError, match=re.escape("stores weights config.json's model does not have "
+                                                 "(bert.encoder.layer.1.output.dense.bias)")):
+        import_hf(tmp_path / "bert")
+
+
+def test_an_import_of_a_model_object_refuses_a_mapped_weight_no_parameter_takes():
+    from mhe.hf.weights import load_exact
+    model = torch.nn.Linear(2, 2)
+    state = {"weight": torch.zeros(2, 2), "bias": torch.zeros(2)}
+    load_exact(model, state)
+    extra = {f"extra{i}": torch.zeros(1) for i in range(7)}
+    with pytest.raises(MheError, match=r"^source weights no parameter takes: extra0, extra1, extra2, extra3, extra4 "
+                                       r"and 2 more$"):
+        load_exact(model, {**state, **extra})
+    with pytest.raises(MheError, match=r"^no source weight for bias$"):
+        load_exact(model, {"weight": torch.zeros(2, 2)})
