@@ -97,6 +97,16 @@ def test_a_partial_distributed_environment_is_one_line(tmp_path, monkeypatch, ca
         setup("cpu")
 
 
+def test_a_rendezvous_address_alone_is_noted_and_one_process_trains(tmp_path, monkeypatch, capsys):
+    for key in ("WORLD_SIZE", "RANK", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    assert main(["train", "--task", "recall", "--preset", "tiny-decoder", "--out", str(tmp_path / "run"),
+                 "--set", "train.steps=1", "--set", "model.n_layers=1", "--set", "train.progress=false"]) == 0
+    err = capsys.readouterr().err
+    assert "mhe train: note: MASTER_ADDR=10.0.0.1 set without WORLD_SIZE and RANK: one process" in err
+
+
 def test_a_cache_setting_that_names_a_file_is_one_line_and_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
     from conftest import require_data
     root = require_data("ptb/ptb.train.txt.gz", "ptb/ptb.valid.txt.gz", "ptb/ptb.test.txt.gz")

@@ -127,14 +127,18 @@ DIST_ENV = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
 """What ``torchrun`` sets for every worker: all of them, or (one process) none."""
 
 
-def check_launch_env() -> None:
+def check_launch_env() -> str:
     """A distributed launch's environment is whole or absent: ``WORLD_SIZE`` or ``RANK`` set
     without the rest of :data:`DIST_ENV` (a hand-made or leftover launch) is a one-line error
     naming what is set and what is missing, instead of torch's rendezvous traceback. A
-    ``MASTER_ADDR``/``MASTER_PORT`` alone changes nothing for one process, and is allowed."""
+    ``MASTER_ADDR``/``MASTER_PORT`` alone changes nothing for one process: allowed, and the
+    returned note says so (empty otherwise)."""
     have = [k for k in DIST_ENV if os.environ.get(k, "").strip()]
-    if not {"WORLD_SIZE", "RANK"} & set(have) or len(have) == len(DIST_ENV):
-        return
+    if len(have) == len(DIST_ENV) or not have:
+        return ""
+    if not {"WORLD_SIZE", "RANK"} & set(have):
+        return (f"{', '.join(f'{k}={os.environ[k]}' for k in have)} set without WORLD_SIZE and RANK: one process, "
+                "the address unused")
     missing = [k for k in DIST_ENV if k not in have]
     raise MheError(f"a partial distributed environment: {', '.join(f'{k}={os.environ[k]}' for k in have)} set, "
                    f"{', '.join(missing)} not; launch with torchrun (which sets {', '.join(DIST_ENV)}), or unset "

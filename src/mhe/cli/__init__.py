@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if COMMANDS[args.command].torch:
         try:
-            check_launch_env()  # WORLD_SIZE/RANK without the rest: no torchrun, so every process says so
+            note = check_launch_env()  # WORLD_SIZE/RANK without the rest: no torchrun, every process says so
+            if note:
+                print(f"mhe {args.command}: note: {note}", file=sys.stderr)
         except MheError as e:
             print(f"mhe {args.command}: error: {e}", file=sys.stderr)
             return 2
