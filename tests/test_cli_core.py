@@ -99,7 +99,8 @@ def test_bad_input_from_a_real_process_has_no_traceback():
 def test_under_torchrun_only_rank_0_prints_an_error_and_every_rank_exits_2(monkeypatch, capsys, tmp_path, rank,
                                                                            speaks):
     """Both kinds of bad input: a settings error (MheError) and an argument error (argparse)."""
-    monkeypatch.setenv("RANK", rank)
+    for key, value in {"RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(key, value)  # torchrun's whole environment (partial: test_refusals_newest_paths.py)
     assert main(["pretrain", "--preset", "tiny-decoder", "--data", "ptb", "--out", str(tmp_path / "r"),
                  "--set", "train.steps=-1"]) == 2
     with pytest.raises(SystemExit) as exit_:

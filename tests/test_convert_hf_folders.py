@@ -5,6 +5,7 @@ broken folders (issue 46): a truncated or missing ``model.safetensors``, or tens
 than ``config.json``, are one line and exit 2 (``MheError`` from ``import_hf``), no folder written."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -100,7 +101,26 @@ def _other_shapes(path):
     (path / "config.json").write_text(json.dumps(cfg))
 
 
+def _layers(n):
+    def spoil(path):
+        cfg = json.loads((path / "config.json").read_text())
+        cfg["num_hidden_layers"] = n
+        (path / "config.json").write_text(json.dumps(cfg))
+    return spoil
+
+
+def _pickle_only(path):
+    from safetensors.torch import load_file
+    torch.save(load_file(path / "model.safetensors"), path / "pytorch_model.bin")
+    (path / "model.safetensors").unlink()
+
+
 @pytest.mark.parametrize("spoil, match", [
+    (_layers(3), "config.json's model has weights the folder does not store (model.layers.2.self_attn.q_proj.weight, "
+                 "model.layers.2.self_attn.k_proj.weight, model.layers.2.self_attn.v_proj.weight, "
+                 "model.layers.2.self_attn.o_proj.weight, model.layers.2.mlp.gate_proj.weight and 4 more)"),
+    (_layers(1), "the folder stores weights config.json's model does not have (model.layers.1."),
+    (_pickle_only, "holds its weights only as pytorch_model.bin (a pickle, not opened"),
     (_truncated, "model.safetensors is truncated"),
     (_missing, "has no weights: none of model.safetensors"),
     (_other_shapes, "mlp.down_proj.weight has shape [32, 48], its config.json gives [32, 40]"),
@@ -114,7 +134,7 @@ def test_a_broken_folder_is_one_line_before_any_folder_is_written(tmp_path, caps
     assert err.count("\n") == 0 and match in err, err
     assert not (tmp_path / "conv").exists()
     from mhe.hf import import_hf
-    with pytest.raises(MheError, match=match.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(MheError, match=re.escape(match)):
         import_hf(tmp_path / "hf")
 
 

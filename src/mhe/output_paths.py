@@ -68,17 +68,26 @@ def free_name(path: str | os.PathLike) -> Path:
     return path.with_name(f"{path.name}-{n}")
 
 
-def check_output_dir(path: str | os.PathLike, option: str = "--out") -> Path:
+def check_output_dir(path: str | os.PathLike, option: str = "--out", *, temp: str = "") -> Path:
     """A folder a run may write into: an existing folder, or a path whose nearest existing
-    ancestor is a writable folder (it is created later, by the run)."""
+    ancestor is a writable folder (it is created later, by the run). Writing is tried, not
+    guessed from permissions (which a file system mounted read-only, or ``/proc``, answer
+    wrongly for root): the folder ``temp`` (the temporary sibling the atomic write of ``path``
+    will use; default a probe of its own) is created and removed beside ``path``, or, where its
+    parent does not exist yet, a probe in the nearest existing ancestor. Nothing is left behind."""
     path = Path(path)
     if path.exists():
         if not path.is_dir():
             raise MheError(f"{option} {path} is an existing file, not a folder")
         if not os.access(path, os.W_OK | os.X_OK):
             raise MheError(f"{option} {path}: folder is not writable")
+        _probe(path if not temp else path.parent, temp or f".probe-{os.getpid()}", option, path)
         return path
     _writable_parent(path, option)
+    where = path.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    _probe(where, temp if where == path.parent and temp else f".probe-{os.getpid()}", option, path)
     return path
 
 
@@ -88,6 +97,18 @@ def check_empty_out(path: str | os.PathLike, option: str = "--out") -> Path:
     if path.exists() and any(path.iterdir()):
         raise MheError(f"{option} {path} is not empty; choose another {option} ({free_name(path)} is free)")
     return path
+
+
+def _probe(where: Path, name: str, option: str, path: Path) -> None:
+    """Create and remove the folder ``where/name``: a write that would fail fails now, in one line."""
+    probe = where / name
+    try:
+        probe.mkdir()
+    except FileExistsError:  # a folder of that name (a killed writer's) is there: writing worked once
+        return
+    except OSError as e:
+        raise MheError(f"{option} {path}: nothing can be written in {where} ({e.strerror or e})") from None
+    probe.rmdir()
 
 
 def check_output_file(path: str | os.PathLike, option: str, *, suffixes: tuple[str, ...] = (),

@@ -103,13 +103,46 @@ def worker_threads(workers: int) -> int:
 
 def cache_root() -> Path | None:
     """Where runs keep what a later run of the same inputs reuses: ``MHE_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/mhe``, else ``~/.cache/mhe``; None for ``MHE_CACHE_DIR=off`` (nothing kept)."""
+    ``$XDG_CACHE_HOME/mhe``, else ``~/.cache/mhe``; None for ``MHE_CACHE_DIR=off`` (nothing kept).
+    A path that is, or lies under, a file is a one-line error naming the setting."""
     raw = os.environ.get(CACHE_ENV, "").strip()
     if raw.lower() in CACHE_OFF:
         return None
     if raw:
-        return Path(raw).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mhe"
+        root, setting = Path(raw).expanduser(), f"{CACHE_ENV}={raw}"
+    else:
+        home = os.environ.get("XDG_CACHE_HOME")
+        root = Path(home or Path.home() / ".cache") / "mhe"
+        setting = f"XDG_CACHE_HOME={home}" if home else f"the default cache folder {root}"
+    for place in (root, *root.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise MheError(f"{setting}: {place} is a file, not a folder; give a folder (or {CACHE_ENV}=off "
+                               "to keep nothing)")
+            break
+    return root
+
+
+DIST_ENV = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
+"""What ``torchrun`` sets for every worker: all of them, or (one process) none."""
+
+
+def check_launch_env() -> str:
+    """A distributed launch's environment is whole or absent: ``WORLD_SIZE`` or ``RANK`` set
+    without the rest of :data:`DIST_ENV` (a hand-made or leftover launch) is a one-line error
+    naming what is set and what is missing, instead of torch's rendezvous traceback. A
+    ``MASTER_ADDR``/``MASTER_PORT`` alone changes nothing for one process: allowed, and the
+    returned note says so (empty otherwise)."""
+    have = [k for k in DIST_ENV if os.environ.get(k, "").strip()]
+    if len(have) == len(DIST_ENV) or not have:
+        return ""
+    if not {"WORLD_SIZE", "RANK"} & set(have):
+        return (f"{', '.join(f'{k}={os.environ[k]}' for k in have)} set without WORLD_SIZE and RANK: one process, "
+                "the address unused")
+    missing = [k for k in DIST_ENV if k not in have]
+    raise MheError(f"a partial distributed environment: {', '.join(f'{k}={os.environ[k]}' for k in have)} set, "
+                   f"{', '.join(missing)} not; launch with torchrun (which sets {', '.join(DIST_ENV)}), or unset "
+                   f"{', '.join(have)} to run one process")
 
 
 def configure_compile_cache() -> str | None:

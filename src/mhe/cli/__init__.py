@@ -20,7 +20,7 @@ import sys
 from typing import Callable, NamedTuple
 
 from mhe.errors import MheError
-from mhe.runtime import configure_threads_on_import, launched_rank, setting_threads
+from mhe.runtime import check_launch_env, configure_threads_on_import, launched_rank, setting_threads
 
 
 def lazy(module: str, name: str) -> Callable:
@@ -158,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if COMMANDS[args.command].torch:
+        try:
+            note = check_launch_env()  # WORLD_SIZE/RANK without the rest: no torchrun, every process says so
+            if note:
+                print(f"mhe {args.command}: note: {note}", file=sys.stderr)
+        except MheError as e:
+            print(f"mhe {args.command}: error: {e}", file=sys.stderr)
+            return 2
     try:
         setting_threads()  # MHE_THREADS: one setting for every command, checked first (mhe.runtime)
         if COMMANDS[args.command].torch:

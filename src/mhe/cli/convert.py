@@ -7,7 +7,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from mhe.attention.spec import attention_spec
 from mhe.convert.options import FITS, MINIMISES, SPLITS, TARGETS, check_request, parse_option_sets
+from mhe.errors import MheError
 from mhe.experiments.tables import print_table
 from mhe.output_paths import check_empty_out, default_run_dir
 from mhe.progress import quiet_library_bars
@@ -44,7 +46,7 @@ def convert_args(p):
     p.add_argument("--fit-lr", type=float, default=1e-3, help="learning rate of --fit outputs (default 1e-3)")
     p.add_argument("--no-eval", dest="evaluate", action="store_false",
                    help="skip scoring the source and the converted model (no corpus is read unless calibrating)")
-    p.add_argument("--split", default="valid", choices=SPLITS,
+    p.add_argument("--split", default=None, choices=SPLITS,
                    help="the held-out split scored before and after conversion (default valid)")
     p.add_argument("--calibration", type=int, default=32,
                    help="training sequences whose attention inputs fit MHE-Add's head offsets and measure the "
@@ -64,6 +66,7 @@ def convert_args(p):
 def cmd_convert(args) -> int:
     out = args.out or str(default_run_dir("convert", Path(args.checkpoint).resolve().name, args.attention))
     options = parse_option_sets(args.attention, args.set)  # before anything is read
+    ignored_options(args)
     check_request(args.checkpoint, args.attention, args.n_kv_heads)  # before torch and any weights
     check_empty_out(out)
     quiet_library_bars()  # transformers' loading bars only on a terminal
@@ -73,7 +76,7 @@ def cmd_convert(args) -> int:
     fit = OutputFit(steps=args.fit_steps, lr=args.fit_lr)  # checked before anything is read
     opts = ConvertOptions(kind=args.attention, n_kv_heads=args.n_kv_heads, options=options, align=args.align,
                           naive=args.naive, output_fit=fit if args.fit == "outputs" else None, evaluate=args.evaluate,
-                          split=args.split, calibration=args.calibration,
+                          split=args.split or "valid", calibration=args.calibration,
                           data=args.data, data_dir=args.data_dir, device=args.device, tokenizer=args.tokenizer)
     report = convert_run(args.checkpoint, out, opts, log=lambda m: print(m, file=sys.stderr))
     what = "naive initialisation" if args.naive else "fit"
@@ -110,3 +113,14 @@ def _print_output_fit(report) -> None:
     print_table(["sublayer", "weight fit (%)", "output fit (%)", "kept"],
                 [[r["sublayer"], f"{100 * r['weight_fit']:.2f}", f"{100 * r['output_fit']:.2f}", r["kept"]]
                  for r in fit["layers"]])
+
+
+def ignored_options(args) -> None:
+    """Options the chosen conversion would not use: refused where they change what the user
+    expects to get (``--split`` with ``--no-eval``: no score at all), noted on standard error where
+    harmless (``--no-align`` where nothing is aligned: the naive initialisation, or an sha target)."""
+    if args.split is not None and not args.evaluate:
+        raise MheError(f"--split {args.split} names the split scored, and --no-eval scores none: drop one of them")
+    if not args.align and (args.naive or attention_spec(args.attention).single_head):
+        why = "--naive writes the mean of the heads" if args.naive else "sha's fit does not depend on rotations"
+        print(f"note: --no-align changes nothing here ({why}, nothing is aligned)", file=sys.stderr)

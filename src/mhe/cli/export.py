@@ -9,6 +9,9 @@ transformers architecture where one holds the model exactly and refuses otherwis
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from mhe.cli.common import add_run_folder_arg
 from mhe.errors import MheError
 from mhe.output_paths import check_output_dir
@@ -31,7 +34,8 @@ def export_args(p):
 
 
 def cmd_export(args) -> int:
-    out = check_output_dir(args.out)  # before torch: path errors answer at once (issue 58)
+    out = check_output_dir(args.out, temp=f".{Path(args.out).name}.partial-{os.getpid()}")  # the folder the
+    # write fills (mhe.hf.export.partial_path), tried before torch: path errors answer at once
     if out.exists() and any(out.iterdir()):
         raise MheError(f"--out {out} already exists and is not an empty folder; choose a new folder")
     locate_run(args.run)

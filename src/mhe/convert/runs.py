@@ -29,7 +29,7 @@ from mhe.convert.stats import input_stats
 from mhe.data.tokenize import save_tokenizer
 from mhe.errors import MheError
 from mhe.output_paths import check_output_dir, free_name
-from mhe.training.atomic import new_temp_folder, write_json_atomic
+from mhe.training.atomic import TMP_PREFIX, new_temp_folder, write_json_atomic
 from mhe.training.checkpoint import save_weights
 from mhe.training.config import RunConfig, option_device
 from mhe.training.run_files import write_run_record
@@ -165,7 +165,7 @@ def convert_run(source_path: str | Path, out: str | Path, opts: ConvertOptions, 
 
 
 def _check_out(out: Path) -> Path:
-    check_output_dir(out)
+    check_output_dir(out, temp=f"{TMP_PREFIX}{out.name}-{os.getpid()}")  # write_run's temporary folder, tried
     if out.exists() and any(out.iterdir()):
         raise MheError(f"--out {out} is not empty; choose another --out ({free_name(out)} is free)")
     return out
@@ -219,7 +219,10 @@ def write_run(out: Path, src: Source, model: nn.Module, report: ConversionReport
         if out.exists():
             out.rmdir()  # empty (checked before any work)
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise MheError(f"--out {out}: the converted run could not be written ({e.strerror or e}); nothing was "
+                           "left there") from None
         raise
     return out

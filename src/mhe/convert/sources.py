@@ -76,7 +76,8 @@ def load_source(path: str | Path, *, data: str = "", data_dir: str = "", tokeniz
 
 def _is_run(path: Path) -> bool:
     """A run folder (its config.json records a run), not a Hugging Face directory."""
-    return is_run_dir(path) and "run" in (read_json(path / "config.json") or {})
+    record = read_json(path / "config.json") if is_run_dir(path) else None
+    return isinstance(record, dict) and "run" in record
 
 
 def _run_source(path: Path, data: str, data_dir: str) -> Source:

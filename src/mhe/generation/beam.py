@@ -24,9 +24,9 @@ from mhe.attention import masks
 from mhe.attention.folding import inference_view, weights_version
 from mhe.attention.kernels import decode_kernel
 from mhe.attention.masks import as_bool_mask
-from mhe.errors import MheError
+from mhe.errors import MheError, checked_keywords
 from mhe.generation.session import DecodeSession
-from mhe.generation.step import note_non_finite, refuse_non_finite, resolve_mode, restorer
+from mhe.generation.step import check_compile_options, note_non_finite, refuse_non_finite, resolve_mode, restorer
 
 __all__ = ["SOURCE_BUCKET", "WINDOW", "BeamSearcher", "BeamSession", "beam_search", "best_hypotheses",
            "length_penalty", "run_steps", "source_bucket"]
@@ -44,6 +44,7 @@ def source_bucket(s: int) -> int:
     return -(-s // SOURCE_BUCKET) * SOURCE_BUCKET
 
 
+@checked_keywords
 @torch.no_grad()
 def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor | None = None, *, bos_id: int, eos_id: int,
                 beam: int = 4, max_len: int = 100, alpha: float = 0.6, step_mode: str = "auto",
@@ -115,7 +116,8 @@ class BeamSearcher(DecodeSession):
     policy = "beam"
 
     def __init__(self, model, *, step_mode: str = "auto", compile_options: dict | None = None) -> None:
-        super().__init__(model, step_mode=step_mode, compile_options=compile_options, keep=SESSIONS * 8)
+        super().__init__(model, step_mode=step_mode, compile_options=check_compile_options(compile_options),
+                         keep=SESSIONS * 8)
         self.step_mode, self.sessions = step_mode, {}
 
     def session(self, *, b: int, beam: int, src_len: int, max_len: int, eos_id: int) -> "BeamSession":

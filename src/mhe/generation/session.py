@@ -35,9 +35,10 @@ from mhe.attention import kernels, masks
 from mhe.attention.folding import inference_view, shared_copy, weights_version
 from mhe.attention.fused_projections import fuse_projections
 from mhe.attention.masks import as_bool_mask
-from mhe.errors import MheError, require_positive
+from mhe.errors import MheError, checked_keywords, require_positive
 from mhe.generation.sampling import Rule, SamplingConfig, TokenState
-from mhe.generation.step import RunnerCache, StepRunner, compile_step, default_compile_options, resolve_mode, restorer
+from mhe.generation.step import (RunnerCache, StepRunner, check_compile_options, compile_step, default_compile_options,
+                                 resolve_mode, restorer)
 
 __all__ = ["CHECK_EVERY", "DecodeSession", "GenerateOutput", "Generator", "default_session", "generate", "left_pad",
            "release_default_sessions"]
@@ -69,6 +70,7 @@ class GenerateOutput:
         return ["stop" if s else "length" for s in self.stopped.tolist()]
 
 
+@checked_keywords
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_mask: torch.Tensor | None = None,
              stop_ids: Sequence[int] = (), pad_id: int | None = None, min_new_tokens: int = 0,
@@ -251,13 +253,14 @@ class Generator(DecodeSession):
             which keep the configured kernels.
     """
 
+    @checked_keywords
     def __init__(self, model, batch: int, max_len: int, *, step_mode: str = "auto", kernel: str | None = None,
                  compile_options: dict | None = None) -> None:
         require_positive(batch=batch, max_len=max_len)
         super().__init__(model, step_mode=step_mode, keep=REGIONS)
         self.batch, self.max_len = batch, max_len
         self.kernel = kernels.check_kernel(kernel) if kernel is not None else None
-        self.compile_options = default_compile_options(batch, self.device, compile_options)
+        self.compile_options = default_compile_options(batch, self.device, check_compile_options(compile_options))
         self.options = {"step_mode": self.mode, "kernel": self.kernel, "compile_options": compile_options}
         self.caches, self.padded = None, False
         self.key_mask = torch.ones(batch, max_len, dtype=torch.bool, device=self.device)  # [B, L] over the caches

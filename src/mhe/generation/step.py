@@ -51,6 +51,38 @@ rows no product qualifies and the tuning only costs compile time, so the default
 row; docs/benchmarks.md section 12 times both."""
 
 
+COMPILE_KEYS = ("mode", "options", "backend", "disable")
+"""``torch.compile``'s keywords a caller may set through ``compile_options`` (``fullgraph`` and
+``dynamic`` are the step's own)."""
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def check_compile_options(given) -> dict | None:
+    """``given`` when it is None or a dict of :data:`COMPILE_KEYS` (``mode`` one of
+    :data:`COMPILE_MODES`, ``options`` a dict of inductor settings, ``backend`` a name or callable,
+    ``disable`` a bool); anything else is a one-line :class:`MheError` naming the bad part and
+    what is allowed, before any compilation (not torch's traceback at the first step)."""
+    if given is None:
+        return None
+    if not isinstance(given, dict):
+        raise MheError(f"compile_options must be a dict of torch.compile keywords ({', '.join(COMPILE_KEYS)}), "
+                       f"got {type(given).__name__} {given!r}")
+    bad = [k for k in given if k not in COMPILE_KEYS]
+    if bad:
+        raise MheError(f"compile_options has no key {bad[0]!r}; valid: {', '.join(COMPILE_KEYS)} (fullgraph and "
+                       "dynamic are fixed by the decode step)")
+    if "mode" in given and given["mode"] not in COMPILE_MODES:
+        raise one_of("compile_options mode", given["mode"], COMPILE_MODES)
+    if "options" in given and not isinstance(given["options"], dict):
+        raise MheError(f"compile_options['options'] must be a dict of inductor settings, got "
+                       f"{type(given['options']).__name__}")
+    if "backend" in given and not (isinstance(given["backend"], str) or callable(given["backend"])):
+        raise MheError(f"compile_options['backend'] must be a backend name or callable, got {given['backend']!r}")
+    if "disable" in given and not isinstance(given["disable"], bool):
+        raise MheError(f"compile_options['disable'] must be true or false, got {given['disable']!r}")
+    return given
+
+
 def default_compile_options(rows: int, device: torch.device, given: dict | None) -> dict | None:
     """``given``, or, where the caller gave none, :data:`ONE_ROW_COMPILE_OPTIONS` for a step of
     one row on CUDA (None otherwise: inductor's defaults)."""
@@ -157,7 +189,7 @@ def compile_step(step: Callable[..., torch.Tensor], *, device: torch.device,
     that decodes with many models or shapes never falls back to eager. If compilation fails
     (no working compiler, an operator inductor cannot lower), one warning says so and the step
     runs its eager kernels, as the trainer does (:mod:`mhe.compile_fallback`)."""
-    opts = dict(options or {})
+    opts = dict(check_compile_options(options) or {})
     if device.type == "cuda" and opts.get("mode") in ("reduce-overhead", "max-autotune"):
         raise MheError(f"compile_options mode {opts['mode']!r} captures CUDA graphs of its own; the decode step "
                        "is captured as one graph already: use 'default' or 'max-autotune-no-cudagraphs'")

@@ -1,6 +1,10 @@
 """A Hugging Face model directory checked before ``from_pretrained`` reads it: its weights file
-is there and whole, and every tensor has the shape its ``config.json`` gives, so a broken folder
-is one line naming what is wrong (``MheError``) instead of a loader's traceback.
+is there and whole, every tensor has the shape its ``config.json`` gives, every parameter of the
+model ``config.json`` describes is stored (a tied copy aside) and every stored tensor is one of
+them (buffers the model recomputes and a masked-LM checkpoint's pre-training-only parts aside,
+:data:`SKIPPED`), so a broken folder, or weights of another depth than its ``config.json``, is one
+line naming what is wrong (``MheError``) instead of a loader's traceback or a silently random or
+dropped layer. Only safetensors is read: a pickle (``pytorch_model.bin``) is refused unopened.
 
 The safetensors layout (the format's specification): 8 bytes, the little-endian length N of a
 JSON header; the header, N bytes, mapping each tensor's name to its ``dtype``, ``shape`` and
@@ -14,9 +18,21 @@ import json
 import struct
 from pathlib import Path
 
-from mhe.errors import MheError
+from mhe.errors import MheError, name_keys
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+SKIPPED = {
+    ".attn.bias": "GPT-2's causal mask buffer (older transformers saved it; rebuilt from the length)",
+    ".attn.masked_bias": "GPT-2's masking constant buffer (older transformers saved it)",
+    ".rotary_emb.inv_freq": "rotary frequencies, recomputed from config.json's rope settings",
+    "embeddings.position_ids": "BERT's position index buffer (0, 1, 2, ...)",
+}
+"""Stored tensor name endings that no parameter takes, deliberately: buffers recomputed from
+``config.json``. A masked-LM model also skips :data:`PRETRAINING_ONLY`."""
+PRETRAINING_ONLY = ("bert.pooler.", "cls.seq_relationship.")
+"""A ``BertForMaskedLM`` folder's pooler and next-sentence head (``bert-base-*`` ship them): parts
+of BERT's pre-training that a masked-LM model does not have."""
 
 
 def safetensors_shapes(path: Path) -> dict[str, list[int]]:
@@ -45,10 +61,10 @@ def safetensors_shapes(path: Path) -> dict[str, list[int]]:
     return {k: list(v["shape"]) for k, v in tensors.items()}
 
 
-def weight_shapes(path: Path) -> dict[str, list[int]] | None:
+def weight_shapes(path: Path) -> dict[str, list[int]]:
     """Every tensor's shape in the directory's safetensors weights (one file or an index of shards),
-    checked whole; None for a ``pytorch_model.bin`` (read by transformers as it is). A directory
-    with no weights file is refused naming the files looked for."""
+    checked whole. A directory with no safetensors weights is refused naming the files looked for
+    (a pickle among them: refused unopened, naming how to re-save it)."""
     if (path / "model.safetensors").is_file():
         return safetensors_shapes(path / "model.safetensors")
     index = path / "model.safetensors.index.json"
@@ -63,23 +79,42 @@ def weight_shapes(path: Path) -> dict[str, list[int]] | None:
                 raise MheError(f"{path} is missing {shard}, a shard {index.name} lists")
             shapes.update(safetensors_shapes(path / shard))
         return shapes
-    if (path / "pytorch_model.bin").is_file():
-        return None
+    pickled = [name for name in PICKLES if (path / name).is_file()]
+    if pickled:
+        raise MheError(f"{path} holds its weights only as {pickled[0]} (a pickle, not opened: loading one can run "
+                       "code); mhe reads safetensors: re-save it with save_pretrained(dir, safe_serialization=True)")
     raise MheError(f"{path} has no weights: none of {', '.join(WEIGHT_FILES)}")
 
 
 def check_shapes(path: Path, model_class, config) -> None:
-    """Every tensor in the directory's weights has the shape ``model_class(config)`` gives it
-    (built on the meta device: no memory); the first that differs is named with both shapes."""
+    """The directory's weights are exactly those of ``model_class(config)`` (built on the meta
+    device: no memory): every tensor has the shape it gives (the first that differs is named with
+    both shapes), every parameter is stored (tied copies aside) and every stored tensor is one of
+    them (:data:`SKIPPED` aside); otherwise one line naming up to five keys and the count of the rest."""
     import torch
 
     shapes = weight_shapes(path)
-    if shapes is None:
-        return
     with torch.device("meta"):
-        expected = {k: list(v.shape) for k, v in model_class(config).state_dict().items()}
+        model = model_class(config)
+    expected = {k: list(v.shape) for k, v in model.state_dict().items()}
     for name, shape in shapes.items():
         want = expected.get(name)
         if want is not None and want != shape:
             raise MheError(f"{path}: tensor {name} has shape {shape}, its config.json gives {want}; the weights "
                            "and config.json are of different models")
+    tied = _tied_copies(model, shapes)
+    missing = [k for k in expected if k not in shapes and k not in tied]
+    extra = PRETRAINING_ONLY if model_class.__name__ == "BertForMaskedLM" else ()
+    unused = [k for k in shapes if k not in expected and not k.endswith(tuple(SKIPPED)) and not k.startswith(extra)]
+    if missing:
+        raise MheError(f"{path}: config.json's model has weights the folder does not store ({name_keys(missing)}); "
+                       "the weights and config.json are of different models (no weight is left at random)")
+    if unused:
+        raise MheError(f"{path}: the folder stores weights config.json's model does not have ({name_keys(unused)}); "
+                       "the weights and config.json are of different models (no stored weight is dropped)")
+
+
+def _tied_copies(model, shapes: dict) -> set[str]:
+    """Parameter names of ``model`` that are the same tensor as a stored one (tied copies)."""
+    stored = {id(p) for k, p in model.named_parameters(remove_duplicate=False) if k in shapes}
+    return {k for k, p in model.named_parameters(remove_duplicate=False) if id(p) in stored}

@@ -80,6 +80,9 @@ def to_standard(model, family: str | None = None):
     from mhe.hf.weights import export_hf
 
     cfg = model.cfg
+    if family is not None and cfg.positions != "rotary":
+        raise MheError(f"--family {family} chooses among Llama-style classes (rotary positions); this {cfg.arch} "
+                       f"({cfg.positions} positions) exports as GPT-2/BERT/GPTBigCode: drop --family")
     try:
         if cfg.positions != "rotary" and cfg.arch == "decoder" and cfg.attention in BIGCODE_KINDS:
             return export_bigcode(model)
@@ -98,38 +101,59 @@ def hf_tokenizer(tokenizer):
     return to_hf_tokenizer(tokenizer)
 
 
+def partial_path(out: Path) -> Path:
+    """The temporary sibling :func:`save_model` writes ``out`` in before renaming it into place."""
+    return out.with_name(f".{out.name}.partial-{os.getpid()}")
+
+
 def save_model(model, out: str | Path, *, format: str = "remote-code", tokenizer=None, card: str | None = None,
                family: str | None = None, **config_kwargs) -> Path:
     """Write ``model`` (a core model) to the new folder ``out`` in ``format`` (``remote-code`` or
     ``standard``), with ``tokenizer`` (``tokenizers.Tokenizer`` or ``PreTrainedTokenizerFast``)
     and the model card ``card`` (``README.md``) when given. The folder appears whole or not at
-    all (written beside it, then renamed). Returns ``out``."""
+    all (written beside it, then renamed); a place that cannot be written is refused before the
+    model is converted (its temporary sibling is created and removed), and a write that fails
+    later is one line (``MheError``), nothing left behind. Returns ``out``."""
+    from mhe.output_paths import check_output_dir
+
     if format not in FORMATS:
         raise one_of("export format", format, FORMATS)
+    if family is not None and format != "standard":
+        raise MheError(f"--family {family} applies to --format standard (the transformers class written); "
+                       f"--format {format} writes mhe's own classes: drop --family")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise MheError(f"--out {out} already exists and is not an empty folder; choose a new folder")
+    tmp = partial_path(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    check_output_dir(out, "--out", temp=tmp.name)
     hf = to_remote(model, **config_kwargs) if format == "remote-code" else to_standard(model, family)
     for key, value in config_kwargs.items():
         setattr(hf.config, key, value)
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        hf.save_pretrained(tmp)
-        if format == "remote-code":
-            for name in REMOTE_FILES:
-                shutil.copyfile(REMOTE_DIR / name, tmp / name)
-        fast = hf_tokenizer(tokenizer)
-        if fast is not None:
-            fast.save_pretrained(tmp)
-        if card is not None:
-            (tmp / "README.md").write_text(card)
+        _write(hf, tmp, format, tokenizer, card)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
+    except OSError as e:
+        raise MheError(f"--out {out}: the export could not be written ({e.strerror or e}); nothing was left "
+                       "there") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _write(hf, tmp: Path, format: str, tokenizer, card: str | None) -> None:
+    """The export's files, in the temporary folder ``tmp``."""
+    hf.save_pretrained(tmp)
+    if format == "remote-code":
+        for name in REMOTE_FILES:
+            shutil.copyfile(REMOTE_DIR / name, tmp / name)
+    fast = hf_tokenizer(tokenizer)
+    if fast is not None:
+        fast.save_pretrained(tmp)
+    if card is not None:
+        (tmp / "README.md").write_text(card)
 
 
 def with_tokenizer(hf_model, tokenizer):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from mhe.errors import MheError, one_of
+from mhe.errors import MheError, name_keys, one_of
 from mhe.hf.checkpoint_files import check_shapes
 from mhe.hf.llama import LLAMA_CLASSES, llama_class, llama_hf_config, llama_model_config, llama_to_mhe, mhe_to_llama
 from mhe.models import MODEL_CLASSES, ModelConfig
@@ -203,14 +203,37 @@ def _load_hf(source, **kwargs):
     import transformers
 
     path = Path(source)
-    if not (path / "config.json").is_file():
-        raise MheError(f"{path} is not a Hugging Face model directory (no config.json)")
-    config = transformers.AutoConfig.from_pretrained(str(path))
+    config = _hf_config(path)
     arch = (getattr(config, "architectures", None) or [""])[0]
     if arch not in HF_CLASSES and arch not in LLAMA_CLASSES:
         raise one_of(f"Hugging Face model class in {path}", arch, (*HF_CLASSES, *LLAMA_CLASSES))
     check_shapes(path, getattr(transformers, arch), config)  # whole weights of config.json's shapes, or one line
     return getattr(transformers, arch).from_pretrained(str(path), **kwargs)
+
+
+def _hf_config(path: Path):
+    """The directory's ``config.json`` as transformers reads it, after checking it is a JSON object
+    with a ``model_type`` (else one line, not transformers' traceback)."""
+    import json
+
+    import transformers
+
+    file = path / "config.json"
+    if not file.is_file():
+        raise MheError(f"{path} is not a Hugging Face model directory (no config.json)")
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MheError(f"{file} is not readable JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise MheError(f"{file}: must be a JSON object (a Hugging Face configuration), got {type(raw).__name__}")
+    if not isinstance(raw.get("model_type"), str):
+        raise MheError(f"{file} has no model_type: not a Hugging Face configuration (a run folder's config.json "
+                       "records a run)")
+    try:
+        return transformers.AutoConfig.from_pretrained(str(path))
+    except (ValueError, KeyError, TypeError) as e:
+        raise MheError(f"{file}: transformers cannot read it ({str(e).splitlines()[0]})") from None
 
 
 def import_hf(source, **from_pretrained_kwargs):
@@ -261,6 +284,9 @@ def export_hf(model, family: str | None = None, *, tokenizer=None):
 
     cfg = model.cfg
     llama = cfg.positions == "rotary"
+    if family is not None and not llama:
+        raise MheError(f"family={family!r} chooses among Llama-style classes (rotary positions); this {cfg.arch} "
+                       "exports as GPT-2/BERT: drop family")
     name = llama_class(cfg, family) if llama else MHE_HEADS.get((cfg.arch, cfg.head))
     config = llama_hf_config(cfg, name) if llama else hf_config(cfg)
     hf = getattr(transformers, name)(config)
@@ -281,11 +307,15 @@ def export_hf(model, family: str | None = None, *, tokenizer=None):
 
 
 def load_exact(target: torch.nn.Module, state: dict) -> None:
-    """Copy every parameter; any parameter of ``target`` left without a value is an error."""
+    """Copy every parameter; a parameter of ``target`` left without a value, or a value of
+    ``state`` no parameter takes, is an error naming up to five keys."""
     own = dict(target.named_parameters(remove_duplicate=False))
     missing = [k for k in own if k not in state]
     if missing:
-        raise MheError(f"no source weight for {missing[0]} (and {len(missing) - 1} more)")
+        raise MheError(f"no source weight for {name_keys(missing)}")
+    unused = [k for k in state if k not in own]
+    if unused:
+        raise MheError(f"source weights no parameter takes: {name_keys(unused)}")
     with torch.no_grad():
         for k, p in own.items():
             src = state[k]

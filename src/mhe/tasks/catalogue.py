@@ -93,5 +93,12 @@ def read_run_config(run_dir: str | Path) -> RunConfig:
 
 
 def read_run_config_file(path: str | Path) -> RunConfig:
-    """A saved configuration on its own (``run.json``, ``mhe run --config``)."""
-    return run_config_from_dict(run_files.read_json(path, what="run configuration"), source=path)
+    """A saved configuration on its own (``run.json``, ``mhe run --config``). A run folder's
+    ``config.json`` (the record of a run, its configuration under ``run``) is refused naming what
+    to pass instead."""
+    d = run_files.read_json(path, what="run configuration")
+    if isinstance(d, dict) and "run" in d:
+        raise MheError(f"{path} is a run folder's config.json (the record of a run), not a run configuration: "
+                       "--config takes a run.json (mhe compare writes one beside each run); the configuration of this "
+                       "run is the file's 'run' entry: save that alone as a run.json to start it again")
+    return run_config_from_dict(d, source=path)

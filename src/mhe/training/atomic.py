@@ -103,6 +103,19 @@ def seal_and_place(tmp: Path, final: Path, **manifest_fields) -> Path:
     return final
 
 
+def remove_folder(path: Path) -> None:
+    """Delete the folder ``path`` so that no half of it is ever seen under its name: renamed aside
+    to a temporary name first (one step), then deleted; a kill during the deletion leaves a
+    temporary folder, which :func:`remove_temporaries` clears, never a torn ``path``."""
+    aside = path.with_name(f"{TMP_PREFIX}removed-{path.name}-{os.getpid()}")
+    try:
+        path.rename(aside)
+    except FileNotFoundError:
+        return
+    fsync_dir(path.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def verify(path: Path) -> str | None:
     """Why the sealed folder ``path`` cannot be loaded, or None when it is complete and intact."""
     manifest = path / MANIFEST

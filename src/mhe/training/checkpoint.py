@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from mhe.errors import MheError
-from mhe.training.atomic import new_temp_folder, seal_and_place, verify
+from mhe.training.atomic import new_temp_folder, remove_folder, seal_and_place, verify
 from mhe.training.atomic import write_json_atomic, write_text_atomic  # noqa: F401  (re-exported)
 from mhe.training.config import MIGRATE
 from mhe.training.flat_state import flatten, unflatten
@@ -62,7 +62,7 @@ def save_checkpoint(root: str | Path, *, model: torch.nn.Module, state: dict, ke
     _write_state(tmp, state)
     final = seal_and_place(tmp, root / f"{PREFIX}{step:08d}", step=step)
     for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_folder(old)  # renamed aside first: a kill mid-deletion leaves no torn step-N folder
     return final
 
 

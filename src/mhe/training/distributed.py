@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from mhe.runtime import launched_rank  # noqa: F401 (re-exported)
+from mhe.runtime import check_launch_env, launched_rank  # noqa: F401 (launched_rank re-exported)
 
 
 @dataclass
@@ -42,7 +42,9 @@ class Dist:
 
 
 def setup(device: str = "auto") -> Dist:
-    """Initialise the process group when launched by torchrun; pick the device."""
+    """Initialise the process group when launched by torchrun (its environment whole, else one
+    line: :func:`mhe.runtime.check_launch_env`); pick the device."""
+    check_launch_env()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = launched_rank()
     local = int(os.environ.get("LOCAL_RANK", "0"))

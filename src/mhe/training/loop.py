@@ -28,7 +28,7 @@ from mhe.errors import MheError
 from mhe.models.vocab_padding import pad_vocabulary, padding_numel
 from mhe.output_paths import free_name, make_folder
 from mhe.progress import note
-from mhe.runtime import configure_compile_cache
+from mhe.runtime import cache_root, configure_compile_cache
 from mhe.training import checkpoint as ckpt
 from mhe.training import distributed
 from mhe.training.atomic import remove_temporaries, write_json_atomic
@@ -153,6 +153,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def _start(self) -> distributed.Dist:
+        cache_root()  # a cache setting that names a file: refused before the run's folder is made
         dist = distributed.setup(self.cfg.train.device)
         try:
             resolve_mode(self.cfg.train, dist)  # train.parallel=fsdp on one process: refused before any folder

@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from mhe.errors import MheError
+from mhe.errors import MheError, name_keys
 from mhe.training.atomic import new_temp_folder, seal_and_place, verify
 
 WEIGHTS = "model.safetensors"
@@ -35,10 +35,10 @@ def state_problem(model: torch.nn.Module, state: dict[str, torch.Tensor], *, all
     own = model.state_dict()
     missing = [k for k in own if k not in state and k not in allow_missing]
     if missing:
-        return f"lacks {len(missing)} weight(s) the model needs, e.g. {missing[0]!r}"
+        return f"lacks {len(missing)} weight(s) the model needs: {name_keys(missing)}"
     unexpected = [k for k in state if k not in own and k not in allow_unexpected]
     if unexpected:
-        return f"holds {len(unexpected)} weight(s) the model does not have, e.g. {unexpected[0]!r}"
+        return f"holds {len(unexpected)} weight(s) the model does not have: {name_keys(unexpected)}"
     for k, v in state.items():
         if k in own and own[k].shape != v.shape:
             return f"weight {k!r} has shape {tuple(v.shape)}, the model needs {tuple(own[k].shape)}"
