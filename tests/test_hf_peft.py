@@ -1,6 +1,6 @@
 """LoRA through peft on exported models (:mod:`mhe.hf.remote`) and on ``mhe.hf`` models.
 
-The projection names documented in the README ("Sharing a model") are the targets: a LoRA step
+The projection names documented in docs/transformers.md ("LoRA with peft") are the targets: a LoRA step
 changes only the adapter weights, the adapters change the model's output, and the merged model
 (``merge_and_unload``) computes what the model with adapters computes.
 """

@@ -1,15 +1,16 @@
-"""The README's Python runs as written on a CPU, and its statements about what the commands
-print hold (the main job's expected table, the parameter totals, the start-up without torch).
+"""The README's and the docs pages' Python runs as written on a CPU, and the README's statements
+about what the commands print hold (the main job's expected table, the parameter totals, the
+start-up without torch, whose details are in docs/commands.md).
 
-Every ```python block of README.md is picked up and run on its own: a fresh namespace in an
-empty working directory, so a block that leans on an import or a name from another section
-fails. A block that needs an optional package (``transformers``, ``accelerate``, ``datasets``, ``peft``)
-is skipped when that package is absent (the ``test`` extra installs transformers, so CI runs
-those blocks). The one substitution: a
-block that names a run folder ``runs/NAME`` finds there, under that name, a tiny run of the same
-task made by this suite (``RUN_FIXTURES``: ``runs/lm-*`` is the PTB language model of
-tests/tiny_runs.py, ``runs/mt-*`` its translation run), as the README's own commands would
-have left a real one. New blocks need nothing here unless they name another kind of run.
+Every ```python block of README.md and of each docs/*.md page is picked up and run on its own: a
+fresh namespace in an empty working directory, so a block that leans on an import or a name from
+another section fails. A block that needs an optional package (``transformers``, ``accelerate``,
+``datasets``, ``peft``) is skipped when that package is absent (the ``test`` extra installs
+transformers, so CI runs those blocks). The one substitution: a block that names a run folder
+``runs/NAME`` finds there, under that name, a tiny run of the same task made by this suite
+(``RUN_FIXTURES``: ``runs/lm-*`` is the PTB language model of tests/tiny_runs.py, ``runs/mt-*`` its
+translation run), as the documented commands would have left a real one. New blocks need nothing
+here unless they name another kind of run.
 """
 
 from __future__ import annotations
@@ -19,37 +20,46 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).parents[1] / "README.md"
+ROOT = Path(__file__).parents[1]
+README = ROOT / "README.md"
+COMMANDS = ROOT / "docs" / "commands.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # every page whose Python a reader may copy
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 OPTIONAL = ("transformers", "accelerate", "datasets", "peft")  # the optional extras of pyproject.toml
 RUN_FOLDER = re.compile(r"runs/([A-Za-z0-9_.-]+)")
 RUN_FIXTURES = {"lm": "lm_run", "mt": "mt_run"}  # the first word of a run folder's name -> its stand-in
 
 
-def python_blocks() -> list[tuple[int, str]]:
-    """(line of the opening fence, code) of every ```python block of the README."""
-    text = README.read_text(encoding="utf-8")
-    return [(text.count("\n", 0, m.start()) + 1, m.group(1)) for m in BLOCK.finditer(text)]
+def python_blocks() -> list[tuple[str, str]]:
+    """("PAGE:LINE" of the opening fence, code) of every ```python block of every page."""
+    blocks = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        name = page.relative_to(ROOT).as_posix()
+        blocks += [(f"{name}:{text.count(chr(10), 0, m.start()) + 1}", m.group(1)) for m in BLOCK.finditer(text)]
+    return blocks
 
 
-def test_the_readme_has_python_blocks():
-    assert len(python_blocks()) >= 4
+def test_the_pages_have_python_blocks():
+    where = [where.split(":")[0] for where, _ in python_blocks()]
+    assert where.count("README.md") >= 1 and len(where) >= 8
+    assert {"docs/transformers.md", "docs/generation.md"} <= set(where)  # the blocks moved out of the README
 
 
-@pytest.mark.parametrize("line, code", python_blocks(), ids=[f"README.md:{n}" for n, _ in python_blocks()])
-def test_a_readme_block_runs_as_written(line, code, tmp_path, monkeypatch, request):
+@pytest.mark.parametrize("where, code", python_blocks(), ids=[where for where, _ in python_blocks()])
+def test_a_documented_block_runs_as_written(where, code, tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)
     for name in sorted(set(RUN_FOLDER.findall(code))):
         fixture = RUN_FIXTURES.get(name.split("-")[0])
-        assert fixture, f"README.md:{line} names runs/{name}: add a tiny run of its task to RUN_FIXTURES"
+        assert fixture, f"{where} names runs/{name}: add a tiny run of its task to RUN_FIXTURES"
         (tmp_path / "runs").mkdir(exist_ok=True)
         (tmp_path / "runs" / name).symlink_to(request.getfixturevalue(fixture), target_is_directory=True)
     try:
-        exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__readme__"})
+        exec(compile(code, where, "exec"), {"__name__": "__readme__"})
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] not in OPTIONAL:
             raise
-        pytest.skip(f"README.md:{line} needs the optional package {e.name!r}")
+        pytest.skip(f"{where} needs the optional package {e.name!r}")
 
 
 def _readme_table(after: str) -> list[str]:
@@ -132,10 +142,13 @@ def test_the_parameter_statements_are_what_mhe_params_prints(capsys):
 
 
 def test_the_start_up_statement_names_the_commands_the_import_test_checks():
-    """The README's start-up claim lists what tests/test_cli_imports.py proves imports no torch."""
-    text = " ".join(README.read_text(encoding="utf-8").split())
-    claim = text[text.index("**Start-up.**"):].split("\n")[0]
+    """docs/commands.md's start-up claim lists what tests/test_cli_imports.py proves imports no
+    torch, and the README's one-line summary of it names no command that the claim leaves out."""
+    text = COMMANDS.read_text(encoding="utf-8")
+    claim = " ".join(text[text.index("## Start-up"):].split("\n## ")[0].split())
     for part in ("`mhe --help`", "`mhe COMMAND --help`", "argument errors", "setting errors", "`mhe params`",
                  "`mhe memory`", "`mhe scaling`", "tests/test_cli_imports.py"):
         assert part in claim, part
-
+    readme = " ".join(README.read_text(encoding="utf-8").split())
+    summary = readme[readme.index("## Commands"):].split(" without importing torch")[0]
+    assert set(re.findall(r"`mhe \w+`", summary)) <= set(re.findall(r"`mhe \w+`", claim))

@@ -1,5 +1,5 @@
-"""Default output folders name the task, data, preset and kind (issue 19), so the README's
-commands run one after the other; a folder holding another run gets an error naming a free one."""
+"""Default output folders name the task, data, preset and kind (issue 19), so the documented
+commands (docs/commands.md) run one after the other; a folder holding another run gets an error naming a free one."""
 
 import argparse
 
