@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).parents[1] / "README.md"
+README = Path(__file__).parents[2] / "README.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 OPTIONAL = ("transformers", "accelerate", "datasets", "peft")  # the optional extras of pyproject.toml
 RUN_FOLDER = re.compile(r"runs/([A-Za-z0-9_.-]+)")
