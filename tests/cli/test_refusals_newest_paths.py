@@ -18,8 +18,8 @@ import torch
 from mhe.cli import main
 from mhe.errors import MheError
 from mhe.models import build_model
-from mhe.models.beam_search import beam_search
-from mhe.models.generate import generate
+from mhe.generation.beam import beam_search
+from mhe.generation.session import generate
 
 # /proc takes no new entries, though os.access says it is writable for root: the probe must try
 UNWRITABLE = Path("/proc/mhe-no-such-folder")
