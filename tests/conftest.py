@@ -19,7 +19,10 @@ _pin_gpus()
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
+# The helpers (reference.py, processes.py, tiny_runs.py, ...) live in tests/, the tests in folders that
+# mirror src/mhe; every folder is importable by module name (a test names another as "test_x::name").
+TESTS = Path(__file__).parent
+sys.path[:0] = [str(TESTS)] + [str(d) for d in sorted(TESTS.iterdir()) if d.is_dir() and d.name[0] not in "._"]
 
 # One CPU thread per test process, and the same for the processes tests start (mhe.runtime):
 # with torch's default of one thread per core the suite slows several-fold under any load.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted(p for d in ("src", "benchmarks") for p in (ROOT / d).rglob("*.py"))
 
 

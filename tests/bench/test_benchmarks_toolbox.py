@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 MODULES = {"decode_rows.py", "decode_report.py", "train_speed_runs.py", "ddp_setups.py", "uptrain_jobs.py",
            "uptrain_stages.py", "uptrain_report.py"}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("transformers")
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "shared_model_speed.py"
+SCRIPT = Path(__file__).parent.parent.parent / "benchmarks" / "shared_model_speed.py"
 spec = importlib.util.spec_from_file_location("shared_model_speed", SCRIPT)
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)

@@ -4,7 +4,7 @@ summary, and a run a time limit killed, whose last progress line shares a line w
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import gpu_tests_record  # noqa: E402
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
 COMMANDS = ROOT / "docs" / "commands.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # every page whose Python a reader may copy

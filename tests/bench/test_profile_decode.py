@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.profiler import profile
 
-BENCH = Path(__file__).parent.parent / "benchmarks"
+BENCH = Path(__file__).parent.parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
 spec = importlib.util.spec_from_file_location("decode_rows", BENCH / "decode_rows.py")
 decode_rows = importlib.util.module_from_spec(spec)

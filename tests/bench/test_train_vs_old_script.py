@@ -4,7 +4,7 @@ one tree's repeats), and an older tree's runs really use that tree's package."""
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import train_speed_runs  # noqa: E402
 import train_vs_old  # noqa: E402

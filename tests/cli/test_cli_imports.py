@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 HEAVY = ("torch", "transformers", "matplotlib", "sympy", "mhe.tasks.registry", "mhe.training.loop")
 
 

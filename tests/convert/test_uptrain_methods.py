@@ -15,7 +15,7 @@ import pytest
 from conftest import require_data
 from mhe.cli import build_parser
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parent.parent.parent / "benchmarks"
 
 
 def methods():

@@ -13,7 +13,7 @@ import pytest
 from conftest import require_data
 from mhe.cli import build_parser
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "uptrain_study.py"
+SCRIPT = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "uptrain_study.py"
 KINDS = ["mqa", "gqa", "mhe-mul", "mhe-add", "sha"]
 
 

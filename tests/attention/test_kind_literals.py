@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mhe.attention import KINDS
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "mhe"
+SRC = Path(__file__).resolve().parents[2] / "src" / "mhe"
 EXEMPT = ("attention", "hf/remote")
 
 

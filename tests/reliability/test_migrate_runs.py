@@ -19,7 +19,7 @@ from mhe.training import checkpoint as ckpt
 from mhe.training.atomic import seal_and_place
 from mhe.training.loop import Trainer
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "migrate_runs.py"
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "migrate_runs.py"
 spec = importlib.util.spec_from_file_location("migrate_runs", SCRIPT)
 migrate_runs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(migrate_runs)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "decode_floor.py"
+SCRIPT = Path(__file__).parent.parent.parent / "benchmarks" / "decode_floor.py"
 spec = importlib.util.spec_from_file_location("decode_floor", SCRIPT)
 decode_floor = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(decode_floor)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "factor_precision.py"
+SCRIPT = Path(__file__).parent.parent.parent / "benchmarks" / "factor_precision.py"
 spec = importlib.util.spec_from_file_location("factor_precision", SCRIPT)
 factor_precision = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(factor_precision)

@@ -316,7 +316,7 @@ def _interrupt(tmp_path, sig) -> tuple[int, str]:
     out = tmp_path / f"run-{sig}"
     cmd = [sys.executable, "-m", "mhe", *TRAIN, "--out", str(out), "--set", "train.steps=100000",
            "--set", "train.save_every=0"]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2] / "src"), OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not (out / "metrics.jsonl").exists() and time.time() < deadline and proc.poll() is None:

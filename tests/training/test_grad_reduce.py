@@ -38,7 +38,7 @@ from mhe.training.loop import Trainer
 from mhe.training.parallelize import parallelize
 
 VOCAB = 64
-SAVED = Path(__file__).parents[1] / "results" / "decoder-lm"  # its runs packed in runs.tar.xz
+SAVED = Path(__file__).parents[2] / "results" / "decoder-lm"  # its runs packed in runs.tar.xz
 
 
 def tiny_model() -> torch.nn.Module:

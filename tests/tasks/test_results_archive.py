@@ -19,7 +19,7 @@ from mhe.experiments.sweep import Sweep, run_sweep
 from mhe.output_paths import portable_path, shown_path
 from mhe.tasks import default_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
 MACHINE_PATHS = (b"/work/", b"/root/", b"/home/", b"/tmp/")
 SUMMARY = ("summary.json", "summary.md", "summary.csv")

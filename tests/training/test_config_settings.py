@@ -233,7 +233,7 @@ def test_a_saved_configuration_in_the_earlier_layout_names_the_migration():
 
 
 def test_a_saved_run_of_this_repository_loads():
-    exp = Path(__file__).parent.parent / "results" / "lm-ptb"  # its runs packed in runs.tar.xz
+    exp = Path(__file__).parent.parent.parent / "results" / "lm-ptb"  # its runs packed in runs.tar.xz
     if not exp.exists():
         pytest.skip("no saved results in this checkout")
     saved = RunFiles(exp).config("mha-seed0")

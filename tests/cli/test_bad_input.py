@@ -629,7 +629,7 @@ SUBPROCESS_CASES = [
 
 @pytest.mark.parametrize("argv, named", SUBPROCESS_CASES)
 def test_subprocess_one_line(argv, named, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src"), "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "mhe", *argv], capture_output=True, text=True, cwd=tmp_path,
                        env=env, timeout=120)
     lines = r.stderr.strip().splitlines()

@@ -19,7 +19,7 @@ from mhe.training.config import TrainConfig
 from mhe.training.distributed import Dist
 from mhe.training.parallelize import parallelize
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
