@@ -27,7 +27,7 @@ one new token, and the decode step = (t_N - t_1) / (N - 1); the K/V cache's byte
 cache's tensors at the end of a call; whether transformers compiled the decode step; and whether
 the exported rows' greedy tokens equal mhe's (else the first new token where they part: bf16
 kernels differ, so a late parting is rounding, not an error; with random weights a weak check, such
-a model mostly repeats its input: tests/test_hf_remote_gpu.py checks weights moved off their
+a model mostly repeats its input: tests/hf/test_hf_remote_gpu.py checks weights moved off their
 initialisation).
 
 Each shape's transformers rows run in a subprocess of their own (fresh compile state, as a user's
@@ -35,7 +35,7 @@ first call) with ``PYTHONPATH`` empty and ``mhe`` blocked; the ``mhe`` row runs 
 Rows not started once ``--deadline`` seconds have passed are skipped. Prints the card, the versions
 and a markdown table per shape; ``--json`` writes every figure (rewritten after each shape). ``--dry-run``: a tiny model
 (2 layers, 64 wide, 4 heads; GQA with 2 K/V heads) in float64 on the CPU, shapes 1x16 and 2x24, 4
-new tokens, one repeat: the same code end to end (tests/test_shared_model_speed.py).
+new tokens, one repeat: the same code end to end (tests/bench/test_shared_model_speed.py).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ os.environ["MKL_NUM_THREADS"] = "1"
 # own, so what a test prints never depends on which test ran before it (test_run_report turns it on).
 os.environ["MHE_CACHE_DIR"] = "off"
 torch.set_num_threads(1)
-# Without a GPU, Triton's kernels run in its interpreter on CPU tensors (tests/test_split_k_decode.py);
+# Without a GPU, Triton's kernels run in its interpreter on CPU tensors (tests/attention/test_split_k_decode.py);
 # Triton reads the switch when it is imported, which no test has done yet.
 if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")

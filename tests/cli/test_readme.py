@@ -142,12 +142,12 @@ def test_the_parameter_statements_are_what_mhe_params_prints(capsys):
 
 
 def test_the_start_up_statement_names_the_commands_the_import_test_checks():
-    """docs/commands.md's start-up claim lists what tests/test_cli_imports.py proves imports no
+    """docs/commands.md's start-up claim lists what tests/cli/test_cli_imports.py proves imports no
     torch, and the README's one-line summary of it names no command that the claim leaves out."""
     text = COMMANDS.read_text(encoding="utf-8")
     claim = " ".join(text[text.index("## Start-up"):].split("\n## ")[0].split())
     for part in ("`mhe --help`", "`mhe COMMAND --help`", "argument errors", "setting errors", "`mhe params`",
-                 "`mhe memory`", "`mhe scaling`", "tests/test_cli_imports.py"):
+                 "`mhe memory`", "`mhe scaling`", "tests/cli/test_cli_imports.py"):
         assert part in claim, part
     readme = " ".join(README.read_text(encoding="utf-8").split())
     summary = readme[readme.index("## Commands"):].split(" without importing torch")[0]

@@ -3,7 +3,7 @@ model computes, for every architecture and attention kind; the GPTBigCode export
 folded model; refusals name ``--format remote-code``; the exported code imports no mhe.
 
 Runs exported through ``mhe export`` and loaded where mhe cannot be imported:
-tests/test_hf_export_runs.py.
+tests/hf/test_hf_export_runs.py.
 """
 
 import ast

@@ -2,7 +2,7 @@
 inference view does: the cache holds one K/V head per layer (dynamic and static cache), SDPA
 reads that head without a copy per query head, the head-embedding folds are made once per set of
 weights (and never in training), the static cache and ``torch.compile`` give generate's tokens
-and logits. Equality with the core model: tests/test_hf_export.py.
+and logits. Equality with the core model: tests/hf/test_hf_export.py.
 """
 
 import copy

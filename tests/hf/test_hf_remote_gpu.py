@@ -2,7 +2,7 @@
 where mhe cannot be imported, its ``generate`` with the static cache (compiled by transformers itself
 on a GPU: inductor and CUDA graphs) and with the dynamic cache gives the greedy tokens of mhe's own
 ``generate`` on the same card and logits close to its logits, with a cache of one K/V head a layer.
-The CPU checks (float64, exact): tests/test_hf_remote_fast.py and tests/test_hf_export.py."""
+The CPU checks (float64, exact): tests/hf/test_hf_remote_fast.py and tests/hf/test_hf_export.py."""
 
 import os
 import subprocess

@@ -299,7 +299,7 @@ def test_lm_also_test_scores_each_named_corpus(lm_run, monkeypatch):
     """``also_test`` adds each named corpus's test perplexity to the final results: the figure
     ``mhe eval --data`` gives (:func:`corpus_perplexity`), and none without it. (The tiny run's
     word-level vocabulary, from 200 lines of PTB, leaves 54% of WikiText-2 unknown, which the
-    guard of issue 58 refuses, ``tests/test_text_guard.py``; here it is let through.)"""
+    guard of issue 58 refuses, ``tests/tasks/test_text_guard.py``; here it is let through.)"""
     import dataclasses as dc
 
     from mhe.data import tokenize

@@ -2,7 +2,7 @@
 one process at the full batch, save checkpoints a single process would write, stop together on a
 signal that reached one of them, and resume exactly, on two processes or on one.
 
-As in tests/test_ddp.py, only floating-point summation order may differ from one process
+As in tests/training/test_ddp.py, only floating-point summation order may differ from one process
 (gradients reduce-scattered and averaged, the gradient norm summed shard by shard), so losses,
 gradient norms and weights agree to float32 rounding. The FSDP side also pads its vocabulary
 (as every GPU run does; here through the task, the trainer pads only on CUDA), so the padding's
@@ -10,7 +10,7 @@ state-dict hooks are crossed with the sharded state: checkpoints must still hold
 A resumed run repeats the same operations on the same numbers: its losses are identical. One
 run compiles each block (dynamo and AOT autograd with the aot_eager backend: the traced graphs
 run without inductor's C++ build, minutes on a CPU) under FSDP's hooks and activation
-checkpointing; bf16 gathers are the GPU's (tests/test_fsdp_gpu.py).
+checkpointing; bf16 gathers are the GPU's (tests/training/test_fsdp_gpu.py).
 """
 
 import json

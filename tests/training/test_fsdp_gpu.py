@@ -2,9 +2,9 @@
 processes, each block compiled, bf16 gathers with float32 gradient reduction, the vocabulary
 padded (99 -> 128), fused AdamW, batches prefetched, activation checkpointing on.
 
-FSDP trains like DDP (bf16 either way, so to bf16's tolerance, as tests/test_gpu.py compares the
+FSDP trains like DDP (bf16 either way, so to bf16's tolerance, as tests/training/test_gpu.py compares the
 compiled and eager steps), a stop and resume gives the same losses up to the GPU's
-non-deterministic reductions (bit-exact resume: tests/test_fsdp.py on the CPU), the checkpoint
+non-deterministic reductions (bit-exact resume: tests/training/test_fsdp.py on the CPU), the checkpoint
 holds the real vocabulary, and it resumes on one GPU.
 """
 

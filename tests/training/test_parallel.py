@@ -2,7 +2,7 @@
 never what is computed; ``train.parallel`` is a checked setting, refused in one line where it
 cannot apply, and neither setting changes which run a configuration is; a signal is agreed on
 (one process alone is its own agreement), and torchrun's forwarded copy of Ctrl-C is not a
-second signal. (Two processes: tests/test_fsdp.py, tests/test_ddp.py.)
+second signal. (Two processes: tests/training/test_fsdp.py, tests/training/test_ddp.py.)
 
 The gradients with checkpointing must equal those without bit for bit (the recomputation repeats
 the same operations, dropout included: the random state is restored before it). The count of

@@ -53,7 +53,7 @@ def _schema_has_seqused_k() -> bool:
 def constant_result(fn):
     """``torch.compiler.assume_constant_result`` without importing dynamo when this module is
     imported (about 3 s of the ``mhe`` command's start-up on 2 cores): it sets the mark dynamo's
-    own decorator sets (torch 2.5-2.13; ``tests/test_cli_imports.py`` checks that they agree)."""
+    own decorator sets (torch 2.5-2.13; ``tests/cli/test_cli_imports.py`` checks that they agree)."""
     fn._dynamo_marked_constant = True
     return fn
 

@@ -7,7 +7,7 @@ other bad input (one line, no traceback). The main job is ``mhe compare``.
 
 A command's module is imported only when that command is parsed or run (:func:`lazy`), so
 ``mhe``, ``mhe --help`` and an unknown command answer without importing torch, and ``mhe
-params`` without the training, data and Hugging Face packages (``tests/test_cli_imports.py``).
+params`` without the training, data and Hugging Face packages (``tests/cli/test_cli_imports.py``).
 """
 
 from __future__ import annotations

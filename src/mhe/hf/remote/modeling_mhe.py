@@ -101,7 +101,7 @@ class MheForCausalLM(MhePreTrainedModel, GenerationMixin):
     """The decoder with its language-model head (tied to the token embeddings when the config says)."""
 
     _tied_weights_keys = {"lm_head.weight": "decoder.embed.tokens.weight"}
-    _can_compile_fullgraph = True  # one graph a decode step (tests/test_hf_remote_fast.py)
+    _can_compile_fullgraph = True  # one graph a decode step (tests/hf/test_hf_remote_fast.py)
 
     def __init__(self, config: MheConfig) -> None:
         super().__init__(config)
