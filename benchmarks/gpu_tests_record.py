@@ -129,7 +129,7 @@ def start(log: Path, marker: str, workers: int, sets: str) -> tuple[subprocess.P
     """One pytest run in a session of its own (so a deadline ends it and every process it started)."""
     command = PYTEST + ["-m", marker, "-n", str(workers)]
     fh = log.open("w")
-    fh.write(f"+ MHE_GPU_SETS='{sets}' {' '.join(command[1:])}\n")
+    fh.write(f"+ MHE_GPU_SETS='{sets}' python {' '.join(command[1:])}\n")
     fh.flush()
     env = {**os.environ, "MHE_GPU_SETS": sets, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(command, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -171,6 +171,17 @@ def stop(proc: subprocess.Popen) -> None:
         return
 
 
+def how_shared(cards: int, per_gpu: int, wall: int) -> str:
+    """The record's sentence on how the runs shared the host (and what a one-card host could not run)."""
+    if cards < 2:
+        return (f"One call on a host of one card: the one-card tests ({per_gpu} pytest-xdist workers on it). The "
+                "two-card tests (marker `two_gpus`) need two cards and did not run on this host. "
+                f"Wall time of the whole suite: {wall} s.")
+    return (f"One call on a host of {cards} cards: the runs below ran at the same time, the one-card tests over "
+            f"all {cards} cards ({per_gpu} pytest-xdist workers a card), the two-card tests one worker a pair. "
+            f"Wall time of the whole suite: {wall} s.")
+
+
 def cmd_run(a) -> int:
     import torch
 
@@ -186,9 +197,7 @@ def cmd_run(a) -> int:
         runs.append((out / name, proc, t0))
     wait_all(runs, a.deadline)
     wall = round(time.monotonic() - began)
-    how = (f"One call on a host of {cards} cards: the runs below ran at the same time, the one-card tests over "
-           f"all {cards} cards ({a.per_gpu} pytest-xdist workers a card), the two-card tests one worker a pair. "
-           f"Wall time of the whole suite: {wall} s.")
+    how = how_shared(cards, a.per_gpu, wall)
     logs = [(path, title) for (path, _, _), title in zip(runs, ("One card each", "Two cards each"))]
     (out / "gpu-tests.md").write_text(record(env, logs, how))
     ok = all(passed(path) for path, _, _ in runs)

@@ -69,3 +69,9 @@ def test_adopt_refuses_a_run_of_other_src_files(tmp_path, capsys):
     (tmp_path / "gpu-tests.md").write_text("# GPU tests on the device for main's src tree\n\n")
     assert gpu_tests_record.main(["adopt", str(tmp_path), "--out", str(tmp_path / "out.md")]) == 2
     assert "0000" in capsys.readouterr().err and not (tmp_path / "out.md").exists()
+
+
+def test_a_one_card_host_says_the_two_card_tests_did_not_run():
+    one, four = gpu_tests_record.how_shared(1, 6, 146), gpu_tests_record.how_shared(4, 2, 156)
+    assert "did not run" in one and "146 s" in one
+    assert "two-card tests one worker a pair" in four and "did not run" not in four
