@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+import toolbox  # noqa: E402,F401  (this checkout's src first)
 import decode_rows as rows_mod  # noqa: E402
 import decode_report  # noqa: E402
 

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from toolbox import ROOT  # noqa: E402
 LOGS = ("gpu-tests-one-card.log", "gpu-tests-two-cards.log")
 PYTEST = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-rs", "-p", "no:cacheprovider", "--durations=20"]
 

@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+import toolbox  # noqa: E402,F401  (this checkout's src first)
 
 from mhe.errors import MheError  # noqa: E402
 from mhe.harness.evaluate import run_harness, save_results  # noqa: E402

@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from toolbox import ROOT  # noqa: E402
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 MOMENTS = ("random", "write")  # a uniform moment of the run, or just after a checkpoint write began
 RUN_LIMIT_S = 300

@@ -62,8 +62,8 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks")]
+from toolbox import ROOT  # noqa: E402
+import toolbox  # noqa: E402,F401  (this checkout's src first)
 
 import torch  # noqa: E402
 

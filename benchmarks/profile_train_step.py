@@ -53,9 +53,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from toolbox import ROOT  # noqa: E402
 if not os.environ.get("PYTHONPATH"):  # PYTHONPATH=OTHER/src runs another tree
-    sys.path.insert(0, str(ROOT / "src"))
+    import toolbox  # noqa: F401  (this checkout's src first)
 
 import torch  # noqa: E402
 

@@ -50,7 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # not from toolbox: its child must not see src
 ROWS = ("exported-static", "exported-dynamic", "llama-mha", "llama-gqa", "mhe")
 DEFAULT_ROWS = ("exported-static", "llama-mha", "llama-gqa", "mhe")
 HF_ROWS = ROWS[:4]
@@ -316,7 +316,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["--child"]:
         child(*argv[1:3])
         return 0
-    sys.path.insert(0, str(ROOT / "src"))
+    import toolbox  # noqa: F401  (this checkout's src first)
     p, args = parse(argv)
     report = measure(args, p)
     print(table(report))

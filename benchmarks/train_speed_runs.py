@@ -18,7 +18,7 @@ import torch
 from mhe.bench.common import device_peak, flops_per_token
 from mhe.models.config import ModelConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+from toolbox import ROOT  # noqa: E402
 
 
 def first_visible_gpu() -> str:

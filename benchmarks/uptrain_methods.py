@@ -42,8 +42,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks")]
+from toolbox import ROOT  # noqa: E402
+import toolbox  # noqa: E402,F401  (this checkout's src first)
 
 from uptrain_jobs import InlinePool, Job, Pool, common_sets, fraction_label, sets, train_job  # noqa: E402
 

@@ -38,8 +38,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks")]
+from toolbox import ROOT  # noqa: E402
+import toolbox  # noqa: E402,F401  (this checkout's src first)
 
 from uptrain_jobs import common_sets, train_job, uptrain_job  # noqa: E402
 from uptrain_report import (markdown_table, plot, portable_command, software, summarise,  # noqa: E402

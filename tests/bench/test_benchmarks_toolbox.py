@@ -10,7 +10,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 MODULES = {"decode_rows.py", "decode_report.py", "train_speed_runs.py", "ddp_setups.py", "uptrain_jobs.py",
-           "uptrain_stages.py", "uptrain_report.py"}
+           "uptrain_stages.py", "uptrain_report.py", "toolbox.py"}
 
 
 def table_tools() -> set[str]:
@@ -38,3 +38,11 @@ def test_each_entry_point_answers_help(tool, monkeypatch, capsys):
         runpy.run_path(str(BENCH / tool), run_name="__main__")
     assert done.value.code in (0, None)
     assert "usage" in capsys.readouterr().out.lower()
+
+
+def test_every_tool_finds_src_through_the_toolbox_alone():
+    """One way to find ``src``: no tool edits ``sys.path`` itself (the exported-model benchmark's
+    child must not see ``src``, so that one keeps its own ``ROOT`` and imports the toolbox late)."""
+    for tool in BENCH.glob("*.py"):
+        if tool.name != "toolbox.py":
+            assert "sys.path" not in tool.read_text(), tool.name
