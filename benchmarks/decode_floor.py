@@ -12,7 +12,7 @@ Random weights in bf16, each (preset, kind) model built once on the card for the
 ``floor`` (``OUT/decode-floor-CARD.json``, a list of rows ``{card, preset, kind, batch, context,
 step_ms, prefill_ms, bytes_per_step, floor_ms, fraction_of_bandwidth, ...}``): ``step_ms`` is one
 decode step alone, the user path's step (the inference view: fast MHE folded, Q/K/V fused, the
-decode kernel :func:`~mhe.attention.kernels.decode_kernel` picks for the batch and cache) over a
+decode plan :func:`~mhe.attention.kernels.decode_plan` picks for the batch and cache) over a
 cache filled to ``context`` positions, next token chosen, timed as CUDA-graph replays
 (``--mode graph``: the eager kernels captured; ``--mode compile``: inductor's, as
 ``model.generate`` runs it, one compilation per shape, so minutes; median of ``--reps``).
@@ -55,7 +55,7 @@ from mhe.attention.fused_projections import fuse_projections
 from mhe.bench.common import PEAK_BF16, bench_config, device_peak, timed
 from mhe.models import build_model, layers
 from mhe.attention.folding import inference_view, shared_copy
-from mhe.attention.kernels import decode_kernel, view_kernels
+from mhe.attention.kernels import DecodePlan, decode_plan
 from mhe.generation.step import compile_step, default_compile_options
 from mhe.training.checkpoint import write_json_atomic
 
@@ -118,10 +118,13 @@ def cache_bytes_per_position(model: nn.Module, dtype: torch.dtype) -> int:
     return sum(c.kv.numel() for c in caches) * torch.finfo(dtype).bits // 8
 
 
-def decode_view(model: nn.Module, batch: int, positions: int, dev, dtype, kernel: str | None = None) -> nn.Module:
-    """The inference view ``model.generate`` decodes with (its kernel policy, or ``kernel``; Q/K/V fused)."""
-    view = inference_view(model, decode_kernel(model, dev, dtype, kernel, batch=batch, positions=positions))
-    return fuse_projections(shared_copy(model) if view is model else view)
+def decode_view(model: nn.Module, batch: int, positions: int, dev, dtype,
+                kernel: str | None = None) -> tuple[nn.Module, DecodePlan]:
+    """The inference view ``model.generate`` decodes with (Q/K/V fused) and its decode plan (its
+    kernel policy, or ``kernel``)."""
+    view = inference_view(model)
+    plan = decode_plan(model, dev, dtype, kernel, batch=batch, positions=positions)
+    return fuse_projections(shared_copy(model) if view is model else view), plan
 
 
 def step_ms(model, batch: int, context: int, *, dev, dtype, mode: str, reps: int,
@@ -129,7 +132,7 @@ def step_ms(model, batch: int, context: int, *, dev, dtype, mode: str, reps: int
     """Median ms of one decode step at ``context`` filled positions (a CUDA-graph replay on a GPU);
     ``compile_options`` go to ``torch.compile`` in ``compile`` mode (the caller gives
     ``model.generate``'s: :func:`~mhe.generation.step.default_compile_options`)."""
-    view = decode_view(model, batch, context + MARGIN, dev, dtype, kernel)
+    view, plan = decode_view(model, batch, context + MARGIN, dev, dtype, kernel)
     caches = view.new_caches(batch, context + MARGIN, dtype=dtype, device=dev)
     for c in caches:
         c.kv.normal_()
@@ -138,11 +141,11 @@ def step_ms(model, batch: int, context: int, *, dev, dtype, mode: str, reps: int
     def step():
         caches[0].index.fill_(context)  # the position every layer's cache shares
         with torch.no_grad():
-            return view(tok, caches=caches, last_only=True).logits[:, -1].argmax(-1)
+            return view(tok, caches=caches, last_only=True, plan=plan).logits[:, -1].argmax(-1)
 
     fn = compile_step(step, device=dev, options=compile_options) if mode == "compile" else step
     ms = timed(fn, warmup=3, reps=reps, cuda=dev.type == "cuda", graph=dev.type == "cuda")
-    kernel = view_kernels(view)
+    kernel = plan.kernel
     del view, caches
     return ms, kernel
 

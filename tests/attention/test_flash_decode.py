@@ -9,7 +9,7 @@ from mhe.attention.masks import AttentionMask
 from mhe.attention import KERNELS, build_attention, kernels, masks, triton_decode
 from mhe.attention.flash_decode import fast_path, key_offsets, mask_range, range_mask
 from mhe.attention.folding import inference_view
-from mhe.attention.kernels import EXPAND_MAX_POSITIONS, attend, decode_kernel, view_kernels
+from mhe.attention.kernels import EXPAND_MAX_POSITIONS, DecodePlan, attend, decode_kernel, decode_plan, view_kernels
 from mhe.attention.kv_cache import KVCache
 from mhe.models import build_model
 from mhe.models.config import preset
@@ -81,7 +81,7 @@ def test_cache_decode_range_is_the_run_of_its_mask(padded, eager_width):
     mask = masks.self_attention_mask(token, key_mask, start=cache.index, keys=12).dense
     begin, used = check_contiguous_range(mask, 3)
     offsets, got_used, queries = masks.self_attention_mask(token, key_mask, start=cache.index, keys=12,
-                                                           kernel="flash-decode").key_range
+                                                           plan=DecodePlan.of("flash-decode")).key_range
     assert offsets.dtype == got_used.dtype == queries.dtype == torch.int32
     assert queries.tolist() == [0, 1, 2, 3]  # cum_seq_q: one query a row, built once for every layer
     assert torch.equal(got_used, used) and torch.equal(offsets, key_offsets(begin, 12))
@@ -142,9 +142,8 @@ def test_a_configured_kernel_is_kept_and_the_model_left_unchanged(monkeypatch):
     mqa = build_attention("mqa", d_model=32, n_heads=4, kernel="sdpa-expand")
     assert decode_kernel(mqa, CUDA, torch.bfloat16) == "sdpa-expand"
     model = build_model("tiny-decoder", attention="mqa", **SMALL)
-    view = inference_view(model, decode_kernel(model, CUDA, torch.bfloat16))
-    assert view_kernels(view) == "flash-decode" and view_kernels(model) == "sdpa"
-    assert all(p is q for p, q in zip(view.parameters(), model.parameters()))  # weights shared, not copied
+    assert decode_plan(model, CUDA, torch.bfloat16) == DecodePlan("flash-decode", "key-range")
+    assert inference_view(model) is model and view_kernels(model) == "sdpa"  # the plan is written into no sublayer
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -157,7 +156,7 @@ def test_generate_with_flash_decode_on_cpu_equals_sdpa(padded):
     a, la = model.generate(ids, 6, attention_mask=mask, kernel="sdpa", return_logits=True)
     session = model.generator(2, 12, kernel="flash-decode")
     b, lb = model.generate(ids, 6, attention_mask=mask, session=session, return_logits=True)
-    assert view_kernels(session.view) == "flash-decode"
+    assert session.plan.kernel == "flash-decode"
     assert torch.equal(a, b)
     # the rebuilt mask reaches SDPA by another path (float64 rounding apart where Triton is installed)
     torch.testing.assert_close(lb, la, rtol=0, atol=1e-12)
@@ -232,7 +231,7 @@ def test_graph_and_compiled_decode_equal_eager_with_flash_decode(kind):
     for m in (None, mask):
         session = model.generator(3, 29, step_mode="eager", kernel="flash-decode")  # with Triton: split-k-decode
         a, la = model.generate(ids, 20, attention_mask=m, session=session, return_logits=True)
-        assert view_kernels(session.view) == "flash-decode"
+        assert session.plan.kernel == "flash-decode"
         s, ls = model.generate(ids, 20, attention_mask=m, step_mode="eager", kernel="sdpa", return_logits=True)
         # the first decode step (logits 1; logits 0 are the prefill's) after the same token:
         # the same function as sdpa's, in another bf16 rounding
@@ -261,7 +260,7 @@ def test_one_row_decodes_with_the_expanded_head_and_agrees_with_flash_decode(kin
     ids = torch.randint(0, 1024, (1, 9), device="cuda")
     session = model.generator(1, 29)
     got, lg = model.generate(ids, 20, session=session, return_logits=True)
-    assert view_kernels(session.view) == "sdpa-expand"
+    assert session.plan.kernel == "sdpa-expand"
     want, lw = model.generate(ids, 20, session=model.generator(1, 29, kernel="flash-decode"), return_logits=True)
     torch.testing.assert_close(lg[:, :2].float(), lw[:, :2].float(), rtol=0.02, atol=0.05)
     assert torch.equal(got[:, :10], want[:, :10])

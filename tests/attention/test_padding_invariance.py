@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from mhe.attention import KINDS, CrossCache, attention_class, build_attention, masks
-from mhe.attention.kernels import KERNELS
+from mhe.attention.kernels import KERNELS, DecodePlan
 
 D, H, LENGTHS, NEW = 16, 4, (5, 2, 4), 3  # model width, heads, real prompt lengths, decoded tokens
 TOL = dict(rtol=1e-12, atol=1e-12)
@@ -94,13 +94,14 @@ def _decode(mod, x, mask, causal, steps: torch.Tensor, kernel: str):
     b, t, _ = x.shape
     length = t + steps.shape[1]
     cache = mod.new_cache(b, length)
-    m = masks.self_attention_mask(x, mask, causal=causal, keys=length, kernel=kernel)
+    m = masks.self_attention_mask(x, mask, causal=causal, keys=length, plan=DecodePlan.of(kernel))
     mod(x, mask=m, cache=cache)
     seen, outs = mask, []
     for j in range(steps.shape[1]):
         tok = steps[:, j:j + 1]
         seen = torch.cat([seen, torch.ones(b, 1, dtype=torch.bool)], 1) if seen is not None else None
-        m = masks.self_attention_mask(tok, seen, causal=causal, start=cache.index, keys=length, kernel=kernel)
+        m = masks.self_attention_mask(tok, seen, causal=causal, start=cache.index, keys=length,
+                                      plan=DecodePlan.of(kernel))
         outs.append(mod(tok, mask=m, cache=cache))
     return torch.cat(outs, 1)
 

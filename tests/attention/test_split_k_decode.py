@@ -12,7 +12,7 @@ import torch
 from mhe.attention.masks import AttentionMask
 from mhe.attention import KERNELS, build_attention, kernels, masks, triton_decode
 from mhe.attention.flash_decode import key_offsets, range_mask
-from mhe.attention.kernels import EXPAND_MAX_POSITIONS, attend, decode_kernel, reads_key_range, view_kernels
+from mhe.attention.kernels import EXPAND_MAX_POSITIONS, DecodePlan, attend, decode_kernel, reads_key_range
 from mhe.models import build_model
 from reference import softmax_attention
 
@@ -172,7 +172,7 @@ def test_a_dense_mask_is_read_as_its_run(interpret):
     token = torch.zeros(3, 1, dtype=torch.long)
     dense = masks.self_attention_mask(token, key_mask, start=torch.tensor(17), keys=24).dense
     key_range = masks.self_attention_mask(token, key_mask, start=torch.tensor(17), keys=24,
-                                          kernel="split-k-decode").key_range
+                                          plan=DecodePlan.of("split-k-decode")).key_range
     by_mask = attend(q, k, v, AttentionMask(dense=dense), kernel="split-k-decode")
     by_range = attend(q, k, v, AttentionMask(key_range=key_range), kernel="split-k-decode")
     assert torch.equal(by_mask, by_range)
@@ -210,7 +210,7 @@ def test_fallback_outside_the_interpreter_is_sdpa_exactly(t, monkeypatch):
     assert torch.equal(attend(q, k, v, AttentionMask(dense=mask), kernel="split-k-decode"), attend(q, k, v, AttentionMask(dense=mask), kernel="sdpa"))
     if t == 1:
         kr = masks.self_attention_mask(tokens, key_mask, start=torch.tensor(5), keys=10,
-                                       kernel="split-k-decode").key_range
+                                       plan=DecodePlan.of("split-k-decode")).key_range
         assert torch.equal(kr[0], key_offsets(torch.tensor([0, 4], dtype=torch.int32), 10))
         assert torch.equal(attend(q, k, v, AttentionMask(key_range=kr), kernel="split-k-decode"),
                            attend(q, k, v, AttentionMask(dense=mask), kernel="sdpa"))
@@ -268,7 +268,7 @@ def test_generation_through_the_kernel_equals_sdpa_in_float64(interpret, name, k
     monkeypatch.setattr(triton_decode, "launch", lambda *a, **kw: launches.append(1) or launch(*a, **kw))
     session = model.generator(3, 12, kernel="split-k-decode")
     got, lg = model.generate(ids, 5, attention_mask=mask, session=session, return_logits=True)
-    assert view_kernels(session.view) == "split-k-decode" and len(launches) == 2 * 4  # 2 layers, 4 steps
+    assert session.plan.kernel == "split-k-decode" and len(launches) == 2 * 4  # 2 layers, 4 steps
     assert {c.k.shape[1] for c in session.caches} == {2 if kind == "gqa" else 1}
     torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
     assert torch.equal(got, want)

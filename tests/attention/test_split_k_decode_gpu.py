@@ -15,7 +15,6 @@ from mhe.attention import masks, triton_decode
 from mhe.attention.flash_decode import range_mask
 from mhe.models import build_model
 from mhe.generation.beam import beam_search
-from mhe.attention.kernels import view_kernels
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -204,7 +203,7 @@ def test_fp32_generation_equals_the_eager_sdpa_path(name, kind, opts):
     want, lw = model.generate(ids, 24, attention_mask=mask, step_mode="eager", kernel="sdpa", return_logits=True)
     eager = model.generator(4, 40, step_mode="eager")
     got, lg = model.generate(ids, 24, attention_mask=mask, session=eager, return_logits=True)
-    assert view_kernels(eager.view) == "split-k-decode"
+    assert eager.plan.kernel == "split-k-decode"
     assert torch.equal(got, want)
     torch.testing.assert_close(lg, lw, rtol=1e-5, atol=1e-5)
     fast, lf = model.generate(ids, 24, attention_mask=mask, return_logits=True)  # compile + graph
@@ -231,7 +230,7 @@ def test_bf16_generation_graph_equals_eager_and_tracks_sdpa(name, kind, opts):
     torch._dynamo.utils.counters.clear()
     session = model.generator(4, 40, step_mode="compile", compile_options={"backend": "aot_eager"})
     c, lc = model.generate(ids, 20, attention_mask=mask, session=session, return_logits=True)
-    assert view_kernels(session.view) == "split-k-decode"
+    assert session.plan.kernel == "split-k-decode"
     assert int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) == 2  # the step and the greedy choice, every step
     assert torch.equal(c, a)  # AOT's decompositions round some other operators otherwise: logits within bf16
     torch.testing.assert_close(lc.float(), la.float(), rtol=0.02, atol=0.05)
@@ -244,7 +243,7 @@ def test_sampling_through_the_kernel_replays_the_eager_draws():
     eager = model.generator(4, 40, step_mode="eager")
     a, la = model.generate(ids, 16, session=eager, **kw)
     b, lb = model.generate(ids, 16, session=model.generator(4, 40, step_mode="graph"), **kw)
-    assert view_kernels(eager.view) == "split-k-decode"
+    assert eager.plan.kernel == "split-k-decode"
     assert torch.equal(a, b) and torch.equal(la, lb)
 
 
@@ -277,4 +276,4 @@ def test_hf_adapter_generates_through_the_kernel():
                       cache_implementation="static")
     want = model.generate(ids, 12, attention_mask=mask, step_mode="eager", kernel="sdpa")
     assert torch.equal(out, want)
-    assert any(view_kernels(s.view) == "split-k-decode" for s in generator_module._DEFAULT[model])
+    assert any(s.plan.kernel == "split-k-decode" for s in generator_module._DEFAULT[model])

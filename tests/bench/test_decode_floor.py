@@ -76,9 +76,9 @@ def test_gate_up_both_times_one_product_and_two_side_by_side(tmp_path, monkeypat
     original = decode_floor.decode_view
 
     def spying(*a, **kw):
-        view = original(*a, **kw)
+        view, plan = original(*a, **kw)
         stacked.append(any(fused_projection(m) is not None for m in view.modules() if isinstance(m, layers.SwiGLU)))
-        return view
+        return view, plan
 
     monkeypatch.setattr(decode_floor, "decode_view", spying)
     before = layers.FUSE_MAX_BYTES

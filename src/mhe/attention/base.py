@@ -15,7 +15,10 @@ the paper), ``n_heads`` is n and ``head_dim`` is d (d_h). Every kind maps
   real tokens, over every key the call attends to (with a cache: the cache, or every
   position so far);
 * ``cache`` is a :class:`~mhe.attention.kv_cache.KVCache` from :meth:`Attention.new_cache`
-  (self-attention) or a :class:`~mhe.attention.kv_cache.CrossCache` (cross-attention).
+  (self-attention) or a :class:`~mhe.attention.kv_cache.CrossCache` (cross-attention);
+* ``plan`` is a decoding run's :class:`~mhe.attention.kernels.DecodePlan` (the kernel every layer
+  runs and the mask form it reads), handed down by the model; None: the sublayer's configured
+  kernel (``cfg.kernel``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 from torch import nn
 
 from mhe.attention import kernels, masks
+from mhe.attention.kernels import DecodePlan
 from mhe.attention.kv_cache import CachePosition, CrossCache, KVCache
 from mhe.attention.options import AttentionConfig, NoOptions  # noqa: F401 (re-exported)
 from mhe.attention.masks import AttentionMask
@@ -89,13 +93,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, *, positions: torch.Tensor | None = None,
                 context: torch.Tensor | None = None, mask: AttentionMask | torch.Tensor | None = None,
-                cache: KVCache | CrossCache | None = None) -> torch.Tensor:
+                cache: KVCache | CrossCache | None = None, plan: DecodePlan | None = None) -> torch.Tensor:
         self._check_input(x, context)
         if positions is None:
             positions = self._positions(x, cache if context is None else None)
-        if not isinstance(mask, AttentionMask):
+        if not isinstance(mask, AttentionMask):  # called on its own: the mask a model would build
             mask = masks.sublayer_mask(x, mask, context=context, cache=cache, causal=self.cfg.causal,
-                                       kernel=self.cfg.kernel)  # called on its own: the mask a model would build
+                                       plan=plan or DecodePlan.of(self.cfg.kernel))
         if context is None:
             q, k, v = self._self_projections(x, positions)  # [B, h_q, T, d], 2 x [B, h_kv, T, d]
             if cache is not None:
@@ -110,7 +114,7 @@ class Attention(nn.Module):
                     k, v = cache.store(k, v)
         if mask.keys is not None:
             k, v = k[:, :, :mask.keys], v[:, :, :mask.keys]  # the positions the mask covers
-        return self._output(self._attend(q, k, v, mask))
+        return self._output(self._attend(q, k, v, mask, self.cfg.kernel if plan is None else plan.kernel))
 
     def cross_keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values cross-attention reads from ``context`` ``[B, S, m]``,
@@ -160,9 +164,9 @@ class Attention(nn.Module):
     def _output(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
-        return kernels.attend(q, k, v, mask, dropout_p=self.cfg.dropout if self.training else 0.0,
-                              kernel=self.cfg.kernel)
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
+                kernel: str) -> torch.Tensor:
+        return kernels.attend(q, k, v, mask, dropout_p=self.cfg.dropout if self.training else 0.0, kernel=kernel)
 
     def _positions(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         """``[T]``: x's positions when the caller gave none (after what the cache holds)."""
@@ -220,7 +224,9 @@ def attention_sublayers(module: nn.Module) -> list[Attention]:
 
 def set_kernel(module: nn.Module, name: str) -> nn.Module:
     """Point every attention sublayer of ``module`` at kernel ``name`` (in place; a kernel never
-    changes the function, only how it runs). The one place kernels are set after building."""
+    changes the function, only how it runs): the configured kernel, which the Hugging Face adapter
+    sets from ``_attn_implementation``. Decoding never writes its kernel into sublayers: its
+    :class:`~mhe.attention.kernels.DecodePlan` is passed down each call."""
     kernels.check_kernel(name)
     for m in attention_sublayers(module):
         if m.cfg.kernel != name:

@@ -14,8 +14,8 @@ the rotation, which no (n*d) x m query weight can express; such a sublayer is le
 
 :func:`inference_view` is what generation and beam search run: the model with every foldable
 MHE sublayer folded, sharing every other weight, so MHE decodes exactly like MQA with no
-per-step folding work, and with the decode kernel
-(:func:`~mhe.attention.kernels.decode_kernel`) set on its sublayers (:func:`set_kernel`).
+per-step folding work. The decode kernel is not the view's: a session passes its
+:class:`~mhe.attention.kernels.DecodePlan` down each call.
 :func:`weights_version` tells a holder of a view when the model's weights changed under it.
 """
 
@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Callable
-
 import torch
 from torch import nn
 
-from mhe.attention.base import attention_sublayers, set_kernel
 from mhe.attention.mhe import _MHEBase
 from mhe.attention.registry import attention_from_config
 from mhe.attention.spec import attention_spec
@@ -72,24 +69,15 @@ def fold_model(model: nn.Module) -> nn.Module:
 
 
 # --- the inference view: what generation and beam search run --------------------------------------
-def inference_view(model: nn.Module, kernel: str | None = None,
-                   scope: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
+def inference_view(model: nn.Module) -> nn.Module:
     """``model`` with foldable MHE sublayers folded to MQA (fast MHE under rotary positions runs as it
-    is, with its one-head cache) and, with ``kernel``, the attention
-    sublayers of ``scope(view)`` (default: all) set to it; shares all parameters and buffers with
-    ``model``, which is left unchanged (``model`` itself when nothing changes). Computes the same
-    function as ``model`` (the folded sublayers by the identities above), built only from the
-    attention package's own classes, so model code never branches on an attention kind."""
-    part = scope or (lambda m: m)
-    fold = any(isinstance(m, _MHEBase) and m.foldable for m in model.modules())
-    if not fold and (kernel is None or all(a.cfg.kernel == kernel for a in attention_sublayers(part(model)))):
+    is, with its one-head cache); shares all parameters and buffers with ``model``, which is left
+    unchanged (``model`` itself when nothing folds). Computes the same function as ``model`` (the
+    folded sublayers by the identities above), built only from the attention package's own
+    classes, so model code never branches on an attention kind."""
+    if not any(isinstance(m, _MHEBase) and m.foldable for m in model.modules()):
         return model
-    view = shared_copy(model)
-    if fold:
-        view = fold_model(view).eval()
-    if kernel is not None:
-        set_kernel(part(view), kernel)
-    return view
+    return fold_model(shared_copy(model)).eval()
 
 
 def shared_copy(model: nn.Module) -> nn.Module:

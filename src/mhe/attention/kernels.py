@@ -4,7 +4,8 @@ This is the only module that knows how attention is computed. A *kernel* is a fu
 ``kernel(q, k, v, *, mask, is_causal, dropout_p, scale) -> out`` with ``q: [B, h_q, T, d]``,
 ``k, v: [B, h_kv, S, d]`` (h_kv divides h_q; query head i reads key/value head
 ``i // (h_q / h_kv)``) and ``mask`` boolean, broadcastable to ``[B, h, T, S]`` (True =
-attend). Kernels are chosen by name (``AttentionConfig.kernel``, ``ModelConfig.attn_kernel``),
+attend). Kernels are chosen by name (``AttentionConfig.kernel``, ``ModelConfig.attn_kernel``: the
+model's configured kernel; a decoding run's :class:`DecodePlan`, passed down its forward calls),
 the way Hugging Face's ``AttentionInterface`` registers kernels apart from architectures:
 
 * ``sdpa`` (default): ``torch.nn.functional.scaled_dot_product_attention`` with grouped
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -413,6 +415,60 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     return configured
 
 
+MASK_FORMS = ("dense", "key-range")
+"""How a decode step's mask reaches the kernel: ``dense`` (a boolean mask, or SDPA's causal flag),
+which every kernel reads, or ``key-range`` (one run of keys per row, built once per forward for
+one causal query), which only the kernels registered with ``reads_key_range`` read."""
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """The decode choice of one decoding run: the kernel every attention sublayer it reaches runs
+    and the form of the mask the model builds for it.
+
+    A decode session makes one (:func:`decode_plan`) and passes it down the call
+    (``model(..., plan=plan)``, every block, every sublayer's ``forward``), so no sublayer's
+    configuration carries the decode choice and no two layers of one step can run different
+    kernels or read different masks. Without a plan a model runs its configured kernel
+    (``AttentionConfig.kernel``) over dense masks. A plan never changes results, only how they
+    are computed.
+
+    Attributes:
+        kernel: a name in :data:`KERNELS`.
+        mask_form: one of :data:`MASK_FORMS`; ``key-range`` only for a kernel that reads ranges.
+    """
+
+    kernel: str
+    mask_form: str = "dense"
+
+    def __post_init__(self) -> None:
+        check_kernel(self.kernel)
+        if self.mask_form not in MASK_FORMS:
+            raise one_of("decode mask form", self.mask_form, MASK_FORMS)
+        if self.mask_form == "key-range" and not reads_key_range(self.kernel):
+            raise MheError(f"kernel {self.kernel!r} reads no key ranges; its decode mask form is 'dense'")
+
+    @classmethod
+    def of(cls, kernel: str, *, dense: bool = False) -> DecodePlan:
+        """The plan of ``kernel`` with the mask form it reads fastest (key ranges where it reads
+        them), or ``dense`` (beam search: its masks read a window of the cache)."""
+        return cls(kernel, "key-range" if not dense and reads_key_range(kernel) else "dense")
+
+    @property
+    def key_range(self) -> bool:
+        """Whether the model builds a run of keys per row for one causal query."""
+        return self.mask_form == "key-range"
+
+
+def decode_plan(module: nn.Module, device: torch.device | str, dtype: torch.dtype | None = None,
+                requested: str | None = None, *, batch: int | None = None, positions: int | None = None,
+                dense: bool = False) -> DecodePlan:
+    """The :class:`DecodePlan` of :func:`decode_kernel`'s kernel for ``module`` (same arguments;
+    ``dense``: see :meth:`DecodePlan.of`). The one place a session's decode choice is made."""
+    kernel = decode_kernel(module, device, dtype, requested, batch=batch, positions=positions)
+    return DecodePlan.of(kernel, dense=dense)
+
+
 @torch.compiler.assume_constant_result
 def _cudnn_attention(device: torch.device | str) -> bool:
     """SDPA's cuDNN kernel is on and ``device`` is a Hopper card or later (sm90, where ``sdpa-expand``
@@ -432,7 +488,8 @@ def split_kernel(kernel: str) -> tuple[str, str | None]:
 
 
 def view_kernels(module: nn.Module) -> str:
-    """The kernels ``module``'s attention sublayers run, e.g. ``flash-decode`` (for reports)."""
+    """The kernels ``module``'s attention sublayers are configured with, e.g. ``sdpa`` (for reports;
+    a decoding run's kernel is its plan's, :attr:`DecodePlan.kernel`)."""
     return ",".join(sorted({a.cfg.kernel for a in _sublayers(module)})) or "-"
 
 

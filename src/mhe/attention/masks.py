@@ -6,9 +6,10 @@ its key-padding mask and, with a cache, the cache's write position into one
 called on its own builds the same mask from the same functions (:func:`sublayer_mask`). Every
 mask is built here; kernels take the finished :class:`AttentionMask`
 (:func:`mhe.attention.kernels.attend`). Attention modules never look at a kernel's name: a
-kernel that reads a run of keys instead of a mask (``flash-decode``, ``split-k-decode``) says so
-in the kernel registry (:func:`mhe.attention.kernels.reads_key_range`), and
-:func:`self_attention_mask` builds that run for it.
+decoding run's :class:`~mhe.attention.kernels.DecodePlan` says which mask form its kernel reads
+(``key-range`` for a kernel that reads a run of keys instead of a mask, ``flash-decode`` or
+``split-k-decode``, as the kernel registry says: :func:`mhe.attention.kernels.reads_key_range`),
+and :func:`self_attention_mask` builds that run for it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from mhe.attention import kernels
+from mhe.attention.kernels import DecodePlan
 from mhe.compile_fallback import tracing
 from mhe.errors import MheError
 
@@ -128,17 +130,17 @@ def dense_mask(key_mask: torch.Tensor | None, *, causal: bool, q_len: int, k_len
 
 
 def sublayer_mask(x: torch.Tensor, key_mask: torch.Tensor | None, *, context: torch.Tensor | None, cache,
-                  causal: bool, kernel: str) -> AttentionMask:
+                  causal: bool, plan: DecodePlan) -> AttentionMask:
     """The mask an attention sublayer called on its own (not from a model, which builds one mask
     per forward) applies to its ``x`` ``[B, T, m]``: the same functions a model calls, from the
     boolean key-padding mask ``[B, S]`` it was given (cross-attention: over ``context``; with a
-    ``cache``: over the cache, or the positions so far)."""
+    ``cache``: over the cache, or the positions so far); ``plan``: the mask form its kernel reads."""
     b, t = x.shape[0], x.shape[1]
     if context is not None or (cache is None and not causal):
         return padding_mask(checked_key_mask(key_mask, b, t if context is None else context.shape[1]))
     if cache is None:
         return self_attention_mask(x, checked_key_mask(key_mask, b, t))
-    return self_attention_mask(x, key_mask, causal=causal, start=cache.index, keys=cache.max_len, kernel=kernel)
+    return self_attention_mask(x, key_mask, causal=causal, start=cache.index, keys=cache.max_len, plan=plan)
 
 
 def checked_key_mask(mask: torch.Tensor | None, batch: int, keys: int) -> torch.Tensor | None:
@@ -158,7 +160,7 @@ def padding_mask(key_mask: torch.Tensor | None) -> AttentionMask:
 
 def self_attention_mask(tokens: torch.Tensor, key_mask: torch.Tensor | None, *, causal: bool = True,
                         start: int | torch.Tensor = 0, keys: int | None = None,
-                        kernel: str | None = None) -> AttentionMask:
+                        plan: DecodePlan | None = None) -> AttentionMask:
     """The mask of the T new queries ``tokens`` (``[B, T]`` ids or ``[B, T, m]``) at positions
     ``start ..`` over ``keys`` key positions.
 
@@ -169,9 +171,9 @@ def self_attention_mask(tokens: torch.Tensor, key_mask: torch.Tensor | None, *, 
         start: position of the first new query in the keys: 0 without a cache, the cache's write
             position (a 0-d tensor, so a decode step is one graph for every position) with one.
         keys: key positions read (a cache's length, or a window of it); default ``start + q_len``.
-        kernel: the kernel that reads the mask; one that reads key ranges gets one for a
+        plan: the decoding run's plan; its ``key-range`` form gets a run of keys per row for a
             single causal query (the precondition, one contiguous run of keys per row, holds for
-            left padding: :mod:`mhe.attention.flash_decode`).
+            left padding: :mod:`mhe.attention.flash_decode`); None: the dense form.
 
     A prompt into an empty cache (``start`` the int 0) with no padding reads only its own
     keys under SDPA's plain causal path, the fast prefill.
@@ -188,7 +190,7 @@ def self_attention_mask(tokens: torch.Tensor, key_mask: torch.Tensor | None, *, 
         raise MheError(f"KV cache overflow: attention window {keys} too small for position {int(start)} + "
                        f"{q_len} new tokens")
     given, key_mask = key_mask, _cover(key_mask, q_len, start, keys)
-    if causal and q_len == 1 and kernel is not None and kernels.reads_key_range(kernel):
+    if causal and q_len == 1 and plan is not None and plan.key_range:
         return AttentionMask(keys=keys, key_range=decode_key_range(given, start, keys, batch=b, device=dev),
                              padding=key_mask)
     if causal:

@@ -257,12 +257,12 @@ class MHEAdd(_MHEBase):
     def _expands_values(self) -> bool:
         return self.training and self.cfg.dropout > 0
 
-    def _attend(self, q, k, v, mask):
+    def _attend(self, q, k, v, mask, kernel):
         if not self.literal and self._expands_values():
             n = self.cfg.n_heads
             v = v + self.head_embed[2][None, :, None, :]  # [B, n, S, d]
             k = k.expand(-1, n, -1, -1)
-        return super()._attend(q, k, v, mask)
+        return super()._attend(q, k, v, mask, kernel)
 
     def folded_output(self):
         """A_i (V + 1 eV_i^T) = A_i V + eV_i^T when attention rows sum to one (no attention

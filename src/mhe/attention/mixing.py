@@ -20,8 +20,9 @@ class _Mixing(Attention):
     supports_cache = False
     supports_cross = False
 
-    def forward(self, x, *, positions=None, context=None, mask=None, cache: KVCache | None = None):
-        """``positions`` are accepted and unused: mixing has no queries or keys to rotate."""
+    def forward(self, x, *, positions=None, context=None, mask=None, cache: KVCache | None = None, plan=None):
+        """``positions`` and ``plan`` are accepted and unused: mixing has no queries or keys to
+        rotate and runs no attention kernel."""
         if context is not None:
             raise MheError(f"attention kind {self.kind!r} mixes tokens of one sequence and cannot cross-attend")
         if cache is not None:

@@ -6,7 +6,7 @@ context 4096) and (batch 1, context 1024): tokens/s and KV bytes.
 ``kernel`` picks the attention kernel (``mhe.attention.kernels.KERNELS``) through the model
 configuration; nothing global is switched. ``auto`` is ``sdpa``, except that the decode
 sections decode as a user's ``generate`` call does: on a GPU, sublayers with a one-K/V-head
-cache use ``flash-decode`` (``attention.kernels.decode_kernel``); every decode row names the kernel
+cache use ``flash-decode`` (``attention.kernels.decode_plan``, passed to each call); every decode row names the kernel
 that ran.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from mhe.attention import attention_spec, build_attention, masks
-from mhe.attention.folding import fold_mhe, fold_model, inference_view
-from mhe.attention.kernels import decode_kernel, split_kernel, view_kernels
+from mhe.attention.folding import fold_mhe, fold_model
+from mhe.attention.kernels import decode_plan, split_kernel
 from mhe.bench.common import bench_config, model_shape, timed
 from mhe.models import build_model
 
@@ -78,24 +78,23 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
             mod = build_attention(kind, d_model=m, n_heads=n, causal=True, kernel=configured, **opts).to(dev, dtype).eval()
             if attention_spec(kind).folds:
                 mod = fold_mhe(mod)
-            chosen = decode_kernel(mod, dev, dtype, requested, batch=batch, positions=ctx + 1)
-            mod = inference_view(mod, chosen)
+            plan = decode_plan(mod, dev, dtype, requested, batch=batch, positions=ctx + 1)
             cache = mod.new_cache(batch, ctx + 1)
             cache.k.normal_()
             cache.v.normal_()
             x = torch.randn(batch, 1, m, device=dev, dtype=dtype)
             # what a model builds once per forward for all its layers: the new token's position and mask
             at = torch.tensor(ctx, device=dev)
-            pos, mask = at[None], masks.self_attention_mask(x, None, start=at, keys=ctx + 1, kernel=mod.cfg.kernel)
+            pos, mask = at[None], masks.self_attention_mask(x, None, start=at, keys=ctx + 1, plan=plan)
 
             def step():
                 cache.index.fill_(ctx)
                 with torch.no_grad():
-                    mod(x, positions=pos, mask=mask, cache=cache)
+                    mod(x, positions=pos, mask=mask, cache=cache, plan=plan)
 
             ms = timed(step, warmup=warmup, reps=reps, cuda=cuda, graph=graphs)
             kv = cache.nbytes() * ctx // (ctx + 1)  # the filled part (the buffer holds one more slot)
-            rows.append({"batch": batch, "context": ctx, "kind": kind, "kernel": mod.cfg.kernel, "step_ms": ms,
+            rows.append({"batch": batch, "context": ctx, "kind": kind, "kernel": plan.kernel, "step_ms": ms,
                          "kv_cache_bytes": kv, "kv_cache_mib": kv / 2**20, "cache_gb_per_s": kv / ms / 1e6})
     return rows
 
@@ -112,7 +111,7 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
             model = build_model(cfg).to(dev, dtype).eval()
             if attention_spec(kind).folds:
                 fold_model(model)  # decode exactly as a multi-query model (under RoPE: as it is, one head)
-            model = inference_view(model, decode_kernel(model, dev, dtype, requested, batch=batch, positions=ctx + 1))
+            plan = decode_plan(model, dev, dtype, requested, batch=batch, positions=ctx + 1)
             caches = model.new_caches(batch, ctx + 1)
             for c in caches:  # a filled cache of ctx positions
                 c.k.normal_()
@@ -122,12 +121,12 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
             def step():
                 caches[0].index.fill_(ctx)  # the position every layer's cache shares
                 with torch.no_grad():
-                    model(tok, caches=caches)
+                    model(tok, caches=caches, plan=plan)
 
             ms = timed(step, warmup=warmup, reps=reps, cuda=cuda, graph=graphs)
             layer = caches[0].nbytes() * ctx // (ctx + 1)  # the filled part of each layer's cache
             total = sum(c.nbytes() for c in caches) * ctx // (ctx + 1)
-            rows.append({"batch": batch, "context": ctx, "kind": kind, "kernel": view_kernels(model),
+            rows.append({"batch": batch, "context": ctx, "kind": kind, "kernel": plan.kernel,
                          "shape": model_shape(model.cfg), "step_ms": ms, "tokens_per_s": batch / (ms / 1000),
                          "kv_cache_bytes_per_layer": layer, "kv_cache_bytes_total": total,
                          "kv_cache_mib_per_layer": layer / 2**20, "kv_cache_mib_total": total / 2**20})

@@ -50,7 +50,8 @@ def _ours(model, batch, prompt, new, *, dev, kernel, mode, reps):
     session = model.generator(batch, prompt + new, step_mode=mode, kernel=requested)
     model.generate(ids, new, session=session)  # warm-up: compiles and captures the step
     sec = _time(lambda: model.generate(ids, new, session=session), cuda=dev.type == "cuda", reps=reps)
-    kv, ran, mode = sum(c.nbytes() for c in session.caches), view_kernels(session.view), session.step_mode_ran()
+    ran = session.plan.kernel if session.plan is not None else view_kernels(session.view)  # no plan: the configured
+    kv, mode = sum(c.nbytes() for c in session.caches), session.step_mode_ran()
     del session
     # the prompt's share: a call for one new token is the prefill alone
     first = model.generator(batch, prompt + 1, step_mode="eager", kernel=requested)

@@ -6,8 +6,9 @@ hypotheses only extend with EOS at no cost, top-k over beam x vocabulary, the to
 on tensors, so :class:`~mhe.generation.step.StepRunner` can replay it as a CUDA graph or
 compile it once. What outlives one batch belongs to a :class:`BeamSearcher` the caller holds
 (a :class:`~mhe.generation.session.DecodeSession` of the ``beam`` policy): the inference view of
-the model (fast MHE folded to MQA, the decode kernel of :func:`~mhe.attention.kernels.decode_kernel`
-on the decoder), the captured steps, and one :class:`BeamSession` (buffers) per shape (rows, beam, source length rounded up to a multiple of
+the model (fast MHE folded to MQA), its decode plan (:func:`~mhe.attention.kernels.decode_plan`'s
+kernel over dense masks, passed to every ``view.decode``: the decoder's self- and cross-attention
+run it, the encoder its configured kernel), the captured steps, and one :class:`BeamSession` (buffers) per shape (rows, beam, source length rounded up to a multiple of
 :data:`SOURCE_BUCKET`), reused by later batches: capturing costs far more than a step. A step
 attends over (and reorders) only the first :data:`WINDOW`-multiple of target positions that
 holds its token (one captured step per window), as its mask says (``keys``). The search stops
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 
 from mhe.attention import masks
 from mhe.attention.folding import inference_view, weights_version
-from mhe.attention.kernels import decode_kernel
+from mhe.attention.kernels import decode_plan
 from mhe.attention.masks import as_bool_mask
 from mhe.errors import MheError, checked_keywords
 from mhe.generation.session import DecodeSession
@@ -127,8 +128,8 @@ class BeamSearcher(DecodeSession):
         def make():  # new weights (or a new dtype or device): a new view, steps and sessions
             self.dtype, self.device = p.dtype, p.device
             self.mode = resolve_mode(self.step_mode, p.device, self.policy)
-            kernel = decode_kernel(model, self.device, self.dtype)
-            return inference_view(model, kernel, scope=lambda view: view.decoder_layers)
+            self.plan = decode_plan(model, self.device, self.dtype, dense=True)  # masks of a window of the cache
+            return inference_view(model)
         if self.build(weights_version(model), make):
             self.sessions = {}
         key = (b, beam, src_len, max_len, eos_id)
@@ -318,7 +319,8 @@ class BeamSession:
             part.copy_(part.index_select(1, self.parents))
         tok = self.history.gather(1, self.last.view(1, 1).expand(self.history.shape[0], 1))  # [B*k, 1]
         mask = masks.self_attention_mask(tok, None, start=self.caches[0][0].index, keys=window)
-        logits = self.view.decode(tok, self.memory, self.src_mask, mask, caches=self.caches)[:, -1]
+        logits = self.view.decode(tok, self.memory, self.src_mask, mask, caches=self.caches,
+                                  plan=self.searcher.plan)[:, -1]
         broken = (~torch.isfinite(logits.float().amax(-1)) & ~self.finished).any()  # NaN, +inf or all -inf
         note_non_finite(self.bad_step, broken, self.last + 1)
         logp = F.log_softmax(logits.float(), -1)  # [B*k, V]

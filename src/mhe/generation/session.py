@@ -2,7 +2,9 @@
 
 A :class:`DecodeSession` is what a caller holds across decoding calls of one model: the
 inference view it decodes with (:func:`~mhe.attention.folding.inference_view`: fast MHE folded
-to MQA, the decode kernel of :func:`~mhe.attention.kernels.decode_kernel` set), rebuilt when the
+to MQA) and its decode choice (:attr:`DecodeSession.plan`, a
+:class:`~mhe.attention.kernels.DecodePlan` made once by :func:`~mhe.attention.kernels.decode_plan`
+and passed down every call of the view: ``view(..., plan=plan)``), rebuilt when the
 model's weights change; its policy's step mode (:func:`~mhe.generation.step.resolve_mode`); and
 its captured steps (one :class:`~mhe.generation.step.RunnerCache`). Its two policies are
 sampling (:class:`Generator`, here: greedy or sampled tokens of a decoder-only model) and beam
@@ -206,6 +208,7 @@ class DecodeSession:
         self.compile_options = compile_options
         self.runners = RunnerCache(keep)
         self.view, self._built_for, self._steps = None, None, {}
+        self.plan: kernels.DecodePlan | None = None  # the decode choice every call of the view gets
 
     @property
     def model(self):
@@ -248,9 +251,9 @@ class Generator(DecodeSession):
             (None: inductor's defaults, or for a batch of one on CUDA
             :data:`~mhe.generation.step.ONE_ROW_COMPILE_OPTIONS`).
         kernel: the attention kernel of every sublayer while decoding (:data:`KERNELS
-            <mhe.attention.kernels.KERNELS>`); None: :func:`~mhe.attention.kernels.decode_kernel`'s
-            choice, except for prompts whose mask is not left padding (a gap inside a row),
-            which keep the configured kernels.
+            <mhe.attention.kernels.KERNELS>`), the session's :attr:`plan`; None:
+            :func:`~mhe.attention.kernels.decode_plan`'s choice, except for prompts whose mask is not
+            left padding (a gap inside a row), which run without a plan (the configured kernel).
     """
 
     @checked_keywords
@@ -276,15 +279,19 @@ class Generator(DecodeSession):
             raise MheError(f"this generator holds {self.batch} rows of {self.max_len} positions; got {b} prompts "
                            f"of {p} tokens + {new_tokens} new (build one with model.generator(batch, max_len))")
         self.padded = not bool(prompt_mask.all())
-        policy = kernels.decode_kernel(self.model, self.device, self.dtype, batch=b, positions=self.max_len)
-        self._build(self.kernel or (policy if not self.padded or _left_padded(prompt_mask) else None))
+        plan = None
+        if self.kernel is not None:
+            plan = kernels.DecodePlan.of(self.kernel)
+        elif not self.padded or _left_padded(prompt_mask):
+            plan = kernels.decode_plan(self.model, self.device, self.dtype, batch=b, positions=self.max_len)
+        self._build(plan)
         for c in self.caches:
             c.reset()
         self.key_mask.fill_(True)
         self.key_mask[:, :p] = prompt_mask
         mask = masks.self_attention_mask(input_ids, self.key_mask if self.padded else None, keys=self.max_len)
         return self.view(input_ids, attention_mask=mask, caches=self.caches, position_ids=positions,
-                         last_only=True).logits[:, -1]
+                         last_only=True, plan=self.plan).logits[:, -1]
 
     def rule(self, sampling: SamplingConfig, stop_ids: Sequence[int], min_new_tokens: int) -> Rule:
         """The rule of a call (its private generator seeded now)."""
@@ -328,28 +335,30 @@ class Generator(DecodeSession):
     def _model_step(self):
         """The logits ``[B, V]`` of the state's newest tokens (compiled once in ``compile`` mode)."""
         if self.padded not in self._steps:
-            view, caches, state = self.view, self.caches, self.state
+            view, caches, state, plan = self.view, self.caches, self.state, self.plan
             key_mask = self.key_mask if self.padded else None
 
             def model_step():
-                return view(state.tok, attention_mask=key_mask, caches=caches, position_ids=state.pos).logits[:, -1]
+                return view(state.tok, attention_mask=key_mask, caches=caches, position_ids=state.pos,
+                            plan=plan).logits[:, -1]
             self._steps[self.padded] = model_step if self.mode != "compile" else compile_step(
                 model_step, device=self.device, options=self.compile_options)
         return self._steps[self.padded]
 
-    def _build(self, kernel: str | None) -> None:
-        """The view for ``kernel`` (None: the configured ones) and these weights; a new one drops
-        the steps built on the old."""
+    def _build(self, plan: kernels.DecodePlan | None) -> None:
+        """The view of these weights and ``plan``, the session's decode choice from now on (None:
+        the configured kernel); a new one drops the steps built on the old."""
         model = self.model
         p = next(model.parameters())
         if (p.dtype, p.device) != (self.dtype, self.device):
             raise MheError(f"this generator was built for {self.dtype} on {self.device}, the model is now "
                            f"{p.dtype} on {p.device}; build a new one with model.generator(batch, max_len)")
         def make():
-            view = inference_view(model, kernel)
+            view = inference_view(model)
             view = shared_copy(model) if view is model else view  # never the model itself (weak reference)
             return fuse_projections(view)  # one product for Q, K, V: two kernels fewer a layer
-        if self.build((weights_version(model), kernel, model.training), make) and self.caches is None:
+        self.plan = plan  # the steps capture it: a new plan is a new build key, so new steps
+        if self.build((weights_version(model), plan, model.training), make) and self.caches is None:
             self.caches = self.view.new_caches(self.batch, self.max_len, dtype=self.dtype, device=self.device)
 
 

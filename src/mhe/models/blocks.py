@@ -49,14 +49,16 @@ class Block(nn.Module):
         return norm(x + self.drop(fn(x)))
 
     def forward(self, x, *, positions=None, mask=None, context=None, context_mask=None,
-                cache: KVCache | None = None, cross_cache: CrossCache | None = None):
+                cache: KVCache | None = None, cross_cache: CrossCache | None = None, plan=None):
         """``positions``: x's absolute positions (``[B, T]`` or ``[T]``); ``mask`` and
         ``context_mask``: the :class:`~mhe.attention.masks.AttentionMask` the model built once for
-        every layer (or key-padding masks, as a sublayer takes them)."""
-        x = self._residual(x, self.self_norm, lambda h: self.self_attn(h, positions=positions, mask=mask, cache=cache))
+        every layer (or key-padding masks, as a sublayer takes them); ``plan``: a decoding run's
+        :class:`~mhe.attention.kernels.DecodePlan`, handed to both attention sublayers."""
+        x = self._residual(x, self.self_norm, lambda h: self.self_attn(h, positions=positions, mask=mask, cache=cache,
+                                                                       plan=plan))
         if self.cross_attn is not None:
             x = self._residual(x, self.cross_norm, lambda h: self.cross_attn(
-                h, positions=positions, context=context, mask=context_mask, cache=cross_cache))
+                h, positions=positions, context=context, mask=context_mask, cache=cross_cache, plan=plan))
         return self._residual(x, self.ffn_norm, self.ffn)
 
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhe.attention import masks
+from mhe.attention.kernels import DecodePlan
 from mhe.attention.kv_cache import KVCache, check_layer_caches, layer_caches
 from mhe.attention.rotary import RotaryEmbedding
 from mhe.attention.masks import AttentionMask
@@ -46,14 +47,16 @@ class Decoder(nn.Module):
                 layer.self_attn.attach_rotary(self.rotary)
 
     def forward(self, input_ids, attention_mask=None, caches: list[KVCache] | None = None,
-                position_ids: torch.Tensor | None = None):
+                position_ids: torch.Tensor | None = None, plan: DecodePlan | None = None):
         """Hidden states ``[B, T, m]`` of ``input_ids`` ``[B, T]``.
 
         The positions (``position_ids``, else the caches' write position onwards) and the mask
         are made once here and handed to every layer. ``attention_mask``: ``[B, T]`` (1 = real
         token); with ``caches`` ``[B, L]`` over the cache or ``[B, start + T]`` over every
         position so far; or an :class:`~mhe.attention.masks.AttentionMask` built by the caller
-        (generation's prefill, beam search's window).
+        (generation's prefill, beam search's window). ``plan``: a decoding run's
+        :class:`~mhe.attention.kernels.DecodePlan` (the mask form built here and the kernel of
+        every layer); None: the configured kernel over a dense mask.
         """
         if caches:
             check_layer_caches(caches)
@@ -64,10 +67,9 @@ class Decoder(nn.Module):
         if not isinstance(mask, AttentionMask):
             check_mask("attention_mask", mask, input_ids.shape[0], None if caches else input_ids.shape[1])
             mask = masks.self_attention_mask(input_ids, as_bool_mask(mask), start=start,
-                                             keys=caches[0].max_len if caches else None,
-                                             kernel=self.layers[0].self_attn.cfg.kernel)
+                                             keys=caches[0].max_len if caches else None, plan=plan)
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions=positions, mask=mask, cache=caches[i] if caches else None)
+            x = layer(x, positions=positions, mask=mask, cache=caches[i] if caches else None, plan=plan)
         return self.final_norm(x)
 
     def new_caches(self, batch: int, max_len: int | None = None, *, dtype=None, device=None) -> list[KVCache]:
@@ -121,14 +123,15 @@ class DecoderForCausalLM(_DecoderModel):
         return self.lm_head(h)[..., :self.cfg.vocab_size]  # [B, T, V]: padding rows never score
 
     def forward(self, input_ids, attention_mask=None, labels=None, caches=None, return_logits=True,
-                position_ids=None, last_only=False, chunked_loss=None):
+                position_ids=None, last_only=False, chunked_loss=None, plan: DecodePlan | None = None):
         """``labels`` are the inputs themselves: position t is scored on token t+1;
         -100 marks positions to ignore. ``return_logits=False`` skips the full output
         distribution where only the loss is needed (adaptive softmax; the full softmax below
         float32 scores chunk by chunk, :func:`~mhe.models.losses.head_loss`, and ``logits`` is
         None; ``chunked_loss`` True or False chooses, :func:`~mhe.models.losses.chunked_loss_wanted`);
-        ``last_only`` computes the logits of the last position only (``[B, 1, V]``)."""
-        h = self.decoder(input_ids, attention_mask, caches, position_ids)
+        ``last_only`` computes the logits of the last position only (``[B, 1, V]``); ``plan``: a
+        decoding run's :class:`~mhe.attention.kernels.DecodePlan` (:meth:`Decoder.forward`)."""
+        h = self.decoder(input_ids, attention_mask, caches, position_ids, plan)
         check_labels("labels", labels, input_ids.shape)
         if last_only and labels is None:
             h = h[:, -1:]

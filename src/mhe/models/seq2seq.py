@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from mhe.attention import masks
+from mhe.attention.kernels import DecodePlan
 from mhe.attention.kv_cache import CrossCache, KVCache, check_layer_caches, layer_caches
 from mhe.attention.masks import AttentionMask
 from mhe.errors import MheError
@@ -56,14 +57,17 @@ class EncoderDecoder(nn.Module):
         return self.encoder_norm(x) if self.encoder_norm is not None else x  # [B, S, m]
 
     def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None,
-               caches: list[tuple[KVCache, CrossCache]] | None = None, *, head: bool = True):
+               caches: list[tuple[KVCache, CrossCache]] | None = None, *, head: bool = True,
+               plan: DecodePlan | None = None):
         """The logits ``[B, T, V]`` of ``tgt_ids`` ``[B, T]`` reading ``memory`` ``[B, S, m]``
         (``head=False``: the hidden states).
 
         With ``caches`` (:meth:`new_caches`) the new tokens sit at the self-attention caches'
         write position and ``tgt_mask`` covers the cache (``[B, L]``) or every position so far,
         or is an :class:`~mhe.attention.masks.AttentionMask` built by the caller (beam search's
-        window). Positions and both masks are made once and handed to every layer.
+        window). Positions and both masks are made once and handed to every layer, with ``plan``,
+        a decoding run's :class:`~mhe.attention.kernels.DecodePlan` (the kernel of the decoder's
+        self- and cross-attention; None: the configured kernel over dense masks).
         """
         if caches:
             check_layer_caches([own for own, _ in caches])
@@ -77,13 +81,12 @@ class EncoderDecoder(nn.Module):
         if not isinstance(self_mask, AttentionMask):
             check_mask("tgt_mask", tgt_mask, tgt_ids.shape[0], None if caches else tgt_ids.shape[1])
             self_mask = masks.self_attention_mask(tgt_ids, as_bool_mask(tgt_mask), start=start,
-                                                  keys=caches[0][0].max_len if caches else None,
-                                                  kernel=self.decoder_layers[0].self_attn.cfg.kernel)
+                                                  keys=caches[0][0].max_len if caches else None, plan=plan)
         cross_mask = masks.padding_mask(as_bool_mask(src_mask))
         for i, layer in enumerate(self.decoder_layers):
             self_cache, cross_cache = caches[i] if caches else (None, None)
             x = layer(x, positions=positions, mask=self_mask, context=memory, context_mask=cross_mask,
-                      cache=self_cache, cross_cache=cross_cache)
+                      cache=self_cache, cross_cache=cross_cache, plan=plan)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         return self.lm_head(x)[..., :self.cfg.vocab_size] if head else x  # [B, T, V]: padding rows never score
