@@ -71,3 +71,16 @@ if "mha" in ref: pass
 if spec.psi == "mul": pass
 '''
     assert kind_comparisons(ast.parse(src)) == [2, 3, 4, 5]
+
+
+def test_the_remote_code_keeps_one_kind_table_that_agrees_with_the_specs():
+    """``hf/remote/`` (which may not import mhe) holds one table of kinds, ``configuration_mhe.KINDS``;
+    its name lists (``layers_mhe.MHE_KINDS``, ``MIXING_KINDS``) are read from it, and it names the
+    kinds of mhe's specs with the same groups."""
+    from mhe.attention.spec import SPECS
+    from mhe.hf.remote import configuration_mhe, layers_mhe
+
+    table = configuration_mhe.KINDS
+    assert tuple(table) == tuple(SPECS)
+    assert layers_mhe.MHE_KINDS == tuple(k for k, s in SPECS.items() if s.is_mhe)
+    assert layers_mhe.MIXING_KINDS == tuple(k for k, s in SPECS.items() if s.mixes)

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .configuration_mhe import cache_heads
+from .configuration_mhe import KINDS, cache_heads
 
-MHE_KINDS = ("mhe-add", "mhe-mul")
-MIXING_KINDS = ("fnet", "linear")
+MHE_KINDS = tuple(k for k, (_, _, psi) in KINDS.items() if psi)  # read from the one table of kinds
+MIXING_KINDS = tuple(k for k, (_, how, _) in KINDS.items() if how == "mixing")
 
 
 def head_dim(s: dict) -> int:
