@@ -12,9 +12,9 @@ activation, the cache writes) and, on CUDA, captured in the same kind of graph, 
 launches the fused kernels with no host work. ``auto`` is the policy's entry of
 :data:`CUDA_MODES` on CUDA and ``eager`` elsewhere.
 
-What the step runs on (the inference view of the model, its decode kernel) belongs to the
-attention package: :func:`mhe.attention.folding.inference_view`,
-:func:`mhe.attention.kernels.decode_kernel`. The two policies of a decode session, sampling
+What the step runs on (the inference view of the model, and the decode plan passed down its
+calls) belongs to the attention package: :func:`mhe.attention.folding.inference_view`,
+:func:`mhe.attention.kernels.decode_plan`. The two policies of a decode session, sampling
 (:mod:`mhe.generation.session`) and beam search (:mod:`mhe.generation.beam`), build their steps here.
 """
 
