@@ -1,7 +1,7 @@
 """Decoding speed through the user API, ours beside Hugging Face's best, in one run on one card.
 
-    python benchmarks/decode_speed.py OUT [--old-src OLD/src] [--modes graph] [--sections table,kernels]
-    python benchmarks/decode_speed.py OUT --cpu-smoke            # tiny sizes on a CPU, end to end
+    python benchmarks/decode.py speed OUT [--old-src OLD/src] [--modes graph] [--sections table,kernels]
+    python benchmarks/decode.py speed OUT --cpu-smoke            # tiny sizes on a CPU, end to end
 
 For (batch, context) in 1x512, 64x512 and 64x4096 (256 new tokens), in bf16 on the GPU:
 
@@ -15,7 +15,7 @@ For (batch, context) in 1x512, 64x512 and 64x4096 (256 new tokens), in bf16 on t
 * our HF adapter ``to_hf(model).generate(..., cache_implementation="static")`` for MHA and MHE-Mul
   (batch 1 and 64 at context 512);
 * kernels per generated token at batch 1 for MHA and MHE-Mul in every mode (``kernels``);
-* with ``--old-src``, the same ``model.generate`` rows of an older tree (``decode_rows.py`` in a
+* with ``--old-src``, the same ``model.generate`` rows of an older tree (``decode.py rows`` in a
   subprocess with that tree on PYTHONPATH), its kernels per token included.
 
 Writes ``OUT/decode-speed.md`` (the tables, the targets of issue 28 read off them, the card, torch
@@ -35,9 +35,8 @@ from pathlib import Path
 
 import torch
 
-import toolbox  # noqa: E402,F401  (this checkout's src first)
-import decode_rows as rows_mod  # noqa: E402
-import decode_report  # noqa: E402
+from decoding import rows as rows_mod
+from decoding import speed_report as decode_report
 
 KINDS = ("mha", "mqa", "mhe-mul")
 ADAPTER_KINDS = ("mha", "mhe-mul")
@@ -114,7 +113,7 @@ def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
 def old_rows(run) -> list[dict]:
     """The older tree's model.generate rows (subprocess with PYTHONPATH=--old-src)."""
     out = Path(run.out) / "old-tree.json"
-    cmd = [sys.executable, str(Path(__file__).parent / "decode_rows.py"), str(out), "--settings",
+    cmd = [sys.executable, str(Path(__file__).parents[1] / "decode.py"), "rows", str(out), "--settings",
            ",".join(f"{b}x{c}" for b, c in run.settings), "--preset", run.preset, "--new", str(run.new),
            "--reps", str(run.reps)] + (["--smoke"] if run.smoke else [])
     env = {**os.environ, "PYTHONPATH": str(Path(run.old_src).resolve())}
@@ -171,8 +170,8 @@ def measure(run: Run) -> None:
         run.save()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="decode.py speed", description=__doc__.splitlines()[0])
     ap.add_argument("out", help="folder for decode-speed.md and decode-speed.json")
     ap.add_argument("--old-src", default="", help="an older tree's src folder: its model.generate rows too")
     ap.add_argument("--modes", default="graph,compile", help="step modes measured beside the default")
@@ -183,7 +182,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU (checks the script)")
-    run = Run(ap.parse_args())
+    run = Run(ap.parse_args(argv))
     run.note(f"device {decode_report.environment(run.dev)}")
     measure(run)
     run.save()
