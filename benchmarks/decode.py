@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
         if argv and argv[0] not in ("-h", "--help"):
             print(f"decode.py: unknown command {argv[0]!r}; the commands: {', '.join(COMMANDS)}", file=sys.stderr)
             raise SystemExit(2)
-        return
+        raise SystemExit(0)
     module, this_tree = COMMANDS[argv[0]]
     if this_tree:
         import toolbox  # noqa: F401  (this checkout's src first)

@@ -51,7 +51,7 @@ def build(preset: str, kind: str, length: int, dev, dtype, smoke: bool):
     from mhe.models import build_model
 
     torch.manual_seed(0)
-    extra = SMOKE if smoke else {}
+    extra = dict(SMOKE, **({"attn_options": {"n_kv_heads": 2}} if kind == "gqa" else {})) if smoke else {}
     return build_model(preset, attention=kind, max_len=length, dropout=0.0, attn_dropout=0.0, **extra).to(
         dev, dtype).eval()
 

@@ -48,3 +48,16 @@ def test_census_command_writes_its_rows_beside_the_floor_rows(tmp_path, capsys):
         ("mha", 1), ("mha", 2), ("gqa", 1), ("gqa", 2)]
     assert all(r["counted"] == "leaf aten operators" and r["kernels_per_layer"] > 0 for r in rows)
     assert "| llama-135m | gqa | 2 |" in capsys.readouterr().out
+
+
+def test_prefill_command_rows_scale_to_the_batch_and_count_the_floor_flops(tmp_path):
+    from decoding import prefill
+
+    prefill.main(["--cpu-smoke", "--presets", "llama-135m", "--kinds", "mhe-mul", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "decode-prefill-cpu.json").read_text())
+    assert [(r["rows"], r["batch"], r["prompt"]) for r in rows] == [(2, 4, 40), (4, 4, 40)]
+    model = floor.build("llama-135m", "mhe-mul", 41, torch.device("cpu"), torch.float32, small=True)
+    for r in rows:
+        assert r["flops_per_call"] == floor.prefill_flops(model, r["rows"], 40)
+        assert abs(r["ms"] - r["ms_per_call"] * 4 / r["rows"]) <= 0.02 and r["fraction_of_peak"] is None
+        assert abs(r["tokens_per_s"] - r["rows"] * 40 / (r["ms_per_call"] / 1e3)) <= 0.01 * r["tokens_per_s"] + 1
