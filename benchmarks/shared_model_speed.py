@@ -6,7 +6,7 @@
 
 llama-135m's shape (30 layers, 576 wide, 9 heads of 64, SwiGLU 1,536, vocabulary 49,152, tied
 embeddings), random weights, bf16 on one GPU, greedy, no stop token. A shape ``BxC`` is B prompts
-of C - N random tokens and N new tokens (N = ``--new``, 256), as ``decode_speed.py`` and ``mhe
+of C - N random tokens and N new tokens (N = ``--new``, 256), as ``decode.py speed`` and ``mhe
 bench``'s generate rows count a context. Rows (``--rows``, comma-separated):
 
 * ``exported-static``: ``build_model("llama-135m", attention="mhe-mul")`` written by

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-MODULES = {"decode_rows.py", "decode_report.py", "train_speed_runs.py", "ddp_setups.py", "uptrain_jobs.py",
+MODULES = {"train_speed_runs.py", "ddp_setups.py", "uptrain_jobs.py",
            "uptrain_stages.py", "uptrain_report.py", "toolbox.py"}
 
 
@@ -40,9 +40,26 @@ def test_each_entry_point_answers_help(tool, monkeypatch, capsys):
     assert "usage" in capsys.readouterr().out.lower()
 
 
+def test_decode_answers_help_for_every_command(capsys):
+    """``decode.py``'s commands each answer ``--help`` with their own flags, an unknown one is refused."""
+    monkey_path = str(BENCH)
+    sys.path.insert(0, monkey_path)
+    try:
+        decode = runpy.run_path(str(BENCH / "decode.py"))
+        for command in decode["COMMANDS"]:
+            with pytest.raises(SystemExit) as done:
+                decode["main"]([command, "--help"])
+            assert done.value.code == 0 and f"usage: decode.py {command}" in capsys.readouterr().out
+        with pytest.raises(SystemExit) as done:
+            decode["main"](["flor"])
+        assert done.value.code == 2 and "unknown command 'flor'" in capsys.readouterr().err
+    finally:
+        sys.path.remove(monkey_path)
+
+
 def test_every_tool_finds_src_through_the_toolbox_alone():
     """One way to find ``src``: no tool edits ``sys.path`` itself (the exported-model benchmark's
     child must not see ``src``, so that one keeps its own ``ROOT`` and imports the toolbox late)."""
-    for tool in BENCH.glob("*.py"):
+    for tool in [*BENCH.glob("*.py"), *BENCH.glob("decoding/*.py")]:
         if tool.name != "toolbox.py":
             assert "sys.path" not in tool.read_text(), tool.name

@@ -1,17 +1,15 @@
-"""benchmarks/decode_floor.py at smoke sizes on a CPU: its rows, the bytes a decode step must read
+"""``benchmarks/decode.py floor`` at smoke sizes on a CPU: its rows, the bytes a decode step must read
 (paper-notes: every cached key and value of the context once plus every weight once), the floor
 and the server rows' largest batch, written where the command says."""
 
-import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).parent.parent.parent / "benchmarks" / "decode_floor.py"
-spec = importlib.util.spec_from_file_location("decode_floor", SCRIPT)
-decode_floor = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(decode_floor)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # decode.py's commands: ``decoding.*``
+from decoding import floor as decode_floor  # noqa: E402
 
 
 def test_floor_rows_bytes_and_server_rows(tmp_path):

@@ -1,8 +1,7 @@
-"""benchmarks/profile_decode.py's counts at smoke sizes on a CPU (leaf aten operators stand in for
+"""``benchmarks/decode.py profile``'s counts (``decoding/rows.py``) at smoke sizes on a CPU (leaf aten operators stand in for
 kernels): a prefill-only profile counts one call's prompt, not its warm-up too, and with the
 per-token count it adds up to a longer call's operators."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -12,9 +11,7 @@ from torch.profiler import profile
 
 BENCH = Path(__file__).parent.parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
-spec = importlib.util.spec_from_file_location("decode_rows", BENCH / "decode_rows.py")
-decode_rows = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(decode_rows)
+from decoding import rows as decode_rows  # noqa: E402
 
 
 def leaf_ops(model, ids, mask, new: int) -> int:

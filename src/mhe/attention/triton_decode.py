@@ -58,7 +58,7 @@ MAX_SPLITS = 128
 """The most chunks one row's keys are split into (the merge holds them all in registers)."""
 PROGRAMS_PER_SM = 2
 """Split programs aimed at per SM: two, each streaming a longer chunk three tiles deep, kept an
-H200's memory busier than four shorter ones (``benchmarks/split_k_check.py --sweep``,
+H200's memory busier than four shorter ones (``benchmarks/decode.py split-k --sweep``,
 docs/benchmarks.md section 12)."""
 MIN_SPLIT_KEYS = 128
 """The fewest cache positions a chunk is given: one loop step of :data:`TILE` (a program's fixed
@@ -74,7 +74,7 @@ walked 32 chunks of one row (batch 1) in steps made llama-135m's step 0.1 ms slo
 merge kernel's 9 programs in parallel."""
 TILE = {"block_n": 128, "num_warps": 4, "num_stages": 3}
 """The split kernel's launch: cache positions per loop step (fewer where a K tile would pass
-:data:`TILE_BYTES`), warps, and software-pipelining stages (``benchmarks/split_k_check.py --sweep``
+:data:`TILE_BYTES`), warps, and software-pipelining stages (``benchmarks/decode.py split-k --sweep``
 times others)."""
 TILE_BYTES = 16384
 """The most bytes of one K (or V) tile: with three stages of K and V, 96 KiB of shared memory (a

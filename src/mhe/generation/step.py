@@ -36,7 +36,7 @@ CUDA_MODES = {"sample": "compile", "beam": "graph"}
 path, ``mhe generate``, the Hugging Face adapter's ``generate``) takes ``compile``: the step
 compiled by inductor and replayed as one CUDA graph with the choice of the next token, over
 ``graph`` (the same step's eager kernels replayed); both are measured side by side, per kind and
-size, by ``benchmarks/decode_speed.py`` (docs/benchmarks.md), which this choice follows. Beam
+size, by ``benchmarks/decode.py speed`` (docs/benchmarks.md), which this choice follows. Beam
 search takes ``graph``: its fp32 output must equal the eager search's, which inductor's
 reordered arithmetic does not promise; ``step_mode="compile"`` fuses its step and captures it
 the same way."""

@@ -1,7 +1,7 @@
 """Kernels per generated token, per kind and step mode: what one more token of ``model.generate``
 launches (the difference of a 20-token and a 4-token call, so the prefill cancels).
 
-    python benchmarks/profile_decode.py [--kinds mha,mhe-mul] [--modes eager,graph,compile]
+    python benchmarks/decode.py profile [--kinds mha,mhe-mul] [--modes eager,graph,compile]
                                         [--batch 1] [--context 512] [--prompt N] [--top N] [--prefill]
                                         [--json out.json]
 
@@ -9,7 +9,7 @@ On a GPU (gpt2-base, bf16) it counts device kernels with the profiler, replays o
 region included, and the GPU-busy microseconds per token, whose gap to the milliseconds per token
 is launch and host time; with ``PYTHONPATH=OLD/src`` and ``--modes default`` it counts an older
 tree's. On a CPU (``--smoke``: tiny sizes) it counts leaf aten operators instead, which stand in
-for kernels in eager mode (``aot_eager`` stands in for compile). ``decode_speed.py`` runs the
+for kernels in eager mode (``aot_eager`` stands in for compile). ``decode.py speed`` runs the
 same count for its batch-1 rows. ``--top N`` lists the N kernels with the most device time per
 token (launches and microseconds): where a compiled step's time goes (issue 41's profile).
 ``--prefill`` profiles one call for one new token instead (the prompt's kernels, after a warm-up):
@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-import toolbox  # noqa: E402,F401  (this checkout's src first)
-import decode_rows  # noqa: E402
+from decoding import rows as decode_rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="decode.py profile", description=__doc__.splitlines()[0])
     ap.add_argument("--kinds", default="mha,mhe-mul")
     ap.add_argument("--modes", default="eager,graph,compile", help="step modes ('default': the call without one)")
     ap.add_argument("--preset", default="gpt2-base")
@@ -41,7 +39,7 @@ def main() -> None:
     ap.add_argument("--prefill", action="store_true", help="profile the prefill (one call for one token) instead")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
     ap.add_argument("--json", default="")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() and not a.smoke else "cpu")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     context = 48 if a.smoke else a.context

@@ -1,11 +1,11 @@
 """Decode steps against their byte floor, and what the bytes buy a server (issue 41).
 
-    python benchmarks/decode_floor.py [--sections floor,server] [--presets gpt2-base,llama-135m,llama-1.1b]
+    python benchmarks/decode.py floor [--sections floor,server] [--presets gpt2-base,llama-135m,llama-1.1b]
         [--kinds mha,gqa,mqa,mhe-mul] [--batches 1,8,64] [--contexts 4096,16384,32768]
         [--server-contexts 4096,32768] [--server-presets llama-135m,llama-1.1b] [--mode graph]
         [--reps 10] [--deadline 330] [--out results/logs]
-    python benchmarks/decode_floor.py --cpu-smoke     # tiny sizes on a CPU: the script end to end
-    python benchmarks/decode_floor.py --report [--card H100]   # the markdown tables of a saved run
+    python benchmarks/decode.py floor --cpu-smoke     # tiny sizes on a CPU: the script end to end
+    python benchmarks/decode.py floor --report [--card H100]   # the markdown tables of a saved run
 
 Random weights in bf16, each (preset, kind) model built once on the card for the longest context.
 
@@ -127,11 +127,12 @@ def decode_view(model: nn.Module, batch: int, positions: int, dev, dtype,
     return fuse_projections(shared_copy(model) if view is model else view), plan
 
 
-def step_ms(model, batch: int, context: int, *, dev, dtype, mode: str, reps: int,
-            kernel: str | None = None, compile_options: dict | None = None) -> tuple[float, str]:
-    """Median ms of one decode step at ``context`` filled positions (a CUDA-graph replay on a GPU);
-    ``compile_options`` go to ``torch.compile`` in ``compile`` mode (the caller gives
-    ``model.generate``'s: :func:`~mhe.generation.step.default_compile_options`)."""
+def decode_step(model, batch: int, context: int, *, dev, dtype, mode: str, kernel: str | None = None,
+                compile_options: dict | None = None):
+    """``(step, plan)``: one decode step of the user path over a cache filled to ``context``
+    positions (random keys and values), the next token chosen; compiled by inductor in
+    ``compile`` mode with ``compile_options`` (the caller gives ``model.generate``'s:
+    :func:`~mhe.generation.step.default_compile_options`)."""
     view, plan = decode_view(model, batch, context + MARGIN, dev, dtype, kernel)
     caches = view.new_caches(batch, context + MARGIN, dtype=dtype, device=dev)
     for c in caches:
@@ -143,10 +144,21 @@ def step_ms(model, batch: int, context: int, *, dev, dtype, mode: str, reps: int
         with torch.no_grad():
             return view(tok, caches=caches, last_only=True, plan=plan).logits[:, -1].argmax(-1)
 
-    fn = compile_step(step, device=dev, options=compile_options) if mode == "compile" else step
+    return (compile_step(step, device=dev, options=compile_options) if mode == "compile" else step), plan
+
+
+def step_ms(model, batch: int, context: int, *, dev, dtype, mode: str, reps: int,
+            kernel: str | None = None, compile_options: dict | None = None, census=None) -> tuple[float, str]:
+    """Median ms of one decode step (:func:`decode_step`) at ``context`` filled positions (a
+    CUDA-graph replay on a GPU), and the plan's kernel; ``census(step)``, if given, is called on
+    the same step after the timing (one compilation serves both)."""
+    fn, plan = decode_step(model, batch, context, dev=dev, dtype=dtype, mode=mode, kernel=kernel,
+                           compile_options=compile_options)
     ms = timed(fn, warmup=3, reps=reps, cuda=dev.type == "cuda", graph=dev.type == "cuda")
+    if census is not None:
+        census(fn)
     kernel = plan.kernel
-    del view, caches
+    del fn
     return ms, kernel
 
 
@@ -212,8 +224,9 @@ def floor_rows(model, preset, kind, a, run) -> None:
             opts = default_compile_options(batch, run.dev, a.compile_options) if a.mode == "compile" else None
             for gate_up in GATE_UP_CHOICES[a.gate_up]:
                 with gate_up_products(gate_up):
+                    hook = run.census_hook(model, preset, kind, batch, context) if run.census_hook else None
                     ms, kernel = step_ms(model, batch, context, dev=run.dev, dtype=run.dtype, mode=a.mode,
-                                         reps=a.reps, kernel=a.kernel, compile_options=opts)
+                                         reps=a.reps, kernel=a.kernel, compile_options=opts, census=hook)
                 pre, rows, rate = prefills(batch, context - NEW) if a.prefill else (0.0, 0, 0.0)
                 nbytes = per_position * batch * context + weights
                 floor = nbytes / run.bandwidth * 1e3
@@ -278,6 +291,7 @@ class Run:
         self.peak = device_peak(torch.cuda.get_device_name(0)) if self.dev.type == "cuda" else None
         self.bandwidth = copy_bandwidth(self.dev)
         self.floor, self.server, self.skipped = [], [], []
+        self.census_hook = None  # ``census``: (model, preset, kind, batch, context) -> a call on the step
         print(f"{self.card}: copy bandwidth {self.bandwidth / 1e12:.2f} TB/s", flush=True)
 
     def late(self) -> bool:
@@ -356,8 +370,11 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse(argv=None, *, prog: str = "decode.py floor", description: str = "", defaults: dict | None = None,
+          more=None):
+    """The floor's flags (``defaults`` replace some of their defaults; ``more(parser)`` adds a
+    command's own flags: ``census`` and ``prefill`` run on the same rows)."""
+    ap = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
     ap.add_argument("--sections", default="floor,server")
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--kinds", default=",".join(KINDS))
@@ -381,6 +398,9 @@ def parse(argv=None):
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny models and contexts on a CPU")
     ap.add_argument("--report", action="store_true", help="print the tables of the JSON files under --out, run nothing")
     ap.add_argument("--card", default=None, help="with --report: the card of the files (default: this machine's)")
+    ap.set_defaults(**(defaults or {}))
+    if more is not None:
+        more(ap)
     a = ap.parse_args(argv)
     if a.cpu_smoke:
         a.batches, a.contexts, a.server_contexts, a.reps, a.prefill_tokens = [1, 2], [300], [300], 2, 600
@@ -401,7 +421,11 @@ def main(argv=None) -> None:
     if a.report:
         report(Path(a.out), a.card or card_name())
         return
-    run = Run(a)
+    measure(a, Run(a))
+
+
+def measure(a, run: Run) -> None:
+    """Every row the arguments ask for, saved as they come, then their tables."""
     sections = a.sections.split(",")
     presets = a.presets.split(",") if "floor" in sections else []
     server_presets = a.server_presets.split(",") if "server" in sections else []

@@ -38,8 +38,8 @@ def sources(n: int, vocab: int) -> list[list[int]]:
     return [torch.randint(4, vocab, (int(t),), generator=g).tolist() for t in lengths]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="decode.py beam", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="")
     ap.add_argument("--weights", default="", help="random weights (--save-weights) or a run exported by --export")
     ap.add_argument("--save-weights", default="")
@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", help="float32 (as mhe translate) or bfloat16")
     ap.add_argument("--batch", type=int, default=0, help="exported run: eval_batch (sentences decoded together)")
     ap.add_argument("--passes", type=int, default=2, help="decode everything this many times (the first is cold)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.compare:
         return compare(*a.compare)
     if a.run:

@@ -1,6 +1,6 @@
 """The ``split-k-decode`` kernel alone: correctness against SDPA and the rate it reads the cache.
 
-    python benchmarks/split_k_check.py [--batch 64] [--context 4096] [--reps 50] [--json out.json] [--sweep]
+    python benchmarks/decode.py split-k [--batch 64] [--context 4096] [--reps 50] [--json out.json] [--sweep]
 
 For llama-135m's and llama-1.1b's attention shapes (9 and 32 query heads of 64) with MQA, GQA
 (3 and 4 K/V heads) and MHA K/V heads, bf16, a full cache of ``--context`` positions per row:
@@ -147,14 +147,14 @@ def sweep(*, batch, context, reps, bandwidth) -> list[dict]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="decode.py split-k", description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time 54 other launch settings (about two minutes)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     bw = copy_bandwidth()
     err = fp32_error()
     print(f"{torch.cuda.get_device_name(0)}: copy bandwidth {bw / 1e12:.2f} TB/s; fp32 max |split-k - sdpa| "

@@ -1,4 +1,4 @@
-"""The measurements of ``decode_speed.py`` that any tree can run: user-API calls only.
+"""The measurements of ``decode.py speed`` that any tree can run: user-API calls only.
 
 A row builds ``build_model(preset, attention=K, max_len=P+N)`` in the run's dtype, then times
 ``model.generate(ids, N, attention_mask=mask)`` (random weights, greedy, no stop token, prefill
@@ -8,8 +8,8 @@ calls; and ``model.generate(ids, 1, ...)`` the same way, the prefill with one ch
 more generated token launches: device kernels on a GPU (CUDA-graph replays included, as the
 profiler reports a graph's kernels), leaf aten operators on a CPU.
 
-Run as a script it is the worker for an older tree (``PYTHONPATH=OLD/src python
-benchmarks/decode_rows.py OUT.json --settings 1x512,64x512 --kinds mha,mqa``): the same rows
+As ``decode.py rows`` it is the worker for an older tree (``PYTHONPATH=OLD/src python
+benchmarks/decode.py rows OUT.json --settings 1x512,64x512 --kinds mha,mqa``): the same rows
 with that tree's ``model.generate``, written as JSON; it imports nothing else of the tree.
 """
 
@@ -51,7 +51,7 @@ def build(preset: str, kind: str, length: int, dev, dtype, smoke: bool):
     from mhe.models import build_model
 
     torch.manual_seed(0)
-    extra = SMOKE if smoke else {}
+    extra = dict(SMOKE, **({"attn_options": {"n_kv_heads": 2}} if kind == "gqa" else {})) if smoke else {}
     return build_model(preset, attention=kind, max_len=length, dropout=0.0, attn_dropout=0.0, **extra).to(
         dev, dtype).eval()
 
@@ -163,8 +163,8 @@ def parse_settings(spec: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in s.split("x")) for s in spec.split(",") if s.strip()]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description="decode_speed.py's rows in the tree on PYTHONPATH (an older one)")
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="decode.py rows", description="decode.py speed's rows in the tree on PYTHONPATH (an older one)")
     ap.add_argument("out")
     ap.add_argument("--settings", default="1x512,64x512,64x4096")
     ap.add_argument("--kinds", default="mha,mqa,mhe-mul")
@@ -173,7 +173,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--smoke", action="store_true")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     worker(a.out, parse_settings(a.settings), a.kinds.split(","), preset=a.preset, new=a.new, reps=a.reps,
            smoke=a.smoke, kernel_kinds=a.kernel_kinds.split(","))
 

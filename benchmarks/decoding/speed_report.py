@@ -1,4 +1,4 @@
-"""The markdown of ``decode_speed.py``: the issue's table, every row, the step modes side by side,
+"""The markdown of ``decode.py speed``: the issue's table, every row, the step modes side by side,
 the long-context reading and issue 28's targets, all computed from the rows of one run."""
 
 from __future__ import annotations

@@ -1,21 +1,21 @@
 """Decoding speed through the user API, ours beside Hugging Face's best, in one run on one card.
 
-    python benchmarks/decode_speed.py OUT [--old-src OLD/src] [--modes graph] [--sections table,kernels]
-    python benchmarks/decode_speed.py OUT --cpu-smoke            # tiny sizes on a CPU, end to end
+    python benchmarks/decode.py speed OUT [--old-src OLD/src] [--modes graph] [--sections table,kernels]
+    python benchmarks/decode.py speed OUT --cpu-smoke            # tiny sizes on a CPU, end to end
 
 For (batch, context) in 1x512, 64x512 and 64x4096 (256 new tokens), in bf16 on the GPU:
 
 * HF GPT-2 ``GPT2LMHeadModel.generate(..., cache_implementation="static")``, which transformers
   compiles itself for a static cache on a GPU (the row says whether it did);
 * ``build_model("gpt2-base", attention=K, max_len=P+N).to("cuda", torch.bfloat16).eval()`` then
-  ``model.generate(ids, N, attention_mask=mask)`` for K in MHA, MQA, MHE-Mul (random weights,
+  ``model.generate(ids, N, attention_mask=mask)`` for K in ``--kinds`` (MHA, MQA, MHE-Mul; random weights,
   greedy, no stop token, prefill included; the first call, then the median of 3 calls), in the
   default step mode and in each of ``--modes`` (``step_mode=...``), with the decode steps alone
   beside it (``(t_N - t_1) / (N - 1)``, ``t_1`` the same call for one token);
 * our HF adapter ``to_hf(model).generate(..., cache_implementation="static")`` for MHA and MHE-Mul
   (batch 1 and 64 at context 512);
-* kernels per generated token at batch 1 for MHA and MHE-Mul in every mode (``kernels``);
-* with ``--old-src``, the same ``model.generate`` rows of an older tree (``decode_rows.py`` in a
+* kernels per generated token at batch 1 for every kind in every mode (``kernels``);
+* with ``--old-src``, the same ``model.generate`` rows of an older tree (``decode.py rows`` in a
   subprocess with that tree on PYTHONPATH), its kernels per token included.
 
 Writes ``OUT/decode-speed.md`` (the tables, the targets of issue 28 read off them, the card, torch
@@ -35,9 +35,8 @@ from pathlib import Path
 
 import torch
 
-import toolbox  # noqa: E402,F401  (this checkout's src first)
-import decode_rows as rows_mod  # noqa: E402
-import decode_report  # noqa: E402
+from decoding import rows as rows_mod
+from decoding import speed_report as decode_report
 
 KINDS = ("mha", "mqa", "mhe-mul")
 ADAPTER_KINDS = ("mha", "mhe-mul")
@@ -100,7 +99,7 @@ def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
         row = {"path": "model.generate", "mode": f"auto ({auto})" if mode == "auto" else mode,
                **rows_mod.generate_row(model, ids, mask, run.new, run.dev, run.reps, **options)}
         row["kv_mib"] = sum(c.nbytes() for c in generate_module._DEFAULT[model][-1].caches) / 2**20  # the session used
-        if batch == 1 and "kernels" in run.sections and kind in ADAPTER_KINDS:
+        if batch == 1 and "kernels" in run.sections:
             row.update(rows_mod.kernels_per_token(model, ids, mask, run.dev, **options))
         out.append(row)
         run.note(f"{batch}x{context} {kind} {row['mode']}: {row['ms_per_token']:.3f} ms/token")
@@ -114,7 +113,7 @@ def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
 def old_rows(run) -> list[dict]:
     """The older tree's model.generate rows (subprocess with PYTHONPATH=--old-src)."""
     out = Path(run.out) / "old-tree.json"
-    cmd = [sys.executable, str(Path(__file__).parent / "decode_rows.py"), str(out), "--settings",
+    cmd = [sys.executable, str(Path(__file__).parents[1] / "decode.py"), "rows", str(out), "--settings",
            ",".join(f"{b}x{c}" for b, c in run.settings), "--preset", run.preset, "--new", str(run.new),
            "--reps", str(run.reps)] + (["--smoke"] if run.smoke else [])
     env = {**os.environ, "PYTHONPATH": str(Path(run.old_src).resolve())}
@@ -133,7 +132,7 @@ class Run:
         self.reps = 1 if a.cpu_smoke else a.reps
         self.dev = torch.device("cpu" if a.cpu_smoke or not torch.cuda.is_available() else "cuda")
         self.dtype = torch.bfloat16 if self.dev.type == "cuda" else torch.float32
-        self.preset = a.preset
+        self.preset, self.kinds, self.peer = a.preset, a.kinds.split(","), a.peer
         self.settings = rows_mod.parse_settings("1x24,4x24,4x48" if a.cpu_smoke else a.settings)
         self.new = 8 if a.cpu_smoke else a.new
         self.modes = [m for m in a.modes.split(",") if m]
@@ -153,11 +152,11 @@ class Run:
 
 def measure(run: Run) -> None:
     for batch, context in run.settings:
-        peer = hf_peer(batch, context, run.new, run)
+        peer = hf_peer(batch, context, run.new, run) if run.peer else None
         if peer is not None:
             run.rows.append({"batch": batch, "context": context, **peer})
             run.note(f"{batch}x{context} HF static ({peer['mode']}): {peer['ms_per_token']:.3f} ms/token")
-        for kind in KINDS:
+        for kind in run.kinds:
             try:
                 run.rows += kind_rows(kind, batch, context, run)
             except Exception as e:  # noqa: BLE001  one failing row must not cost the run
@@ -171,8 +170,8 @@ def measure(run: Run) -> None:
         run.save()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="decode.py speed", description=__doc__.splitlines()[0])
     ap.add_argument("out", help="folder for decode-speed.md and decode-speed.json")
     ap.add_argument("--old-src", default="", help="an older tree's src folder: its model.generate rows too")
     ap.add_argument("--modes", default="graph,compile", help="step modes measured beside the default")
@@ -180,10 +179,12 @@ def main() -> None:
     ap.add_argument("--settings", default="1x512,64x512,64x4096", help="BATCHxCONTEXT, comma separated")
     ap.add_argument("--adapter-context", type=int, default=512, help="the adapter's rows up to this context")
     ap.add_argument("--preset", default="gpt2-base")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="the kinds of model.generate's rows")
+    ap.add_argument("--no-peer", dest="peer", action="store_false", help="no HF GPT-2 row (another preset's peer)")
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU (checks the script)")
-    run = Run(ap.parse_args())
+    run = Run(ap.parse_args(argv))
     run.note(f"device {decode_report.environment(run.dev)}")
     measure(run)
     run.save()

@@ -1,0 +1,88 @@
+"""A long prompt's prefill alone, and its share of the card's peak bf16 throughput (issue 62).
+
+    python benchmarks/decode.py prefill [--presets llama-135m,llama-1.1b] [--kinds mha,gqa,mhe-mul]
+        [--batch 64] [--prompt 3840] [--rows 16,64] [--out results/logs]
+    python benchmarks/decode.py prefill --cpu-smoke          # tiny sizes on a CPU, end to end
+
+For each preset and kind (random weights, bf16 on a GPU), ``model.generate(ids, 1)`` on ``rows``
+prompts of ``--prompt`` tokens at a time (the prefill, then one token chosen; eager, after a
+warm-up call; the median of ``--reps``), scaled to ``--batch`` rows. Its model FLOPs are the
+floor's (:func:`decoding.floor.prefill_flops`): ``2 * N * tokens`` for the matrix products (N: the
+parameters a prompt token goes through, not the embeddings), the causal attention's
+``2 * L * n * d * T^2`` a row (QK^T and AV over half the square), and the output head at the
+last position; ``fraction_of_peak`` is their rate over the card's dense bf16 peak
+(``mhe.bench.common.PEAK_BF16``). Writes ``OUT/decode-prefill-CARD.json`` (a list of rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from decoding import floor
+from mhe.training.checkpoint import write_json_atomic
+
+
+def prefill_row(model, preset: str, kind: str, rows: int, a, dev, peak) -> dict:
+    """One (preset, kind, rows) prefill, scaled to the batch."""
+    ms = floor.prefill_ms(model, rows, a.prompt, dev=dev)
+    flops = floor.prefill_flops(model, rows, a.prompt)
+    c = model.cfg
+    attention = 2 * c.n_layers * c.n_heads * c.resolved_head_dim * a.prompt ** 2 * rows
+    rate = flops / (ms / 1e3)
+    return {"preset": preset, "kind": kind, "batch": a.batch, "prompt": a.prompt, "rows": rows,
+            "ms": round(ms * a.batch / rows, 2), "ms_per_call": round(ms, 2),
+            "tokens_per_s": round(rows * a.prompt / (ms / 1e3)), "matmul_params": floor.matmul_params(model),
+            "flops_per_call": flops, "attention_share_of_flops": round(attention / flops, 3),
+            "tflops_per_s": round(rate / 1e12, 1), "fraction_of_peak": round(rate / peak, 3) if peak else None}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | kind | rows a call | batch x prompt | prefill ms (batch) | tokens/s | attention of FLOPs | "
+             "TFLOP/s | of bf16 peak |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        peak = f"{r['fraction_of_peak']:.0%}" if r["fraction_of_peak"] is not None else "-"
+        lines.append(f"| {r['preset']} | {r['kind']} | {r['rows']} | {r['batch']} x {r['prompt']:,} | {r['ms']:.1f} | "
+                     f"{r['tokens_per_s']:,} | {r['attention_share_of_flops']:.0%} | {r['tflops_per_s']} | {peak} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="decode.py prefill", description=__doc__.splitlines()[0])
+    ap.add_argument("--presets", default="llama-135m,llama-1.1b")
+    ap.add_argument("--kinds", default="mha,gqa,mhe-mul")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=3840)
+    ap.add_argument("--rows", type=floor.ints, default=[16, 64], help="prompts a call, each its own row")
+    ap.add_argument("--deadline", type=float, default=0.0, help="seconds after which no row starts (0: none)")
+    ap.add_argument("--out", default="results/logs")
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny models and prompts on a CPU")
+    a = ap.parse_args(argv)
+    if a.cpu_smoke:
+        a.batch, a.prompt, a.rows = 4, 40, [2, 4]
+    dev = torch.device("cuda" if torch.cuda.is_available() and not a.cpu_smoke else "cpu")
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    card = floor.card_name() if dev.type == "cuda" else "cpu"
+    peak = floor.device_peak(torch.cuda.get_device_name(0)) if dev.type == "cuda" else None
+    out, start, done = Path(a.out), time.perf_counter(), []
+    for preset in a.presets.split(","):
+        for kind in a.kinds.split(","):
+            model = floor.build(preset, kind, a.prompt + 1, dev, dtype, small=a.cpu_smoke)
+            for rows in a.rows:
+                if a.deadline and time.perf_counter() - start > a.deadline:
+                    print(f"skipped {preset} {kind} {rows} rows: past the deadline", flush=True)
+                    continue
+                try:
+                    done.append({"card": card, **prefill_row(model, preset, kind, min(rows, a.batch), a, dev, peak)})
+                except torch.cuda.OutOfMemoryError:
+                    print(f"skipped {preset} {kind} {rows} rows: out of memory", flush=True)
+                    continue
+                out.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(out / f"decode-prefill-{card}.json", done)
+                print(table(done[-1:]).splitlines()[-1], flush=True)
+            del model
+            floor.free_bytes()
+    print(table(done))

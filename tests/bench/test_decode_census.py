@@ -1,0 +1,63 @@
+"""``benchmarks/decode.py census`` at smoke sizes on a CPU (leaf aten operators stand in for
+kernels): one layer's run of operators is found, a deeper model adds exactly that run a layer, and
+the command writes its rows beside the floor's."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # decode.py's commands: ``decoding.*``
+from decoding import census, floor  # noqa: E402
+
+
+def test_layer_run_finds_the_repeating_block_past_a_prologue_and_a_different_last_layer():
+    names = ["emb", "n0", "mm", "att", "mm", "add", "n", "mm", "att", "mm", "add", "n", "mm", "att", "mm", "add",
+             "head", "argmax"]
+    assert census.layer_run(names, 3) == (2, 5)  # over 2 of the 3 layers: the last one fuses with the head
+    assert census.layer_run(["a", "b", "c"], 3) == (0, 0)
+    assert census.layer_run(["x", "a", "b", "a", "b", "y"], 2) == (1, 2)
+    assert census.layer_run(["x", "a", "a", "b", "a", "a", "b", "y"], 2) == (1, 3)  # not the "a", "a" inside
+
+
+def step_census(kind: str, layers: int) -> dict:
+    torch.manual_seed(0)
+    cfg = floor.bench_config("llama-135m", kind, small=True, max_len=100, dropout=0.0,
+                             attn_dropout=0.0).replace(n_layers=layers)
+    model = floor.build_model(cfg).eval()
+    fn, _ = floor.decode_step(model, 2, 40, dev=torch.device("cpu"), dtype=torch.float32, mode="eager")
+    return census.census(census.launches(fn, torch.device("cpu"), 3), layers)
+
+
+def test_a_deeper_model_adds_one_layer_run_a_layer():
+    for kind in ("mha", "mhe-mul"):
+        two, five = step_census(kind, 2), step_census(kind, 5)
+        assert five["layers_repeating"] >= 3 and five["kernels_per_layer"] > 0
+        assert five["kernels_per_step"] - two["kernels_per_step"] == 3 * five["kernels_per_layer"]
+        assert {"product", "attention"} <= set(five["per_layer_by_category"])
+        assert sum(v["launches"] for v in five["per_category"].values()) == five["kernels_per_step"]
+
+
+def test_census_command_writes_its_rows_beside_the_floor_rows(tmp_path, capsys):
+    census.main(["--cpu-smoke", "--mode", "graph", "--kinds", "mha,gqa", "--no-prefill", "--census-reps", "2",
+                 "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "decode-census-cpu.json").read_text())
+    steps = json.loads((tmp_path / "decode-floor-cpu.json").read_text())
+    assert [(r["kind"], r["batch"]) for r in rows] == [(r["kind"], r["batch"]) for r in steps] == [
+        ("mha", 1), ("mha", 2), ("gqa", 1), ("gqa", 2)]
+    assert all(r["counted"] == "leaf aten operators" and r["kernels_per_layer"] > 0 for r in rows)
+    assert "| llama-135m | gqa | 2 |" in capsys.readouterr().out
+
+
+def test_prefill_command_rows_scale_to_the_batch_and_count_the_floor_flops(tmp_path):
+    from decoding import prefill
+
+    prefill.main(["--cpu-smoke", "--presets", "llama-135m", "--kinds", "mhe-mul", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "decode-prefill-cpu.json").read_text())
+    assert [(r["rows"], r["batch"], r["prompt"]) for r in rows] == [(2, 4, 40), (4, 4, 40)]
+    model = floor.build("llama-135m", "mhe-mul", 41, torch.device("cpu"), torch.float32, small=True)
+    for r in rows:
+        assert r["flops_per_call"] == floor.prefill_flops(model, r["rows"], 40)
+        assert abs(r["ms"] - r["ms_per_call"] * 4 / r["rows"]) <= 0.02 and r["fraction_of_peak"] is None
+        assert abs(r["tokens_per_s"] - r["rows"] * 40 / (r["ms_per_call"] / 1e3)) <= 0.01 * r["tokens_per_s"] + 1
