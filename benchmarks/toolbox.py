@@ -1,9 +1,12 @@
 """What every benchmark tool shares: where the repository and its ``src`` are, how a child
-process finds the same ``src``, and the one timer (:func:`mhe.bench.common.timed`).
+process finds the same ``src``, the one timer (:func:`mhe.bench.common.timed`), and how a tool
+with subcommands runs one (:func:`run_subcommand`).
 
 Each tool starts with ``from toolbox import ROOT`` (Python puts the tool's own folder first on
 ``sys.path``, so this module is always found). Importing it puts this checkout's ``src`` ahead of
 any installed copy, so a tool run from a clone measures that clone's code, installed or not.
+The parts of a tool with subcommands live in a folder beside it (``train/``, ``uptraining/``,
+``records/``), imported as packages from this folder.
 """
 
 from __future__ import annotations
@@ -34,3 +37,23 @@ def timed(*args, **kwargs) -> float:
     from mhe.bench.common import timed as _timed
 
     return _timed(*args, **kwargs)
+
+
+def run_subcommand(tool: str, summary: str, subcommands: dict[str, tuple[str, str]],
+                   argv: list[str] | None = None) -> int:
+    """Run ``TOOL SUBCOMMAND ARGS...``: import the subcommand's module (``subcommands`` maps each
+    name to ``(module, what it measures)``) and return its ``main(ARGS)``. The module is imported
+    only when its subcommand runs, so that ``TOOL --help`` (which lists the subcommands) loads no
+    torch. An unknown subcommand is refused in one line, exit status 2."""
+    import importlib
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        width = max(map(len, subcommands))
+        print(f"usage: {tool} SUBCOMMAND [ARGS ...]   ({tool} SUBCOMMAND --help: its arguments)\n\n{summary}\n\n"
+              "subcommands:\n" + "\n".join(f"  {name:<{width}}  {what}" for name, (_, what) in subcommands.items()))
+        return 0
+    if argv[0] not in subcommands:
+        print(f"{tool}: unknown subcommand {argv[0]!r}; valid: {', '.join(subcommands)}", file=sys.stderr)
+        return 2
+    return importlib.import_module(subcommands[argv[0]][0]).main(argv[1:]) or 0
