@@ -34,7 +34,7 @@ EvalPrecision = Literal["tf32", "float32", "train"]
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
-MIGRATE = "python benchmarks/migrate_runs.py"  # converts run folders saved in earlier layouts
+MIGRATE = "python benchmarks/results_tools.py migrate"  # converts run folders saved in earlier layouts
 
 
 @dataclass
