@@ -171,7 +171,7 @@ class RunConfig:
         are read from, the evaluation batch and precision (they change how evaluations round, not
         what is trained) and the second evaluation stride (it adds a figure to results.json and
         changes no other). Hashes of earlier layouts are rewritten by
-        ``benchmarks/migrate_runs.py``."""
+        ``benchmarks/results_tools.py migrate``."""
         train = dataclasses.asdict(self.train)
         for k in OPERATIONAL_TRAIN_KEYS + (() if self.train.distill_from else DISTILL_KEYS):
             train.pop(k)
