@@ -1,47 +1,41 @@
-"""Decoding on real hardware, one entry point: ``python benchmarks/decode.py COMMAND [ARGS]``.
+"""Decoding on real hardware, one subcommand each (a module of ``benchmarks/decoding/``).
 
-Each command is a module of ``benchmarks/decoding/`` with its own flags
-(``python benchmarks/decode.py COMMAND --help``):
+    python benchmarks/decode.py SUBCOMMAND [ARGS ...]
+    python benchmarks/decode.py SUBCOMMAND --help
 
-    floor     one decode step of the Llama presets against the bytes it must read; the prefill's
-              share of peak; the largest batch at a context (``--sections server``)
-    census    the kernels of one compiled decode step, per layer and per kind (with the floor's rows)
-    prefill   a long prompt's prefill alone: its share of the card's peak bf16 throughput
-    anchor    FlashInfer's batch decode kernel beside mhe's on the same caches (an outside anchor)
-    speed     ``model.generate`` per kind beside transformers' compiled static cache (``--old-src``)
-    profile   kernels per generated token of ``model.generate`` (top kernels by device time)
-    split-k   the ``split-k-decode`` kernel alone: correctness against SDPA, the rate it reads
-    beam      beam search of the encoder-decoder, one source tree at a time
-    rows      ``speed``'s worker for an older tree (``PYTHONPATH=OLD/src``; imports nothing else)
-
-Every command but ``rows`` and ``beam`` measures this checkout's ``src`` (found through
-``toolbox``); those two measure the tree on ``PYTHONPATH``, so an older tree can run them.
+Every subcommand but ``rows`` and ``beam`` measures this checkout's ``src`` (found through
+``toolbox``); those two measure the tree on ``PYTHONPATH``, so an older tree can run them
+(``speed --old-src`` runs ``rows`` so).
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 
-#: command -> (module of ``decoding``, whether it measures this checkout's ``src``)
-COMMANDS = {"floor": ("floor", True), "census": ("census", True), "prefill": ("prefill", True),
-            "anchor": ("anchor", True), "speed": ("speed", True), "profile": ("profile", True),
-            "split-k": ("split_k", True), "beam": ("beam", False), "rows": ("rows", False)}
+from subcommands import run_subcommand
+
+SUBCOMMANDS = {
+    "floor": ("decoding.floor", "a decode step of the Llama presets against the bytes it must read; prefill share; "
+                                "the largest batch at a context (--sections server)"),
+    "census": ("decoding.census", "the kernels of one compiled decode step, per layer and per kind"),
+    "prefill": ("decoding.prefill", "a long prompt's prefill alone: its share of the card's peak bf16 throughput"),
+    "anchor": ("decoding.anchor", "FlashInfer's batch decode kernel beside mhe's on the same caches"),
+    "speed": ("decoding.speed", "model.generate per kind beside transformers' compiled static cache (--old-src)"),
+    "profile": ("decoding.profile", "kernels per generated token of model.generate (top kernels by device time)"),
+    "split-k": ("decoding.split_k", "the split-k-decode kernel alone: correctness against SDPA, the rate it reads"),
+    "beam": ("decoding.beam", "beam search of the encoder-decoder, one source tree at a time (PYTHONPATH's)"),
+    "rows": ("decoding.rows", "speed's worker for an older tree (PYTHONPATH=OLD/src)"),
+}
+OLDER_TREE = {"beam", "rows"}
+"""Subcommands that import the tree on ``PYTHONPATH`` rather than this checkout's ``src``."""
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in COMMANDS:
-        print(f"usage: decode.py {{{','.join(COMMANDS)}}} [ARGS]\n\n{__doc__}")
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"decode.py: unknown command {argv[0]!r}; the commands: {', '.join(COMMANDS)}", file=sys.stderr)
-            raise SystemExit(2)
-        raise SystemExit(0)
-    module, this_tree = COMMANDS[argv[0]]
-    if this_tree:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS and argv[0] not in OLDER_TREE:
         import toolbox  # noqa: F401  (this checkout's src first)
-    importlib.import_module(f"decoding.{module}").main(argv[1:])
+    return run_subcommand("decode.py", __doc__.split("\n")[0], SUBCOMMANDS, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

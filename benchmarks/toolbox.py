@@ -1,9 +1,12 @@
 """What every benchmark tool shares: where the repository and its ``src`` are, how a child
-process finds the same ``src``, and the one timer (:func:`mhe.bench.common.timed`).
+process finds the same ``src``, the one timer (:func:`mhe.bench.common.timed`), and how a tool
+with subcommands runs one (:func:`run_subcommand`).
 
 Each tool starts with ``from toolbox import ROOT`` (Python puts the tool's own folder first on
 ``sys.path``, so this module is always found). Importing it puts this checkout's ``src`` ahead of
 any installed copy, so a tool run from a clone measures that clone's code, installed or not.
+The parts of a tool with subcommands live in a folder beside it (``train/``, ``uptraining/``,
+``records/``), imported as packages from this folder.
 """
 
 from __future__ import annotations
@@ -34,3 +37,6 @@ def timed(*args, **kwargs) -> float:
     from mhe.bench.common import timed as _timed
 
     return _timed(*args, **kwargs)
+
+
+from subcommands import run_subcommand  # noqa: E402,F401  (the tools' dispatcher, re-exported)

@@ -214,6 +214,3 @@ def compare(new: str, old: str) -> None:
         print(f"BLEU {corpus_bleu(x['hyps'], x['refs'])['bleu']:.2f} (first file) vs "
               f"{corpus_bleu(y['hyps'], y['refs'])['bleu']:.2f} (second)")
 
-
-if __name__ == "__main__":
-    main()

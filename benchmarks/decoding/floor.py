@@ -453,6 +453,3 @@ def measure(a, run: Run) -> None:
           f"median fraction of bandwidth {statistics.median(r['fraction_of_bandwidth'] for r in run.floor):.2f}"
           if run.floor else f"{len(run.skipped)} skipped")
 
-
-if __name__ == "__main__":
-    main()

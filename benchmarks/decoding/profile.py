@@ -69,6 +69,3 @@ def main(argv: list[str] | None = None) -> None:
     if a.json:
         Path(a.json).write_text(json.dumps({"device": card, "rows": rows}, indent=1))
 
-
-if __name__ == "__main__":
-    main()

@@ -177,6 +177,3 @@ def main(argv: list[str] | None = None) -> None:
     worker(a.out, parse_settings(a.settings), a.kinds.split(","), preset=a.preset, new=a.new, reps=a.reps,
            smoke=a.smoke, kernel_kinds=a.kernel_kinds.split(","))
 
-
-if __name__ == "__main__":
-    main()

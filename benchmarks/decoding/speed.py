@@ -193,6 +193,3 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     run.note("done")
 
-
-if __name__ == "__main__":
-    main()

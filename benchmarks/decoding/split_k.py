@@ -182,6 +182,3 @@ def main(argv: list[str] | None = None) -> None:
             json.dump({"card": torch.cuda.get_device_name(0), "copy_bandwidth": bw, "fp32_max_err": err,
                        "rows": rows, "sweep": swept}, f, indent=1)
 
-
-if __name__ == "__main__":
-    main()

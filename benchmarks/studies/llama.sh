@@ -5,10 +5,10 @@
 #
 # SECTION: scratch  mhe compare --preset gpu-llama-6x512: MHA, GQA, MQA, SHA, MHE-Add, MHE-Mul in both
 #                   rotary orders, 3 seeds, all 21 runs at once on the card -> RESULTS_DIR/llama-6x512
-#          uptrain  benchmarks/uptrain_study.py --preset llama-6x512: the MHA source pre-trained, converted
+#          uptrain  benchmarks/uptrain.py study --preset llama-6x512: the MHA source pre-trained, converted
 #                   to MQA, GQA, MHE-Mul, MHE-Add, uptrained 5% and 10% x 3 seeds, from-scratch references
 #                   -> RESULTS_DIR/uptrain-llama-6x512
-#          methods  benchmarks/uptrain_methods.py (issue 61): the same source, converted and uptrained by each
+#          methods  benchmarks/uptrain.py methods (issue 61): the same source, converted and uptrained by each
 #                   method (output fit, psi-then-rope, distillation; MQA and MHE-Mul re-run beside them), on every
 #                   GPU of the host -> RESULTS_DIR/uptrain-llama-6x512/methods (STUDY_ARGS: e.g. "--methods
 #                   mqa,mhe-mul-outputs-kd --fractions 0.1")
@@ -23,7 +23,7 @@
 # either section (scratch: --resume; uptrain: finished runs and the conversions are kept, stopped runs resume). Environment: MHE_DATA (default data-cache/data: the whole data
 # folder, which offline-english reads), WORKERS (scratch: runs at a time, default 11), SET (extra KEY=VALUE
 # settings for every run, for a quick check: SET="train.steps=4 data.limit_lines=200"), STUDY_ARGS
-# (uptrain: extra arguments of uptrain_study.py, e.g. "--steps 40 --limit-lines 200").
+# (uptrain: extra arguments of `uptrain.py study`, e.g. "--steps 40 --limit-lines 200").
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 section=${1:?SECTION (scratch, uptrain or methods)}; results=${2:-results}; data=${MHE_DATA:-data-cache/data}
@@ -52,12 +52,12 @@ EOF
     [ -f "$results/$folder/summary.json" ] || python -m mhe report "$results/$folder" >/dev/null
   elif [ "$section" = methods ]; then
     # shellcheck disable=SC2086  # STUDY_ARGS is a list of words
-    timeout "${DEADLINE:-560}" python benchmarks/uptrain_methods.py --data-dir "$data" --out "$results/$folder" \
+    timeout "${DEADLINE:-560}" python benchmarks/uptrain.py methods --data-dir "$data" --out "$results/$folder" \
         --budget-s "$(( ${DEADLINE:-560} - 20 ))" ${STUDY_ARGS:-}
     rc=$?
   else
     # shellcheck disable=SC2086  # STUDY_ARGS is a list of words
-    timeout "${DEADLINE:-560}" python benchmarks/uptrain_study.py --preset llama-6x512 --data-dir "$data" \
+    timeout "${DEADLINE:-560}" python benchmarks/uptrain.py study --preset llama-6x512 --data-dir "$data" \
         --out "$results/$folder" --budget-s "$(( ${DEADLINE:-560} - 20 ))" ${STUDY_ARGS:-}
     rc=$?
   fi

@@ -1,6 +1,8 @@
-"""``benchmarks/``: the README's table lists every entry point there is (and none that is gone),
-and each entry point answers ``--help`` (its imports and argument parser work on a CPU)."""
+"""``benchmarks/``: the README's table lists every entry point there is (and none that is gone), a
+tool with subcommands row by row; each entry point and each subcommand answers ``--help`` (its
+imports and argument parser work on a CPU); an unknown subcommand is refused in one line."""
 
+import ast
 import re
 import runpy
 import sys
@@ -9,57 +11,84 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-MODULES = {"train_speed_runs.py", "ddp_setups.py", "uptrain_jobs.py",
-           "uptrain_stages.py", "uptrain_report.py", "toolbox.py"}
+MODULES = {"toolbox.py", "subcommands.py"}  # beside the entry points, not run alone
+PARTS = ("train", "uptraining", "records", "decoding")  # the modules of the tools with subcommands, one folder each
 
 
-def table_tools() -> set[str]:
+def table_rows() -> set[str]:
+    """The first column of the README's table: `TOOL.py` or `TOOL.py SUBCOMMAND`."""
     text = (BENCH / "README.md").read_text()
-    return set(re.findall(r"^\| `([\w.]+\.py)` \|", text, flags=re.M))
+    return set(re.findall(r"^\| `([\w.]+\.py(?: [\w-]+)?)` \|", text, flags=re.M))
 
 
 def entry_points() -> list[str]:
     return sorted(p.name for p in BENCH.glob("*.py") if p.name not in MODULES)
 
 
+def subcommand_table(tool: str) -> dict[str, tuple[str, str]]:
+    """A tool's ``SUBCOMMANDS`` table, name -> (module, what it measures), read from its source
+    (nothing imported); empty for a tool without subcommands."""
+    for node in ast.parse((BENCH / tool).read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "SUBCOMMANDS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def subcommands(tool: str) -> list[str]:
+    return list(subcommand_table(tool))
+
+
+def commands() -> list[str]:
+    """Every command a user can start: each tool, and each subcommand of a tool that has them."""
+    return [f"{t} {s}".strip() for t in entry_points() for s in [""] + subcommands(t)]
+
+
 def test_the_readme_lists_every_entry_point_and_every_module_exists():
-    assert table_tools() == set(entry_points())
+    assert table_rows() == {c for c in commands() if " " in c or not subcommands(c)}
     assert all((BENCH / m).is_file() for m in MODULES)
+    assert len(entry_points()) <= 12, entry_points()
     assert not list(BENCH.glob("*.sh"))  # run-books live in studies/, each in the README's table
     text = (BENCH / "README.md").read_text()
     assert {p.name for p in (BENCH / "studies").glob("*.sh")} == set(re.findall(r"`studies/([\w.-]+\.sh)`", text))
 
 
-@pytest.mark.parametrize("tool", entry_points())
-def test_each_entry_point_answers_help(tool, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", [str(BENCH / tool), "--help"])
+def test_each_subcommand_is_a_module_of_a_parts_folder_and_no_part_runs_alone():
+    named = {module for tool in entry_points() for module, _ in subcommand_table(tool).values()}
+    assert named and all(m.split(".")[0] in PARTS and (BENCH / f"{m.replace('.', '/')}.py").is_file() for m in named)
+    for folder in PARTS:
+        assert (BENCH / folder / "__init__.py").is_file()
+        assert not [p.name for p in (BENCH / folder).glob("*.py") if "__main__" in p.read_text()], folder
+
+
+@pytest.mark.parametrize("command", commands())
+def test_each_entry_point_and_subcommand_answers_help(command, monkeypatch, capsys):
+    tool, *sub = command.split()
+    monkeypatch.setattr(sys, "argv", [str(BENCH / tool), *sub, "--help"])
     monkeypatch.syspath_prepend(str(BENCH))
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(BENCH / tool), run_name="__main__")
     assert done.value.code in (0, None)
-    assert "usage" in capsys.readouterr().out.lower()
+    out = capsys.readouterr().out
+    assert "usage" in out.lower()
+    if sub:  # the subcommand's own arguments, under its full name
+        assert f"{tool} {sub[0]}" in out
+    elif subcommands(tool):  # the tool lists its subcommands
+        assert all(f"  {s}  " in out for s in subcommands(tool)), out
 
 
-def test_decode_answers_help_for_every_command(capsys):
-    """``decode.py``'s commands each answer ``--help`` with their own flags, an unknown one is refused."""
-    monkey_path = str(BENCH)
-    sys.path.insert(0, monkey_path)
-    try:
-        decode = runpy.run_path(str(BENCH / "decode.py"))
-        for command in decode["COMMANDS"]:
-            with pytest.raises(SystemExit) as done:
-                decode["main"]([command, "--help"])
-            assert done.value.code == 0 and f"usage: decode.py {command}" in capsys.readouterr().out
-        with pytest.raises(SystemExit) as done:
-            decode["main"](["flor"])
-        assert done.value.code == 2 and "unknown command 'flor'" in capsys.readouterr().err
-    finally:
-        sys.path.remove(monkey_path)
+def test_an_unknown_subcommand_is_refused_in_one_line(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from toolbox import run_subcommand
+
+    assert run_subcommand("tool.py", "what it does", {"speed": ("no.such.module", "")}, ["sped", "--x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "tool.py: unknown subcommand 'sped'; valid: speed"
 
 
 def test_every_tool_finds_src_through_the_toolbox_alone():
-    """One way to find ``src``: no tool edits ``sys.path`` itself (the exported-model benchmark's
-    child must not see ``src``, so that one keeps its own ``ROOT`` and imports the toolbox late)."""
-    for tool in [*BENCH.glob("*.py"), *BENCH.glob("decoding/*.py")]:
+    """One way to find ``src``: no tool or part edits ``sys.path`` itself (the exported-model
+    benchmark's child must not see ``src``, so that one keeps its own ``ROOT`` and imports the
+    toolbox late)."""
+    for tool in BENCH.rglob("*.py"):
         if tool.name != "toolbox.py":
-            assert "sys.path" not in tool.read_text(), tool.name
+            assert "sys.path" not in tool.read_text(), tool.relative_to(BENCH)

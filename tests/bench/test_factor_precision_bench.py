@@ -1,15 +1,13 @@
-"""``benchmarks/factor_precision.py``: its one-term form really rounds MHE-Mul's factors to bf16
+"""``benchmarks/train_bench.py factor-precision`` (``benchmarks/train/factor_precision.py``): its one-term form really rounds MHE-Mul's factors to bf16
 under autocast, where the library's two-term product keeps their float32 values."""
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).parent.parent.parent / "benchmarks" / "factor_precision.py"
-spec = importlib.util.spec_from_file_location("factor_precision", SCRIPT)
-factor_precision = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(factor_precision)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from train import factor_precision  # noqa: E402
 
 
 def test_one_term_rounds_the_factors_and_two_terms_keep_them():

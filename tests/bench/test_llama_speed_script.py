@@ -1,4 +1,4 @@
-"""benchmarks/llama_speed.py's arithmetic and stage selection (the GPU run itself is the lead's):
+"""``benchmarks/train_bench.py llama``'s (``benchmarks/train/llama.py``) arithmetic and stage selection (the GPU run itself is the lead's):
 N for MFU leaves out exactly the input embedding lookups, and a group name selects its stages."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import llama_speed  # noqa: E402
+from train import llama as llama_speed  # noqa: E402
 from mhe.models.config import preset  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def test_groups_and_stages_select_the_runs_in_order():
 def test_a_one_gpu_stage_runs_on_the_callers_first_visible_gpu(monkeypatch):
     """Scripts started side by side on other GPUs of one host (CUDA_VISIBLE_DEVICES=2) keep to their
     GPU: a stage pinned to GPU 0 regardless put every run on one card, which ran out of memory."""
-    import train_speed_runs
+    from train import runs as train_speed_runs
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert train_speed_runs.first_visible_gpu() == "2"
@@ -51,7 +51,7 @@ def test_a_one_gpu_stage_runs_on_the_callers_first_visible_gpu(monkeypatch):
 def test_the_report_is_written_after_each_stage_and_names_the_stages_not_run(tmp_path):
     """A run stopped from outside after its first stage keeps that stage's row on disk, and the
     report says which stages did not run."""
-    from train_speed_runs import Runner
+    from train.runs import Runner
 
     a = llama_speed.parse_args([str(tmp_path), "--stages", "llama-135m"])
     runner = Runner(tmp_path, "data", 100)

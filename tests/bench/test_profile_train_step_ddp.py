@@ -1,4 +1,4 @@
-"""``benchmarks/profile_train_step.py`` under ``torchrun``: two gloo processes on a CPU run every
+"""``benchmarks/train_bench.py profile`` under ``torchrun``: two gloo processes on a CPU run every
 configuration together, and rank 0's report names the world size and carries each process's own
 host time (gathered, not rank 0's repeated)."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_profile_train_step_under_torchrun_reports_every_process(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "benchmarks" / "profile_train_step.py"), str(out), "--cpu-smoke"]
+           str(ROOT / "benchmarks" / "train_bench.py"), "profile", str(out), "--cpu-smoke"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((out / "profile-train-step.json").read_text())

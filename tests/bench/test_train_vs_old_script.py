@@ -1,4 +1,4 @@
-"""benchmarks/train_vs_old.py: the verdict read off the runs (new/old against the larger spread of
+"""``benchmarks/train_bench.py vs-old`` (``benchmarks/train/vs_old.py``): the verdict read off the runs (new/old against the larger spread of
 one tree's repeats), and an older tree's runs really use that tree's package."""
 
 import sys
@@ -6,8 +6,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import train_speed_runs  # noqa: E402
-import train_vs_old  # noqa: E402
+from train import runs as train_speed_runs  # noqa: E402
+from train import vs_old as train_vs_old  # noqa: E402
 
 
 def rows(new, old):

@@ -1,10 +1,9 @@
-"""``benchmarks/uptrain_methods.py`` (issue 61's study): its plan is ``mhe pretrain --init-from``
+"""``benchmarks/uptrain.py methods`` (``benchmarks/uptraining/methods.py``, issue 61's study): its plan is ``mhe pretrain --init-from``
 commands the parser takes, each method from its own converted folder, the ``-kd`` ones with the
 distillation settings and the others without; unknown methods are refused; the CPU smoke run end
 to end (pre-training, conversions with the output fit, uptraining with distillation) is a slow
 test."""
 
-import importlib.util
 import json
 import shlex
 import sys
@@ -19,11 +18,10 @@ BENCH = Path(__file__).resolve().parent.parent.parent / "benchmarks"
 
 
 def methods():
-    sys.path[:0] = [str(BENCH)]
-    spec = importlib.util.spec_from_file_location("uptrain_methods", BENCH / "uptrain_methods.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["uptrain_methods"] = mod
-    spec.loader.exec_module(mod)
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    from uptraining import methods as mod
+
     return mod
 
 

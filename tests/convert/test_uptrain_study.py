@@ -1,8 +1,7 @@
-"""``benchmarks/uptrain_study.py``: its plan is made of commands the ``mhe`` parser takes, with
+"""``benchmarks/uptrain.py study`` (``benchmarks/uptraining/study.py``): its plan is made of commands the ``mhe`` parser takes, with
 the documented uptraining recipe, for the GPT-2-shaped and the Llama-style decoder; the CPU
 smoke run end to end (every stage, in one process) is a slow test."""
 
-import importlib.util
 import json
 import shlex
 import sys
@@ -13,15 +12,15 @@ import pytest
 from conftest import require_data
 from mhe.cli import build_parser
 
-SCRIPT = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "uptrain_study.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 KINDS = ["mqa", "gqa", "mhe-mul", "mhe-add", "sha"]
 
 
 def study():
-    spec = importlib.util.spec_from_file_location("uptrain_study", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["uptrain_study"] = mod
-    spec.loader.exec_module(mod)
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    from uptraining import study as mod
+
     return mod
 
 

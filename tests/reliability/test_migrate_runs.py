@@ -1,10 +1,10 @@
-"""benchmarks/migrate_runs.py: run folders saved by earlier versions (the attention kind beside
+"""``benchmarks/results_tools.py migrate`` (``benchmarks/records/migrate.py``): run folders saved by earlier versions (the attention kind beside
 model overrides; a sweep.json without its shared settings; checkpoints whose trainer state is
 split over seven files) become today's layout and load, train on and resume as they were."""
 
-import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +19,8 @@ from mhe.training import checkpoint as ckpt
 from mhe.training.atomic import seal_and_place
 from mhe.training.loop import Trainer
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "migrate_runs.py"
-spec = importlib.util.spec_from_file_location("migrate_runs", SCRIPT)
-migrate_runs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(migrate_runs)
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+from records import migrate as migrate_runs  # noqa: E402
 
 # The earlier layout: the kind beside a dict of model overrides, task options as a plain dict.
 # That code built its models from the earlier presets (no attention biases, exact GELU): the
@@ -97,7 +95,7 @@ def test_a_folder_of_the_earlier_layout_migrates_and_resumes(tmp_path):
     (run / "run.json").write_text(json.dumps(OLD_RECALL))
     (tmp_path / "cmp" / "sweep.json").write_text(json.dumps({"sweep": {"task": "recall", "kinds": ["gqa"]}}))
     _seven_files(ckpt.list_checkpoints(run / "checkpoints")[-1])
-    with pytest.raises(MheError, match=r"convert it with: python benchmarks/migrate_runs.py"):
+    with pytest.raises(MheError, match=r"convert it with: python benchmarks/results_tools.py migrate"):
         read_run_config(run)
 
     assert migrate_runs.main([str(tmp_path / "cmp")]) == 0
@@ -144,7 +142,7 @@ def test_hashes_of_the_earlier_identity_layout_are_rewritten_and_the_run_resumes
     said = []
     Trainer(cfg, RecallTask(), tmp_path / "unmigrated", resume=True, log=said.append).fit()
     assert not any("resuming from" in m for m in said), said  # the earlier layout's hash is not this run's
-    assert any("python benchmarks/migrate_runs.py RUN_FOLDER gives it today's hash" in m for m in said), said
+    assert any("python benchmarks/results_tools.py migrate RUN_FOLDER gives it today's hash" in m for m in said), said
 
     changed = migrate_runs.migrate(tmp_path / "runs")
     assert {run / "config.json", done / "results.json", foreign / "config.json"} <= set(changed)

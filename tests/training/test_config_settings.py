@@ -228,7 +228,7 @@ SAVED_RECALL = json.loads(json.dumps(default_run("recall", "tiny-decoder", "gqa"
 def test_a_saved_configuration_in_the_earlier_layout_names_the_migration():
     old = {"task": "recall", "preset": "tiny-decoder", "attention": "gqa", "model": {"d_model": 32}}
     with pytest.raises(MheError, match=r"^x/config.json: saved in an earlier layout .*; convert it with: "
-                                       r"python benchmarks/migrate_runs.py"):
+                                       r"python benchmarks/results_tools.py migrate"):
         run_config_from_dict(old, source="x/config.json")
 
 
@@ -349,7 +349,7 @@ def test_typed_experiment_matches_its_earlier_set_items(tmp_path):
 
     (tmp_path / "sweep.json").write_text(json.dumps({"sweep": OLD_GPU_PTB}))  # no "run": refused, naming the fix
     earlier = r"sweep.json was written by an earlier version \(no 'run', or its model as overrides\); convert its "
-    with pytest.raises(MheError, match=earlier + r"folder with: python benchmarks/migrate_runs.py"):
+    with pytest.raises(MheError, match=earlier + r"folder with: python benchmarks/results_tools.py migrate"):
         check_sweep_dir(tmp_path, Sweep(**OLD_GPU_PTB))
     overrides = {**OLD_GPU_PTB, "run": {**Sweep(**OLD_GPU_PTB).shared_run(), "model": {"n_layers": 2}}}
     (tmp_path / "sweep.json").write_text(json.dumps({"sweep": overrides}))  # the earlier identity layout

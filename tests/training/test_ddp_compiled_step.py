@@ -2,8 +2,8 @@
 optimiser, which splits the graph at the gradient buckets, must never run, because the split
 step costs more host time than its overlap saves (docs/benchmarks.md section 7). One gloo
 process is enough to build the DDP wrapper; the control case leaves the optimiser on and sees it
-run, so the check can fail. Also: ``benchmarks/ddp_setups.py`` refuses an unknown set-up in one line with exit status 2, and
-each of its set-ups takes every argument the trainer passes its step."""
+run, so the check can fail. Also: ``benchmarks/train_bench.py ddp-setups`` refuses an unknown set-up in
+one line with exit status 2, and each of its set-ups takes every argument the trainer passes its step."""
 
 import subprocess
 import sys
@@ -67,8 +67,8 @@ def test_compiled_ddp_step_is_one_graph(one_process_group, monkeypatch, whole):
 
 
 def test_ddp_setups_refuses_an_unknown_setup(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ddp_setups.py"), "fastest", str(tmp_path)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_bench.py"), "ddp-setups", "fastest",
+                        str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "fastest" not in r.stdout and "whole, wrapped-split" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
@@ -77,14 +77,12 @@ def test_ddp_setups_refuses_an_unknown_setup(tmp_path):
 def test_ddp_setups_build_the_trainers_step_with_its_arguments(setup, monkeypatch, one_process_group):
     """Each set-up's ``parallelize`` takes every argument the trainer passes and builds the DDP step
     it names (compiled, world 2: the DDP path; nothing is traced until a step runs)."""
-    import importlib.util
-
     from torch._dynamo.eval_frame import OptimizedModule
 
     from mhe.training import parallelize as wrapping
-    spec = importlib.util.spec_from_file_location("ddp_setups", ROOT / "benchmarks" / "ddp_setups.py")
-    setups = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(setups)
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from train import ddp_setups as setups
     monkeypatch.setattr(wrapping, "parallelize", setups._parallelize(setup))
     model = build_model("tiny-decoder", attention="mha")
     ready = wrapping.parallelize(model, TrainConfig(compile=True), Dist(world=2), static_shapes=True, note=print)

@@ -144,6 +144,6 @@ def test_bf16_reduce_is_refused_under_fsdp_and_is_part_of_the_run():
     base = default_run("lm", "tiny-decoder", "mha")
     assert base.identity()["train"]["grad_reduce"] == "float32"
     assert apply_overrides(default_run("lm", "tiny-decoder", "mha"), ["train.grad_reduce=bf16"]).hash() != base.hash()
-    if SAVED.exists():  # a committed run (migrated by benchmarks/migrate_runs.py) keeps its hash
+    if SAVED.exists():  # a committed run (migrated by benchmarks/results_tools.py migrate) keeps its hash
         saved = RunFiles(SAVED).config("mha-seed0")
         assert run_config_from_dict(saved["run"], source=str(SAVED)).hash() == saved["config_hash"]

@@ -252,7 +252,7 @@ def test_a_checkpoint_of_the_earlier_layout_names_the_migration(tmp_path):
     shutil.copytree(point, tmp_path / "old")
     seal_and_place(tmp_path / "old", point)  # sealed: the checksums pass
     with pytest.raises(MheError, match=r"is in the earlier layout .*; convert the run with: "
-                                       r"python benchmarks/migrate_runs.py " + str(tmp_path)):
+                                       r"python benchmarks/results_tools.py migrate " + str(tmp_path)):
         Trainer(tiny_run(), RecallTask(), tmp_path, resume=True, log=quiet).fit()
 
 

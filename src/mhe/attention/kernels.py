@@ -199,7 +199,7 @@ def grouped_grad_backends(device_type: str, *, grouped: bool, grad: bool, masked
     (``square``); a masked call keeps SDPA's choice. Why: where SDPA prefers cuDNN for grouped
     heads (dropout 0), the grouped kinds' training step falls behind MHA's, while on
     FlashAttention it keeps up (docs/benchmarks.md section 7;
-    ``benchmarks/profile_train_step.py --preset llama-135m`` times the step both ways). A call
+    ``benchmarks/train_bench.py profile --presets llama-135m`` times the step both ways). A call
     ``long_on_cudnn`` (:func:`cudnn_for_grad`) runs on cuDNN instead (:data:`CUDNN_GROUPED_BACKENDS`).
     Off with :data:`GROUPED_GRAD_OFF_CUDNN`."""
     if not (GROUPED_GRAD_OFF_CUDNN and device_type == "cuda" and grouped and grad and not masked and square):

@@ -1,4 +1,4 @@
-"""Reading a ``torch.profiler`` trace of training steps (``benchmarks/profile_train_step.py``):
+"""Reading a ``torch.profiler`` trace of training steps (``benchmarks/train_bench.py profile``):
 GPU time per step by kind of kernel, which SDPA backend each attention call ran on, and the SDPA
 backends side by side at the training shapes (GPT-2's, or a preset's own with the layouts its
 attention sublayers give them: :func:`model_attention_inputs`).

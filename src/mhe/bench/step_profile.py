@@ -1,4 +1,4 @@
-"""One configuration of ``benchmarks/profile_train_step.py``: ``mhe pretrain``'s training step set
+"""One configuration of ``benchmarks/train_bench.py profile``: ``mhe pretrain``'s training step set
 up as :class:`~mhe.training.loop.Trainer` sets it up, timed and profiled on random token blocks.
 
 The step is the trainer's own: the model made ready by :func:`~mhe.training.parallelize.parallelize`

@@ -59,7 +59,7 @@ class ConvertOptions:
 
 class Converter:
     """One source loaded once (its model, data, calibration statistics and score), converted to
-    any number of kinds: ``mhe convert`` converts to one, ``benchmarks/uptrain_study.py`` to five.
+    any number of kinds: ``mhe convert`` converts to one, ``benchmarks/uptrain.py study`` to five.
 
     Args:
         source_path: a run folder or a Hugging Face checkpoint directory.

@@ -32,7 +32,7 @@ from mhe.training.weights import WEIGHTS, load_state_strict, read_sealed_weights
 
 PREFIX = "step-"
 STATE_TENSORS, STATE_JSON = "trainer.safetensors", "trainer.json"
-# the trainer state of the earlier layout, one file per part (benchmarks/migrate_runs.py converts it)
+# the trainer state of the earlier layout, one file per part (benchmarks/results_tools.py migrate converts it)
 OLD_STATE_FILES = ("optimizer.safetensors", "optimizer.json", "rng.safetensors", "rng.json", "scheduler.json")
 
 

@@ -34,7 +34,7 @@ EvalPrecision = Literal["tf32", "float32", "train"]
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
-MIGRATE = "python benchmarks/migrate_runs.py"  # converts run folders saved in earlier layouts
+MIGRATE = "python benchmarks/results_tools.py migrate"  # converts run folders saved in earlier layouts
 
 
 @dataclass
@@ -171,7 +171,7 @@ class RunConfig:
         are read from, the evaluation batch and precision (they change how evaluations round, not
         what is trained) and the second evaluation stride (it adds a figure to results.json and
         changes no other). Hashes of earlier layouts are rewritten by
-        ``benchmarks/migrate_runs.py``."""
+        ``benchmarks/results_tools.py migrate``."""
         train = dataclasses.asdict(self.train)
         for k in OPERATIONAL_TRAIN_KEYS + (() if self.train.distill_from else DISTILL_KEYS):
             train.pop(k)

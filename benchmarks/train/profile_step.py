@@ -1,6 +1,6 @@
 """Where the time of `mhe pretrain`'s training step goes, kernel by kernel, on one GPU.
 
-    python benchmarks/profile_train_step.py OUT [--presets gpt2-base,bert-base] [--kinds mha,mhe-mul,mqa]
+    python benchmarks/train_bench.py profile OUT [--presets gpt2-base,bert-base] [--kinds mha,mhe-mul,mqa]
         [--no-dropout-kinds mha,mhe-mul] [--batch 32] [--layers N] [--sdpa-both]
         [--data wikitext-2 --data-dir DIR] [--deadline 215] [--cuda-graphs auto|true|false] [--seq 512] [--cpu-smoke]
 
@@ -38,7 +38,7 @@ runs every configuration with its share of the global batch ``--batch`` (as the 
 ``train.batch_size``), each step preceded by the trainer loop's stop-signal agreement; rank 0
 writes and prints, with a table of each process's wall, host, agreement, GPU-busy and
 collective-kernel (category "communication") ms per step, dynamo's graph count and CPU threads
-(``benchmarks/ddp_setups.py`` runs this script with the other ways of combining DDP and compile). The SDPA section is skipped there (the
+(``benchmarks/train_bench.py ddp-setups`` runs this script with the other ways of combining DDP and compile). The SDPA section is skipped there (the
 single-process run measures it). ``--cpu-smoke`` runs it on gloo processes.
 """
 
@@ -47,24 +47,19 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from toolbox import ROOT  # noqa: E402
-if not os.environ.get("PYTHONPATH"):  # PYTHONPATH=OTHER/src runs another tree
-    import toolbox  # noqa: F401  (this checkout's src first)
+import torch
 
-import torch  # noqa: E402
-
-from mhe.attention import attention_class  # noqa: E402
-from mhe.bench.common import bench_config  # noqa: E402
-from mhe.bench.profiling import CATEGORIES, dropout_rates, model_attention_inputs, sdpa_backend_rows  # noqa: E402
-from mhe.bench.step_profile import from_main, measure  # noqa: E402
-from mhe.models import preset as model_preset  # noqa: E402
-from mhe.training import distributed  # noqa: E402
+from mhe.attention import attention_class
+from mhe.bench.common import bench_config
+from mhe.bench.profiling import CATEGORIES, dropout_rates, model_attention_inputs, sdpa_backend_rows
+from mhe.bench.step_profile import from_main, measure
+from mhe.models import preset as model_preset
+from mhe.training import distributed
 
 GROUPED = ("gqa", "mqa", "mhe-mul", "mhe-add")  # kinds whose training calls read fewer K/V heads than queries
 
@@ -225,8 +220,8 @@ def report(out: Path, a, att: dict, rows: list[dict], skipped: list[str], world:
     print("\n".join(lines))
 
 
-def _args():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _args(argv: list[str] | None = None):
+    ap = argparse.ArgumentParser(prog="train_bench.py profile", description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--presets", default="", help="default gpt2-base,bert-base (tiny-decoder,tiny-encoder in smoke)")
     ap.add_argument("--kinds", default="mha,mhe-mul,mqa")
@@ -242,7 +237,7 @@ def _args():
     ap.add_argument("--seq", type=int, default=0, help="tokens per sequence (default 512; 32 in smoke); llama-135m's "
                     "mhe pretrain default is 2048")
     ap.add_argument("--cpu-smoke", action="store_true")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     smoke = a.cpu_smoke
     a.device = "cpu" if smoke or not torch.cuda.is_available() else "cuda"
     seq, a.warmup, a.timed, a.profiled = (32, 1, 3, 2) if smoke else (512, 3, 10, 3)
@@ -256,8 +251,8 @@ def _shared_dir(d: distributed.Dist) -> Path:
     return Path(from_main(d, tempfile.mkdtemp(prefix="profile-train-step-") if d.main else None))
 
 
-def main() -> None:
-    a = _args()
+def main(argv: list[str] | None = None) -> int:
+    a = _args(argv)
     presets = a.presets.split(",") if a.presets else ["tiny-decoder", "tiny-encoder"] if a.cpu_smoke \
         else ["gpt2-base", "bert-base"]
     kinds = a.kinds.split(",")
@@ -284,7 +279,4 @@ def main() -> None:
         if d.main:
             shutil.rmtree(tmp, ignore_errors=True)
         distributed.teardown()
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,6 +1,6 @@
 """Llama-style training where users train (issue 42): `mhe pretrain` defaults on one card.
 
-    python benchmarks/llama_speed.py OUT [--stages GROUP|STAGE,...] [--data-dir DIR]
+    python benchmarks/train_bench.py llama OUT [--stages GROUP|STAGE,...] [--data-dir DIR]
         [--deadline SECONDS] [--set KEY=VALUE ...] [--cpu-smoke]
 
 Every stage is ``mhe pretrain --preset P --data wikitext-2 --attention K`` with every other setting
@@ -26,10 +26,10 @@ graphs, bf16) plus ``train.steps``, ``train.keep_checkpoints=false`` and ``train
 Default: every group in that order, more than 10 minutes on one H100: run it as separate commands
 into the same OUT (the caches carry over), each estimated under 9 minutes::
 
-    python benchmarks/llama_speed.py OUT --stages llama-135m
-    python benchmarks/llama_speed.py OUT --stages l1b-mha,l1b-mhe-mul
-    python benchmarks/llama_speed.py OUT --stages l1b-gqa,gpt2
-    python benchmarks/llama_speed.py OUT --stages llama-135m-expand
+    python benchmarks/train_bench.py llama OUT --stages llama-135m
+    python benchmarks/train_bench.py llama OUT --stages l1b-mha,l1b-mhe-mul
+    python benchmarks/train_bench.py llama OUT --stages l1b-gqa,gpt2
+    python benchmarks/train_bench.py llama OUT --stages llama-135m-expand
 
 Each command's report covers its own stages. Once
 ``--deadline`` seconds (default 570) have passed the rest are skipped and a running stage is stopped.
@@ -58,18 +58,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from toolbox import ROOT  # noqa: E402
-import toolbox  # noqa: E402,F401  (this checkout's src first)
+import torch
 
-import torch  # noqa: E402
-
-from mhe.bench.common import device_peak  # noqa: E402
-from mhe.models.config import ModelConfig  # noqa: E402
-from train_speed_runs import Runner, fmt, pct, ratio  # noqa: E402
+from mhe.bench.common import device_peak
+from mhe.models.config import ModelConfig
+from train.runs import Runner, fmt, pct, ratio
 
 
 class Stage(NamedTuple):
@@ -168,7 +164,7 @@ def wall_table(rows: list[tuple[Stage, dict | None]]) -> list[str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="train_bench.py llama", description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("--stages", default="", help="groups (llama-135m, llama-1.1b, gpt2) or stage names, comma-separated")
     ap.add_argument("--data-dir", default=os.environ.get("MHE_DATA", "data-cache"))
@@ -242,6 +238,3 @@ def main(argv=None) -> int:
     print("\n" + text)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,18 +1,17 @@
-"""The runs of the uptraining study (``benchmarks/uptrain_study.py``): each one an ``mhe pretrain``
+"""The runs of the uptraining study (``benchmarks/uptrain.py study``): each one an ``mhe pretrain``
 command, run as a process beside others on the one GPU (:class:`Pool`) or one after another in
 the study's own process (:class:`InlinePool`)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolbox import ROOT  # noqa: E402
+from toolbox import ROOT, child_env
 
 
 @dataclass
@@ -109,9 +108,7 @@ class Pool:
         from mhe.runtime import worker_threads
 
         threads = worker_threads(workers)
-        self.env = dict(os.environ, MHE_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-                        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-                        TOKENIZERS_PARALLELISM="true")
+        self.env = child_env(MHE_THREADS=str(threads), OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="true")
 
     def free(self) -> int:
         return self.workers - len(self.running)

@@ -1,6 +1,6 @@
 """DDP against FSDP on the GPUs of one host, and a model that only FSDP can train, through `mhe`'s trainer.
 
-    python benchmarks/fsdp_speed.py OUT [--gpus 2|4] [--gpt2] [--data wikitext-2 --data-dir DIR]
+    python benchmarks/train_bench.py fsdp OUT [--gpus 2|4] [--gpt2] [--data wikitext-2 --data-dir DIR]
                                         [--deadline SECONDS] [--ddp-oom] [--only STAGE,...] [--cpu-smoke]
 
 Runs, each under ``torchrun --standalone --nproc_per_node GPUS`` with the trainer's defaults
@@ -43,15 +43,13 @@ import sys
 import time
 from pathlib import Path
 
-from toolbox import ROOT  # noqa: E402
-if not os.environ.get("PYTHONPATH"):  # PYTHONPATH=OTHER/src runs another tree
-    import toolbox  # noqa: F401  (this checkout's src first)
+from toolbox import BENCHMARKS, ROOT, child_env
 
-import torch  # noqa: E402
+import torch
 
-from mhe.accounting.params import decoder_params  # noqa: E402
-from mhe.bench.common import device_peak, flops_per_token  # noqa: E402
-from mhe.models.config import preset as model_preset  # noqa: E402
+from mhe.accounting.params import decoder_params
+from mhe.bench.common import device_peak, flops_per_token
+from mhe.models.config import preset as model_preset
 
 GIB = 2 ** 30
 SEQ = 2048
@@ -158,12 +156,11 @@ class Runner:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(spec))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.gpus}",
-               str(Path(__file__).resolve()), "--worker", str(path)]
+               str(BENCHMARKS / "train_bench.py"), "fsdp", "--worker", str(path)]
         self.commands.append(f"{stage['name']}: `torchrun --standalone --nproc_per_node {self.gpus} "
-                             f"benchmarks/fsdp_speed.py --worker {path.name}` ({describe(stage)})")
+                             f"benchmarks/train_bench.py fsdp --worker {path.name}` ({describe(stage)})")
         print(f"[{stage['name']}] {describe(stage)} ({left:.0f} s left)", flush=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
-            [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+        env = child_env(PYTHONUNBUFFERED="1")
         log, start = self.out / "logs" / f"{stage['name']}.log", time.monotonic()
         with log.open("w") as f:
             proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
@@ -245,8 +242,8 @@ def table(results: list[tuple[dict, str, dict | None]], gpus: int, card_gib: flo
     return lines
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="train_bench.py fsdp", description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="?")
     ap.add_argument("--gpus", type=int, choices=(2, 4), default=2)
     ap.add_argument("--gpt2", action="store_true", help="GPT-2-shaped models instead of the Llama-style family")
@@ -260,7 +257,7 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true",
                     help="profile every run's GPU kernels (OUT/logs/profile-STAGE.md); slows the runs")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.worker:
         worker(json.loads(Path(a.worker).read_text()))
         return 0
@@ -289,7 +286,7 @@ def main() -> int:
         results.append((stage, status, figures(out / "runs" / stage["name"], stage, gpus)))
     memory = f" ({card_gib:.1f} GiB each)" if card_gib else ""
     head = [f"# DDP and FSDP on {gpus} GPUs of one host", "",
-            f"Cards: {gpus} x {card}{memory}; torch {torch.__version__}; `python benchmarks/fsdp_speed.py OUT "
+            f"Cards: {gpus} x {card}{memory}; torch {torch.__version__}; `python benchmarks/train_bench.py fsdp OUT "
             f"--gpus {gpus}{' --gpt2' if a.gpt2 else ''}{' --cpu-smoke' if a.cpu_smoke else ''}`; data: "
             f"{a.data or 'random tokens'}; tokens/s: median logged step time after the first third of the steps; "
             f"MFU: (6N + 12 L T n d) FLOPs per token x tokens/s per GPU over the card's dense bf16 peak.",
@@ -299,6 +296,3 @@ def main() -> int:
     print("\n" + text)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """MHE-Mul's per-head factors under bf16 autocast: float32 values (two bf16 terms) against one bf16 term.
 
-    python benchmarks/factor_precision.py                       # llama-135m, WikiText-2, 300 steps, cuda:0
-    python benchmarks/factor_precision.py --cpu-smoke           # tiny-decoder, a few steps on a CPU
+    python benchmarks/train_bench.py factor-precision              # llama-135m, WikiText-2, 300 steps, cuda:0
+    python benchmarks/train_bench.py factor-precision --cpu-smoke  # tiny-decoder, a few steps on a CPU
 
 Under autograd MHE-Mul multiplies the shared query by its per-head factors as one matrix product
 (``mhe.attention.mhe._scaled_heads``). Under bf16 autocast that product would round the float32
@@ -22,6 +22,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from toolbox import BENCHMARKS
 
 FORMS = ("two-term", "one-term")
 
@@ -91,8 +93,8 @@ def table(found: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="train_bench.py factor-precision", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="llama-135m")
     ap.add_argument("--data", default="wikitext-2")
     ap.add_argument("--steps", type=int, default=300)
@@ -109,15 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     args = pretrain_args(a) + extra
     if a.child:
         return child(a.child, a.out, args)
-    procs = [subprocess.Popen([sys.executable, __file__, "--child", form, "--out", str(a.out), *(argv or sys.argv[1:])],
+    tool = [sys.executable, str(BENCHMARKS / "train_bench.py"), "factor-precision"]
+    procs = [subprocess.Popen([*tool, "--child", form, "--out", str(a.out), *argv],
                               env={**os.environ, "PYTHONUNBUFFERED": "1"}) for form in FORMS]
     codes = [p.wait() for p in procs]
     if any(codes):
-        print(f"factor_precision: a run failed (exit codes {dict(zip(FORMS, codes))})", file=sys.stderr)
+        print(f"train_bench.py factor-precision: a run failed (exit codes {dict(zip(FORMS, codes))})", file=sys.stderr)
         return 1
     print(table(curves(a.out)))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

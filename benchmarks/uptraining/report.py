@@ -1,4 +1,4 @@
-"""What the uptraining study (``benchmarks/uptrain_study.py``) writes: the summary rows, the table
+"""What the uptraining study (``benchmarks/uptrain.py study``) writes: the summary rows, the table
 (``summary.md``/``.csv``/``.json``), the plot (``uptrain.png``) and ``RUN.md``."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from uptrain_jobs import ROOT, Job, fraction_label
+from toolbox import ROOT
+from uptraining.jobs import Job, fraction_label
 
 
 def job_results(runs: Path, job: Job) -> dict:
@@ -198,7 +199,7 @@ def write_run_md(args, out: Path, study: dict, summary: dict, sw: dict, command:
     """``RUN.md``: what the study is, how to run it again, this run's card, software and wall
     time, what ran, the table and every run's status."""
     lines = [f"# {out.name}: from a pre-trained MHA decoder to {', '.join(args.kinds)}", "",
-             "One run of `benchmarks/uptrain_study.py` from `mhe`, the implementation of multi-head embedding "
+             "One run of `benchmarks/uptrain.py study` from `mhe`, the implementation of multi-head embedding "
              "attention (MHE; Xue & Aletras, \"Pit One Against Many\", Findings of EMNLP 2023) and of the "
              "attention kinds it is compared with. The study asks how much of a pre-trained multi-head model's "
              "quality each cheaper kind keeps when it is converted with `mhe convert` and uptrained briefly "
@@ -282,7 +283,7 @@ def portable_command(argv: list[str]) -> str:
         else:
             words.append(shlex.quote(a))
         prev = a
-    return "python benchmarks/uptrain_study.py " + " ".join(words)
+    return "python benchmarks/uptrain.py study " + " ".join(words)
 
 
 def _max_len(args) -> int:

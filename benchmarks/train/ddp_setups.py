@@ -1,8 +1,8 @@
 """The ways to combine DDP with torch.compile that were measured for `mhe pretrain` (issue 27).
 
-    torchrun --standalone --nproc_per_node 2 benchmarks/ddp_setups.py SETUP OUT [profile_train_step.py options]
+    torchrun --standalone --nproc_per_node 2 benchmarks/train_bench.py ddp-setups SETUP OUT [profile options]
 
-Runs ``benchmarks/profile_train_step.py`` (every option after ``OUT`` is its own) with the
+Runs ``benchmarks/train_bench.py profile`` (every option after ``OUT`` is its own) with the
 trainer's step module (:func:`~mhe.training.parallelize.parallelize`) built one of these ways:
 
 * ``whole`` (the trainer's default): the model compiled whole, then wrapped by DDP; dynamo's DDP
@@ -28,19 +28,12 @@ overlap pays once the host's time is gone.
 from __future__ import annotations
 
 import contextlib
-import runpy
-import os
 import sys
-from pathlib import Path
 
-from toolbox import ROOT  # noqa: E402
-if not os.environ.get("PYTHONPATH"):  # PYTHONPATH=OTHER/src runs another tree
-    import toolbox  # noqa: F401  (this checkout's src first)
+import torch
 
-import torch  # noqa: E402
-
-from mhe.training import parallelize as wrapping  # noqa: E402
-from mhe.training.activation_checkpointing import transformer_blocks  # noqa: E402
+from mhe.training import parallelize as wrapping
+from mhe.training.activation_checkpointing import transformer_blocks
 
 SETUPS = ("whole", "wrapped-split", "wrapped-whole", "inner-split", "blocks")
 _trainers_parallelize = wrapping.parallelize
@@ -79,15 +72,17 @@ def _parallelize(setup: str):
     return parallelize
 
 
-def main() -> None:
-    if len(sys.argv) < 3 or sys.argv[1] not in SETUPS:
-        print(f"usage: ddp_setups.py SETUP OUT [profile_train_step.py options]; SETUP one of {', '.join(SETUPS)}",
-              file=sys.stderr)
-        raise SystemExit(2)
-    wrapping.parallelize = _parallelize(sys.argv[1])
-    sys.argv = [str(ROOT / "benchmarks" / "profile_train_step.py")] + sys.argv[2:]
-    runpy.run_path(sys.argv[0], run_name="__main__")
+def main(argv: list[str]) -> int:
+    """``SETUP OUT [profile options]``: ``train_bench.py profile OUT ...`` with the step built as ``SETUP``."""
+    usage = (f"usage: train_bench.py ddp-setups SETUP OUT [train_bench.py profile options]; SETUP one of "
+             f"{', '.join(SETUPS)}")
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"{usage}\n\n{__doc__}")
+        return 0
+    if len(argv) < 2 or argv[0] not in SETUPS:
+        print(usage, file=sys.stderr)
+        return 2
+    from train import profile_step
 
-
-if __name__ == "__main__":
-    main()
+    wrapping.parallelize = _parallelize(argv[0])
+    return profile_step.main(argv[1:])

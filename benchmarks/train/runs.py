@@ -1,4 +1,4 @@
-"""The runs of ``benchmarks/train_speed.py``: each stage a logged subprocess under one deadline,
+"""The runs of ``train_bench.py``'s ``speed``, ``vs-old`` and ``llama``: each stage a logged subprocess under one deadline,
 and the figures read back from its run folder (rates, memory, MFU) for the tables."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from mhe.bench.common import device_peak, flops_per_token
 from mhe.models.config import ModelConfig
 
-from toolbox import ROOT  # noqa: E402
+from toolbox import ROOT, child_env
 
 
 def first_visible_gpu() -> str:
@@ -32,8 +32,7 @@ class Runner:
 
     def __init__(self, out: Path, data_dir: str, deadline: float) -> None:
         self.out, self.deadline, self.t0 = out, deadline, time.monotonic()
-        self.env = dict(os.environ, MHE_DATA=data_dir, PYTHONUNBUFFERED="1",
-                        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+        self.env = child_env(MHE_DATA=data_dir, PYTHONUNBUFFERED="1")
         self.commands: list[str] = []
         self.skipped: list[str] = []
 

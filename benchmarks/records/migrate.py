@@ -1,6 +1,6 @@
 """Bring run folders saved by earlier versions of mhe to today's layout, in place.
 
-    python benchmarks/migrate_runs.py DIR [DIR ...]
+    python benchmarks/results_tools.py migrate DIR [DIR ...]
 
 Each DIR is searched recursively. What changes:
 
@@ -199,7 +199,7 @@ def migrate(root: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="results_tools.py migrate", description=__doc__.split("\n\n")[0])
     p.add_argument("dirs", nargs="+", type=Path, help="run folders, comparison folders or folders above them")
     args = p.parse_args(argv)
     for root in args.dirs:
@@ -210,6 +210,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{root}: {len(changed)} file(s) or checkpoint(s) migrated")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

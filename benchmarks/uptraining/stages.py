@@ -1,4 +1,4 @@
-"""The stages of the uptraining study (``benchmarks/uptrain_study.py``): the shared tokenizer, the
+"""The stages of the uptraining study (``benchmarks/uptrain.py study``): the shared tokenizer, the
 pre-training and scratch runs, the conversions and the uptraining runs, within the wall-time
 budget."""
 
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from mhe.training.atomic import write_json_atomic
-from uptrain_jobs import InlinePool, Job, Pool, common_sets, train_job, uptrain_job
+from uptraining.jobs import InlinePool, Job, Pool, common_sets, train_job, uptrain_job
 
 
 def prepare_tokenizer(args, runs: Path, names: list[str]) -> float:

@@ -1,11 +1,11 @@
 """Training speed of this tree beside an older tree's, through `mhe pretrain`, on one card in one run.
 
-    python benchmarks/train_vs_old.py OUT --old-src OLD/src [--presets gpt2-base,llama-135m]
+    python benchmarks/train_bench.py vs-old OUT --old-src OLD/src [--presets gpt2-base,llama-135m]
         [--kinds mha,mhe-mul] [--repeats 2] [--steps 120] [--deadline SECONDS]
-    python benchmarks/train_vs_old.py OUT --old-src OLD/src --cpu-smoke   # tiny, on a CPU
+    python benchmarks/train_bench.py vs-old OUT --old-src OLD/src --cpu-smoke   # tiny, on a CPU
 
 The training half of issue 40's "behaviour unchanged" (its decoding half is
-``decode_speed.py --old-src``). For each preset and kind the runs alternate between the trees,
+``decode.py speed --old-src``). For each preset and kind the runs alternate between the trees,
 this one first (new, old, new, old for ``--repeats 2``), each one
 
     mhe pretrain --preset P --data wikitext-2 --attention K --set train.steps=STEPS
@@ -28,15 +28,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
-from toolbox import ROOT  # noqa: E402
-import toolbox  # noqa: E402,F401  (this checkout's src first)
+import torch
 
-import torch  # noqa: E402
-
-from train_speed_runs import Runner, fmt, run_figures, seed_tokenizer  # noqa: E402
+from toolbox import ROOT
+from train.runs import Runner, fmt, run_figures, seed_tokenizer
 
 
 def pretrain_args(a: argparse.Namespace, preset: str, kind: str, out: Path) -> list[str]:
@@ -101,8 +98,8 @@ def _runs(values: list[float]) -> str:
     return ", ".join(fmt(v) for v in values) or "-"
 
 
-def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="train_bench.py vs-old", description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("--old-src", required=True, help="the older tree's src folder")
     ap.add_argument("--presets", default="gpt2-base")
@@ -111,7 +108,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--deadline", type=float, default=540)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny-decoder on PTB, a few steps, on the CPU")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if not (Path(a.old_src) / "mhe" / "__init__.py").is_file():
         ap.error(f"--old-src {a.old_src!r} holds no mhe package (give the older tree's src folder)")
     if a.repeats < 1 or a.steps < 2:
@@ -123,8 +120,8 @@ def parse_args() -> argparse.Namespace:
     return a
 
 
-def main() -> int:
-    a = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     out = Path(a.out).resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     data = os.environ.get("MHE_DATA", str(ROOT / "data-cache" / "data"))
@@ -141,6 +138,3 @@ def main() -> int:
     print("\n" + text)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """Uptraining methods for MHE under rotary positions (issue 61), in the protocol of
 ``results/uptrain-llama-6x512``: the same MHA source (``--preset llama-6x512`` of
-``benchmarks/uptrain_study.py``: 6 x 512, 1200 steps on ``offline-english``), converted by each
+``benchmarks/uptrain.py study``: 6 x 512, 1200 steps on ``offline-english``), converted by each
 method, uptrained for 5% and 10% of N with 3 seeds, scored on WikiText-2's test split.
 
-    python benchmarks/uptrain_methods.py --data-dir "$MHE_DATA" --out results/uptrain-llama-6x512/methods
-    python benchmarks/uptrain_methods.py --data-dir "$MHE_DATA" --out OUT --methods mqa,mhe-mul-outputs-kd \\
+    python benchmarks/uptrain.py methods --data-dir "$MHE_DATA" --out results/uptrain-llama-6x512/methods
+    python benchmarks/uptrain.py methods --data-dir "$MHE_DATA" --out OUT --methods mqa,mhe-mul-outputs-kd \\
         --fractions 0.1                                          # the reduced call (RUN.md of the output)
-    python benchmarks/uptrain_methods.py --cpu-smoke --data-dir "$MHE_DATA" --out /tmp/methods-smoke
+    python benchmarks/uptrain.py methods --cpu-smoke --data-dir "$MHE_DATA" --out /tmp/methods-smoke
 
 Methods (:data:`METHODS`): a kind converted by ``mhe convert``'s weight fit (``mqa``, ``mhe-mul``,
 the baselines, re-run on this source), with ``--fit outputs`` (``-outputs``: each sublayer fitted
@@ -42,10 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolbox import ROOT  # noqa: E402
-import toolbox  # noqa: E402,F401  (this checkout's src first)
-
-from uptrain_jobs import InlinePool, Job, Pool, common_sets, fraction_label, sets, train_job  # noqa: E402
+from uptraining.jobs import InlinePool, Job, Pool, common_sets, fraction_label, sets, train_job
 
 
 @dataclass(frozen=True)
@@ -80,7 +77,7 @@ DEFAULT_METHODS = ("mqa", "mhe-mul", "mhe-mul-outputs", "mhe-mul-psi-then-rope",
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="uptrain.py methods", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=os.environ.get("MHE_DATA", ""), help="data folder (default $MHE_DATA)")
     p.add_argument("--out", required=True, help="output folder")
@@ -110,8 +107,8 @@ def parse_args(argv=None):
 
 
 def study_args(args):
-    """The study's own settings (``uptrain_study.py --preset llama-6x512``, or its CPU smoke)."""
-    import uptrain_study
+    """The study's own settings (``uptrain.py study --preset llama-6x512``, or its CPU smoke)."""
+    from uptraining import study as uptrain_study
 
     argv = ["--preset", "llama-6x512", "--data-dir", args.data_dir, "--out", args.out]
     s = uptrain_study.parse_args(argv + (["--cpu-smoke"] if args.cpu_smoke else []))
@@ -309,7 +306,7 @@ def main(argv=None) -> int:
         sys.exit("give --data-dir (or set MHE_DATA)")
     out.mkdir(parents=True, exist_ok=True)
     from mhe.runtime import configure_threads
-    from uptrain_report import software
+    from uptraining.report import software
 
     configure_threads()
     with open(out / "methods.log", "a") as logf:
@@ -330,6 +327,3 @@ def main(argv=None) -> int:
         print(table)
     return 0 if all(j.rc == 0 for j in study["jobs"]) else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Uptraining study: from a pre-trained MHA decoder to MQA, GQA, MHE-Mul, MHE-Add and SHA.
 
-    python benchmarks/uptrain_study.py --data-dir DATA --out results/uptrain-gpt2-6x384
-    python benchmarks/uptrain_study.py --preset llama-135m --data-dir DATA --out results/uptrain-llama-135m
-    python benchmarks/uptrain_study.py --preset llama-6x512 --data-dir DATA --out results/uptrain-llama-6x512
-    python benchmarks/uptrain_study.py --cpu-smoke --data-dir DATA --out /tmp/uptrain-smoke
+    python benchmarks/uptrain.py study --data-dir DATA --out results/uptrain-gpt2-6x384
+    python benchmarks/uptrain.py study --preset llama-135m --data-dir DATA --out results/uptrain-llama-135m
+    python benchmarks/uptrain.py study --preset llama-6x512 --data-dir DATA --out results/uptrain-llama-6x512
+    python benchmarks/uptrain.py study --cpu-smoke --data-dir DATA --out /tmp/uptrain-smoke
 
 1. Pre-train an MHA decoder (GPT-2-shaped, or the Llama-style ``llama-135m`` with rotary
    positions, or ``llama-6x512``: that layer at the shape of the from-scratch comparison
@@ -38,15 +38,12 @@ import sys
 import time
 from pathlib import Path
 
-from toolbox import ROOT  # noqa: E402
-import toolbox  # noqa: E402,F401  (this checkout's src first)
-
-from uptrain_jobs import common_sets, train_job, uptrain_job  # noqa: E402
-from uptrain_report import (markdown_table, plot, portable_command, software, summarise,  # noqa: E402
+from uptraining.jobs import common_sets, train_job, uptrain_job
+from uptraining.report import (markdown_table, plot, portable_command, software, summarise,
                             write_run_md, write_tables)
-from uptrain_stages import run_study  # noqa: E402
+from uptraining.stages import run_study
 
-from mhe.experiments.presets import LLAMA_6x512  # noqa: E402
+from mhe.experiments.presets import LLAMA_6x512
 
 KINDS = ("mqa", "gqa", "mhe-mul", "mhe-add", "sha")
 # the default model: GPT-2's layout at 6 layers x 384, 8 heads of 48 (GQA: 2 K/V heads), 256 tokens
@@ -64,7 +61,7 @@ SMOKE_MODEL = ("model.n_layers=2", "model.d_model=32", "model.n_heads=8", "model
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="uptrain.py study", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=os.environ.get("MHE_DATA", ""), help="data folder (default $MHE_DATA)")
     p.add_argument("--out", required=True, help="output folder (results/uptrain-...)")
@@ -211,6 +208,3 @@ def main(argv=None) -> int:
         print(markdown_table(args, summary["rows"]))
     return 0 if all(j.rc == 0 for j in study["jobs"] if j.role != "uptrain" or j.seed == 0) else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """PRR against model size from the ``results/scale-*`` comparisons (Appendix D on one GPU).
 
-    python benchmarks/scaling_overview.py [RESULTS_DIR] [--out FILE.md] [--plot FILE.png]
+    python benchmarks/results_tools.py scaling-overview [RESULTS_DIR] [--out FILE.md] [--plot FILE.png]
 
 For each corpus and size: MHA's and each MHE variant's test perplexity (mean ± std over
 seeds), PRR of the means (section 4.6: 1 - (ppl - ppl_MHA) / ppl_MHA) and the spread of the
@@ -12,7 +12,6 @@ paper's Appendix D rows (GPT-2 base and medium on WikiText-103 and PTB).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
@@ -124,7 +123,7 @@ def plot(table: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="results_tools.py scaling-overview", description=__doc__.splitlines()[0])
     p.add_argument("results", nargs="?", default="results")
     p.add_argument("--out", default=None)
     p.add_argument("--plot", default=None)
@@ -138,6 +137,3 @@ def main(argv=None) -> int:
         plot(table, Path(args.plot))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

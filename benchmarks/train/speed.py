@@ -1,6 +1,6 @@
 """Training speed where users train: `mhe pretrain` beside `mhe bench`'s step, one card, one run.
 
-    python benchmarks/train_speed.py OUT [--gpus 1|2|4] [--grad-reduce-bf16] [--stages A,B,...]
+    python benchmarks/train_bench.py speed OUT [--gpus 1|2|4] [--grad-reduce-bf16] [--stages A,B,...]
         [--data-dir DIR] [--deadline SECONDS] [--cpu-smoke]
 
 ``--gpus 1`` (default; about 8 minutes on one H100) measures, in this order:
@@ -51,16 +51,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from toolbox import ROOT  # noqa: E402
-import toolbox  # noqa: E402,F401  (this checkout's src first)
+import torch
 
-import torch  # noqa: E402
-
-from train_speed_runs import Runner, fmt, log_says, pct, ratio, run_figures, seed_tokenizer  # noqa: E402
+from train.runs import Runner, fmt, log_says, pct, ratio, run_figures, seed_tokenizer
 
 BF16_REDUCE = "train.grad_reduce=bf16"
 REFUSED = "train.grad_reduce=bf16 has no effect here"  # the trainer's note where torch refuses the hook
@@ -189,8 +185,8 @@ def _gpu_row(s: Stage, f: dict | None, base: float | None, refused: bool) -> str
             f"{pct(f['mfu'])} | {fmt(f['peak_gib'], '.2f')} |")
 
 
-def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="train_bench.py speed", description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("--gpus", type=int, choices=(1, 2, 4), default=1)
     ap.add_argument("--data-dir", default=os.environ.get("MHE_DATA", "data-cache"))
@@ -200,7 +196,7 @@ def parse_args() -> argparse.Namespace:
                     help="--gpus 2|4: also run MHA's several-GPU stages with train.grad_reduce=bf16")
     ap.add_argument("--stages", default="", help="--gpus 2|4: run only these stages (comma-separated names)")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny presets, PTB, a few steps, on the CPU")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.gpus == 1 and (a.grad_reduce_bf16 or a.stages):
         ap.error("--grad-reduce-bf16 and --stages apply to --gpus 2 or 4")
     a.plan = Plan(a.cpu_smoke)
@@ -217,11 +213,11 @@ def command(a: argparse.Namespace) -> str:
     """The command line of this run, for the report's header."""
     flags = [f"--gpus {a.gpus}"] + (["--grad-reduce-bf16"] if a.grad_reduce_bf16 else []) + \
         ([f"--stages {a.stages}"] if a.stages else []) + (["--cpu-smoke"] if a.cpu_smoke else [])
-    return f"python benchmarks/train_speed.py OUT {' '.join(flags)}"
+    return f"python benchmarks/train_bench.py speed OUT {' '.join(flags)}"
 
 
-def main() -> int:
-    a = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     out, plan = Path(a.out).resolve(), a.plan
     (out / "logs").mkdir(parents=True, exist_ok=True)
     deadline = a.deadline or (560 if a.grad_reduce_bf16 else {1: 450, 2: 270, 4: 560}[a.gpus])
@@ -240,6 +236,3 @@ def main() -> int:
     print("\n" + text)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The parts of ``results_tools.py``: the run-folder migration and the scaling overview."""

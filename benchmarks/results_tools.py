@@ -1,0 +1,26 @@
+"""Tools over the run folders under results/: bring old layouts up to date, and the scaling overview.
+
+    python benchmarks/results_tools.py migrate DIR [DIR ...]
+    python benchmarks/results_tools.py scaling-overview [RESULTS_DIR] [--out FILE.md] [--plot FILE.png]
+
+The parts live under ``benchmarks/records/``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from toolbox import run_subcommand
+
+SUBCOMMANDS = {
+    "migrate": ("records.migrate", "rewrites run folders of earlier layouts into today's, in place"),
+    "scaling-overview": ("records.scaling_overview", "PRR against model size from the results/scale-* comparisons"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_subcommand("results_tools.py", __doc__.split("\n")[0], SUBCOMMANDS, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The parts of ``uptrain.py``: the study and the methods study, their runs, stages and report."""
