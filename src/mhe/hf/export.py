@@ -29,7 +29,7 @@ from mhe.models import ModelConfig
 
 FORMATS = ("remote-code", "standard")
 REMOTE_DIR = Path(__file__).with_name("remote")
-REMOTE_FILES = ("configuration_mhe.py", "layers_mhe.py", "modeling_mhe.py")
+REMOTE_FILES = ("configuration_mhe.py", "layers_mhe.py", "decode_mhe.py", "modeling_mhe.py")
 AUTO_CLASSES = {
     ("decoder", "lm"): {"AutoModelForCausalLM": "MheForCausalLM",
                         "AutoModelForSequenceClassification": "MheDecoderForSequenceClassification"},

@@ -119,6 +119,19 @@ class MheForCausalLM(MhePreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.lm_head
 
+    def create_masks_for_generate(self, **kwargs):
+        """The mask ``generate`` hands a compilable (static) cache's forward: a prompt's 2D mask as
+        it is, so that the prompt (run eagerly) takes SDPA's causal kernels over the one K/V head
+        where nothing is padded, instead of a dense ``[B, 1, T, L]`` mask over K/V repeated to every
+        head; for a decode step transformers' own 4D mask (its fixed shape keeps the compiled step one
+        graph, and ``decode_mhe`` reads each row's run of keys from it)."""
+        from transformers.masking_utils import create_masks_for_generate
+
+        embeds = kwargs.get("inputs_embeds")
+        if embeds is not None and embeds.shape[1] > 1:
+            return kwargs.get("attention_mask")
+        return create_masks_for_generate(**kwargs)
+
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, use_cache=None,
                 logits_to_keep=0, **kwargs):
         """``logits_to_keep``: the last that many positions' logits (0: all), or the positions to keep
