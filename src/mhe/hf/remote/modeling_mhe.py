@@ -29,8 +29,8 @@ version counter or storage moves; ``eval()``; ``out_proj`` replaced, as peft doe
 weights. The cache holds one K/V head a layer (``num_key_value_heads``, transformers' dynamic and
 static caches), and SDPA reads it as it is: one new token's n query heads become rows of one query,
 a prompt goes through ``enable_gqa`` (``generate`` hands it the 2D mask: causal kernels); a decode step
-under a mask on a card runs FlashAttention-2's split-KV forward (``decode_mhe.py``). The RoPE table is made once on the CPU (mhe's constants) and
-indexed once a forward; ``generate``'s static cache compiles (``torch.compile``, one graph).
+under a mask on a card runs FlashAttention-2's split-KV forward (``decode_mhe.py``). The RoPE table
+is made once on the CPU (mhe's constants) and indexed once a forward; ``generate``'s static cache compiles (``torch.compile``, one graph).
 
 LoRA (peft): every projection is an ``nn.Linear`` called as a module, so adapters apply
 wherever they are put. Attention: ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (``kv_proj``
