@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import decode_mhe as decode
+from .decode_mhe import fits, flash_decode, key_range, mark_cache, marked  # (a named module: transformers copies it)
 from .configuration_mhe import cache_heads
 
 MHE_KINDS = ("mhe-add", "mhe-mul")
@@ -344,9 +344,9 @@ class Attention(nn.Module):
             k, v = self.keys_values(context, None)
         m, causal = mask(k.shape[2]) if callable(mask) else (mask, False)
         dropout = self.dropout if self.training else 0.0
-        if getattr(mask, "runs", False) and decode.fits(q, k, v, m, causal, dropout):  # a decode step, one K/V head
+        if getattr(mask, "runs", False) and fits(q, k, v, m, causal, dropout):  # a decode step, one K/V head
             b, n, _, d = q.shape
-            h = decode.flash_decode(q.reshape(b, 1, n, d), k, v, mask.ranges(k.shape[2], b)).view(b, n, 1, d)
+            h = flash_decode(q.reshape(b, 1, n, d), k, v, mask.ranges(k.shape[2], b)).view(b, n, 1, d)
         else:
             h = attend(q, k, v, m, dropout, causal)
         return self.output(h, folded)
@@ -487,7 +487,7 @@ class KeyMask:
 
     def ranges(self, keys: int, batch: int):
         if keys not in self._ranges:
-            self._ranges[keys] = decode.key_range(self.build(keys)[0], batch, keys)
+            self._ranges[keys] = key_range(self.build(keys)[0], batch, keys)
         return self._ranges[keys]
 
 
@@ -564,8 +564,8 @@ class Decoder(nn.Module):
         positions = position_ids if position_ids is not None else start + torch.arange(t, device=input_ids.device)
         x = self.embed(input_ids, positions)
         if self.one_kv and cache is not None and not _compiling():  # eager (generate's prompt): look at the mask
-            decode.mark_cache(cache, attention_mask, start, t, x.device, x.dtype)
-        runs = self.one_kv and decode.marked(cache)
+            mark_cache(cache, attention_mask, start, t, x.device, x.dtype)
+        runs = self.one_kv and marked(cache)
         mask = self_attention_mask(attention_mask, t, start, True, input_ids.device, runs)
         padding = key_padding(attention_mask) if attention_mask is not None and attention_mask.dim() == 2 else None
         rope = self.rope.at(positions, x.dtype) if self.rope is not None else None  # once for every layer
