@@ -1,7 +1,9 @@
 """GPU check of an exported folder (run with ``pytest -m gpu``): loaded by transformers in a Python
 where mhe cannot be imported, its ``generate`` with the static cache (compiled by transformers itself
 on a GPU: inductor and CUDA graphs) and with the dynamic cache gives the greedy tokens of mhe's own
-``generate`` on the same card and logits close to its logits, with a cache of one K/V head a layer.
+``generate`` on the same card and logits close to its logits, with a cache of one K/V head a layer;
+in bf16 with left-padded prompts its decode steps run the split kernel (``decode_mhe``: FlashAttention-2's
+variable-length forward) and give the logits of SDPA's masked path.
 The CPU checks (float64, exact): tests/hf/test_hf_remote_fast.py and tests/hf/test_hf_export.py."""
 
 import os
@@ -77,3 +79,61 @@ def test_exported_static_generate_on_gpu(preset, kind, tmp_path):
         assert torch.equal(run["tokens"], tokens), (name, run["tokens"], tokens)
         err = (run["logits"] - logits).abs().max() / scale
         assert err < 1e-4, (name, float(err))
+
+
+SPLIT_LOADER = r"""
+import sys
+sys.modules["mhe"] = None
+import torch, transformers
+folder, inputs, out = sys.argv[1:4]
+ids, mask, new = torch.load(inputs)
+model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.bfloat16)
+model = model.cuda().eval()
+decode = sys.modules[type(model).__module__.rsplit(".", 1)[0] + ".decode_mhe"]
+op, calls = decode._OP, []
+decode._OP = lambda *a, **k: (calls.append(1), op(*a, **k))[1]  # traced once by the compiled step, then replayed
+kw = dict(attention_mask=mask.cuda(), max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None,
+          pad_token_id=0, return_dict_in_generate=True, output_logits=True, cache_implementation="static")
+results = {}
+with torch.no_grad():
+    for name in ("split", "sdpa"):
+        torch._dynamo.reset()
+        got = model.generate(ids.cuda(), **kw)
+        cache = got.cache if getattr(got, "cache", None) is not None else got.past_key_values
+        results[name] = {"tokens": got.sequences.cpu(), "logits": torch.stack(got.logits, 1).cpu(),
+                         "calls": len(calls), "marked": bool(getattr(cache, decode.FLAG, False)),
+                         "compiled": hasattr(model, "_compiled_call")}
+        decode.VARLEN = False  # the second run: SDPA's masked path
+torch.save(results, out)
+"""
+
+
+@cuda
+def test_exported_bf16_split_decode_on_gpu(tmp_path):
+    """bf16, left-padded prompts, transformers' compiled static cache: the decode steps go through the
+    split kernel, with the greedy tokens of SDPA's masked path and logits within bf16 rounding of it
+    and of mhe's own bf16 ``generate``."""
+    torch.manual_seed(0)
+    core = perturb(build_model("llama-tiny", attention="mhe-mul", n_layers=3, max_len=64, dropout=0.0,
+                               attn_dropout=0.0)).eval()
+    save_model(core, tmp_path / "out")
+    ids = torch.randint(3, core.cfg.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :4], mask[2, :1] = 0, 0
+    torch.save((ids, mask, NEW), tmp_path / "inputs.pt")
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    done = subprocess.run([sys.executable, "-c", SPLIT_LOADER, str(tmp_path / "out"), str(tmp_path / "inputs.pt"),
+                           str(tmp_path / "got.pt")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=540)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = torch.load(tmp_path / "got.pt")
+    split, sdpa = got["split"], got["sdpa"]
+    assert split["compiled"] and split["marked"] and split["calls"] > 0 and sdpa["calls"] == split["calls"]
+    assert torch.equal(split["tokens"], sdpa["tokens"])
+    core = core.cuda().to(torch.bfloat16)
+    with torch.no_grad():
+        _, logits = core.generate(ids.cuda(), NEW, attention_mask=mask.cuda(), return_logits=True)
+    logits = logits.float().cpu()
+    scale = logits.abs().max()
+    assert (split["logits"] - sdpa["logits"]).abs().max() / scale < 2e-2
+    assert (split["logits"][:, :4] - logits[:, :4]).abs().max() / scale < 2e-2  # before any token could part

@@ -3,7 +3,7 @@
 
 ``remote-code`` (any architecture and attention kind): the folder holds ``config.json`` (an
 ``auto_map`` naming the Auto classes), ``model.safetensors`` (mhe's own state dict, bit for
-bit), ``configuration_mhe.py``, ``layers_mhe.py`` and ``modeling_mhe.py`` (copied from :mod:`mhe.hf.remote`; they
+bit), ``configuration_mhe.py``, ``layers_mhe.py``, ``decode_mhe.py`` and ``modeling_mhe.py`` (copied from :mod:`mhe.hf.remote`; they
 import only torch and transformers) and the tokenizer when given, so that
 
     AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
@@ -29,7 +29,7 @@ from mhe.models import ModelConfig
 
 FORMATS = ("remote-code", "standard")
 REMOTE_DIR = Path(__file__).with_name("remote")
-REMOTE_FILES = ("configuration_mhe.py", "layers_mhe.py", "modeling_mhe.py")
+REMOTE_FILES = ("configuration_mhe.py", "layers_mhe.py", "decode_mhe.py", "modeling_mhe.py")
 AUTO_CLASSES = {
     ("decoder", "lm"): {"AutoModelForCausalLM": "MheForCausalLM",
                         "AutoModelForSequenceClassification": "MheDecoderForSequenceClassification"},

@@ -145,7 +145,7 @@ def model_card(model, config, *, name: str, run: dict, results: dict, folder_for
              f"tokenizer = AutoTokenizer.from_pretrained(folder{trust})",
              f"model = {auto}.from_pretrained(folder{trust})", "```", ""]
     if folder_format == "remote-code":
-        lines += ["The modeling code (`modeling_mhe.py`, `layers_mhe.py`, `configuration_mhe.py`) is in this folder and needs only "
+        lines += ["The modeling code (`modeling_mhe.py`, `layers_mhe.py`, `decode_mhe.py`, `configuration_mhe.py`) is in this folder and needs only "
                   "torch and transformers. LoRA (peft) targets: `q_proj`, `k_proj`, `v_proj`, `out_proj` "
                   "(attention) and `fc_in`, `fc_out` or `gate`, `up`, `down` (feed-forward).", ""]
     lines += _tokenizer_lines(tokenizer, results)

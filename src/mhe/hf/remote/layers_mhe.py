@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .decode_mhe import fits, flash_decode, key_range, mark_cache, marked  # (a named module: transformers copies it)
 from .configuration_mhe import KINDS, cache_heads
 
 MHE_KINDS = tuple(k for k, (_, _, psi) in KINDS.items() if psi)  # read from the one table of kinds
@@ -342,7 +343,13 @@ class Attention(nn.Module):
         else:
             k, v = self.keys_values(context, None)
         m, causal = mask(k.shape[2]) if callable(mask) else (mask, False)
-        return self.output(attend(q, k, v, m, self.dropout if self.training else 0.0, causal), folded)
+        dropout = self.dropout if self.training else 0.0
+        if getattr(mask, "runs", False) and fits(q, k, v, m, causal, dropout):  # a decode step, one K/V head
+            b, n, _, d = q.shape
+            h = flash_decode(q.reshape(b, 1, n, d), k, v, mask.ranges(k.shape[2], b)).view(b, n, 1, d)
+        else:
+            h = attend(q, k, v, m, dropout, causal)
+        return self.output(h, folded)
 
 
 def _rotate(rope, t):
@@ -466,19 +473,38 @@ def key_padding(attention_mask):
     return None if attention_mask is None else attention_mask.to(torch.bool)
 
 
-def self_attention_mask(attention_mask, t: int, start, causal: bool, device):
-    """A function of the key length L giving ``(mask, causal)`` for T new tokens at positions
+class KeyMask:
+    """What a forward's self-attention layers read of its mask: called with the key length L,
+    ``(mask, causal)`` (see :func:`self_attention_mask`); for a decode step whose rows each see one
+    run of keys (``runs``, known on the host: :mod:`decode_mhe`), ``ranges(L, B)``, that run as
+    FlashAttention's offsets. Each is made once a forward and read by every layer."""
+
+    def __init__(self, build, runs: bool = False) -> None:
+        self.build, self.runs, self._ranges = build, runs, {}
+
+    def __call__(self, keys: int):
+        return self.build(keys)
+
+    def ranges(self, keys: int, batch: int):
+        if keys not in self._ranges:
+            self._ranges[keys] = key_range(self.build(keys)[0], batch, keys)
+        return self._ranges[keys]
+
+
+def self_attention_mask(attention_mask, t: int, start, causal: bool, device, runs: bool = False) -> KeyMask:
+    """A :class:`KeyMask` giving ``(mask, causal)`` by key length L for T new tokens at positions
     ``start ..`` (``start``: an int, or a static cache's tensor): ``mask`` the boolean
     ``[B|1, 1, T, L]`` (True: attend), causal over absolute positions and with the padding of a 2D
     ``attention_mask`` over the keys it covers, or None where no key is hidden (the whole cache of
     one new token, no padding) or where SDPA's own causal pattern is exact (``causal``: a prompt
     from position 0 without padding; its fast kernels). A 4D mask (what ``generate`` builds for a
-    static cache) is used as it is. A query without any key (a padding query) sees all keys, so
-    that its (unused) output stays finite. A 2D mask without padding counts as none (one check on
-    the host, outside ``torch.compile``, as transformers makes it)."""
+    static cache's decode step) is used as it is. A query without any key (a padding query) sees
+    all keys, so that its (unused) output stays finite. A 2D mask without padding counts as none
+    (one check on the host, outside ``torch.compile``, as transformers makes it). ``runs``: each
+    row sees one run of keys (:func:`decode_mhe.left_padded`)."""
     if attention_mask is not None and attention_mask.dim() == 4:
         m4 = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-        return lambda keys: (m4[..., :keys], False)
+        return KeyMask(lambda keys: (m4[..., :keys], False), runs)
     pad = key_padding(attention_mask)
     if pad is not None and not _compiling() and bool(pad.all()):
         pad = None
@@ -505,7 +531,7 @@ def self_attention_mask(attention_mask, t: int, start, causal: bool, device):
             made[keys] = (m | ~m.any(-1, keepdim=True))[:, None]
         return made[keys], False
 
-    return build
+    return KeyMask(build, runs)
 
 
 def padding_mask(attention_mask):
@@ -530,13 +556,17 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(Block(s, causal=True, cross=False) for _ in range(s["n_layers"]))
         self.final_norm = build_norm(s)
         self.rope = Rotary(s) if s.get("positions") == "rotary" else None
+        self.one_kv = s["attention"] not in MIXING_KINDS and cache_heads(s) == 1  # decode_mhe's split kernel
 
     def forward(self, input_ids, attention_mask=None, cache=None, position_ids=None):
         t = input_ids.shape[1]
         start = cache.get_seq_length() if cache is not None else 0
         positions = position_ids if position_ids is not None else start + torch.arange(t, device=input_ids.device)
         x = self.embed(input_ids, positions)
-        mask = self_attention_mask(attention_mask, t, start, True, input_ids.device)
+        if self.one_kv and cache is not None and not _compiling():  # eager (generate's prompt): look at the mask
+            mark_cache(cache, attention_mask, start, t, x.device, x.dtype)
+        runs = self.one_kv and marked(cache)
+        mask = self_attention_mask(attention_mask, t, start, True, input_ids.device, runs)
         padding = key_padding(attention_mask) if attention_mask is not None and attention_mask.dim() == 2 else None
         rope = self.rope.at(positions, x.dtype) if self.rope is not None else None  # once for every layer
         for i, layer in enumerate(self.layers):

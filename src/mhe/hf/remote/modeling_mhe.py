@@ -28,8 +28,9 @@ version counter or storage moves; ``eval()``; ``out_proj`` replaced, as peft doe
 ``.data`` alone is not seen until then; training and calls that want gradients compute from the
 weights. The cache holds one K/V head a layer (``num_key_value_heads``, transformers' dynamic and
 static caches), and SDPA reads it as it is: one new token's n query heads become rows of one query,
-a prompt goes through ``enable_gqa``. The RoPE table is made once on the CPU (mhe's constants) and
-indexed once a forward; ``generate``'s static cache compiles (``torch.compile``, one graph).
+a prompt goes through ``enable_gqa`` (``generate`` hands it the 2D mask: causal kernels); a decode step
+under a mask on a card runs FlashAttention-2's split-KV forward (``decode_mhe.py``). The RoPE table
+is made once on the CPU (mhe's constants) and indexed once a forward; ``generate``'s static cache compiles (``torch.compile``, one graph).
 
 LoRA (peft): every projection is an ``nn.Linear`` called as a module, so adapters apply
 wherever they are put. Attention: ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (``kv_proj``
@@ -118,6 +119,19 @@ class MheForCausalLM(MhePreTrainedModel, GenerationMixin):
 
     def get_output_embeddings(self):
         return self.lm_head
+
+    def create_masks_for_generate(self, **kwargs):
+        """The mask ``generate`` hands a compilable (static) cache's forward: a prompt's 2D mask as
+        it is, so that the prompt (run eagerly) takes SDPA's causal kernels over the one K/V head
+        where nothing is padded, instead of a dense ``[B, 1, T, L]`` mask over K/V repeated to every
+        head; for a decode step transformers' own 4D mask (its fixed shape keeps the compiled step one
+        graph, and ``decode_mhe`` reads each row's run of keys from it)."""
+        from transformers.masking_utils import create_masks_for_generate
+
+        embeds = kwargs.get("inputs_embeds")
+        if embeds is not None and embeds.shape[1] > 1:
+            return kwargs.get("attention_mask")
+        return create_masks_for_generate(**kwargs)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, use_cache=None,
                 logits_to_keep=0, **kwargs):
