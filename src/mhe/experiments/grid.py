@@ -4,7 +4,8 @@ from a sweep, then more seeds at that rate; Zoology's recall figure is such a gr
 2023, figure 2). ``mhe compare --preset gpu-recall-zoology`` runs one (:mod:`mhe.experiments.grid_presets`).
 
 Two phases, in one command: seed 0 of every entry, cell and width at each learning rate, then,
-as soon as a group's sweep is finished, seeds 1.. at its best rate (the highest score; of equal
+as soon as a group's sweep is finished, seeds 1.. at its best rate (ahead of the sweeps still
+waiting, so groups finish whole) (the highest score; of equal
 scores the smallest rate). Runs go to ``OUT/runs/L{length}-d{width}-{block-}{entry}-lr{rate}-seed{s}``,
 are trained by a pool of long-lived workers (:mod:`mhe.experiments.pool`: hundreds of tiny runs,
 one process start per worker, not per run), and follow the rerun rule: finished runs are read, not
@@ -52,9 +53,10 @@ class Grid:
     note: str = ""
 
     def points(self):
-        """(block, entry, length, pairs, width) of every group, the longest sequences and the
-        widest models first (they take longest: started first, the pool ends together)."""
-        return [(b, e, length, pairs, w) for length, pairs in sorted(self.cells, reverse=True)
+        """(block, entry, length, pairs, width) of every group: the shortest sequences first (a
+        call stopped by a deadline leaves whole lengths done), within one the widest models first
+        (they take longest: started first, the workers end together)."""
+        return [(b, e, length, pairs, w) for length, pairs in sorted(self.cells)
                 for w in sorted(self.widths, reverse=True) for b in self.blocks for e in b.entries]
 
 

@@ -12,7 +12,7 @@ orders and MHA beside them in a Llama-style block (RMSNorm, SwiGLU, rotary posit
 16 at width 64 (4 heads), up to heads of 64 from width 256 (``max(4, width // 64)`` heads); GQA
 keeps half the heads as K/V heads; no dropout. Each kind at its best of three learning rates
 (seed 0), then 3 seeds at that rate. The schedule is far shorter than Zoology's 64 epochs:
-``STEPS`` per cell (:data:`RECALL_STEPS`), a batch of 64, 10% warm-up, cosine; the same for every
+:data:`RECALL_STEPS` per length with :data:`RECALL_BATCH` sequences a step, 10% warm-up, cosine; the same for every
 kind, so the figure compares kinds trained alike on a budget, not at convergence. The full-length
 study is the same command with ``--set train.steps=N`` (or ``train.epochs``).
 """
@@ -30,9 +30,13 @@ ZOOLOGY_WIDTHS = (64, 128, 256, 512)
 ZOOLOGY_VOCAB = 8192  # [PAD] + 4,095 keys + 4,096 values
 RECALL_KINDS = ("mha", "gqa", "mqa", "sha", "mhe-add", "mhe-mul", "el-att", "skv")
 ROTARY_ENTRIES = ("mha", "mhe-mul rope-then-psi", "mhe-mul psi-then-rope")
-RECALL_STEPS = {64: 400, 128: 400, 256: 600, 512: 800}
-"""Steps per sequence length of ``gpu-recall-zoology`` (batch 64): sized to the device time a
-session has (RUN.md names what they cost), not to convergence."""
+RECALL_STEPS = {64: 300, 128: 400, 256: 500, 512: 600}
+"""Steps per sequence length of ``gpu-recall-zoology``: sized to the device time a session has
+(about 11 minutes of one H200 for the 880 runs, estimated: ``results/recall-zoology/RUN.md``), not
+to convergence."""
+RECALL_BATCH = {64: 64, 128: 64, 256: 32, 512: 16}
+"""Sequences per step by length: 4k tokens a step at length 64, 8k from 128 on (Zoology also
+shrinks its batch as sequences grow); queried values a step: 256, 512, 512 and 1,024."""
 
 
 def heads_of(width: int) -> int:
@@ -45,7 +49,7 @@ def swiglu_width(width: int) -> int:
     return 64 * -(-8 * width // (3 * 64))
 
 
-def recall_zoology(cfg: RunConfig, length: int, pairs: int, width: int, *, steps: dict, batch: int = 64,
+def recall_zoology(cfg: RunConfig, length: int, pairs: int, width: int, *, steps: dict, batch: dict,
                    train_size: int = 100_000, test_size: int = 1000) -> RunConfig:
     """One cell and width of the recall grid (see the module's docstring)."""
     rotary = cfg.model.positions == "rotary"
@@ -57,7 +61,7 @@ def recall_zoology(cfg: RunConfig, length: int, pairs: int, width: int, *, steps
     cfg.data.task_options = RecallOptions(n_keys=half - 1, n_values=half, pairs=pairs, queries=pairs, seq_len=length,
                                           train_size=train_size, test_size=test_size)
     t = cfg.train
-    t.steps, t.batch_size, t.schedule = steps[length], batch, "cosine"
+    t.steps, t.batch_size, t.schedule = steps[length], batch[length], "cosine"
     t.warmup_steps = max(1, steps[length] // 10)
     t.eval_every, t.save_every, t.keep_checkpoints, t.patience, t.log_every = 0, 0, False, 0, 50
     t.compile, t.progress = False, False
@@ -71,13 +75,14 @@ def _blocks(kinds, rotary, gpt2="tiny-decoder", llama="llama-tiny"):
 GRIDS = {
     "gpu-recall-zoology": Grid(
         "recall", _blocks(RECALL_KINDS, ROTARY_ENTRIES), ZOOLOGY_CELLS, ZOOLOGY_WIDTHS, (1e-3, 3e-3, 1e-2), 3,
-        functools.partial(recall_zoology, steps=RECALL_STEPS),
+        functools.partial(recall_zoology, steps=RECALL_STEPS, batch=RECALL_BATCH),
         note="issue 60: recall at Zoology's scale (2 layers, widths 64-512, lengths 64-512 with 4-64 pairs, "
              "vocabulary 8,192); best of 3 learning rates, then 3 seeds"),
     # minutes on a CPU: the grid's machinery end to end (tests, a dry run of the chain)
     "cpu-recall-zoology": Grid(
         "recall", _blocks(("mha", "mhe-add"), ("mhe-mul rope-then-psi",)), ((32, 4), (64, 8)), (32, 64),
         (3e-3, 1e-2), 2,
-        functools.partial(recall_zoology, steps={32: 20, 64: 20}, batch=16, train_size=2000, test_size=100),
+        functools.partial(recall_zoology, steps={32: 20, 64: 20}, batch={32: 16, 64: 16}, train_size=2000,
+                          test_size=100),
         note="the recall grid's machinery on a CPU: 2 cells, 2 widths, 2 rates, 2 seeds, 20 steps"),
 }

@@ -39,7 +39,8 @@ class PoolJob:
 
 class Queue:
     """Jobs waiting, with the number running: :meth:`take` waits while runs still going may add
-    jobs (``on_done``), and returns None once nothing waits and nothing runs, or after :meth:`stop`."""
+    jobs (``on_done``, put ahead of those waiting), and returns None once nothing waits and
+    nothing runs, or after :meth:`stop`."""
 
     def __init__(self, jobs: list[PoolJob], on_done: Callable[[PoolJob, int], list[PoolJob]] | None = None):
         self.pending, self.running, self.stopped = list(jobs), 0, False
@@ -59,8 +60,8 @@ class Queue:
     def done(self, job: PoolJob, rc: int) -> None:
         with self.cond:
             self.running -= 1
-            if rc == 0:
-                self.pending.extend(self.on_done(job, rc))
+            if rc == 0:  # what a finished run makes possible goes first: groups finish whole
+                self.pending[:0] = self.on_done(job, rc)
             elif rc not in (130, 143):
                 self.failed.append(job)
             self.cond.notify_all()
