@@ -58,7 +58,8 @@ def build_sweep(args):
     if name in EXPERIMENTS:
         exp = experiment(name)
         sweep = Sweep(exp.task, exp.preset, list(exp.kinds), exp.seeds, exp.data, args.data_dir, [], exp.paper,
-                      metric=exp.metric, experiment=name, also=tuple(exp.also), kv_cache=exp.kv_cache)
+                      metric=exp.metric, experiment=name, also=tuple(exp.also), kv_cache=exp.kv_cache,
+                      paired=exp.paired)
     elif name in PRESETS:
         sweep = Sweep(args.task or "recall", name, list(experiment(DEFAULT).kinds), 1, args.data or "",
                       args.data_dir, [])
@@ -210,14 +211,15 @@ def cmd_report(args) -> int:
             print(f"## {d}\n")
             print(write_grid_summary(d)["markdown"])
             continue
-        paper, metric, also, kv = args.paper, args.metric, (), False
+        paper, metric, also, kv, paired = args.paper, args.metric, (), False, False
         if (d / "sweep.json").exists():
             recorded = json.loads((d / "sweep.json").read_text())
             paper = recorded.get("paper", "") if paper is None else paper
             metric = metric or recorded.get("metric") or None
             also, kv = tuple(recorded.get("also") or ()), bool(recorded.get("kv_cache"))
+            paired = bool(recorded.get("paired"))
         summary = write_summary(d, paper_table=paper or "", metric=metric, strict_paper=True, also=also,
-                                kv_cache=kv)
+                                kv_cache=kv, paired=paired)
         print(f"## {d}\n")
         print(summary["markdown"])
     return 0
