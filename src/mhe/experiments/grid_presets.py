@@ -15,6 +15,13 @@ keeps half the heads as K/V heads; no dropout. Each kind at its best of three le
 :data:`RECALL_STEPS` per length with :data:`RECALL_BATCH` sequences a step, 10% warm-up, cosine; the same for every
 kind, so the figure compares kinds trained alike on a budget, not at convergence. The full-length
 study is the same command with ``--set train.steps=N`` (or ``train.epochs``).
+
+Calibration on a CPU (MHA, length 64, 4 pairs, width 64 as 4 heads of 16, lr 3e-3, a 2000-step
+schedule, batch 64): test accuracy 0.146, 0.211, 0.226 and 0.230 at steps 250, 500, 1000 and 1500.
+At this vocabulary MHA is far from Zoology's near 100% within these budgets (Zoology's attention
+has one head of 64 at width 64 and about 12,500 steps of 512 sequences); the budgeted grid measures
+early training. A smaller vocabulary is ``--set data.task_options.n_keys=K --set
+data.task_options.n_values=V`` (the overrides follow the preset's settings).
 """
 
 from __future__ import annotations
