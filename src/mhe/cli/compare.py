@@ -58,12 +58,14 @@ def build_sweep(args):
     if name in EXPERIMENTS:
         exp = experiment(name)
         sweep = Sweep(exp.task, exp.preset, list(exp.kinds), exp.seeds, exp.data, args.data_dir, [], exp.paper,
-                      metric=exp.metric, experiment=name, also=tuple(exp.also), kv_cache=exp.kv_cache)
+                      metric=exp.metric, experiment=name, also=tuple(exp.also), kv_cache=exp.kv_cache,
+                      paired=exp.paired)
     elif name in PRESETS:
         sweep = Sweep(args.task or "recall", name, list(experiment(DEFAULT).kinds), 1, args.data or "",
                       args.data_dir, [])
     else:
-        raise one_of("preset", name, list(EXPERIMENTS) + list(PRESETS))
+        from mhe.experiments.grid_presets import GRIDS
+        raise one_of("preset", name, list(EXPERIMENTS) + list(GRIDS) + list(PRESETS))
     if args.task and args.task != sweep.task:
         valid = [t for t in TASKS if t != "finetune"] + list(BENCH)
         if args.task not in valid:
@@ -96,11 +98,57 @@ def build_sweep(args):
     return name, sweep
 
 
+def cmd_grid(args) -> int:
+    """``mhe compare --preset GRID``: a grid study (:mod:`mhe.experiments.grid`) in pooled workers."""
+    import dataclasses
+
+    import torch
+
+    from mhe.experiments.grid import run_grid
+    from mhe.experiments.grid_presets import GRIDS
+    from mhe.output_paths import default_run_dir
+
+    for flag, value in (("--task", args.task), ("--kinds", args.kinds), ("--data", args.data),
+                        ("--paper", args.paper), ("--pretrained", args.pretrained or None)):
+        if value is not None:
+            raise MheError(f"{flag} does not go with the grid preset {args.preset!r} (its kinds, cells and task are "
+                           "its own); give --seeds, --set, --workers, --out or --resume")
+    grid = GRIDS[args.preset]
+    if args.seeds is not None:
+        if args.seeds <= 0:
+            raise MheError(f"--seeds must be positive, got {args.seeds}")
+        grid = dataclasses.replace(grid, seeds=args.seeds)
+    refuse_set_keys(args.set, {"train.seed": "--seeds (each run's seed is its number, 0 to seeds-1)",
+                               "model.attention": "the grid's kinds", "train.lr": "the grid's learning rates"})
+    if args.workers is not None and args.workers <= 0:
+        raise MheError(f"--workers must be a positive integer, got {args.workers}")
+    out = check_output_dir(args.out or default_run_dir("compare", args.preset))
+    workers = args.workers or (GRID_WORKERS_PER_GPU * torch.cuda.device_count() or 2)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        summary = run_grid(args.preset, grid, out, workers=workers, resume=args.resume, overrides=list(args.set),
+                           data_dir=args.data_dir, log=log)
+    except KeyboardInterrupt as e:
+        log(f"interrupted; continue with the same command and --resume ({out})")
+        return getattr(e, "exit_code", 130)
+    print(summary["markdown"])
+    print(f"tables: {out}/summary.md, summary.csv, summary.json; plots: {out}/recall_vs_width.png, "
+          f"{out}/recall_vs_kv_cache.png")
+    return 0
+
+
+GRID_WORKERS_PER_GPU = 8
+"""A grid's default workers per GPU: its runs are tiny and launch-bound, so several share a card."""
+
+
 def cmd_compare(args) -> int:
     import torch
 
+    from mhe.experiments.grid_presets import GRIDS
     from mhe.experiments.sweep import default_compare_dir, run_sweep
 
+    if args.preset in GRIDS:
+        return cmd_grid(args)
     name, sweep = build_sweep(args)
     out = check_output_dir(args.out or default_compare_dir(name, sweep))
     if args.workers is not None and args.workers <= 0:
@@ -153,16 +201,25 @@ def cmd_report(args) -> int:
         if args.paper is not None or args.metric is not None:
             raise MheError("--paper and --metric go with a report, not with --pack or --unpack")
         return cmd_pack(args)
+    from mhe.experiments.grid_report import write_grid_summary
+
     for d in args.dirs:
         d = Path(d)
-        paper, metric, also, kv = args.paper, args.metric, (), False
+        if (d / "grid.json").is_file():  # a grid study: its own tables and figures
+            if args.paper is not None or args.metric is not None:
+                raise MheError(f"{d} is a grid study (grid.json); its report takes no --paper or --metric")
+            print(f"## {d}\n")
+            print(write_grid_summary(d)["markdown"])
+            continue
+        paper, metric, also, kv, paired = args.paper, args.metric, (), False, False
         if (d / "sweep.json").exists():
             recorded = json.loads((d / "sweep.json").read_text())
             paper = recorded.get("paper", "") if paper is None else paper
             metric = metric or recorded.get("metric") or None
             also, kv = tuple(recorded.get("also") or ()), bool(recorded.get("kv_cache"))
+            paired = bool(recorded.get("paired"))
         summary = write_summary(d, paper_table=paper or "", metric=metric, strict_paper=True, also=also,
-                                kv_cache=kv)
+                                kv_cache=kv, paired=paired)
         print(f"## {d}\n")
         print(summary["markdown"])
     return 0

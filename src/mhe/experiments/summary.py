@@ -21,6 +21,8 @@ from mhe.data.corpora import CORPORA
 from mhe.errors import MheError
 from mhe.attention.mhe import ROPE_ORDERS
 from mhe.experiments.entries import row_name
+from mhe.experiments.paired import markdown as paired_markdown
+from mhe.experiments.paired import paired_rows
 from mhe.experiments.paper import paper_table, source
 from mhe.experiments.run_archive import RunFiles
 from mhe.experiments.plots import label, plot_curves, plot_prr_vs_paper, plot_score_vs_params
@@ -208,8 +210,12 @@ def markdown(summary: dict, paper: dict | None = None) -> str:
     """The summary's table (and one table per ``also`` number), then what the columns mean."""
     m, kv = summary["metric"], bool(summary.get("kv_cache"))
     lines = _table(summary["rows"], metric_label(summary), paper, kv)
+    if "paired" in summary:
+        lines += ["", *_spread_lines(summary["rows"]), "", *paired_markdown(summary["paired"], _label)]
     for other, part in (summary.get("also") or {}).items():
         lines += ["", f"`{other}`:", ""] + _table(part["rows"], other, None, kv)
+        if "paired" in part:
+            lines += ["", *_spread_lines(part["rows"]), "", *paired_markdown(part["paired"], _label, other)]
     direction = "higher" if summary["higher_is_better"] else "lower"
     lines.append("")
     lines.append(f"Task `{summary['task']}`, metric `{m}` ({direction} is better). PRR against MHA, PEoP against SHA "
@@ -221,6 +227,18 @@ def markdown(summary: dict, paper: dict | None = None) -> str:
                      + (" The paper prints percentages; they are shown here as fractions." if paper.get("percent")
                         else ""))
     return "\n".join(lines) + "\n"
+
+
+SPREAD_GOAL = 0.02
+"""The seed spread a row should stay within, as a share of its mean (issue 60: rows whose seeds agree)."""
+
+
+def _spread_lines(rows: list[dict]) -> list[str]:
+    """Each row's seed spread as a share of its mean, against :data:`SPREAD_GOAL`."""
+    cells = [f"{_label(r['kind'])} {100 * r['std'] / abs(r['mean']):.1f}%"
+             + ("" if r["std"] <= SPREAD_GOAL * abs(r["mean"]) else " (over)")
+             for r in rows if r["n_seeds"] > 1 and r["mean"]]
+    return [f"Seed spread (std / mean; goal at most {100 * SPREAD_GOAL:g}%): " + "; ".join(cells) + "."]
 
 
 def check_paper_matches(summary: dict, table: str, *, metric: bool = True) -> None:
@@ -243,11 +261,12 @@ def _paper_metric(table: str) -> str:
 
 
 def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None,
-                  strict_paper: bool = False, also: tuple = (), kv_cache: bool = False) -> dict:
+                  strict_paper: bool = False, also: tuple = (), kv_cache: bool = False, paired: bool = False) -> dict:
     """Write summary.json, summary.md, summary.csv and the plots; returns the summary.
     A paper table of another task is refused; with ``strict_paper`` (``mhe report``) also
     one of another metric. ``also``: further numbers of every results.json, each tabulated
-    (mean ± std, PRR, PEoP) under ``summary.json``'s ``also``; ``kv_cache``: a KV cache column."""
+    (mean ± std, PRR, PEoP) under ``summary.json``'s ``also``; ``kv_cache``: a KV cache column;
+    ``paired``: each row's seed spread and a paired test across seeds of every two rows."""
     runs = collect(out, kv_cache=kv_cache)
     if metric is None and paper_table and runs:
         wanted = _paper_metric(paper_table)  # the paper's metric where every run recorded it (MRPC:
@@ -258,6 +277,10 @@ def write_summary(out: Path, *, paper_table: str = "", metric: str | None = None
         summary["kv_cache"] = True
     if also:
         summary["also"] = {m: {k: v for k, v in aggregate(runs, m).items() if k != "task"} for m in also}
+    if paired:  # paired tests across seeds (mhe.experiments.paired), of the score and of each `also` number
+        summary["paired"] = paired_rows(summary["rows"], higher_is_better=summary["higher_is_better"])
+        for part in (summary.get("also") or {}).values():
+            part["paired"] = paired_rows(part["rows"], higher_is_better=part["higher_is_better"])
     if paper_table:
         check_paper_matches(summary, paper_table, metric=strict_paper)
     paper = paper_columns(summary, paper_table) if paper_table else None

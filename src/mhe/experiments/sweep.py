@@ -50,16 +50,17 @@ class Sweep:
     experiment: str = ""  # a comparison preset whose settings every run starts from ("" = the task's defaults)
     also: tuple = ()      # further results.json numbers the summary tabulates (e.g. ptb_word_perplexity)
     kv_cache: bool = False  # the summary shows each row's KV cache per token
+    paired: bool = False    # the summary tests every two rows across seeds (mhe.experiments.paired)
 
     def report(self) -> dict:
         """How the summary is written (sweep.json keeps it for ``mhe report``); not run settings."""
         return {"paper_table": self.paper, "metric": self.metric or None, "also": tuple(self.also),
-                "kv_cache": self.kv_cache}
+                "kv_cache": self.kv_cache, "paired": self.paired}
 
     def identity(self) -> dict:
         """What sweep.json records: the request and ``run``, the settings every run shares."""
         d = asdict(self)
-        for k in ("data_dir", "paper", "metric", "also", "kv_cache"):
+        for k in ("data_dir", "paper", "metric", "also", "kv_cache", "paired"):
             d.pop(k)
         d["run"] = self.shared_run()
         return d
@@ -223,7 +224,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, resume: bool =
     write_json_atomic(out / "sweep.json", {"sweep": sweep.identity(), "paper": sweep.paper,
                                            **({"metric": sweep.metric} if sweep.metric else {}),
                                            **({"also": list(sweep.also)} if sweep.also else {}),
-                                           **({"kv_cache": True} if sweep.kv_cache else {})})
+                                           **({"kv_cache": True} if sweep.kv_cache else {}),
+                                           **({"paired": True} if sweep.paired else {})})
     if len(jobs) < len(runs):
         log(f"{len(runs) - len(jobs)} run(s) already finished: results in {out / 'runs'}")
     log(f"{len(jobs)} run(s) to do, {workers} at a time -> {out}")

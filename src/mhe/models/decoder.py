@@ -14,6 +14,7 @@ from mhe.attention.kv_cache import KVCache, check_layer_caches, layer_caches
 from mhe.attention.rotary import RotaryEmbedding
 from mhe.attention.masks import AttentionMask
 from mhe.models.blocks import Block, Embeddings, init_model
+from mhe.errors import MheError
 from mhe.models.config import ModelConfig
 from mhe.models.inputs import check_labels, check_mask
 from mhe.models.layers import build_norm
@@ -123,18 +124,25 @@ class DecoderForCausalLM(_DecoderModel):
         return self.lm_head(h)[..., :self.cfg.vocab_size]  # [B, T, V]: padding rows never score
 
     def forward(self, input_ids, attention_mask=None, labels=None, caches=None, return_logits=True,
-                position_ids=None, last_only=False, chunked_loss=None, plan: DecodePlan | None = None):
+                position_ids=None, last_only=False, chunked_loss=None, score_at=None,
+                plan: DecodePlan | None = None):
         """``labels`` are the inputs themselves: position t is scored on token t+1;
         -100 marks positions to ignore. ``return_logits=False`` skips the full output
         distribution where only the loss is needed (adaptive softmax; the full softmax below
         float32 scores chunk by chunk, :func:`~mhe.models.losses.head_loss`, and ``logits`` is
         None; ``chunked_loss`` True or False chooses, :func:`~mhe.models.losses.chunked_loss_wanted`);
-        ``last_only`` computes the logits of the last position only (``[B, 1, V]``); ``plan``: a
-        decoding run's :class:`~mhe.attention.kernels.DecodePlan` (:meth:`Decoder.forward`)."""
+        ``last_only`` computes the logits of the last position only (``[B, 1, V]``), ``score_at``
+        (``[B, K]`` positions, without labels) those of K positions per row (``[B, K, V]``): a task
+        that scores a few positions of each row (recall) skips the output layer elsewhere; ``plan``:
+        a decoding run's :class:`~mhe.attention.kernels.DecodePlan` (:meth:`Decoder.forward`)."""
         h = self.decoder(input_ids, attention_mask, caches, position_ids, plan)
         check_labels("labels", labels, input_ids.shape)
         if last_only and labels is None:
             h = h[:, -1:]
+        if score_at is not None:
+            if labels is not None or last_only:
+                raise MheError("score_at chooses the positions to score; give it without labels and last_only")
+            h = h.gather(1, score_at[..., None].expand(-1, -1, h.shape[-1]))
         if self.adaptive is None:
             if labels is not None and not return_logits and chunked_loss_wanted(h, self.lm_head.weight, chunked_loss):
                 return ModelOutput(None, head_loss(self.lm_head, h[:, :-1], labels[:, 1:],

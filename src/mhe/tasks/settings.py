@@ -79,7 +79,10 @@ RECALL_MODEL = dict(d_model=64, d_ff=256, n_layers=2, n_heads=4, dropout=0.0, at
 @dataclass(frozen=True)
 class RecallOptions:
     """``data.task_options`` of recall: ``pairs`` key-value pairs per sequence, ``queries`` of
-    them asked again, from ``n_keys`` keys and ``n_values`` values; ``data_seed`` fixes the data."""
+    them asked again, from ``n_keys`` keys and ``n_values`` values; ``data_seed`` fixes the data.
+    ``seq_len`` 0 packs the queries right after the pairs (``2 x (pairs + queries)`` tokens);
+    ``seq_len`` N lays each sequence out as Zoology's MQAR does (:func:`mhe.tasks.recall.make_zoology_recall`):
+    N tokens, the queries spread over the rest at power-law distances, the gaps padding."""
 
     n_keys: int = setting(32, gt=0)
     n_values: int = setting(32, gt=0)
@@ -88,6 +91,7 @@ class RecallOptions:
     train_size: int = setting(20000, gt=0)
     test_size: int = setting(1000, gt=0)
     data_seed: int = setting(1234, ge=0)
+    seq_len: int = setting(0, ge=0)
 
     def check(self) -> None:
         """The rules between fields, checked once every ``--set`` item is in."""
@@ -96,6 +100,13 @@ class RecallOptions:
         if self.queries > self.pairs:
             raise MheError(f"data.task_options.queries={self.queries} must be <= "
                            f"data.task_options.pairs={self.pairs}")
+        if self.seq_len and self.seq_len < 2 * (self.pairs + self.queries):
+            raise MheError(f"data.task_options.seq_len={self.seq_len} must be 0 (packed) or at least "
+                           f"2 x (pairs + queries) = {2 * (self.pairs + self.queries)}")
+
+    def length(self) -> int:
+        """Tokens per sequence."""
+        return self.seq_len or 2 * (self.pairs + self.queries)
 
 
 class RecallSettings(Task):

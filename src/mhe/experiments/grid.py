@@ -1,0 +1,232 @@
+"""A study over a grid: every entry (attention kind, in one or more model blocks) at every cell
+(a sequence length and its number of key-value pairs) and width, each at its best learning rate
+from a sweep, then more seeds at that rate; Zoology's recall figure is such a grid (Arora et al.
+2023, figure 2). ``mhe compare --preset gpu-recall-zoology`` runs one (:mod:`mhe.experiments.grid_presets`).
+
+Two phases, in one command: seed 0 of every entry, cell and width at each learning rate, then,
+as soon as a group's sweep is finished, seeds 1.. at its best rate (ahead of the sweeps still
+waiting, so groups finish whole) (the highest score; of equal
+scores the smallest rate). Runs go to ``OUT/runs/L{length}-d{width}-{block-}{entry}-lr{rate}-seed{s}``,
+are trained by a pool of long-lived workers (:mod:`mhe.experiments.pool`: hundreds of tiny runs,
+one process start per worker, not per run), and follow the rerun rule: finished runs are read, not
+trained again; unfinished ones continue with ``--resume``. ``OUT/grid.json`` records what was asked;
+the tables and figures (:mod:`mhe.experiments.grid_report`) are rebuilt by ``mhe report OUT``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Callable
+
+from mhe.errors import MheError
+from mhe.experiments.entries import entry_dir, parse_entry
+from mhe.experiments.run_archive import RunFiles, archive_of
+from mhe.output_paths import free_name
+from mhe.tasks import default_run
+from mhe.training.checkpoint import write_json_atomic
+from mhe.training.config import RunConfig, apply_overrides, validate
+from mhe.training.run_files import RESULTS, is_run_dir
+
+
+@dataclass(frozen=True)
+class Block:
+    """A model family of the grid: its model preset and entries; ``name`` prefixes its runs
+    ("" for the first block)."""
+
+    name: str
+    preset: str
+    entries: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Grid:
+    task: str
+    blocks: tuple[Block, ...]
+    cells: tuple[tuple[int, int], ...]   # (sequence length, key-value pairs)
+    widths: tuple[int, ...]
+    lrs: tuple[float, ...]
+    seeds: int
+    configure: Callable[[RunConfig, int, int, int], RunConfig]  # (cfg, length, pairs, width) -> cfg
+    note: str = ""
+
+    def points(self):
+        """(block, entry, length, pairs, width) of every group: the shortest sequences first (a
+        call stopped by a deadline leaves whole lengths done), within one the widest models first
+        (they take longest: started first, the workers end together)."""
+        return [(b, e, length, pairs, w) for length, pairs in sorted(self.cells)
+                for w in sorted(self.widths, reverse=True) for b in self.blocks for e in b.entries]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of a grid."""
+
+    block: Block
+    entry: str
+    length: int
+    pairs: int
+    width: int
+    lr: float
+    seed: int
+
+    @property
+    def group(self) -> tuple:
+        return (self.block.name, self.entry, self.length, self.width)
+
+    def name(self) -> str:
+        block = f"{self.block.name}-" if self.block.name else ""
+        return f"L{self.length}-d{self.width}-{block}{entry_dir(self.entry)}-lr{self.lr:g}-seed{self.seed}"
+
+
+def run_config(grid: Grid, p: Point, overrides: list[str] | None = None, data_dir: str = "") -> RunConfig:
+    """One run's configuration: the task's defaults for the block's preset and the entry's kind,
+    the grid's settings for the cell and width, the entry's rotary order, the learning rate,
+    the ``--set`` items, the seed."""
+    kind = parse_entry(p.entry)
+    cfg = default_run(grid.task, p.block.preset, kind.spec.name)
+    cfg = kind.apply(grid.configure(cfg, p.length, p.pairs, p.width))
+    cfg.train.lr = p.lr
+    cfg.data.data_dir = data_dir
+    cfg = apply_overrides(cfg, list(overrides or []))
+    cfg.train.seed = p.seed
+    validate(cfg)
+    return cfg
+
+
+def kv_heads(cfg: RunConfig, n: int) -> RunConfig:
+    """``cfg`` with ``n`` grouped K/V heads where its kind has that option (GQA)."""
+    opts = cfg.model.attn_options
+    if any(f.name == "n_kv_heads" for f in fields(opts)):
+        cfg.model = cfg.model.replace(attn_options=replace(opts, n_kv_heads=n))
+    return cfg
+
+
+def best_lr(scores: dict[float, float], higher_is_better: bool = True) -> float:
+    """The rate of the best score; of equal scores the smallest rate; NaN scores lose."""
+    def key(lr):
+        s = scores[lr]
+        bad = s is None or math.isnan(s)
+        return (bad, -s if (higher_is_better and not bad) else (s if not bad else 0.0), lr)
+    return min(scores, key=key)
+
+
+class GridRun:
+    """The runs of one grid in one folder: which are finished, which to do next."""
+
+    def __init__(self, grid: Grid, out: Path, overrides: list[str] | None = None, data_dir: str = ""):
+        self.grid, self.out, self.overrides, self.data_dir = grid, Path(out), list(overrides or []), data_dir
+
+    def path(self, p: Point) -> Path:
+        return self.out / "runs" / p.name()
+
+    def finished(self, p: Point) -> bool:
+        return (self.path(p) / RESULTS).is_file()
+
+    def score(self, p: Point) -> float | None:
+        f = self.path(p) / RESULTS
+        return json.loads(f.read_text())["score"] if f.is_file() else None
+
+    def sweep(self, block, entry, length, pairs, width) -> list[Point]:
+        return [Point(block, entry, length, pairs, width, lr, 0) for lr in self.grid.lrs]
+
+    def seeds_of(self, block, entry, length, pairs, width) -> list[Point]:
+        """Seeds 1.. at the group's best rate, once its sweep is finished ([] before)."""
+        sweep = self.sweep(block, entry, length, pairs, width)
+        if not all(self.finished(p) for p in sweep):
+            return []
+        best = best_lr({p.lr: self.score(p) for p in sweep})
+        return [Point(block, entry, length, pairs, width, best, s) for s in range(1, self.grid.seeds)]
+
+    def todo(self) -> list[Point]:
+        """Unfinished runs whose inputs are there: sweep runs, and the seeds of finished sweeps."""
+        out = []
+        for pt in self.grid.points():
+            out += [p for p in self.sweep(*pt) if not self.finished(p)]
+        for pt in self.grid.points():
+            out += [p for p in self.seeds_of(*pt) if not self.finished(p)]
+        return out
+
+    def next_after(self, p: Point) -> list[Point]:
+        """What a finished run makes possible: its group's seeds once the sweep is complete."""
+        if p.seed != 0:
+            return []
+        return [q for q in self.seeds_of(p.block, p.entry, p.length, p.pairs, p.width) if not self.finished(q)]
+
+
+def grid_record(name: str, grid: Grid, overrides: list[str]) -> dict:
+    """What ``grid.json`` keeps: the preset and its axes, the --set items (``mhe report`` reads it)."""
+    return {"grid": name, "task": grid.task, "cells": [list(c) for c in grid.cells], "widths": list(grid.widths),
+            "lrs": list(grid.lrs), "seeds": grid.seeds, "overrides": list(overrides),
+            "blocks": [{"name": b.name, "preset": b.preset, "entries": list(b.entries)} for b in grid.blocks],
+            "note": grid.note}
+
+
+def check_grid_dir(out: Path, record: dict) -> None:
+    """Refuse a folder holding another grid (another preset or other --set items); more seeds,
+    cells, widths, rates or entries extend one."""
+    f = out / "grid.json"
+    if f.is_file():
+        old = json.loads(f.read_text())
+        diffs = [f"{k}: {old.get(k)!r} there, {record[k]!r} now" for k in ("grid", "task", "overrides")
+                 if old.get(k) != record[k]]
+        if diffs:
+            raise MheError(f"{out} holds another grid ({'; '.join(diffs)}); choose another --out "
+                           f"({free_name(out)} is free)")
+
+
+def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bool = False,
+             overrides: list[str] | None = None, data_dir: str = "", log=print) -> dict:
+    """Run what is missing of the grid in ``out`` with ``workers`` pooled workers, then write the
+    tables and figures; returns the summary."""
+    import torch
+
+    from mhe.experiments.grid_report import write_grid_summary
+    from mhe.experiments.pool import Pool, PoolJob, Queue
+
+    out = Path(out)
+    overrides = list(overrides or [])
+    record = grid_record(name, grid, overrides)
+    check_grid_dir(out, record)
+    state = GridRun(grid, out, overrides, data_dir)
+    for b in grid.blocks:  # every entry's settings checked before a folder is made
+        for e in b.entries:
+            run_config(grid, Point(b, e, grid.cells[0][0], grid.cells[0][1], grid.widths[0], grid.lrs[0], 0),
+                       overrides, data_dir)
+    if archive_of(out / "runs").is_file():
+        RunFiles(out)  # refuses a folder holding both
+        log(f"packed ({archive_of(out / 'runs').name}): reporting it as it is; unpack it to train more "
+            f"(mhe report --unpack {out})")
+        return write_grid_summary(out)
+    todo = state.todo()
+    unfinished = [p.name() for p in todo if is_run_dir(state.path(p))]
+    if unfinished and not resume:
+        raise MheError(f"{out} holds {len(unfinished)} unfinished run(s) of this grid ({', '.join(unfinished[:3])}"
+                       f"{', ...' if len(unfinished) > 3 else ''}); pass --resume to continue them")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "grid.json", record)
+    if todo:
+        log(f"grid {name}: {len(todo)} run(s) to do now (more seeds follow each finished sweep), "
+            f"{workers} worker(s) -> {out}")
+
+        def job(p: Point) -> PoolJob:
+            return PoolJob(p.name(), state.path(p), run_config(grid, p, overrides, data_dir), {"point": p})
+
+        def write_config(j: PoolJob) -> None:
+            j.run_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(j.run_dir / "run.json", j.config.record())
+
+        queue = Queue([job(p) for p in todo], on_done=lambda j, rc: [job(q) for q in state.next_after(j.data["point"])])
+        try:
+            Pool(workers, gpus=torch.cuda.device_count(), log=log).run(queue, write_config)
+        finally:
+            if any((out / "runs").glob(f"*/{RESULTS}")):
+                write_grid_summary(out)
+        if queue.failed:
+            raise MheError(f"{len(queue.failed)} run(s) failed ({', '.join(j.name for j in queue.failed[:3])}); "
+                           "rerun the same command with --resume to retry them")
+    else:
+        log(f"already finished: results in {out}")
+    return write_grid_summary(out)

@@ -1,0 +1,135 @@
+"""Issue 60's machinery: Zoology's recall layout, scoring only the queried positions, the grid
+study (pooled workers, learning-rate sweep then seeds, resume, pack and report) and the paired
+test across seeds."""
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from mhe.cli import main
+from mhe.errors import MheError
+from mhe.experiments.grid import best_lr
+from mhe.experiments.paired import paired_rows, paired_t
+from mhe.models import build_model, preset
+from mhe.tasks.recall import make_zoology_recall, scored_positions
+
+
+def test_zoology_layout_asks_each_key_for_its_value():
+    x, y = make_zoology_recall(50, n_keys=40, n_values=40, pairs=6, queries=5, seq_len=48, seed=3)
+    assert x.shape == y.shape == (50, 48)
+    for row, lab in zip(x, y):
+        keys, values = row[:12:2].tolist(), row[1:12:2].tolist()
+        assert len(set(keys)) == 6 and all(1 <= k <= 40 for k in keys) and all(41 <= v <= 80 for v in values)
+        asked = (lab != -100).nonzero().flatten().tolist()
+        assert len(asked) == 5 and all(t >= 13 and (t - 12) % 2 == 1 for t in asked)
+        for t in asked:  # the key before each label is a context key; the label is its value
+            assert lab[t].item() == values[keys.index(row[t - 1].item())]
+        others = set(range(12, 48)) - {t - 1 for t in asked}
+        assert all(row[t].item() == 0 for t in others)  # padding between the queries
+    again, _ = make_zoology_recall(50, n_keys=40, n_values=40, pairs=6, queries=5, seq_len=48, seed=3)
+    assert torch.equal(x, again)
+
+
+def test_zoology_layout_puts_most_queries_near_the_pairs():
+    """Power-law distances (power_a 0.01): the first slot after the pairs is asked far more often
+    than the last one."""
+    _, y = make_zoology_recall(2000, n_keys=64, n_values=64, pairs=4, queries=4, seq_len=512, seed=0)
+    asked = (y != -100).nonzero()[:, 1]
+    first, last = int((asked == 9).sum()), int((asked >= 500).sum())
+    assert first > 10 * max(last, 1)
+
+
+def test_zoology_layout_refuses_a_short_sequence():
+    with pytest.raises(MheError, match="seq_len >= 2 x"):
+        make_zoology_recall(2, n_keys=10, n_values=10, pairs=4, queries=4, seq_len=15, seed=0)
+
+
+def test_score_at_gives_the_full_logits_at_those_positions():
+    torch.manual_seed(0)
+    model = build_model(preset("tiny-decoder").replace(dropout=0.0, attn_dropout=0.0), vocab_size=81).eval()
+    x, y = make_zoology_recall(3, n_keys=40, n_values=40, pairs=4, queries=3, seq_len=32, seed=1)
+    pos, target = scored_positions(y)
+    assert torch.equal(target, y[:, 1:].gather(1, pos))
+    full = model(x).logits
+    part = model(x, score_at=pos).logits
+    ref = full.gather(1, pos[..., None].expand(-1, -1, full.shape[-1]))
+    torch.testing.assert_close(part, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_best_lr_prefers_the_higher_score_then_the_smaller_rate():
+    assert best_lr({1e-3: 0.5, 3e-3: 0.9, 1e-2: 0.7}) == 3e-3
+    assert best_lr({1e-3: 0.9, 3e-3: 0.9, 1e-2: 0.1}) == 1e-3
+    assert best_lr({1e-3: 0.2, 3e-3: float("nan")}) == 1e-3
+
+
+def test_paired_t_against_the_closed_form():
+    """Differences 2, 3, 4: mean 3, std 1, t = 3 * sqrt(3); with 2 degrees of freedom Student's
+    two-sided p is 1 - t / sqrt(t^2 + 2) = 1 - sqrt(27/29)."""
+    res = paired_t([5.0, 7.0, 9.0], [3.0, 4.0, 5.0])
+    assert res["mean"] == pytest.approx(3.0) and res["std"] == pytest.approx(1.0) and res["df"] == 2
+    assert res["t"] == pytest.approx(5.196152422706632, rel=1e-12)
+    assert res["p"] == pytest.approx(1 - math.sqrt(27 / 29), rel=1e-9)
+    assert res["p"] == pytest.approx(0.035098, abs=1e-6)
+
+
+def test_paired_rows_name_the_better_row_by_direction():
+    rows = [{"kind": "mha", "scores": [100.0, 101.0, 102.0], "std": 1.0},
+            {"kind": "gqa", "scores": [98.0, 98.5, 99.5], "std": 0.76},
+            {"kind": "sha", "scores": [120.0], "std": 0.0}]
+    (pair,) = paired_rows(rows, higher_is_better=False)  # sha has one seed: no pair
+    assert (pair["a"], pair["b"], pair["n"]) == ("mha", "gqa", 3)
+    assert pair["mean"] == pytest.approx(7 / 3) and pair["better"] == "gqa"  # lower perplexity
+    assert pair["beyond_spreads"] and pair["clear"] == (pair["p"] < 0.05)
+
+
+def _grid(tmp_path, *extra):
+    return ["compare", "--preset", "cpu-recall-zoology", "--workers", "2", "--out", str(tmp_path / "g"),
+            "--set", "train.steps=2", "--set", "data.task_options.train_size=64",
+            "--set", "data.task_options.test_size=20", *extra]
+
+
+@pytest.mark.slow
+def test_grid_chain_runs_resumes_packs_and_reports(tmp_path, monkeypatch):
+    monkeypatch.setenv("MHE_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(_grid(tmp_path)) == 0
+    runs = tmp_path / "g" / "runs"
+    names = sorted(p.name for p in runs.iterdir())
+    # 2 lengths x 2 widths x 3 entries: 2 rates at seed 0, then seed 1 at the best rate
+    assert len(names) == 12 * 3 and sum(n.endswith("seed1") for n in names) == 12
+    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    assert len(summary["cells"]) == 12 and all(c["n_seeds"] == 2 for c in summary["cells"])
+    for c in summary["cells"]:
+        sweep = next(s for s in summary["sweep"] if (s["row"], s["length"], s["width"]) ==
+                     (c["row"], c["length"], c["width"]))
+        assert best_lr({float(k): v for k, v in sweep["scores"].items()}) == c["lr"]
+    # a stopped chain: one seed-1 run unfinished (no results), one group's sweep unfinished
+    seed1 = next(runs.glob("L64-d64-mha-*-seed1"))
+    (seed1 / "results.json").unlink()
+    sweep0 = runs / "L32-d32-mhe-add-lr0.01-seed0"
+    for p in runs.glob("L32-d32-mhe-add-*-seed1"):
+        for f in p.iterdir():
+            f.unlink()
+        p.rmdir()
+    (sweep0 / "results.json").unlink()
+    kept = {p: p.stat().st_mtime_ns for p in runs.glob("*/results.json")}
+    assert main(_grid(tmp_path)) == 2  # unfinished runs: --resume needed
+    assert main(_grid(tmp_path, "--resume")) == 0
+    assert all(p.stat().st_mtime_ns == t for p, t in kept.items())  # finished runs not trained again
+    assert (seed1 / "results.json").is_file() and (sweep0 / "results.json").is_file()
+    assert len(list(runs.glob("L32-d32-mhe-add-*-seed1"))) == 1
+    md = (tmp_path / "g" / "summary.md").read_text()
+    assert main(["report", "--pack", str(tmp_path / "g")]) == 0
+    assert not runs.exists() and (tmp_path / "g" / "runs.tar.xz").is_file()
+    os.remove(tmp_path / "g" / "summary.md")
+    assert main(["report", str(tmp_path / "g")]) == 0
+    assert (tmp_path / "g" / "summary.md").read_text() == md
+    assert (tmp_path / "g" / "recall_vs_width.png").is_file() and (tmp_path / "g" / "recall_vs_kv_cache.png").is_file()
+
+
+def test_grid_refuses_options_that_are_its_own(tmp_path, capsys):
+    assert main(["compare", "--preset", "cpu-recall-zoology", "--kinds", "mha", "--out", str(tmp_path / "g")]) == 2
+    assert "--kinds does not go with the grid preset" in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()
