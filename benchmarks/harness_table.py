@@ -52,7 +52,9 @@ def score_run(run: Path, args) -> dict:
     """One row: the run's own scores and the harness's, or why the run was left out."""
     suffix = f"-seed{args.seed}"
     row = {"kind": run.name[:-len(suffix)], "run": run.name}
-    own = json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() else {}
+    if not (run / "results.json").is_file():  # stopped before its final evaluation: nothing to set beside
+        return {**row, "skipped": "not finished (no results.json)"}
+    own = json.loads((run / "results.json").read_text())
     try:
         results = run_harness(run, list(args.tasks.split(",")), data_dir=args.data_dir, limit=args.limit,
                               device=args.device, batch_size=args.batch_size, max_length=args.max_length)
