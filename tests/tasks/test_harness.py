@@ -270,3 +270,39 @@ def test_harness_refuses_a_translation_run(mt_run, capsys):
     assert err == f"mhe eval: error: --harness scores language models (decoder runs); {mt_run} exports as " \
                   "AutoModelForSeq2SeqLM"
     assert not list(mt_run.glob("harness-results*"))
+
+
+@SLOW
+def test_harness_table_scores_a_comparison_in_worker_processes(scored, tmp_path, monkeypatch):
+    """``benchmarks/harness_table.py --workers 2`` on a comparison folder of the two runs: each run
+    scored in a spawned process gives the harness's numbers that ``mhe eval --harness`` gave in
+    this one (same documents, windows and weights), beside the run's own ``results.json``."""
+    import shutil
+
+    out, root = scored
+    bench = TASKS_DIR.parents[3] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    spec = importlib.util.spec_from_file_location("harness_table", bench / "harness_table.py")
+    tool = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "harness_table", tool)
+    spec.loader.exec_module(tool)
+    for name, got in out.items():  # a copy: the tool writes its results in each run folder
+        shutil.copytree(got["run"], tmp_path / "cmp" / "runs" / f"{name}-seed0")
+    assert tool.main([str(tmp_path / "cmp"), "--tasks", "mhe_ptb,mhe_rte", "--limit", str(LIMIT), "--device", "cpu",
+                      "--max-length", str(HARNESS_WINDOW), "--data-dir", str(root), "--workers", "2",
+                      "--out", str(tmp_path / "table")]) == 0
+    saved = json.loads((tmp_path / "table" / "harness.json").read_text())
+    rows = {r["kind"]: r for r in saved["rows"]}
+    assert sorted(rows) == sorted(out) and saved["max_length"] == HARNESS_WINDOW
+    md = (tmp_path / "table" / "harness.md").read_text()
+    for name, got in out.items():
+        row, theirs = rows[name], got["saved"]["results"]
+        own = json.loads((got["run"] / "results.json").read_text())
+        assert row["harness ppl/word PTB"] == pytest.approx(theirs["mhe_ptb"]["word_perplexity,none"], rel=1e-6)
+        assert row["RTE acc"] == theirs["mhe_rte"]["acc,none"]
+        assert row["mhe ppl/token WT2"] == own["perplexity"] and row["harness ppl/word WT2"] is None
+        assert row["mhe ppl/word WT2"] == own.get("word_perplexity")  # none for the word-level PTB run
+        written = json.loads((tmp_path / "cmp" / "runs" / f"{name}-seed0" / "harness-results.json").read_text())
+        assert written["results"]["mhe_ptb"]["word_perplexity,none"] == row["harness ppl/word PTB"]
+        line, = [line for line in md.splitlines() if line.startswith(f"| {name} | {own['perplexity']:.4g} | ")]
+        assert f" | {row['harness ppl/word PTB']:.4g} | " in line and f" | {row['RTE acc']:.4g} | - | - | - |" in line
