@@ -212,7 +212,7 @@ def score(task, src: Source, model: nn.Module, split: str, device: torch.device)
 def write_run(out: Path, src: Source, model: nn.Module, report: ConversionReport) -> Path:
     """Write the converted run folder atomically (module docstring)."""
     cfg = copy.deepcopy(src.cfg)
-    cfg.model = cfg.model.replace(attention=model.cfg.attention, attn_options=model.cfg.attn_options)
+    cfg.model = cfg.model.replace(attention=model.cfg.spec, attn_options=model.cfg.attn_options)
     cfg = RunConfig(task=cfg.task, preset=cfg.preset, model=cfg.model, train=cfg.train, data=cfg.data)  # checked
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = new_temp_folder(out.parent, out.name)
