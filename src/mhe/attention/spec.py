@@ -87,9 +87,16 @@ class AttentionSpec:
     own_params: Callable[[AttentionConfig], int] | None = None
 
     def __reduce__(self):
-        """Copied or pickled as its name: a copy is the registry's own spec (a model's sublayers
-        deep-copied into an inference view, or pickled, keep ``spec is SPECS[kind]``)."""
+        """Pickled as its name, unpickled as the registry's own spec (a pickled model's sublayers
+        keep ``spec is SPECS[kind]``); a copy is the spec itself (:meth:`__deepcopy__`), as a
+        model's sublayers deep-copied into an inference view keep it."""
         return attention_spec, (self.name,)
+
+    def __copy__(self) -> "AttentionSpec":
+        return self  # frozen and the registry's own: a copy is the spec itself, no lookup by name
+
+    def __deepcopy__(self, memo) -> "AttentionSpec":
+        return self
 
     @property
     def is_mhe(self) -> bool:
