@@ -71,3 +71,23 @@ def require_data(*relpaths: str) -> Path:
 
 
 from tiny_runs import lm_run, mt_run  # noqa: E402,F401  (session-scoped tiny runs, shared)
+
+
+@pytest.fixture
+def kind_lookups(monkeypatch):
+    """Counts, by name, every lookup of an attention kind's spec in the registry
+    (:func:`mhe.attention.spec.attention_spec` reads ``SPECS[name]``): a name parsed again
+    below the boundary that parsed it shows up as a second lookup."""
+    import collections
+
+    import mhe.attention.spec as spec_module
+
+    counts = collections.Counter()
+
+    class Counting(dict):
+        def __getitem__(self, name):
+            counts[name] += 1
+            return super().__getitem__(name)
+
+    monkeypatch.setattr(spec_module, "SPECS", Counting(spec_module.SPECS))
+    return counts

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from mhe.accounting.params import attention_params, decoder_params
+from mhe.attention.spec import SPECS, AttentionSpec, attention_spec
 from mhe.errors import require_positive
 
 if TYPE_CHECKING:
@@ -67,19 +68,20 @@ def attention_memory(kinds, *, d_model: int, n_heads: int, head_dim: int | None 
                      bias: bool = False, options: dict[str, dict] | None = None) -> list[MemoryRow]:
     """Appendix C's table (bytes per attention block) for each kind; BERT-base with
     batch 32 and sequence length 512 reproduces the paper's Table 8 exactly. ``options``
-    maps a kind to its own options (e.g. ``{"gqa": {"n_kv_heads": 3}}``)."""
+    maps a kind's name to its own options (e.g. ``{"gqa": {"n_kv_heads": 3}}``); ``kinds``: specs,
+    or names (each looked up once here)."""
     require_positive(batch=batch, seq_len=seq_len)
     activations = batch * seq_len * d_model * 2
 
-    def row(kind: str, ref_total: int | None) -> MemoryRow:
-        p = attention_params(kind, d_model=d_model, n_heads=n_heads, head_dim=head_dim,
-                             include_output=include_output, bias=bias, **(options or {}).get(kind, {}))
+    def row(spec: AttentionSpec, ref_total: int | None) -> MemoryRow:
+        p = attention_params(spec, d_model=d_model, n_heads=n_heads, head_dim=head_dim,
+                             include_output=include_output, bias=bias, **(options or {}).get(spec.name, {}))
         total = p * 6 + p * 6 + p * 8 + activations
         ratio = 0.0 if ref_total is None else 100.0 * (1 - total / ref_total)
-        return MemoryRow(kind, p, p * 6, p * 6, p * 8, activations, total, ratio)
+        return MemoryRow(spec.name, p, p * 6, p * 6, p * 8, activations, total, ratio)
 
-    mha_total = row("mha", None).total
-    return [row(k, mha_total) for k in kinds]
+    mha_total = row(SPECS["mha"], None).total
+    return [row(attention_spec(k), mha_total) for k in kinds]
 
 
 TRAINING_BYTES_PER_PARAM = 6 + 6 + 8

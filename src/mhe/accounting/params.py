@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the formulas need no torch (``mhe params`` starts without i
     from torch import nn
 
 
-def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None,
+def attention_params(kind: str | AttentionSpec, *, d_model: int, n_heads: int, head_dim: int | None = None,
                      include_output: bool = True, bias: bool = False, **options) -> int:
     """Analytic parameter count of one attention sublayer.
 
@@ -42,8 +42,9 @@ def attention_params(kind: str, *, d_model: int, n_heads: int, head_dim: int | N
     and linear, which have none), plus every bias when ``bias`` (the Q/K/V ones alone with the
     option ``qkv_bias=True``, as Qwen2 has them).
     """
-    cfg = make_config(kind, d_model=d_model, n_heads=n_heads, head_dim=head_dim, bias=bias, **options)
-    return sublayer_params(kind, cfg, include_output=include_output)
+    spec = attention_spec(kind)  # ``kind``: its spec, or its name (looked up once here)
+    cfg = make_config(spec, d_model=d_model, n_heads=n_heads, head_dim=head_dim, bias=bias, **options)
+    return spec.params(cfg, include_output=include_output)
 
 
 def sublayer_params(kind: str | AttentionSpec, cfg: AttentionConfig, *, include_output: bool = True) -> int:
@@ -69,7 +70,7 @@ def attention_sublayers(arch: str, n_layers: int) -> int:
     return 3 * n_layers if arch == "encoder-decoder" else n_layers
 
 
-def model_attention_params(kind: str, *, arch: str, n_layers: int, d_model: int, n_heads: int,
+def model_attention_params(kind: str | AttentionSpec, *, arch: str, n_layers: int, d_model: int, n_heads: int,
                            head_dim: int | None = None, include_output: bool = True,
                            bias: bool = False, **options) -> int:
     """Analytic attention parameters of a whole model (every sublayer of one kind)."""

@@ -22,15 +22,17 @@ COLOURS = {k: f"tab:{c}" for k, c in zip(
 
 def params_vs_heads(heads=range(1, 129), head_dim: int = 64, kinds=SCALING_KINDS) -> dict[str, list[int]]:
     """Figure 1/3 data: per-sublayer parameters (no output projection), m = n*d."""
-    return {k: [attention_params(k, d_model=n * head_dim, n_heads=n, include_output=False) for n in heads]
-            for k in kinds}
+    specs = [attention_spec(k) for k in kinds]  # each kind looked up once, not once a head count
+    return {s.name: [attention_params(s, d_model=n * head_dim, n_heads=n, include_output=False) for n in heads]
+            for s in specs}
 
 
 def params_vs_layers(layers=(12, 24, 48), heads=(32, 64), head_dim: int = 64,
                      kinds=SCALING_KINDS) -> dict[tuple[int, int], dict[str, int]]:
     """Figure 4 data: {(layers, heads): {kind: total attention parameters}}."""
-    return {(l, n): {k: l * attention_params(k, d_model=n * head_dim, n_heads=n, include_output=False)
-                     for k in kinds}
+    specs = [attention_spec(k) for k in kinds]
+    return {(l, n): {s.name: l * attention_params(s, d_model=n * head_dim, n_heads=n, include_output=False)
+                     for s in specs}
             for n in heads for l in layers}
 
 

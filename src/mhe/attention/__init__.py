@@ -12,7 +12,7 @@ _WHERE = {
     "AttentionConfig": "options", "NoOptions": "options", "MHEOptions": "options", "LinearOptions": "options",
     "GroupedQueryOptions": "options", "KINDS": "spec", "PAPER_KINDS": "spec", "make_config": "spec",
     "options_class": "spec", "parse_kinds": "spec", "AttentionSpec": "spec", "SPECS": "spec",
-    "attention_spec": "spec",
+    "attention_spec": "spec", "parse_specs": "spec",
     "KERNELS": "kernels", "register_kernel": "kernels",
     "CachePosition": "kv_cache", "CrossCache": "kv_cache", "KVCache": "kv_cache", "layer_caches": "kv_cache",
     "AttentionMask": "masks",

@@ -87,9 +87,16 @@ class AttentionSpec:
     own_params: Callable[[AttentionConfig], int] | None = None
 
     def __reduce__(self):
-        """Copied or pickled as its name: a copy is the registry's own spec (a model's sublayers
-        deep-copied into an inference view, or pickled, keep ``spec is SPECS[kind]``)."""
+        """Pickled as its name, unpickled as the registry's own spec (a pickled model's sublayers
+        keep ``spec is SPECS[kind]``); a copy is the spec itself (:meth:`__deepcopy__`), as a
+        model's sublayers deep-copied into an inference view keep it."""
         return attention_spec, (self.name,)
+
+    def __copy__(self) -> "AttentionSpec":
+        return self  # frozen and the registry's own: a copy is the spec itself, no lookup by name
+
+    def __deepcopy__(self, memo) -> "AttentionSpec":
+        return self
 
     @property
     def is_mhe(self) -> bool:
@@ -240,19 +247,26 @@ SHARED_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Atten
 """The options every kind takes (``dropout``, ``causal``, ``bias``, ``qkv_bias``, ``kernel``)."""
 
 
+def parse_specs(text: str, *, what: str = "--kinds") -> tuple[AttentionSpec, ...]:
+    """A comma-separated list of kinds, ``paper`` (the seven of Tables 1-3) or ``all``, parsed
+    into their specs (the one parse of a command's ``--kinds``)."""
+    if text in ("paper", "all"):
+        return tuple(SPECS[k] for k in (PAPER_KINDS if text == "paper" else KINDS))
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    if not kinds:
+        raise MheError(f"{what} {text!r} names no attention kind; give paper, all or a comma-separated list of "
+                       f"{', '.join(KINDS)}")
+    return tuple(attention_spec(k) for k in kinds)
+
+
 def parse_kinds(spec: str, *, what: str = "--kinds") -> tuple[str, ...]:
-    """A comma-separated list of kinds, ``paper`` (the seven of Tables 1-3) or ``all``."""
+    """A comma-separated list of kinds, ``paper`` (the seven of Tables 1-3) or ``all``, checked:
+    their names (:func:`parse_specs` gives their specs)."""
     if spec == "paper":
         return PAPER_KINDS
     if spec == "all":
         return KINDS
-    kinds = tuple(k.strip() for k in spec.split(",") if k.strip())
-    if not kinds:
-        raise MheError(f"{what} {spec!r} names no attention kind; give paper, all or a comma-separated list of "
-                       f"{', '.join(KINDS)}")
-    for k in kinds:
-        attention_spec(k)
-    return kinds
+    return tuple(s.name for s in parse_specs(spec, what=what))
 
 
 def options_class(kind: str) -> type:
@@ -270,13 +284,16 @@ def cache_heads(kind: str, n_heads: int, options: object, *, rotary: bool = Fals
     return attention_spec(kind).cache_heads(n_heads, options, rotary=rotary)
 
 
-def make_config(kind: str, *, d_model: int, n_heads: int, head_dim: int | None = None, **options) -> AttentionConfig:
-    """Validate ``options`` for ``kind`` (the shared ones and the kind's own) and return its config."""
-    own_class = options_class(kind)
+def make_config(kind: str | AttentionSpec, *, d_model: int, n_heads: int, head_dim: int | None = None,
+                **options) -> AttentionConfig:
+    """Validate ``options`` for ``kind`` (its spec, or its name; the shared options and the kind's
+    own) and return its config."""
+    spec = attention_spec(kind)
+    own_class = spec.options
     own_names = tuple(f.name for f in dataclasses.fields(own_class))
     bad = sorted(set(options) - set(SHARED_OPTIONS) - set(own_names))
     if bad:
-        raise MheError(f"attention kind {kind!r} takes no option {bad[0]!r}; valid options: "
+        raise MheError(f"attention kind {spec.name!r} takes no option {bad[0]!r}; valid options: "
                        f"{', '.join(SHARED_OPTIONS + own_names)}")
     own = own_class(**{k: v for k, v in options.items() if k in own_names})
     shared = {k: v for k, v in options.items() if k in SHARED_OPTIONS}

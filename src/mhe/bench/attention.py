@@ -26,11 +26,11 @@ def _variants(kinds):
     for k in kinds:
         spec = attention_spec(k)
         opts = {"n_kv_heads": 4} if spec.grouped else {}
-        out.append((k, k, opts))
+        out.append((spec.name, spec, opts))
         if spec.psi == "mul":  # the weight fold (default) and the activation fold of the query factors
-            out.append((f"{k} (act. fold)", k, {"query_fold": "activation"}))
+            out.append((f"{spec.name} (act. fold)", spec, {"query_fold": "activation"}))
         if spec.is_mhe:
-            out.append((f"{k} (reference)", k, {"impl": "reference"}))
+            out.append((f"{spec.name} (reference)", spec, {"impl": "reference"}))
     return out
 
 
@@ -71,12 +71,13 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
     """One attention sublayer decoding one token against a filled cache (MHE folded to MQA)."""
     cuda = dev.type == "cuda"
     configured, requested = split_kernel(kernel)
-    rows = []
+    rows, specs = [], [attention_spec(k) for k in kinds]  # each kind looked up once (specs pass as they are)
     for batch, ctx in settings:
-        for kind in kinds:
+        for spec in specs:
             opts = {}  # gqa: the one default group count (mhe.attention.multi_head.default_kv_heads)
-            mod = build_attention(kind, d_model=m, n_heads=n, causal=True, kernel=configured, **opts).to(dev, dtype).eval()
-            if attention_spec(kind).folds:
+            mod = build_attention(spec, d_model=m, n_heads=n, causal=True, kernel=configured, **opts)
+            mod = mod.to(dev, dtype).eval()
+            if spec.folds:
                 mod = fold_mhe(mod)
             plan = decode_plan(mod, dev, dtype, requested, batch=batch, positions=ctx + 1)
             cache = mod.new_cache(batch, ctx + 1)
@@ -94,7 +95,7 @@ def bench_decode_attention(kinds, settings, *, dev, dtype, m, n, warmup, reps, g
 
             ms = timed(step, warmup=warmup, reps=reps, cuda=cuda, graph=graphs)
             kv = cache.nbytes() * ctx // (ctx + 1)  # the filled part (the buffer holds one more slot)
-            rows.append({"batch": batch, "context": ctx, "kind": kind, "kernel": plan.kernel, "step_ms": ms,
+            rows.append({"batch": batch, "context": ctx, "kind": spec.name, "kernel": plan.kernel, "step_ms": ms,
                          "kv_cache_bytes": kv, "kv_cache_mib": kv / 2**20, "cache_gb_per_s": kv / ms / 1e6})
     return rows
 
@@ -103,13 +104,13 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
                  preset="gpt2-base") -> list[dict]:
     cuda = dev.type == "cuda"
     configured, requested = split_kernel(kernel)
-    rows = []
+    rows, specs = [], [attention_spec(k) for k in kinds]
     for batch, ctx in settings:
-        for kind in kinds:
-            cfg = bench_config(preset, kind, small=small, max_len=ctx + 1, dropout=0.0, attn_dropout=0.0,
+        for spec in specs:
+            cfg = bench_config(preset, spec, small=small, max_len=ctx + 1, dropout=0.0, attn_dropout=0.0,
                                attn_kernel=configured)
             model = build_model(cfg).to(dev, dtype).eval()
-            if attention_spec(kind).folds:
+            if spec.folds:
                 fold_model(model)  # decode exactly as a multi-query model (under RoPE: as it is, one head)
             plan = decode_plan(model, dev, dtype, requested, batch=batch, positions=ctx + 1)
             caches = model.new_caches(batch, ctx + 1)
@@ -126,7 +127,7 @@ def bench_decode(kinds, settings, *, dev, dtype, warmup, reps, small, graphs=Fal
             ms = timed(step, warmup=warmup, reps=reps, cuda=cuda, graph=graphs)
             layer = caches[0].nbytes() * ctx // (ctx + 1)  # the filled part of each layer's cache
             total = sum(c.nbytes() for c in caches) * ctx // (ctx + 1)
-            rows.append({"batch": batch, "context": ctx, "kind": kind, "kernel": plan.kernel,
+            rows.append({"batch": batch, "context": ctx, "kind": spec.name, "kernel": plan.kernel,
                          "shape": model_shape(model.cfg), "step_ms": ms, "tokens_per_s": batch / (ms / 1000),
                          "kv_cache_bytes_per_layer": layer, "kv_cache_bytes_total": total,
                          "kv_cache_mib_per_layer": layer / 2**20, "kv_cache_mib_total": total / 2**20})

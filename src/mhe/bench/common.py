@@ -7,7 +7,7 @@ import statistics
 import time
 from typing import Callable
 
-from mhe.attention.spec import attention_spec
+from mhe.attention.spec import AttentionSpec, attention_spec
 from mhe.models import preset as model_preset
 
 BENCH_KINDS = ("mha", "mqa", "gqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul")
@@ -17,15 +17,15 @@ SMOKE_SIZES = dict(d_model=64, n_heads=4, n_layers=2, d_ff=128, vocab_size=512)
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
-def bench_config(preset: str, kind: str, *, small: bool, gqa_heads: int | None = None, **overrides):
+def bench_config(preset: str, kind: str | AttentionSpec, *, small: bool, gqa_heads: int | None = None, **overrides):
     """The model a bench row measures: ``preset`` with attention ``kind`` and ``overrides``. GQA
     keeps the preset's own grouping where the preset is grouped (llama-135m: 3 K/V heads), else
     ``gqa_heads`` or the default group count; ``small`` shrinks every model to
     :data:`SMOKE_SIZES` (GQA then 2 K/V heads)."""
-    cfg = model_preset(preset)
-    if attention_spec(kind).grouped and (small or (gqa_heads and not cfg.spec.grouped)):
+    cfg, spec = model_preset(preset), attention_spec(kind)
+    if spec.grouped and (small or (gqa_heads and not cfg.spec.grouped)):
         overrides["attn_options"] = {"n_kv_heads": 2 if small else gqa_heads}
-    return cfg.replace(attention=kind, **{**overrides, **(SMOKE_SIZES if small else {})})
+    return cfg.replace(attention=spec, **{**overrides, **(SMOKE_SIZES if small else {})})
 
 
 def model_shape(cfg) -> str:

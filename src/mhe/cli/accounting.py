@@ -10,7 +10,8 @@ from mhe.accounting import attention_memory, attention_params, attention_sublaye
 from mhe.accounting.memory import byte_unit, decoder_memory, memory_table
 from mhe.accounting.params import decoder_params
 from mhe.accounting.scaling import LABELS, params_vs_heads, params_vs_layers, plot_scaling
-from mhe.attention import attention_spec, parse_kinds
+from mhe.attention import parse_specs
+from mhe.attention.spec import AttentionSpec
 from mhe.errors import MheError
 from mhe.experiments.tables import print_table
 from mhe.models import preset
@@ -62,18 +63,18 @@ def _positive_sizes(args) -> None:
             raise MheError(f"{name} must be a positive integer, got {value} ({option})")
 
 
-def _kinds(args) -> list[str]:
-    """The kinds ``--kinds`` names; without it the paper's seven, and the preset's own kind after them
-    where it is another (gqa for the Llama presets), so the preset's published total appears."""
+def _kinds(args) -> list[AttentionSpec]:
+    """The specs of the kinds ``--kinds`` names (parsed once, here); without it the paper's seven,
+    and the preset's own kind after them where it is another (gqa for the Llama presets), so the
+    preset's published total appears."""
     if args.kinds is not None:
-        return list(parse_kinds(args.kinds))
-    kinds = list(parse_kinds("paper"))
-    own = preset(args.preset).attention if args.preset else None
+        return list(parse_specs(args.kinds))
+    kinds = list(parse_specs("paper"))
+    own = preset(args.preset).spec if args.preset else None
     return kinds + [own] if own and own not in kinds else kinds
 
 
-def _kind_options(kind: str, geo: dict) -> dict:
-    spec = attention_spec(kind)
+def _kind_options(spec: AttentionSpec, geo: dict) -> dict:
     if hasattr(spec.options(), "max_len"):  # linear's sequence matrix
         return {"max_len": geo["max_len"]}
     if spec.grouped and geo.get("n_kv_heads") and geo["n_heads"] % geo["n_kv_heads"] == 0:
@@ -92,12 +93,12 @@ def params_args(p):
 def cmd_params(args) -> int:
     geo = _resolve_geometry(args)
     sub = attention_sublayers(geo["arch"], geo["n_layers"])
-    totals, rows = {}, []
-    for kind in _kinds(args):
-        per = attention_params(kind, d_model=geo["d_model"], n_heads=geo["n_heads"], head_dim=geo["head_dim"],
+    totals, rows, kinds = {}, [], _kinds(args)
+    for spec in kinds:
+        per = attention_params(spec, d_model=geo["d_model"], n_heads=geo["n_heads"], head_dim=geo["head_dim"],
                                include_output=not args.exclude_output, bias=args.bias,
-                               **_kind_options(kind, geo))
-        totals[kind] = per * sub
+                               **_kind_options(spec, geo))
+        totals[spec.name] = per * sub
     if args.json:
         print(json.dumps(totals))
         return 0
@@ -111,12 +112,13 @@ def cmd_params(args) -> int:
           f"{', with biases' if args.bias else ''}")
     print_table(["kind", "per sublayer", "sublayers", "total", "total (M)", "of MHA"], rows)
     if args.preset and not args.exclude_output:
-        _print_whole_model(args.preset, _kinds(args), geo)
+        _print_whole_model(args.preset, kinds, geo)
     return 0
 
 
 def _whole_model_configs(name: str, kinds, geo: dict) -> dict:
-    """kind -> the preset's decoder configuration with that kind (decoder LM presets only)."""
+    """kind's name -> the preset's decoder configuration with that kind (``kinds``: their specs;
+    decoder LM presets only)."""
     cfg = preset(name)
     sizes = {k: geo[k] for k in ("n_layers", "d_model", "n_heads") if geo[k] != getattr(cfg, k)}
     if geo["head_dim"] != cfg.resolved_head_dim:
@@ -124,13 +126,13 @@ def _whole_model_configs(name: str, kinds, geo: dict) -> dict:
     if cfg.arch != "decoder" or geo["arch"] != "decoder" or cfg.adaptive_cutoffs:
         return {}
     out = {}
-    for kind in kinds:
-        if cfg.rotary and attention_spec(kind).mixes:
+    for spec in kinds:
+        if cfg.rotary and spec.mixes:
             continue  # no rotary positions without queries and keys
-        if not attention_spec(kind).causal:
+        if not spec.causal:
             continue  # mixes whole sequences: no causal decoder
         try:
-            out[kind] = cfg.replace(attention=kind, **sizes)
+            out[spec.name] = cfg.replace(attention=spec, **sizes)
         except MheError:
             continue  # e.g. fnet in a causal decoder, el-att where n*d != m
     return out
@@ -171,7 +173,7 @@ def cmd_memory(args) -> int:
     kinds = _kinds(args)
     rows = attention_memory(kinds, d_model=geo["d_model"], n_heads=geo["n_heads"],
                             head_dim=geo["head_dim"], batch=args.batch, seq_len=args.seq_len, bias=args.bias,
-                            options={k: _kind_options(k, geo) for k in kinds})
+                            options={s.name: _kind_options(s, geo) for s in kinds})
     if args.json:
         print(json.dumps([r.as_json() for r in rows]))  # exact byte counts under *_bytes keys
         return 0

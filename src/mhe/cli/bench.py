@@ -5,7 +5,7 @@ function per section."""
 from __future__ import annotations
 
 from mhe.accounting.memory import byte_unit
-from mhe.attention import attention_spec, parse_kinds
+from mhe.attention import parse_specs
 from mhe.bench import BENCH_KINDS, SMOKE
 from mhe.errors import MheError, one_of
 from mhe.experiments.tables import print_table
@@ -59,10 +59,11 @@ def bench_args(p):
 def _check(args) -> tuple[list[str], set[str]]:
     from mhe.attention import kernels
 
-    kinds = list(parse_kinds(args.kinds))
-    for k in kinds:
-        if attention_spec(k).mixes:
-            raise MheError(f"unknown bench kind {k!r}; valid: {', '.join(BENCH_KINDS)}")
+    specs = parse_specs(args.kinds)  # the one parse of --kinds
+    for spec in specs:
+        if spec.mixes:
+            raise MheError(f"unknown bench kind {spec.name!r}; valid: {', '.join(BENCH_KINDS)}")
+    kinds = [spec.name for spec in specs]  # the rows' names; each bench function looks its kinds up once
     sections = set(args.sections.split(","))
     bad = sections - set(SECTIONS)
     if bad:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mhe.attention.spec import attention_spec
-from mhe.convert.options import FITS, MINIMISES, SPLITS, TARGETS, check_request, parse_option_sets
+from mhe.convert.options import FITS, MINIMISES, SPLITS, TARGETS, check_request, parse_option_sets, target_spec
 from mhe.errors import MheError
 from mhe.experiments.tables import print_table
 from mhe.output_paths import check_empty_out, default_run_dir
@@ -64,17 +63,18 @@ def convert_args(p):
 
 
 def cmd_convert(args) -> int:
-    out = args.out or str(default_run_dir("convert", Path(args.checkpoint).resolve().name, args.attention))
-    options = parse_option_sets(args.attention, args.set)  # before anything is read
-    ignored_options(args)
-    check_request(args.checkpoint, args.attention, args.n_kv_heads)  # before torch and any weights
+    target = target_spec(args.attention)  # the one parse of --attention; its spec goes down
+    out = args.out or str(default_run_dir("convert", Path(args.checkpoint).resolve().name, target.name))
+    options = parse_option_sets(target, args.set)  # before anything is read
+    ignored_options(args, target)
+    check_request(args.checkpoint, target, args.n_kv_heads)  # before torch and any weights
     check_empty_out(out)
     quiet_library_bars()  # transformers' loading bars only on a terminal
     from mhe.convert.outputs import OutputFit
     from mhe.convert.runs import ConvertOptions, convert_run
 
     fit = OutputFit(steps=args.fit_steps, lr=args.fit_lr)  # checked before anything is read
-    opts = ConvertOptions(kind=args.attention, n_kv_heads=args.n_kv_heads, options=options, align=args.align,
+    opts = ConvertOptions(kind=target, n_kv_heads=args.n_kv_heads, options=options, align=args.align,
                           naive=args.naive, output_fit=fit if args.fit == "outputs" else None, evaluate=args.evaluate,
                           split=args.split or "valid", calibration=args.calibration,
                           data=args.data, data_dir=args.data_dir, device=args.device, tokenizer=args.tokenizer)
@@ -115,12 +115,13 @@ def _print_output_fit(report) -> None:
                  for r in fit["layers"]])
 
 
-def ignored_options(args) -> None:
+def ignored_options(args, target) -> None:
     """Options the chosen conversion would not use: refused where they change what the user
     expects to get (``--split`` with ``--no-eval``: no score at all), noted on standard error where
-    harmless (``--no-align`` where nothing is aligned: the naive initialisation, or an sha target)."""
+    harmless (``--no-align`` where nothing is aligned: the naive initialisation, or an sha
+    ``target``, the spec of ``--attention``)."""
     if args.split is not None and not args.evaluate:
         raise MheError(f"--split {args.split} names the split scored, and --no-eval scores none: drop one of them")
-    if not args.align and (args.naive or attention_spec(args.attention).single_head):
+    if not args.align and (args.naive or target.single_head):
         why = "--naive writes the mean of the heads" if args.naive else "sha's fit does not depend on rotations"
         print(f"note: --no-align changes nothing here ({why}, nothing is aligned)", file=sys.stderr)

@@ -14,15 +14,14 @@ import dataclasses
 
 from torch import nn
 
-from mhe.attention.spec import attention_spec
+from mhe.attention.spec import AttentionSpec
 from mhe.convert.heads import read_heads
-from mhe.convert.options import target_options
+from mhe.convert.options import target_options, target_spec
 from mhe.convert.outputs import OutputFit, fit_outputs
 from mhe.convert.report import ConversionReport
 from mhe.convert.rotary import rotary_fit
 from mhe.convert.stats import attention_modules, input_stats
 from mhe.convert.sublayer import convert_sublayer
-from mhe.convert.targets import TARGETS
 from mhe.errors import MheError
 from mhe.models import build_model, require_model
 
@@ -30,28 +29,28 @@ SOURCES = ("mha", "gqa", "mqa")
 """Kinds with per-head projections: the ones a conversion starts from."""
 
 
-def check_conversion(cfg, kind: str, n_kv_heads: int = 0, options: dict | None = None):
+def check_conversion(cfg, kind: str | AttentionSpec, n_kv_heads: int = 0, options: dict | None = None):
     """Refuse what cannot be converted (one line naming the value and what is allowed); returns
-    the target's options dataclass (:func:`mhe.convert.options.target_options`)."""
-    if kind not in TARGETS:
-        raise MheError(f"cannot convert to attention kind {kind!r}; valid targets: {', '.join(TARGETS)}")
+    the target's options dataclass (:func:`mhe.convert.options.target_options`). ``kind``: the
+    target's spec (:func:`~mhe.convert.options.target_spec`; a name is parsed into it)."""
+    spec = target_spec(kind)
     if cfg.attention not in SOURCES:
         raise MheError(f"the source model's attention is {cfg.attention!r}, not multi-head; conversion starts from "
                        f"{', '.join(SOURCES)}")
     if cfg.arch == "encoder-decoder":
         raise MheError("converting an encoder-decoder is not supported (its cross-attention reads the encoder); "
                        "valid architectures: decoder, encoder")
-    if not attention_spec(kind).grouped and n_kv_heads:
-        raise MheError(f"n_kv_heads={n_kv_heads} applies to gqa only, not to {kind!r}")
+    if not spec.grouped and n_kv_heads:
+        raise MheError(f"n_kv_heads={n_kv_heads} applies to gqa only, not to {spec.name!r}")
     if n_kv_heads < 0 or (n_kv_heads and cfg.n_heads % n_kv_heads):
         raise MheError(f"n_kv_heads={n_kv_heads} must be a positive divisor of n_heads={cfg.n_heads} "
                        "(or 0: the default, n/4)")
-    opts = target_options(kind, n_kv_heads, options)
-    cfg.replace(attention=kind, attn_options=opts)  # the target's configuration is valid (checks its options)
+    opts = target_options(spec, n_kv_heads, options)
+    cfg.replace(attention=spec, attn_options=opts)  # the target's configuration is valid (checks its options)
     return opts
 
 
-def convert_model(model: nn.Module, kind: str, *, n_kv_heads: int = 0, options: dict | None = None,
+def convert_model(model: nn.Module, kind: str | AttentionSpec, *, n_kv_heads: int = 0, options: dict | None = None,
                   calibration=None, align: bool = True, align_iters: int = 20,
                   naive: bool = False, output_fit: OutputFit | None = None, fit_batches=None,
                   device="cpu") -> tuple[nn.Module, ConversionReport]:
@@ -60,8 +59,8 @@ def convert_model(model: nn.Module, kind: str, *, n_kv_heads: int = 0, options: 
     Args:
         model: a decoder or encoder (``mhe.models``) with mha, gqa or mqa attention, absolute or
             rotary positions.
-        kind: ``mhe-mul``, ``mhe-add``, ``mqa``, ``gqa`` or ``sha``
-            (:mod:`mhe.convert.targets` says what each fit minimises).
+        kind: the target's spec, or its name (parsed here, once): ``mhe-mul``, ``mhe-add``,
+            ``mqa``, ``gqa`` or ``sha`` (:mod:`mhe.convert.targets` says what each fit minimises).
         n_kv_heads: K/V heads of a ``gqa`` target (0: the default, n/4).
         options: the target kind's ``model.attn_options`` (a dict; e.g. MHE's ``rope_order``,
             default ``rope-then-psi``), which the fit honours (:mod:`mhe.convert.rotary`).
@@ -81,26 +80,27 @@ def convert_model(model: nn.Module, kind: str, *, n_kv_heads: int = 0, options: 
         sublayer and role the relative reconstruction error of the fit beside the naive one).
     """
     require_model(model, "convert_model")
-    cfg = model.cfg
-    opts = check_conversion(cfg, kind, n_kv_heads, options)
+    cfg, spec = model.cfg, target_spec(kind)
+    opts = check_conversion(cfg, spec, n_kv_heads, options)
     stats = calibration if isinstance(calibration, dict) or calibration is None else input_stats(model, calibration)
     dtype = next(model.parameters()).dtype
-    target = build_model(cfg.replace(attention=kind, attn_options=opts)).to(dtype)
+    target = build_model(cfg.replace(attention=spec, attn_options=opts)).to(dtype)
     first = attention_modules(target)[0][1]
-    kv = attention_spec(kind).kv_heads(cfg.n_heads, opts)  # the fitted K/V heads: 1, or gqa's groups
-    state, layers = _fit_sublayers(model, kind, kv, opts, stats or {}, align=align, align_iters=align_iters,
+    kv = spec.kv_heads(cfg.n_heads, opts)  # the fitted K/V heads: 1, or gqa's groups
+    state, layers = _fit_sublayers(model, spec, kv, opts, stats or {}, align=align, align_iters=align_iters,
                                    naive=naive)
     try:
         target.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
     except RuntimeError as e:
-        raise MheError(f"the converted {kind} model does not take the fitted weights ({str(e).splitlines()[0]})") from e
+        raise MheError(f"the converted {spec.name} model does not take the fitted weights "
+                       f"({str(e).splitlines()[0]})") from e
     fitted = fit_outputs(model, target, fit_batches, output_fit, device) if output_fit and not naive else None
     target = target.train(model.training)
-    rotary = rotary_fit(cfg, first.cfg.head_dim, kind, opts)
-    report = ConversionReport(source=cfg.attention, kind=kind, layers=layers,
+    rotary = rotary_fit(cfg, first.cfg.head_dim, spec, opts)
+    report = ConversionReport(source=cfg.attention, kind=spec.name, layers=layers,
                               options={"n_kv_heads": kv, "cache_heads": first.cache_heads,
                                        "attn_options": dataclasses.asdict(opts), "align": align, "naive": naive,
-                                       "rotary": rotary.describe(kind) if rotary else None,
+                                       "rotary": rotary.describe(spec) if rotary else None,
                                        "calibration_tokens": min((s.count for s in (stats or {}).values()),
                                                                  default=0)})
     if fitted is not None:
@@ -108,7 +108,7 @@ def convert_model(model: nn.Module, kind: str, *, n_kv_heads: int = 0, options: 
     return target, report
 
 
-def _fit_sublayers(model: nn.Module, kind: str, kv: int, opts, stats: dict, **how) -> tuple[dict, list]:
+def _fit_sublayers(model: nn.Module, spec: AttentionSpec, kv: int, opts, stats: dict, **how) -> tuple[dict, list]:
     """The target's state dict (the source's, every attention sublayer's weights fitted) and,
     per sublayer, (name, errors)."""
     source_state = model.state_dict()
@@ -119,8 +119,8 @@ def _fit_sublayers(model: nn.Module, kind: str, kv: int, opts, stats: dict, **ho
     for name, mod in modules:
         own = {k[len(name) + 1:]: v for k, v in source_state.items() if k.startswith(f"{name}.")}
         heads = read_heads(own, n_heads=mod.cfg.n_heads, head_dim=mod.cfg.head_dim, where=name)
-        res = convert_sublayer(heads, kind, kv_heads=kv, stats=stats.get(name),
-                               rotary=rotary_fit(model.cfg, mod.cfg.head_dim, kind, opts), **how)
+        res = convert_sublayer(heads, spec, kv_heads=kv, stats=stats.get(name),
+                               rotary=rotary_fit(model.cfg, mod.cfg.head_dim, spec, opts), **how)
         state.update({f"{name}.{k}": v for k, v in res.state.items()})
         layers.append((name, res.errors))
     return state, layers

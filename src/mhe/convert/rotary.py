@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mhe.attention.rotary import rotary_width
-from mhe.attention.spec import attention_spec
+from mhe.attention.spec import AttentionSpec, attention_spec
 
 
 
@@ -64,7 +64,7 @@ class RotaryFit:
         rotation; None (every column free) under ``psi-then-rope``."""
         return self.pairs if self.psi_after else None
 
-    def describe(self, kind: str) -> str:
+    def describe(self, kind: str | AttentionSpec) -> str:
         """One line for the command's output and ``conversion.json``: what the order means here."""
         rotated = f"rotary positions on {self.width} of {self.head_dim} dimensions per head"
         spec = attention_spec(kind)
@@ -81,7 +81,7 @@ class RotaryFit:
                 "one K/V head is cached")
 
 
-def rotary_fit(cfg, head_dim: int, kind: str, options) -> RotaryFit | None:
+def rotary_fit(cfg, head_dim: int, kind: str | AttentionSpec, options) -> RotaryFit | None:
     """The :class:`RotaryFit` of a sublayer of a model configured by ``cfg`` converted to
     ``kind`` with ``options`` (its ``model.attn_options``); None for absolute positions."""
     if getattr(cfg, "positions", "") != "rotary":

@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from mhe.attention.spec import AttentionSpec
 from mhe.convert.model import check_conversion, convert_model
-from mhe.convert.options import SPLITS
+from mhe.convert.options import SPLITS, target_spec
 from mhe.convert.outputs import OutputFit
 from mhe.convert.report import ConversionReport
 from mhe.convert.sources import Source, data_task, load_source
@@ -38,11 +39,12 @@ from mhe.training.run_files import write_run_record
 
 @dataclass
 class ConvertOptions:
-    """What ``mhe convert`` asks for: the target (``kind``, ``n_kv_heads``, ``options``, ``align``,
-    ``naive``, ``output_fit``: see :func:`mhe.convert.convert_model`; None: the weight fit alone) and
-    the source's options (:class:`Converter`)."""
+    """What ``mhe convert`` asks for: the target (``kind``, the target's spec, a name given in code
+    parsed into it once; ``n_kv_heads``, ``options``, ``align``, ``naive``, ``output_fit``: see
+    :func:`mhe.convert.convert_model`; None: the weight fit alone) and the source's options
+    (:class:`Converter`)."""
 
-    kind: str
+    kind: AttentionSpec
     n_kv_heads: int = 0
     options: dict | None = None
     align: bool = True
@@ -55,6 +57,9 @@ class ConvertOptions:
     data_dir: str = ""
     device: str = "auto"
     tokenizer: str = ""
+
+    def __post_init__(self) -> None:
+        self.kind = target_spec(self.kind)
 
 
 class Converter:
@@ -130,12 +135,14 @@ class Converter:
             self._source_score = score(self.task, self.src, self.src.model, self.split, self.device)
         return self._source_score
 
-    def convert(self, kind: str, out: str | Path | None, *, n_kv_heads: int = 0, options: dict | None = None,
-                align: bool = True, naive: bool = False,
+    def convert(self, kind: str | AttentionSpec, out: str | Path | None, *, n_kv_heads: int = 0,
+                options: dict | None = None, align: bool = True, naive: bool = False,
                 output_fit: OutputFit | None = None) -> tuple[nn.Module, ConversionReport]:
         """The converted model and its report (scores included when evaluating); with ``out``,
         also written there as a run folder. ``options``: the target's ``model.attn_options``;
-        ``output_fit``: fit each sublayer to the source's outputs too (:mod:`mhe.convert.outputs`)."""
+        ``output_fit``: fit each sublayer to the source's outputs too (:mod:`mhe.convert.outputs`).
+        ``kind``: the target's spec (a name is parsed into it here, once)."""
+        kind = target_spec(kind)
         check_conversion(self.src.model.cfg, kind, n_kv_heads, options)  # before any data is read
         out = _check_out(Path(out)) if out is not None else None
         if output_fit is not None and not naive:
@@ -205,7 +212,7 @@ def score(task, src: Source, model: nn.Module, split: str, device: torch.device)
 def write_run(out: Path, src: Source, model: nn.Module, report: ConversionReport) -> Path:
     """Write the converted run folder atomically (module docstring)."""
     cfg = copy.deepcopy(src.cfg)
-    cfg.model = cfg.model.replace(attention=model.cfg.attention, attn_options=model.cfg.attn_options)
+    cfg.model = cfg.model.replace(attention=model.cfg.spec, attn_options=model.cfg.attn_options)
     cfg = RunConfig(task=cfg.task, preset=cfg.preset, model=cfg.model, train=cfg.train, data=cfg.data)  # checked
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = new_temp_folder(out.parent, out.name)

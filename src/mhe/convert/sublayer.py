@@ -42,7 +42,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from mhe.attention.spec import attention_spec
+from mhe.attention.spec import AttentionSpec, attention_spec
 from mhe.convert.fit import procrustes, product_error, relative_error, rotary_procrustes, sqrt_psd
 from mhe.convert.heads import ROLES, Heads
 from mhe.convert.rotary import RotaryFit
@@ -68,14 +68,14 @@ class SublayerResult:
     errors: dict[str, dict[str, tuple[float, float]]]
 
 
-def convert_sublayer(h: Heads, kind: str, *, kv_heads: int = 1, stats: InputStats | None = None,
+def convert_sublayer(h: Heads, kind: str | AttentionSpec, *, kv_heads: int = 1, stats: InputStats | None = None,
                      align: bool = False, align_iters: int = 20, rotary: RotaryFit | None = None,
                      naive: bool = False) -> SublayerResult:
     """Convert one multi-head sublayer to ``kind`` (see :func:`mhe.convert.targets.fit_target`).
 
     Args:
         h: the source heads.
-        kind: the target kind.
+        kind: the target kind's spec (a name is looked up once, here).
         kv_heads: K/V heads of a ``gqa`` target.
         stats: calibration statistics of the sublayer's input (MHE-Add's fit, output errors).
         align: rotate the heads towards the fit first (module docstring).
@@ -85,11 +85,12 @@ def convert_sublayer(h: Heads, kind: str, *, kv_heads: int = 1, stats: InputStat
             commute with RoPE (module docstring).
         naive: write the naive initialisation (mean of the heads, zero embeddings) instead.
     """
+    spec = attention_spec(kind)
+
     def fit(heads: Heads, baseline: bool = False) -> Fitted:
-        return fit_target(heads, kind, kv_heads=kv_heads, naive=baseline, stats=stats, rotary=rotary)
+        return fit_target(heads, spec, kv_heads=kv_heads, naive=baseline, stats=stats, rotary=rotary)
 
     aligned = h
-    spec = attention_spec(kind)
     if align and not naive and not spec.single_head:  # SHA's fit does not depend on rotations
         aligned = _align(h, fit, align_iters, stats if spec.psi == "add" else None, rotary)
     fitted = fit(aligned, baseline=naive)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from mhe.attention.spec import attention_spec
+from mhe.attention.spec import AttentionSpec, attention_spec
 from mhe.convert.fit import expand_groups, group_means, low_rank_factors, rank1_scales
 from mhe.convert.heads import ROLES, Heads, linear_state, out_state
 from mhe.convert.options import MINIMISES, TARGETS  # noqa: F401 (re-exported)
@@ -68,13 +68,13 @@ class Fitted:
     (``effective`` carries them in its bias row, i.e. as at position 0, where R_0 = I)."""
 
 
-def fit_target(h: Heads, kind: str, *, kv_heads: int = 1, naive: bool = False, stats: InputStats | None = None,
-               rotary: RotaryFit | None = None) -> Fitted:
+def fit_target(h: Heads, kind: str | AttentionSpec, *, kv_heads: int = 1, naive: bool = False,
+               stats: InputStats | None = None, rotary: RotaryFit | None = None) -> Fitted:
     """The ``kind`` sublayer fitted to ``h``.
 
     Args:
         h: the source heads (already aligned, if alignment is used).
-        kind: one of :data:`TARGETS`.
+        kind: the spec of one of :data:`TARGETS` (or its name).
         kv_heads: K/V heads of a ``gqa`` target (``mqa``: 1).
         naive: the mean of the heads and zero head embeddings instead of the fit.
         stats: calibration statistics of the sublayer's input (``mhe-add``'s offsets); None: a

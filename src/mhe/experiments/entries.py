@@ -30,6 +30,20 @@ class Entry:
     spec: AttentionSpec
     rope_order: str = ""
 
+    def __str__(self) -> str:
+        """The entry as written (``mhe-mul psi-then-rope``): its name in logs and sweep.json."""
+        return f"{self.spec.name} {self.rope_order}" if self.rope_order else self.spec.name
+
+    @property
+    def dir(self) -> str:
+        """The entry as a run-folder name: ``mhe-mul psi-then-rope`` -> ``mhe-mul-psi-then-rope``."""
+        return str(self).replace(" ", "-")
+
+    @property
+    def base(self) -> "Entry":
+        """The entry's kind alone, with its default options (what a task's defaults are built for)."""
+        return Entry(self.spec)
+
     def apply(self, cfg):
         """``cfg`` (a :class:`~mhe.training.config.RunConfig`) with its model set to this entry's
         variant: the typed options changed in place of a ``--set`` item parsed again."""
@@ -39,9 +53,11 @@ class Entry:
         return cfg
 
 
-def parse_entry(entry: str) -> Entry:
+def parse_entry(entry: str | Entry) -> Entry:
     """An entry's text as its :class:`Entry`: ``"mhe-mul psi-then-rope"`` ->
-    ``Entry(spec of mhe-mul, rope_order="psi-then-rope")``."""
+    ``Entry(spec of mhe-mul, rope_order="psi-then-rope")``; an :class:`Entry` is returned as it is."""
+    if isinstance(entry, Entry):
+        return entry
     kind, _, variant = entry.strip().partition(" ")
     spec = attention_spec(kind)
     variant = variant.strip()
@@ -59,10 +75,9 @@ def entry_kind(entry: str) -> str:
     return parse_entry(entry).spec.name
 
 
-def entry_dir(entry: str) -> str:
+def entry_dir(entry: str | Entry) -> str:
     """The entry as a run-folder name: ``mhe-mul psi-then-rope`` -> ``mhe-mul-psi-then-rope``."""
-    parse_entry(entry)
-    return "-".join(entry.split())
+    return parse_entry(entry).dir
 
 
 def parse_entries(spec: str, *, what: str = "--kinds") -> tuple[str, ...]:

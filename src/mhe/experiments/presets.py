@@ -15,7 +15,7 @@ from typing import Callable
 
 from mhe.attention import PAPER_KINDS
 from mhe.errors import one_of
-from mhe.experiments.entries import parse_entry
+from mhe.experiments.entries import Entry, parse_entry
 from mhe.tasks import default_run
 from mhe.tasks.settings import LMOptions
 from mhe.training.config import RunConfig, check_device, validate
@@ -36,11 +36,12 @@ class Experiment:
     kv_cache: bool = False           # the summary shows each row's KV cache per token
     paired: bool = False             # the summary tests every two rows across seeds (mhe.experiments.paired)
 
-    def run_config(self, kind: str, seed: int = 0, *, data: str | None = None) -> RunConfig:
+    def run_config(self, kind: str | Entry, seed: int = 0, *, data: str | None = None) -> RunConfig:
         """One run: the task's defaults for the preset, kind and data, then this experiment's
-        settings, then the entry's variant (``mhe-mul psi-then-rope``: its rotary order)."""
+        settings, then the entry's variant (``mhe-mul psi-then-rope``: its rotary order).
+        ``kind``: a parsed :class:`~mhe.experiments.entries.Entry` (its text is parsed here)."""
         entry = parse_entry(kind)
-        cfg = self.settings(default_run(self.task, self.preset, entry.spec.name, self.data if data is None else data))
+        cfg = self.settings(default_run(self.task, self.preset, entry.spec, self.data if data is None else data))
         cfg = entry.apply(cfg)
         validate(cfg)
         check_device(cfg.train.device)

@@ -18,7 +18,7 @@ import torch
 
 from mhe.data.benchmarks import BENCH_TASKS as BENCH
 from mhe.errors import MheError
-from mhe.experiments.entries import entry_dir, parse_entry
+from mhe.experiments.entries import Entry, entry_dir, parse_entry
 from mhe.experiments.paper import paper_tables
 from mhe.experiments.presets import EXPERIMENTS, experiment
 from mhe.experiments.run_archive import RunFiles, archive_of
@@ -107,30 +107,30 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def run_config(sweep: Sweep, entry: str, seed: int, *, progress: bool = False):
+def run_config(sweep: Sweep, entry: str | Entry, seed: int, *, progress: bool = False):
     """The RunConfig of one (entry, seed): the task's defaults (or the experiment's settings)
     for the entry's kind, the entry's variant (:mod:`mhe.experiments.entries`), the sweep's
     --set items, the seed. Its progress bars are off unless ``progress`` (a worker's, drawn in
-    its ``stderr.log``), and then only where the --set items leave them on."""
+    its ``stderr.log``), and then only where the --set items leave them on. ``entry``: parsed
+    (:class:`~mhe.experiments.entries.Entry`; :func:`run_sweep` parses each once), or its text."""
     parsed = parse_entry(entry)
-    kind = parsed.spec.name
     if sweep.task in BENCH:
         if not sweep.pretrained:
             raise MheError(f"fine-tuning {sweep.task!r} needs --pretrained DIR, a comparison of pre-training runs")
-        ckpt = Path(sweep.pretrained) / "runs" / f"{entry_dir(entry)}-seed0"
+        ckpt = Path(sweep.pretrained) / "runs" / f"{parsed.dir}-seed0"
         if archive_of(ckpt.parent).is_file() and not ckpt.parent.is_dir():
             raise MheError(f"{sweep.pretrained} is packed ({archive_of(ckpt.parent).name}); fine-tuning needs its "
                            f"run folders: mhe report --unpack {sweep.pretrained}")
         if not (ckpt / "results.json").exists():
-            raise MheError(f"no finished pre-training run for {entry!r} at {ckpt}")
+            raise MheError(f"no finished pre-training run for {str(parsed)!r} at {ckpt}")
         cfg = finetune_config(sweep.task, str(ckpt), data_dir=sweep.data_dir, overrides=list(sweep.overrides or []),
                               seed=seed)
         cfg.train.progress = progress and cfg.train.progress
         return cfg
     if sweep.experiment:
-        cfg = experiment(sweep.experiment).run_config(kind, data=sweep.data)
+        cfg = experiment(sweep.experiment).run_config(parsed.base, data=sweep.data)
     else:
-        cfg = default_run(sweep.task, sweep.preset, kind, sweep.data)
+        cfg = default_run(sweep.task, sweep.preset, parsed.spec, sweep.data)
     cfg.data.data_dir = sweep.data_dir
     cfg = apply_overrides(parsed.apply(cfg), list(sweep.overrides or []))
     cfg.train.seed = seed
@@ -198,13 +198,14 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, resume: bool =
     ``mhe compare`` asks for it on a terminal, unless ``train.progress=false``), messages above it."""
     out = Path(out)
     check_sweep_dir(out, sweep)
-    for kind in sweep.kinds:  # every run's configuration and data checked before any folder is made
-        cfg = run_config(sweep, kind, 0)
+    entries = [parse_entry(kind) for kind in sweep.kinds]  # parsed once; the runs are given the entries
+    for entry in entries:  # every run's configuration and data checked before any folder is made
+        cfg = run_config(sweep, entry, 0)
         task = build_task(cfg.task)
         task.check_label_smoothing(cfg)
         task.check(cfg)
-    runs = [(kind, seed, out / "runs" / f"{entry_dir(kind)}-seed{seed}") for seed in range(sweep.seeds)
-            for kind in sweep.kinds]
+    runs = [(entry, seed, out / "runs" / f"{entry.dir}-seed{seed}") for seed in range(sweep.seeds)
+            for entry in entries]
     if archive_of(out / "runs").is_file():
         check_packed_finished(out, [d.name for _, _, d in runs])
         log(f"already finished: results in {archive_of(out / 'runs')}")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mhe.attention.options import AttentionConfig, rotary_width
-from mhe.attention.spec import KINDS, AttentionSpec, attention_spec, options_class
+from mhe.attention.spec import KINDS, AttentionSpec, attention_spec
 from mhe.errors import MheError, one_of
 from mhe.settings import check_fields, setting
 
@@ -79,10 +79,14 @@ class ModelConfig:
     adaptive_cutoffs: list[int] = field(default_factory=list)  # decoder LM: adaptive softmax (Grave et al. 2017)
 
     def __post_init__(self) -> None:
-        if isinstance(self.attention, AttentionSpec):  # a spec given in code: held by its name (config.json's)
-            self.attention = self.attention.name
-        if self.attention in KINDS:
-            self.attn_options = self.spec.make_options(self.attn_options)
+        # the kind is parsed here, once (a spec given in code is taken as it is); the config keeps
+        # the spec beside the name config.json holds (an attribute, not a field: no dict or hash has it)
+        spec = self.attention if isinstance(self.attention, AttentionSpec) else None
+        if spec is None and self.attention in KINDS:
+            spec = attention_spec(self.attention)
+        if spec is not None:
+            self.attention, self._spec = spec.name, spec
+            self.attn_options = spec.make_options(self.attn_options)
         check_fields(self, "model")
         if self.head_dim is None and self.d_model % self.n_heads:
             raise MheError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads} "
@@ -112,8 +116,12 @@ class ModelConfig:
 
     @property
     def spec(self) -> AttentionSpec:
-        """The attention kind's spec (:data:`mhe.attention.spec.SPECS`)."""
-        return attention_spec(self.attention)
+        """The attention kind's spec (:data:`mhe.attention.spec.SPECS`), parsed when the config was
+        made; looked up again only where ``attention`` was since set in place (``--set``)."""
+        spec = self.__dict__.get("_spec")
+        if spec is None or spec.name != self.attention:
+            spec = self._spec = attention_spec(self.attention)
+        return spec
 
     @property
     def rotary(self) -> bool:
@@ -140,11 +148,12 @@ class ModelConfig:
         bad = sorted(set(changes) - valid)
         if bad:
             raise MheError(f"unknown model setting {bad[0]!r}; valid keys: {', '.join(sorted(valid))}")
-        kind = changes.get("attention", self.attention)
-        if isinstance(kind, AttentionSpec):
-            kind = changes["attention"] = kind.name
-        if "attn_options" not in changes and kind in KINDS and options_class(kind) is not type(self.attn_options):
-            changes["attn_options"] = None  # a new kind starts from its own default options
+        kind = changes.get("attention", self.spec)  # the spec goes on: the name is not parsed again
+        spec = kind if isinstance(kind, AttentionSpec) else attention_spec(kind) if kind in KINDS else None
+        if spec is not None:
+            changes["attention"] = spec
+            if "attn_options" not in changes and spec.options is not type(self.attn_options):
+                changes["attn_options"] = None  # a new kind starts from its own default options
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

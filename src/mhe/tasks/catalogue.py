@@ -12,6 +12,7 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
+from mhe.attention.spec import AttentionSpec
 from mhe.errors import MheError, one_of
 from mhe.models.config import preset as get_preset
 from mhe.settings import set_path
@@ -42,8 +43,9 @@ def options_of(name: str) -> type:
     return settings_class(name).options
 
 
-def default_run(task: str, preset: str, attention: str = "mha", dataset: str = "") -> RunConfig:
-    """The task's default run for a model preset, attention kind and data set (``Task.default_config``)."""
+def default_run(task: str, preset: str, attention: str | AttentionSpec = "mha", dataset: str = "") -> RunConfig:
+    """The task's default run for a model preset, attention kind (its spec, or its name) and data
+    set (``Task.default_config``)."""
     return settings_class(task).default_config(preset, attention=attention, dataset=dataset)
 
 

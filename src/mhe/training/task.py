@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mhe.attention.spec import AttentionSpec
 from mhe.errors import MheError
 from mhe.models.config import cpu_sized
 from mhe.models.config import preset as get_preset
@@ -52,7 +53,7 @@ class Task:
 
     # ------------------------------------------------------------------ defaults
     @classmethod
-    def default_config(cls, preset: str, *, attention: str = "mha", dataset: str = "") -> RunConfig:
+    def default_config(cls, preset: str, *, attention: str | AttentionSpec = "mha", dataset: str = "") -> RunConfig:
         """The task's default run for a model preset, attention kind and data set."""
         data = cls.default_data(preset, dataset)
         if data.task_options is None:
