@@ -122,6 +122,7 @@ def child(job_path: str, out_path: str) -> None:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         Path(out_path).write_text(json.dumps(out))
+    Path(out_path).write_text(json.dumps(out))  # also when every row was skipped: never a stale shape's rows
 
 
 def _hf_model(name: str, job: dict, dev, dtype):
@@ -224,6 +225,7 @@ def mhe_row(model, args, batch: int, context: int, dev) -> dict:
 
 
 def run_child(job: dict, tmp: Path) -> dict:
+    (tmp / "out.json").unlink(missing_ok=True)  # a shape never reads the shape before's rows
     (tmp / "job.json").write_text(json.dumps(job))
     env = {**os.environ, "PYTHONPATH": "", "HF_MODULES_CACHE": str(tmp / "modules"), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(tmp / "job.json"),

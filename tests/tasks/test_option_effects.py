@@ -25,7 +25,8 @@ SETTINGS = "test_task_settings"
 EFFECTS: dict[str, dict[str, str]] = {
     "lm": {"also_test": "test_option_effects::test_lm_also_test_scores_each_named_corpus"},
     "recall": {f: f"{SETTINGS}::test_every_recall_option_shapes_the_data"
-               for f in ("n_keys", "n_values", "pairs", "queries", "train_size", "test_size", "data_seed")},
+               for f in ("n_keys", "n_values", "pairs", "queries", "train_size", "test_size", "data_seed")}
+              | {"seq_len": "test_recall_zoology::test_zoology_layout_asks_each_key_for_its_value"},
     "mt": {
         "src": f"{SETTINGS}::test_translation_reads_the_options_languages_limits_and_budget",
         "tgt": f"{SETTINGS}::test_translation_reads_the_options_languages_limits_and_budget",
