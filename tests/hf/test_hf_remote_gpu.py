@@ -129,11 +129,27 @@ def test_exported_bf16_split_decode_on_gpu(tmp_path):
     got = torch.load(tmp_path / "got.pt")
     split, sdpa = got["split"], got["sdpa"]
     assert split["compiled"] and split["marked"] and split["calls"] > 0 and sdpa["calls"] == split["calls"]
-    assert torch.equal(split["tokens"], sdpa["tokens"])
     core = core.cuda().to(torch.bfloat16)
     with torch.no_grad():
-        _, logits = core.generate(ids.cuda(), NEW, attention_mask=mask.cuda(), return_logits=True)
-    logits = logits.float().cpu()
-    scale = logits.abs().max()
-    assert (split["logits"] - sdpa["logits"]).abs().max() / scale < 2e-2
-    assert (split["logits"][:, :4] - logits[:, :4]).abs().max() / scale < 2e-2  # before any token could part
+        tokens, logits = core.generate(ids.cuda(), NEW, attention_mask=mask.cuda(), return_logits=True)
+    tokens, logits = tokens.cpu()[:, -NEW:], logits.float().cpu()
+    tol = 2e-2 * logits.abs().max()
+    new = lambda run: run["tokens"][:, -NEW:]  # noqa: E731
+    agree_until_a_near_tie(new(split), split["logits"].float(), new(sdpa), sdpa["logits"].float(), tol)
+    agree_until_a_near_tie(new(split), split["logits"].float(), tokens, logits, tol)
+
+
+def agree_until_a_near_tie(tokens_a, logits_a, tokens_b, logits_b, tol):
+    """Two bf16 greedy decodes of one model by different kernels: each step's logits agree within
+    ``tol`` as long as both rows have fed the same tokens, and where the greedy tokens first part,
+    the step is a near tie (its top two logits within ``tol`` in both runs), which rounding may
+    break either way; a wrong kernel parts at a clear choice or disagrees beyond ``tol``."""
+    for r in range(tokens_a.shape[0]):
+        differ = (tokens_a[r] != tokens_b[r]).nonzero()
+        upto = int(differ[0]) if len(differ) else tokens_a.shape[1]
+        steps = min(upto + 1, tokens_a.shape[1])  # step ``upto`` still read the same inputs
+        assert (logits_a[r, :steps] - logits_b[r, :steps]).abs().max() < tol, (r, upto)
+        if upto < tokens_a.shape[1]:
+            for logits in (logits_a, logits_b):
+                top = logits[r, upto].topk(2).values
+                assert top[0] - top[1] < 2 * tol, (r, upto, top)
