@@ -90,6 +90,7 @@ ids, mask, new = torch.load(inputs)
 model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.bfloat16)
 model = model.cuda().eval()
 decode = sys.modules[type(model).__module__.rsplit(".", 1)[0] + ".decode_mhe"]
+decode.VARLEN = decode.CAPABLE  # the split path on for the first run, whatever the shipped default
 op, calls = decode._OP, []
 decode._OP = lambda *a, **k: (calls.append(1), op(*a, **k))[1]  # traced once by the compiled step, then replayed
 kw = dict(attention_mask=mask.cuda(), max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None,
