@@ -18,7 +18,8 @@ exact, docs/recipes.md), and uptrained with the source's logits distilled (``-kd
 ``--distill-temperature``). Steps:
 
 1. pre-train the MHA source (or take ``--source RUN``, a finished run of the same settings);
-2. convert it once per distinct conversion, in this process on the first GPU, timing each (the
+2. convert it once per distinct conversion, in this process on the first GPU (the fits too, in
+   float64; the source's calibration read, recorded and scored once for all), timing each (the
    wall time the method adds; the source's calibration and scoring are timed apart);
 3. uptrain every (method, fraction, seed) as ``mhe pretrain --init-from`` processes spread over
    the GPUs (``--per-gpu`` at a time on each), started as soon as their conversion is written.
@@ -29,6 +30,16 @@ std of the uptrained perplexities and the runs' mean seconds) and ``methods.log`
 ``--budget-s`` the runs still going at the budget are stopped and the table says what finished;
 the same command into the same folder keeps the finished runs and conversions and resumes the
 stopped runs (as the study does).
+
+On a fresh machine, with the folder as a device call returned it (every file but the weights,
+which are over its 16 MiB a file), the same command makes again only what the unfinished runs
+need: a method whose runs all finished needs nothing; one with runs to do needs its conversion
+(made again when its weights did not come back) and, for ``-kd``, the source to distil from; a
+source needed without weights is pre-trained again (the folder that came back is kept as
+``NAME.no-weights``). Pre-training is seeded (``--seed`` 0: the initial weights, the data order)
+and so reproduces the source up to the GPU's nondeterministic kernels (atomic adds in backward
+passes: not bit for bit; the log gives both runs' scores).
+With every conversion kept and no ``-kd`` run left, no source is loaded at all.
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from uptraining.jobs import InlinePool, Job, Pool, common_sets, fraction_label, sets, train_job
+from uptraining.jobs import JOB_TIMES, InlinePool, Job, Pool, common_sets, fraction_label, sets, train_job
 
 
 @dataclass(frozen=True)
@@ -163,15 +174,45 @@ def visible_gpus() -> list[str]:
 ROW = "study-row.json"
 """A conversion's row, written beside it (what a later call keeps)."""
 
+SOURCE_ROW = "methods-source.json"
+"""The source's row (its score, KV cache, the seconds of its pre-training and calibration), under
+``runs/`` (what a later call keeps while the source is not made again)."""
+
+
+def has_weights(folder: Path) -> bool:
+    """Whether a run or converted folder holds a complete checkpoint: a device call's returned
+    archive leaves the weights out (files over 16 MiB), the rest of the folder comes back."""
+    from mhe.training.checkpoint import latest_checkpoint
+
+    return latest_checkpoint(folder / "checkpoints", report=lambda _msg: None) is not None
+
+
+def finished(folder: Path) -> bool:
+    """Whether a run finished in an earlier call (as :func:`uptraining.jobs.kept` keeps it)."""
+    return (folder / "results.json").is_file() and (folder / JOB_TIMES).is_file()
+
+
+def set_aside(folder: Path, log, why: str) -> None:
+    """Rename ``folder`` to ``NAME.no-weights`` (replacing an earlier one) so it is made again."""
+    import shutil
+
+    target = folder.with_name(f"{folder.name}.no-weights")
+    if target.exists():
+        shutil.rmtree(target)
+    folder.rename(target)
+    log(f"[redo] {folder.name}: {why}; the folder as it came back is {target.name}")
+
 
 def convert_one(conv, method: Method, out: Path, args, log) -> dict:
     """One conversion written to ``out``, timed; its row (kept from an earlier call into the same
-    folder: a conversion is written whole or not at all, its row beside it)."""
+    folder with its weights: a conversion is written whole or not at all, its row beside it)."""
     from mhe.convert.outputs import OutputFit
 
-    if (out / ROW).is_file():
+    if (out / ROW).is_file() and has_weights(out):
         log(f"[convert] {out.name}: kept from an earlier call")
         return json.loads((out / ROW).read_text())
+    if out.exists():
+        set_aside(out, log, "no weights (an archive returned without them)")
     t = time.time()
     fit = OutputFit(steps=args.fit_steps, lr=args.fit_lr) if method.fit == "outputs" else None
     model, rep = conv.convert(method.kind, out, options=method.options or None, output_fit=fit)
@@ -184,42 +225,88 @@ def convert_one(conv, method: Method, out: Path, args, log) -> dict:
     return row
 
 
-def run(args, s, out: Path, log) -> dict:
-    """Steps 1-3 of the module docstring; the conversions' rows and every job."""
-    from mhe.convert.runs import Converter
+def plan(args, s, runs: Path, source: Path) -> tuple[dict, list, bool]:
+    """Per method its uptraining jobs; the methods with runs still to do; and whether the source
+    is needed: to convert (a conversion to do, or whose weights did not come back), to distil from
+    (a ``-kd`` run to do), or for its row (not kept). Methods whose runs all finished need neither."""
+    jobs = {n: [uptrain(s, args, runs, source, n, f, seed) for seed in range(args.seeds) for f in args.fractions]
+            for n in args.methods}
+    todo = [n for n in args.methods if not all(finished(runs / j.name) for j in jobs[n])]
+    conv = [runs / f"convert-{METHODS[n].conversion}" for n in todo]
+    need = (not (runs / SOURCE_ROW).is_file() or any(METHODS[n].distill for n in todo)
+            or any(not ((c / ROW).is_file() and has_weights(c)) for c in conv))
+    return jobs, todo, need
 
+
+def make_source(args, s, runs: Path, pool, jobs: list, rows: dict, log) -> Path:
+    """The source run with its weights: ``--source``, or pre-trained here (again, when an earlier
+    call's came back without weights: seeded, so the same run up to the GPU's nondeterministic
+    kernels; both test perplexities are logged)."""
+    if args.source:
+        return Path(args.source)
+    source = runs / "pretrain-mha"
+    if source.exists() and not has_weights(source):
+        before = json.loads((source / "results.json").read_text())["score"] if finished(source) else None
+        set_aside(source, log, "no weights; pre-trained again from the same seed and data order"
+                  + (f" (it scored {before:.2f})" if before is not None else ""))
+    pre = train_job(s, runs, "mha", s.steps, "pretrain")
+    pool.start(pre)
+    while pool.running:
+        pool.poll()
+        time.sleep(1)
+    jobs.append(pre)
+    rows["_pretrain_seconds"] = pre.end - pre.start
+    return source
+
+
+def run(args, s, out: Path, log) -> dict:
+    """Steps 1-3 of the module docstring (what an earlier call into ``out`` finished is kept, and
+    only what the rest needs is made again); the conversions' rows and every job."""
     runs = out / "runs"
     gpus = [] if args.cpu_smoke else visible_gpus()
     pool = InlinePool(runs, log) if args.cpu_smoke else GpuPool(gpus, args.per_gpu, runs, log)
-    t0, jobs, rows = time.time(), [], {}
+    t0, jobs, rows, queue = time.time(), [], {}, []
     source = Path(args.source) if args.source else runs / "pretrain-mha"
-    if not args.source:
-        pre = train_job(s, runs, "mha", s.steps, "pretrain")
-        pool.start(pre)
-        while pool.running:
-            pool.poll()
-            time.sleep(1)
-        jobs.append(pre)
-        rows["_pretrain_seconds"] = pre.end - pre.start
+    planned, todo, need_source = plan(args, s, runs, source)
+    for n in args.methods:  # rows of conversions an earlier call made (those still needed are checked below)
+        row = runs / f"convert-{METHODS[n].conversion}" / ROW
+        if row.is_file():
+            rows[METHODS[n].conversion] = json.loads(row.read_text())
+    if not need_source:
+        log(f"[source] not needed: {'every run finished' if not todo else 'every conversion kept'}")
+        rows.update(json.loads((runs / SOURCE_ROW).read_text()))
+        queue = [j for n in todo for j in planned[n]]
+    else:
+        source = make_source(args, s, runs, pool, jobs, rows, log)
+        _convert_all(args, source, runs, todo, planned, rows, pool, queue, jobs, log)
+    stopped = _drain(pool, queue, jobs, wait=True, deadline=t0 + args.budget_s if args.budget_s else 0)
+    return {"rows": rows, "jobs": jobs, "stopped": stopped, "wall_s": time.time() - t0}
+
+
+def _convert_all(args, source: Path, runs: Path, todo: list, planned: dict, rows: dict, pool, queue: list,
+                 jobs: list, log) -> None:
+    """The source read, calibrated and scored once; every method with runs to do converted (each
+    conversion once) and its runs queued as soon as it is written."""
+    from mhe.accounting import kv_cache_bytes_per_token
+    from mhe.convert.runs import Converter
+
     t = time.time()
     with Converter(source, device="cpu" if args.cpu_smoke else "auto", split="test", calibration=args.calibration,
                    log=log) as conv:
-        from mhe.accounting import kv_cache_bytes_per_token
-
         rows["mha"] = {"ppl_source": conv.source_score()["score"],
                        "kv_bytes_per_token": kv_cache_bytes_per_token(conv.src.model)}
         conv.stats()
         rows["_source_seconds"] = time.time() - t
-        queue = []
-        for name in args.methods:
+        (runs / SOURCE_ROW).write_text(json.dumps({k: rows[k] for k in ("mha", "_source_seconds",
+                                                                         "_pretrain_seconds") if k in rows}))
+        done = set()
+        for name in todo:
             m = METHODS[name]
-            if m.conversion not in rows:
+            if m.conversion not in done:
                 rows[m.conversion] = convert_one(conv, m, runs / f"convert-{m.conversion}", args, log)
-            queue += [uptrain(s, args, runs, source, name, f, seed) for seed in range(args.seeds)
-                      for f in args.fractions]
+                done.add(m.conversion)
+            queue += planned[name]
             _drain(pool, queue, jobs, wait=False)
-    stopped = _drain(pool, queue, jobs, wait=True, deadline=t0 + args.budget_s if args.budget_s else 0)
-    return {"rows": rows, "jobs": jobs, "stopped": stopped, "wall_s": time.time() - t0}
 
 
 def _drain(pool, queue: list, jobs: list, *, wait: bool, deadline: float = 0) -> list:

@@ -6,6 +6,7 @@ test."""
 
 import json
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -62,3 +63,30 @@ def test_the_cpu_smoke_runs_every_stage(tmp_path):
     assert all(r["output_fit"] <= r["weight_fit"] for r in fit["output_fit"]["layers"])
     train = json.loads((out / "runs" / "uptrain-mhe-mul-outputs-kd-25pct-seed0" / "config.json").read_text())
     assert train["run"]["train"]["distill_from"] == str(out / "runs" / "pretrain-mha")
+
+
+@pytest.mark.slow
+def test_a_folder_returned_without_weights_resumes_with_only_what_is_left(tmp_path):
+    """The first call's folder as a device archive returns it (no weights): the same command
+    pre-trains the source again (for the -kd runs and the missing conversion), converts again
+    only what unfinished runs need and runs only those; with every run finished it loads nothing."""
+    root = require_data("wikitext-2/wiki.train.tokens.xz", "wikitext-2/wiki.valid.tokens.gz",
+                        "wikitext-2/wiki.test.tokens.gz", "ptb")
+    out = tmp_path / "m"
+    argv = ["--cpu-smoke", "--data-dir", str(root), "--out", str(out), "--methods", "mqa,mhe-mul-kd"]
+    assert methods().main(argv) == 0
+    runs = out / "runs"
+    for folder in ("pretrain-mha", "convert-mqa", "convert-mhe-mul"):
+        shutil.rmtree(runs / folder / "checkpoints")
+    redo = runs / "uptrain-mhe-mul-kd-25pct-seed1"
+    shutil.rmtree(redo)
+    first = json.loads((out / "summary.json").read_text())
+    assert methods().main(argv) == 0
+    log = (out / "methods.log").read_text().split("uptraining methods on")[-1]
+    assert "[redo] pretrain-mha" in log and "[redo] convert-mhe-mul" in log and "convert-mqa" not in log
+    assert (runs / "pretrain-mha.no-weights" / "results.json").is_file() and (redo / "results.json").is_file()
+    assert "[start] uptrain-mhe-mul-kd-25pct-seed1" in log and "[start] uptrain-mhe-mul-kd-25pct-seed0" not in log
+    again = json.loads((out / "summary.json").read_text())
+    assert again["source"]["ppl_source"] == pytest.approx(first["source"]["ppl_source"], rel=1e-4)  # seeded, CPU
+    assert methods().main(argv) == 0
+    assert "[source] not needed: every run finished" in (out / "methods.log").read_text()

@@ -62,7 +62,7 @@ def _split(weight: Tensor, bias: Tensor | None, d: int) -> Tensor:
     """``nn.Linear`` weight ``[h*d, m]`` (and bias ``[h*d]``) -> heads ``[h, m+1, d]``."""
     hd, m = weight.shape
     w = weight.detach().to(torch.float64).reshape(hd // d, d, m).transpose(1, 2)  # [h, m, d]
-    b = torch.zeros(hd // d, 1, d, dtype=torch.float64) if bias is None else \
+    b = torch.zeros(hd // d, 1, d, dtype=torch.float64, device=weight.device) if bias is None else \
         bias.detach().to(torch.float64).reshape(hd // d, 1, d)
     return torch.cat([w, b], 1)  # [h, m+1, d]
 

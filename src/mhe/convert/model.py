@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
 from torch import nn
 
 from mhe.attention.spec import AttentionSpec
+from mhe.convert.fit import small_solves
 from mhe.convert.heads import read_heads
 from mhe.convert.options import target_options, target_spec
 from mhe.convert.outputs import OutputFit, fit_outputs
@@ -53,7 +55,7 @@ def check_conversion(cfg, kind: str | AttentionSpec, n_kv_heads: int = 0, option
 def convert_model(model: nn.Module, kind: str | AttentionSpec, *, n_kv_heads: int = 0, options: dict | None = None,
                   calibration=None, align: bool = True, align_iters: int = 20,
                   naive: bool = False, output_fit: OutputFit | None = None, fit_batches=None,
-                  device="cpu") -> tuple[nn.Module, ConversionReport]:
+                  recorded: dict | None = None, device="cpu") -> tuple[nn.Module, ConversionReport]:
     """The ``kind`` model fitted to a trained multi-head (MHA, GQA or MQA) ``model``.
 
     Args:
@@ -73,7 +75,11 @@ def convert_model(model: nn.Module, kind: str | AttentionSpec, *, n_kv_heads: in
         naive: write the naive initialisation (mean of the heads, zero head embeddings).
         output_fit: then fit every sublayer to the source's sublayer outputs on ``fit_batches``
             (token id tensors or dicts of model inputs, at least two batches; the last ones held
-            out), on ``device`` (:mod:`mhe.convert.outputs`); None: the weight fit alone.
+            out; or ``recorded``, those outputs recorded once by
+            :func:`mhe.convert.outputs.record_sublayers`) (:mod:`mhe.convert.outputs`); None: the
+            weight fit alone.
+        device: where the fits run (the weight fits in float64, the output fit in the model's
+            dtype): a GPU when given one, else the CPU.
 
     Returns:
         (the converted model, on the CPU in the source's dtype and mode; the report: per
@@ -87,14 +93,15 @@ def convert_model(model: nn.Module, kind: str | AttentionSpec, *, n_kv_heads: in
     target = build_model(cfg.replace(attention=spec, attn_options=opts)).to(dtype)
     first = attention_modules(target)[0][1]
     kv = spec.kv_heads(cfg.n_heads, opts)  # the fitted K/V heads: 1, or gqa's groups
-    state, layers = _fit_sublayers(model, spec, kv, opts, stats or {}, align=align, align_iters=align_iters,
-                                   naive=naive)
+    state, layers = _fit_sublayers(model, spec, kv, opts, stats or {}, torch.device(device), align=align,
+                                   align_iters=align_iters, naive=naive)
     try:
         target.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
     except RuntimeError as e:
         raise MheError(f"the converted {spec.name} model does not take the fitted weights "
                        f"({str(e).splitlines()[0]})") from e
-    fitted = fit_outputs(model, target, fit_batches, output_fit, device) if output_fit and not naive else None
+    fitted = fit_outputs(model, target, fit_batches, output_fit, device, recorded) if output_fit and not naive \
+        else None
     target = target.train(model.training)
     rotary = rotary_fit(cfg, first.cfg.head_dim, spec, opts)
     report = ConversionReport(source=cfg.attention, kind=spec.name, layers=layers,
@@ -108,19 +115,23 @@ def convert_model(model: nn.Module, kind: str | AttentionSpec, *, n_kv_heads: in
     return target, report
 
 
-def _fit_sublayers(model: nn.Module, spec: AttentionSpec, kv: int, opts, stats: dict, **how) -> tuple[dict, list]:
-    """The target's state dict (the source's, every attention sublayer's weights fitted) and,
-    per sublayer, (name, errors)."""
+def _fit_sublayers(model: nn.Module, spec: AttentionSpec, kv: int, opts, stats: dict, device: torch.device,
+                   **how) -> tuple[dict, list]:
+    """The target's state dict (the source's, every attention sublayer's weights fitted, on the
+    CPU) and, per sublayer, (name, errors). Each sublayer's heads and statistics are fitted on
+    ``device`` in float64 (:func:`mhe.convert.fit.small_solves`)."""
     source_state = model.state_dict()
     modules = attention_modules(model)
     prefixes = tuple(f"{name}." for name, _ in modules)
     state = {k: v for k, v in source_state.items() if not k.startswith(prefixes)}
     layers = []
-    for name, mod in modules:
-        own = {k[len(name) + 1:]: v for k, v in source_state.items() if k.startswith(f"{name}.")}
-        heads = read_heads(own, n_heads=mod.cfg.n_heads, head_dim=mod.cfg.head_dim, where=name)
-        res = convert_sublayer(heads, spec, kv_heads=kv, stats=stats.get(name),
-                               rotary=rotary_fit(model.cfg, mod.cfg.head_dim, spec, opts), **how)
-        state.update({f"{name}.{k}": v for k, v in res.state.items()})
-        layers.append((name, res.errors))
+    with small_solves(device):
+        for name, mod in modules:
+            own = {k[len(name) + 1:]: v.to(device) for k, v in source_state.items() if k.startswith(f"{name}.")}
+            heads = read_heads(own, n_heads=mod.cfg.n_heads, head_dim=mod.cfg.head_dim, where=name)
+            own_stats = stats.get(name)
+            res = convert_sublayer(heads, spec, kv_heads=kv, rotary=rotary_fit(model.cfg, mod.cfg.head_dim, spec, opts),
+                                   stats=None if own_stats is None else own_stats.to(device), **how)
+            state.update({f"{name}.{k}": v.cpu() for k, v in res.state.items()})
+            layers.append((name, res.errors))
     return state, layers

@@ -140,22 +140,24 @@ def fit_sublayer(mod: nn.Module, data: list[tuple], fit: OutputFit) -> dict:
 
 
 def fit_outputs(source: nn.Module, target: nn.Module, batches, fit: OutputFit,
-                device: torch.device | str = "cpu") -> dict:
+                device: torch.device | str = "cpu", recorded: dict[str, list[tuple]] | None = None) -> dict:
     """Fit every attention sublayer of ``target`` (the weight-fitted conversion of ``source``,
     in place) to ``source``'s sublayer outputs on ``batches``, layer by layer with the source's
-    inputs, on ``device`` (both models are returned to the CPU). Returns the report's record:
-    the settings and, per sublayer, its :func:`fit_sublayer` record."""
-    if not batches:
+    inputs, on ``device`` (both models are returned to the CPU). ``recorded``: those inputs and
+    outputs already recorded (:func:`record_sublayers` of ``source`` on the batches; a study that
+    converts one source several times records it once), in place of running ``source`` here.
+    Returns the report's record: the settings and, per sublayer, its :func:`fit_sublayer` record."""
+    if recorded is None and not batches:
         raise MheError("the output fit needs calibration sequences (--calibration > 0 and a corpus, --data)")
-    batches = list(batches)
-    fit.split(batches)  # refuse too few batches before any work
+    fit.split(list(batches) if recorded is None else next(iter(recorded.values()), []))  # too few: refused first
     dtype = next(target.parameters()).dtype
     try:
-        recorded = record_sublayers(source.to(device), [_to(b, device) for b in batches])
+        if recorded is None:
+            recorded = record_sublayers(source.to(device), [_to(b, device) for b in batches])
         target.to(device)
         layers = []
         for name, mod in attention_modules(target):
-            data = [(x.to(dtype), kw, y.to(dtype)) for x, kw, y in recorded[name]]
+            data = [(x.to(device, dtype), _to(kw, device), y.to(device, dtype)) for x, kw, y in recorded[name]]
             layers.append({"sublayer": name, **fit_sublayer(mod, data, fit)})
     finally:
         source.cpu()

@@ -23,7 +23,7 @@ from torch import nn
 from mhe.attention.spec import AttentionSpec
 from mhe.convert.model import check_conversion, convert_model
 from mhe.convert.options import SPLITS, target_spec
-from mhe.convert.outputs import OutputFit
+from mhe.convert.outputs import OutputFit, record_sublayers
 from mhe.convert.report import ConversionReport
 from mhe.convert.sources import Source, data_task, load_source
 from mhe.convert.stats import input_stats
@@ -99,7 +99,7 @@ class Converter:
                 log("calibration: none without a corpus (--data); the fit uses the weights alone")
                 self.calibration = 0
         self._work = tempfile.TemporaryDirectory(prefix="mhe-convert-")
-        self._task, self._stats, self._source_score, self._batches = None, None, None, None
+        self._task, self._stats, self._source_score, self._batches, self._recorded = None, None, None, None, None
 
     def close(self) -> None:
         self._work.cleanup()
@@ -130,6 +130,17 @@ class Converter:
             self.src.model.cpu()
         return self._stats
 
+    def recorded(self) -> dict:
+        """Every attention sublayer's inputs and outputs on the calibration batches, as the source
+        computes them (:func:`mhe.convert.outputs.record_sublayers`, on the device): recorded once,
+        for every conversion with an output fit."""
+        if self._recorded is None:
+            try:
+                self._recorded = record_sublayers(self.src.model.to(self.device), self.batches())
+            finally:
+                self.src.model.cpu()
+        return self._recorded
+
     def source_score(self) -> dict | None:
         if self.evaluate and self._source_score is None:
             self._source_score = score(self.task, self.src, self.src.model, self.split, self.device)
@@ -145,11 +156,13 @@ class Converter:
         kind = target_spec(kind)
         check_conversion(self.src.model.cfg, kind, n_kv_heads, options)  # before any data is read
         out = _check_out(Path(out)) if out is not None else None
+        recorded = None
         if output_fit is not None and not naive:
             output_fit.split(self.batches())  # one line before the fit when there are too few sequences
+            recorded = self.recorded()
         model, report = convert_model(self.src.model, kind, n_kv_heads=n_kv_heads, options=options,
                                       calibration=self.stats(), align=align, naive=naive, output_fit=output_fit,
-                                      fit_batches=self.batches(), device=self.device)
+                                      fit_batches=self.batches(), recorded=recorded, device=self.device)
         report.options.update({"source": str(self.src.path), "origin": self.src.origin, "notes": self.src.notes})
         if self.unscored:
             report.options["not_scored"] = self.unscored

@@ -34,9 +34,16 @@ class InputStats:
     cos_mean: Tensor | None = None
     sin_mean: Tensor | None = None
 
+    def to(self, device: torch.device | str) -> "InputStats":
+        """The same statistics on ``device`` (where a conversion's fits run)."""
+        moved = {k: None if v is None else v.to(device) for k, v in
+                 (("mean", self.mean), ("second", self.second), ("cos_mean", self.cos_mean),
+                  ("sin_mean", self.sin_mean))}
+        return InputStats(count=self.count, **moved)
+
     def augmented_mean(self) -> Tensor:
         """E[x~] of x~ = [x, 1] ``[m+1]``."""
-        return torch.cat([self.mean, torch.ones(1, dtype=self.mean.dtype)])
+        return torch.cat([self.mean, torch.ones(1, dtype=self.mean.dtype, device=self.mean.device)])
 
     def rotated_mean(self, c: Tensor) -> Tensor:
         """E_t[R_t c_i^T x~_t] ``[n, d]`` for heads ``c`` ``[n, p, d]``: the mean over the
@@ -58,14 +65,14 @@ class InputStats:
     def gram(self) -> Tensor:
         """E[x~ x~^T] of the augmented input x~ = [x, 1] ``[m+1, m+1]``: output-space norms."""
         m = self.mean.shape[0]
-        g = torch.empty(m + 1, m + 1, dtype=torch.float64)
+        g = torch.empty(m + 1, m + 1, dtype=torch.float64, device=self.mean.device)
         g[:m, :m], g[:m, m], g[m, :m], g[m, m] = self.second, self.mean, self.mean, 1.0
         return g
 
     def centred_gram(self) -> Tensor:
         """The covariance of x~ (zero in the bias row): MHE-Add's objective once offsets are fitted."""
         m = self.mean.shape[0]
-        g = torch.zeros(m + 1, m + 1, dtype=torch.float64)
+        g = torch.zeros(m + 1, m + 1, dtype=torch.float64, device=self.mean.device)
         g[:m, :m] = self.second - torch.outer(self.mean, self.mean)
         return g
 

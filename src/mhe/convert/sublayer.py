@@ -136,7 +136,7 @@ def _align(h: Heads, fit, iters: int, stats: InputStats | None, rotary: RotaryFi
     """``h`` turned by the per-unit rotations that (locally) minimise the fit's objective: in
     weight space, or on the calibration inputs ``stats`` (MHE-Add); query/key rotations restricted
     to those that commute with RoPE when ``rotary`` is given (module docstring)."""
-    eye = torch.eye(h.d, dtype=h.q.dtype).expand(h.kv_heads, h.d, h.d)
+    eye = torch.eye(h.d, dtype=h.q.dtype, device=h.q.device).expand(h.kv_heads, h.d, h.d)
     turn_qk = procrustes if rotary is None else partial(rotary_procrustes, width=rotary.width)
     r_qk, r_v = eye, eye
     for _ in range(iters):

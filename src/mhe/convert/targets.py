@@ -106,7 +106,7 @@ def _mul_fit(h: Heads, naive: bool, qk_groups) -> tuple[dict[str, Tensor], dict[
     for r in ROLES:
         a = h.role(r)
         if naive:
-            w[r], s[r] = a.mean(0), torch.ones(h.n, h.d, dtype=a.dtype)
+            w[r], s[r] = a.mean(0), torch.ones(h.n, h.d, dtype=a.dtype, device=a.device)
         else:
             w[r], s[r] = rank1_scales(a, qk_groups if r in ("q", "k") else None)
     return w, s
@@ -144,7 +144,7 @@ def _sha(h: Heads, naive: bool, qk_groups) -> Fitted:
 
 def _add(h: Heads, naive: bool, stats: InputStats | None, rotated: bool) -> Fitted:
     """MHE-Add (module docstring); ``rotated``: the query/key offsets act after RoPE."""
-    xt = torch.zeros(h.m + 1, dtype=h.q.dtype)
+    xt = torch.zeros(h.m + 1, dtype=h.q.dtype, device=h.q.device)
     xt[-1] = 1.0
     if stats is not None:
         xt = stats.augmented_mean()
@@ -153,7 +153,7 @@ def _add(h: Heads, naive: bool, stats: InputStats | None, rotated: bool) -> Fitt
         a = h.role(r)
         w[r] = a.mean(0)  # [p, d]: W and b, the means of the heads
         if naive:
-            e_r = torch.zeros(h.n, h.d, dtype=a.dtype)
+            e_r = torch.zeros(h.n, h.d, dtype=a.dtype, device=a.device)
         elif rotated and r != "v" and stats is not None:
             e_r = after[r] = stats.rotated_mean(a - w[r])  # the mean rotated residual
         else:
