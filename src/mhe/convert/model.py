@@ -102,8 +102,7 @@ def convert_model(model: nn.Module, kind: str | AttentionSpec, *, n_kv_heads: in
                        f"({str(e).splitlines()[0]})") from e
     fitted = fit_outputs(model, target, fit_batches, output_fit, device, recorded) if output_fit and not naive \
         else None
-    target = target.train(model.training)
-    rotary = rotary_fit(cfg, first.cfg.head_dim, spec, opts)
+    target, rotary = target.train(model.training), rotary_fit(cfg, first.cfg.head_dim, spec, opts)
     report = ConversionReport(source=cfg.attention, kind=spec.name, layers=layers,
                               options={"n_kv_heads": kv, "cache_heads": first.cache_heads,
                                        "attn_options": dataclasses.asdict(opts), "align": align, "naive": naive,
