@@ -114,8 +114,9 @@ def decoder_params(cfg: ModelConfig) -> dict[str, int]:
     * ``attention``: L sublayers as :func:`attention_params` counts them, with the biases the
       model has (``attn_bias``: every projection; ``qkv_bias``: Q/K/V) and grouped K/V heads;
     * ``feed_forward``: per layer 2 m d_ff + d_ff + m (plain, with biases) or 3 m d_ff
-      (SwiGLU: gate, up and down, no biases);
-    * ``norms``: 2L + 1 normalisations of 2m (LayerNorm) or m (RMSNorm) each;
+      (SwiGLU: gate, up and down, no biases); 0 without one (``mlp="none"``);
+    * ``norms``: 2L + 1 normalisations (L + 1 without feed-forward sublayers) of 2m (LayerNorm)
+      or m (RMSNorm) each;
     * ``head``: the output projection V m when untied, 0 when tied to the embeddings;
     * ``total``: the sum, equal to counting the built model (tied weights once).
     """
@@ -124,10 +125,11 @@ def decoder_params(cfg: ModelConfig) -> dict[str, int]:
                        f"got arch={cfg.arch!r}, head={cfg.head!r}" + (", adaptive softmax" if cfg.adaptive_cutoffs else ""))
     m, L = cfg.d_model, cfg.n_layers
     attn = sublayer_params(cfg.spec, cfg.attention_config(causal=True))  # its grouping, biases, ...
-    ffn = 3 * m * cfg.d_ff if cfg.mlp == "swiglu" else 2 * m * cfg.d_ff + cfg.d_ff + m
+    ffn = {"swiglu": 3 * m * cfg.d_ff, "none": 0}.get(cfg.mlp, 2 * m * cfg.d_ff + cfg.d_ff + m)
     norm = m if cfg.norm == "rmsnorm" else 2 * m
+    n_norms = (L if cfg.mlp == "none" else 2 * L) + 1
     parts = {"embeddings": cfg.vocab_size * m + (cfg.max_len * m if cfg.positions == "learned" else 0),
-             "attention": L * attn, "feed_forward": L * ffn, "norms": (2 * L + 1) * norm,
+             "attention": L * attn, "feed_forward": L * ffn, "norms": n_norms * norm,
              "head": 0 if cfg.tie_embeddings else cfg.vocab_size * m}
     parts["total"] = sum(parts.values())
     return parts

@@ -45,10 +45,18 @@ AUTO_CLASSES = {
 as the start of fine-tuning: its classification or QA head then starts untrained)."""
 
 
+def check_exportable(cfg: ModelConfig) -> None:
+    """Refuse, in one line, the models no exported form holds: attention-only blocks."""
+    if cfg.mlp == "none":
+        raise MheError("a model without feed-forward sublayers (model.mlp='none') has no exported form; "
+                       "export models with model.mlp plain or swiglu")
+
+
 def remote_config(cfg: ModelConfig, **config_kwargs):
     """The standalone ``MheConfig`` of ``cfg`` (``config_kwargs``: e.g. ``eos_token_id``)."""
     from mhe.hf.remote.configuration_mhe import MheConfig
 
+    check_exportable(cfg)
     if cfg.adaptive_cutoffs:
         raise MheError("a model with an adaptive softmax (model.adaptive_cutoffs) has no exported form; "
                        "export models with a linear output layer")
@@ -80,6 +88,7 @@ def to_standard(model, family: str | None = None):
     from mhe.hf.weights import export_hf
 
     cfg = model.cfg
+    check_exportable(cfg)
     if family is not None and cfg.positions != "rotary":
         raise MheError(f"--family {family} chooses among Llama-style classes (rotary positions); this {cfg.arch} "
                        f"({cfg.positions} positions) exports as GPT-2/BERT/GPTBigCode: drop --family")

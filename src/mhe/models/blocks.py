@@ -26,8 +26,8 @@ class Block(nn.Module):
     """One transformer layer: self-attention, optional cross-attention, feed-forward.
 
     ``norm_first`` picks pre-LN (GPT-2, Llama) or post-LN (BERT, Vaswani et al.); ``cfg.norm``
-    LayerNorm or RMSNorm and ``cfg.mlp`` the plain or the SwiGLU feed-forward
-    (:mod:`mhe.models.layers`). The
+    LayerNorm or RMSNorm and ``cfg.mlp`` the plain or the SwiGLU feed-forward, or none
+    (attention-only: no feed-forward sublayer, no norm before it) (:mod:`mhe.models.layers`). The
     attention modules are built here from the config; the block never looks at
     which kind they are.
     """
@@ -40,7 +40,7 @@ class Block(nn.Module):
         self.cross_attn = build_sublayer(cfg, causal=False) if cross else None
         self.cross_norm = build_norm(cfg) if cross else None
         self.ffn = build_mlp(cfg)
-        self.ffn_norm = build_norm(cfg)
+        self.ffn_norm = build_norm(cfg) if self.ffn is not None else None
         self.drop = nn.Dropout(cfg.dropout)
 
     def _residual(self, x, norm, fn):
@@ -59,7 +59,7 @@ class Block(nn.Module):
         if self.cross_attn is not None:
             x = self._residual(x, self.cross_norm, lambda h: self.cross_attn(
                 h, positions=positions, context=context, mask=context_mask, cache=cross_cache, plan=plan))
-        return self._residual(x, self.ffn_norm, self.ffn)
+        return x if self.ffn is None else self._residual(x, self.ffn_norm, self.ffn)
 
 
 class Embeddings(nn.Module):
@@ -172,7 +172,7 @@ def init_gpt2(model: nn.Module, n_layers: int) -> None:
     std = 0.02 / math.sqrt(2 * n_layers)
     for block in model.modules():
         if isinstance(block, Block):
-            for lin in (getattr(block.self_attn, "out_proj", None), block.ffn.out_layer):
+            for lin in (getattr(block.self_attn, "out_proj", None), getattr(block.ffn, "out_layer", None)):
                 if isinstance(lin, nn.Linear):
                     nn.init.normal_(lin.weight, std=std)
         elif isinstance(block, Embeddings) and block.positions is not None:

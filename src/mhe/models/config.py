@@ -22,7 +22,7 @@ ARCHS: tuple[str, ...] = tuple(HEADS)
 
 POSITIONS = ("learned", "sinusoidal", "rotary")
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("plain", "swiglu")
+MLPS = ("plain", "swiglu", "none")
 
 
 @dataclass
@@ -46,6 +46,11 @@ class ModelConfig:
     no attention biases (``qkv_bias=True`` gives the query, key and value projections biases
     without the output projection, as Qwen2 has them), grouped K/V heads (``attention="gqa"``,
     ``attn_options.n_kv_heads``) and a tied or untied output head (``tie_embeddings``).
+
+    ``mlp="none"`` leaves the feed-forward sublayer (and its normalisation) out of every block:
+    attention-only layers, as Zoology's recall models have them (Arora et al. 2023: the state
+    mixer is the identity), whose feed-forward slows the forming of a recall circuit several
+    fold (``mhe.experiments.grid_presets``); ``d_ff`` is then unused.
     """
 
     arch: Literal[ARCHS]

@@ -114,6 +114,8 @@ def build_norm(cfg) -> nn.Module:
     return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
 
-def build_mlp(cfg) -> nn.Module:
-    """The feed-forward network ``cfg.mlp`` names."""
+def build_mlp(cfg) -> nn.Module | None:
+    """The feed-forward network ``cfg.mlp`` names; None for ``none`` (attention-only blocks)."""
+    if cfg.mlp == "none":
+        return None
     return SwiGLU(cfg) if cfg.mlp == "swiglu" else FeedForward(cfg)
