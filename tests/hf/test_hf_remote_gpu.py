@@ -87,24 +87,24 @@ sys.modules["mhe"] = None
 import torch, transformers
 folder, inputs, out = sys.argv[1:4]
 ids, mask, new = torch.load(inputs)
-model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.bfloat16)
-model = model.cuda().eval()
+load = lambda dtype: transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True,
+                                                                       dtype=dtype).cuda().eval()
+model = load(torch.bfloat16)
 decode = sys.modules[type(model).__module__.rsplit(".", 1)[0] + ".decode_mhe"]
-decode.VARLEN = decode.CAPABLE  # the split path on for the first run, whatever the shipped default
 op, calls = decode._OP, []
 decode._OP = lambda *a, **k: (calls.append(1), op(*a, **k))[1]  # traced once by the compiled step, then replayed
 kw = dict(attention_mask=mask.cuda(), max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None,
           pad_token_id=0, return_dict_in_generate=True, output_logits=True, cache_implementation="static")
 results = {}
 with torch.no_grad():
-    for name in ("split", "sdpa"):
+    for name, varlen, m in (("split", decode.CAPABLE, model), ("sdpa", False, model), ("fp32", False, load(torch.float32))):
+        decode.VARLEN = varlen  # the split path on for the first run, whatever the shipped default
         torch._dynamo.reset()
-        got = model.generate(ids.cuda(), **kw)
+        got = m.generate(ids.cuda(), **kw)
         cache = got.cache if getattr(got, "cache", None) is not None else got.past_key_values
-        results[name] = {"tokens": got.sequences.cpu(), "logits": torch.stack(got.logits, 1).cpu(),
+        results[name] = {"tokens": got.sequences.cpu(), "logits": torch.stack(got.logits, 1).float().cpu(),
                          "calls": len(calls), "marked": bool(getattr(cache, decode.FLAG, False)),
-                         "compiled": hasattr(model, "_compiled_call")}
-        decode.VARLEN = False  # the second run: SDPA's masked path
+                         "compiled": hasattr(m, "_compiled_call")}
 torch.save(results, out)
 """
 
@@ -112,11 +112,15 @@ torch.save(results, out)
 @cuda
 def test_exported_bf16_split_decode_on_gpu(tmp_path):
     """bf16, left-padded prompts, transformers' compiled static cache: the decode steps go through the
-    split kernel, with the greedy tokens of SDPA's masked path and logits within bf16 rounding of it
-    and of mhe's own bf16 ``generate``."""
+    split kernel (``decode_mhe``), with the greedy tokens and, within bf16 rounding, the logits of
+    SDPA's masked path and of the float32 model. The weights are moved by a small draw (``scale``
+    0.05): with large ones attention is a hard choice that one bf16 rounding flips, and two correct
+    kernels part by a third of the logits' range (as eager and compiled SDPA did on the card); here
+    bf16 stays within about 1.2% of float32 (2.9% allowed) while a kernel reading wrong keys moves
+    the logits by tens of percent."""
     torch.manual_seed(0)
     core = perturb(build_model("llama-tiny", attention="mhe-mul", n_layers=3, max_len=64, dropout=0.0,
-                               attn_dropout=0.0)).eval()
+                               attn_dropout=0.0), scale=0.05).eval()
     save_model(core, tmp_path / "out")
     ids = torch.randint(3, core.cfg.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
@@ -128,16 +132,13 @@ def test_exported_bf16_split_decode_on_gpu(tmp_path):
                           timeout=540)
     assert done.returncode == 0, done.stderr[-3000:]
     got = torch.load(tmp_path / "got.pt")
-    split, sdpa = got["split"], got["sdpa"]
-    assert split["compiled"] and split["marked"] and split["calls"] > 0 and sdpa["calls"] == split["calls"]
-    core = core.cuda().to(torch.bfloat16)
-    with torch.no_grad():
-        tokens, logits = core.generate(ids.cuda(), NEW, attention_mask=mask.cuda(), return_logits=True)
-    tokens, logits = tokens.cpu()[:, -NEW:], logits.float().cpu()
-    tol = 2e-2 * logits.abs().max()
+    split, sdpa, fp32 = got["split"], got["sdpa"], got["fp32"]
+    assert split["compiled"] and split["marked"] and split["calls"] > 0
+    assert sdpa["calls"] == fp32["calls"] == split["calls"] and not sdpa["marked"]  # the others never call it
+    tol = 3e-2 * fp32["logits"].abs().max()
     new = lambda run: run["tokens"][:, -NEW:]  # noqa: E731
-    agree_until_a_near_tie(new(split), split["logits"].float(), new(sdpa), sdpa["logits"].float(), tol)
-    agree_until_a_near_tie(new(split), split["logits"].float(), tokens, logits, tol)
+    for a, b in ((split, sdpa), (split, fp32), (sdpa, fp32)):
+        agree_until_a_near_tie(new(a), a["logits"], new(b), b["logits"], tol)
 
 
 def agree_until_a_near_tie(tokens_a, logits_a, tokens_b, logits_b, tol):
