@@ -25,10 +25,10 @@ _OP = getattr(torch.ops.aten, "_flash_attention_forward", None)
 CAPABLE = _OP is not None and any(a.name == "seqused_k" for a in _OP.default._schema.arguments)
 """This torch's FlashAttention-2 forward takes ``seqused_k`` (read once, here: not inside a compiled step)."""
 
-SPLIT_DECODE = False
-"""Whether decode steps take the split kernel. Off: in bf16 on an H200 its logits left SDPA's masked
-path's by far more than rounding while the tokens still agreed (the GPU test
-``test_exported_bf16_split_decode_on_gpu``, which sets :data:`VARLEN` itself); on once that test passes."""
+SPLIT_DECODE = True
+"""Whether decode steps take the split kernel (the policy; switch it off to compare with SDPA's
+masked path). On an H200 in bf16 its greedy tokens and logits are those of SDPA's masked path and,
+within bf16 rounding, of the float32 model (``test_exported_bf16_split_decode_on_gpu``)."""
 
 VARLEN = SPLIT_DECODE and CAPABLE
 """The split kernel is used where it fits (the policy and the capability)."""
