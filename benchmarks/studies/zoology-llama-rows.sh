@@ -8,8 +8,9 @@
 #                      attention-only decoders, widths 64-512, lengths 64-512 with 4-64 pairs, 11 entries
 #                      x 3 learning rates, then 3 seeds at the best rate, in pooled workers (WORKERS,
 #                      default 8 per GPU) -> RESULTS_DIR/recall-zoology. 880 runs, about 990,000 steps
-#                      of 32k-64k tokens: estimated (step counts and FLOPs, not measured) 45-60 minutes
-#                      of one H200, i.e. 5-7 calls of DEADLINE 540, or 12-16 minutes of four
+#                      of 32k-64k tokens. Measured: length 64 (226 runs) took about 16 minutes of a
+#                      shared H200 at 4 workers; the longer lengths are about 9x that work (roughly
+#                      2.5 hours at that rate, less with the card alone and 8 workers per GPU)
 #          llama-rows  mhe compare --preset gpu-llama-rows (PRESET: gpu-llama-rows-6x512): MHA, GQA, MQA,
 #                      SHA, MHE-Add, MHE-Mul in both rotary orders, 3 seeds, every run at once (WORKERS,
 #                      default 21) -> RESULTS_DIR/llama-rows (FOLDER to name it otherwise)
