@@ -179,6 +179,75 @@ def test_a_dense_mask_is_read_as_its_run(interpret):
     torch.testing.assert_close(by_range, gold(q, k, v, key_range), rtol=1e-12, atol=1e-12)
 
 
+def factored(b, hq, hk, s, d, dtype, add):
+    """A :class:`~mhe.attention.kernels.FactoredQuery` of MHE under rotary positions (one shared
+    query a row, per-head factors near 1 or offsets near 0) and a cache ``k, v``."""
+    shared, k, v = inputs(b, 1, hk, s, d, dtype)
+    f = torch.randn(hq, d, dtype=dtype) * 0.5 + (0.0 if add else 1.0)
+    return kernels.FactoredQuery(shared, f, add=add), k, v
+
+
+@needs_triton
+@pytest.mark.parametrize("add", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_factors_applied_in_the_kernel_equal_the_heads_made_first(interpret, add, dtype, splits):
+    """MHE-Mul's factors (MHE-Add's offsets) applied as the kernel loads the one shared query:
+    the same numbers as the heads made first and handed to the kernel (the unfused path), to the
+    bit (the product is rounded to the query's dtype as torch's is), and the literal softmax over
+    those heads to 1e-12 in float64; 9 query heads over one K/V head, ragged rows."""
+    torch.manual_seed(3)
+    b, s, d = 3, 50, 16
+    fq, k, v = factored(b, 9, 1, s, d, dtype, add)
+    key_range = ragged_range(b, s, 40, [0, 7, 38])
+    heads = fq.heads()
+    got = launch(fq.shared, k, v, key_range[0], key_range[1], 1 / math.sqrt(d), splits=splits, factors=fq.factors,
+                 add=add)
+    assert torch.equal(got, launch(heads, k, v, key_range[0], key_range[1], 1 / math.sqrt(d), splits=splits))
+    if dtype == torch.float64:
+        torch.testing.assert_close(got, gold(heads, k, v, key_range), rtol=1e-12, atol=1e-12)
+
+
+@needs_triton
+def test_a_factored_query_reaches_the_kernel_and_other_kernels_get_its_heads(interpret, monkeypatch):
+    """``attend`` hands a factored query to ``split-k-decode`` whole (its factors reach the launch)
+    and makes the heads for a kernel that reads none (``sdpa``); both give the heads' numbers.
+    With :data:`~mhe.attention.triton_decode.FACTORS_IN_KERNEL` off the heads are made first."""
+    torch.manual_seed(5)
+    fq, k, v = factored(2, 6, 1, 30, 16, torch.float64, add=False)
+    key_range = ragged_range(2, 30, 20, [0, 6])
+    mask = AttentionMask(key_range=key_range[:2])
+    seen = []
+    monkeypatch.setattr(triton_decode, "launch", lambda *a, **kw: seen.append(kw.get("factors")) or launch(*a, **kw))
+    got = attend(fq, k, v, mask, kernel="split-k-decode")
+    assert seen[-1] is fq.factors
+    want = attend(fq.heads(), k, v, AttentionMask(dense=range_mask(key_range, 30)), kernel="sdpa")
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(attend(fq, k, v, AttentionMask(dense=range_mask(key_range, 30)), kernel="sdpa"), want,
+                               rtol=0, atol=0)
+    monkeypatch.setattr(triton_decode, "FACTORS_IN_KERNEL", False)
+    assert torch.equal(attend(fq, k, v, mask, kernel="split-k-decode"), got) and seen[-1] is None
+
+
+@needs_triton
+def test_compiled_factored_call_is_one_operator_with_the_eager_numbers(interpret):
+    """A factored query through ``mhe::split_k_decode`` (its factors and offset flag as the
+    operator's arguments) inside torch.compile, whole graph: the eager call's numbers."""
+    torch.manual_seed(6)
+    fq, k, v = factored(2, 4, 1, 30, 16, torch.float64, add=True)
+    key_range = ragged_range(2, 30, 20, [0, 6])
+
+    def step(shared, factors, k, v, offsets, used):
+        q = kernels.FactoredQuery(shared, factors, add=True)
+        return attend(q, k, v, AttentionMask(key_range=(offsets, used)), kernel="split-k-decode") * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    args = (fq.shared, fq.factors, k, v, *key_range[:2])
+    assert torch.equal(compiled(*args), step(*args))
+    torch._dynamo.reset()
+
+
 @needs_triton
 def test_compiled_call_is_one_operator_with_the_eager_numbers(interpret):
     """Inside torch.compile the launch is the ``mhe::split_k_decode`` operator (traced through its
@@ -265,10 +334,13 @@ def test_generation_through_the_kernel_equals_sdpa_in_float64(interpret, name, k
     mask[2, :5] = 0
     want, lw = model.generate(ids, 5, attention_mask=mask, kernel="sdpa", return_logits=True)
     launches = []
-    monkeypatch.setattr(triton_decode, "launch", lambda *a, **kw: launches.append(1) or launch(*a, **kw))
+    monkeypatch.setattr(triton_decode, "launch",
+                        lambda *a, **kw: launches.append(kw.get("factors") is not None) or launch(*a, **kw))
     session = model.generator(3, 12, kernel="split-k-decode")
     got, lg = model.generate(ids, 5, attention_mask=mask, session=session, return_logits=True)
     assert session.plan.kernel == "split-k-decode" and len(launches) == 2 * 4  # 2 layers, 4 steps
+    # MHE under rotary positions: its factors applied inside the kernel (kernels.FactoredQuery)
+    assert set(launches) == {name == "llama-tiny" and kind == "mhe-mul"}
     assert {c.k.shape[1] for c in session.caches} == {2 if kind == "gqa" else 1}
     torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
     assert torch.equal(got, want)

@@ -236,6 +236,34 @@ def test_bf16_generation_graph_equals_eager_and_tracks_sdpa(name, kind, opts):
     torch.testing.assert_close(lc.float(), la.float(), rtol=0.02, atol=0.05)
 
 
+@pytest.mark.parametrize("kind", ["mhe-mul", "mhe-add"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_factors_in_the_kernel_equal_the_unfused_heads(kind, dtype, monkeypatch):
+    """MHE under rotary positions with its per-head factors (offsets) applied inside the kernel
+    (``kernels.FactoredQuery``), against the heads made first by the compiled step (the unfused
+    path, ``FACTORS_IN_KERNEL`` off): the default compiled, captured generation, ragged
+    prompts; fp32 logits to 1e-5 and the same greedy tokens; bf16 the same first token and the
+    first decode step's logits within bf16's rounding."""
+    model = tiny("llama-tiny", kind, None, dtype)
+    ids, mask = prompts()
+    launches = []
+    real = triton_decode.launch
+    monkeypatch.setattr(triton_decode, "launch", lambda *a, **kw: launches.append(kw.get("factors") is not None)
+                        or real(*a, **kw))
+    fused, lf = model.generate(ids, 24, attention_mask=mask, session=model.generator(4, 40), return_logits=True)
+    monkeypatch.setattr(triton_decode, "FACTORS_IN_KERNEL", False)
+    torch._dynamo.reset()
+    plain, lp = model.generate(ids, 24, attention_mask=mask, session=model.generator(4, 40), return_logits=True)
+    assert launches and launches[0] and not launches[-1]  # traced once each way: with factors, then without
+    if dtype == torch.float32:
+        assert torch.equal(fused, plain)
+        torch.testing.assert_close(lf, lp, rtol=1e-5, atol=1e-5)
+    else:  # the unfused kernel rounds the rotated query once, after the factor; the fused one before it too
+        assert torch.equal(fused[:, 11], plain[:, 11])
+        torch.testing.assert_close(lf[:, 1].float(), lp[:, 1].float(), rtol=0.02, atol=0.05)
+    torch._dynamo.reset()
+
+
 def test_sampling_through_the_kernel_replays_the_eager_draws():
     model = tiny("llama-tiny", "mhe-mul", None, torch.float32)
     ids, mask = prompts()

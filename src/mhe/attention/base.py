@@ -101,7 +101,7 @@ class Attention(nn.Module):
             mask = masks.sublayer_mask(x, mask, context=context, cache=cache, causal=self.cfg.causal,
                                        plan=plan or DecodePlan.of(self.cfg.kernel))
         if context is None:
-            q, k, v = self._self_projections(x, positions)  # [B, h_q, T, d], 2 x [B, h_kv, T, d]
+            q, k, v = self._self_projections(x, positions)  # [B, h_q, T, d] or FactoredQuery; [B, h_kv, T, d]
             if cache is not None:
                 k, v = cache.update(k, v)  # [B, h_kv, L, d]: every position the cache holds
         else:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -83,23 +83,57 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 _READS_KEY_RANGE: set[str] = set()
 _ADDITIVE_MASK: set[str] = set()
+_READS_FACTORED: set[str] = set()
 
 
-def register_kernel(name: str, *, reads_key_range: bool = False, additive_mask: bool = False):
+class FactoredQuery(NamedTuple):
+    """The query heads of MHE under rotary positions, not yet made: one rotated query a row and
+    the per-head factors (MHE-Mul) or offsets (MHE-Add) that make its ``n`` heads,
+    ``head_i = shared * factors[i]`` (or ``+``). A kernel that reads it
+    (``register_kernel(..., reads_factored_query=True)``: ``split-k-decode``) applies them as it
+    loads the query, so a decode step writes no ``[B, n, 1, d]`` query (a kernel a layer fewer:
+    the rotation of the shared query joins the key's, same shape); :func:`attend` makes the heads
+    for every other kernel, as the sublayer did before.
+
+    Attributes:
+        shared: ``[B, 1, T, d]``, the rotated shared query.
+        factors: ``[n, d]``, in ``shared``'s dtype.
+        add: offsets (MHE-Add) rather than factors (MHE-Mul).
+    """
+
+    shared: torch.Tensor
+    factors: torch.Tensor
+    add: bool = False
+
+    def heads(self) -> torch.Tensor:
+        """``[B, n, T, d]``, laid out ``[B, T, n, d]`` as every kind's split query heads are."""
+        a = self.shared.transpose(1, 2)  # [B, T, 1, d]
+        return (a + self.factors if self.add else a * self.factors).transpose(1, 2)
+
+
+def register_kernel(name: str, *, reads_key_range: bool = False, additive_mask: bool = False,
+                    reads_factored_query: bool = False):
     """Function decorator adding an attention kernel under ``name``. ``reads_key_range``: for one
     causal query the kernel takes a run of keys per row (``key_range``) in place of a mask, and
     the model builds that instead (:func:`mhe.attention.masks.self_attention_mask`).
     ``additive_mask``: the kernel takes its mask as 0 / -inf in the query's dtype as well as
     boolean, and the forward converts it once for every layer
-    (:meth:`mhe.attention.masks.AttentionMask.for_kernel`)."""
+    (:meth:`mhe.attention.masks.AttentionMask.for_kernel`). ``reads_factored_query``: the kernel
+    takes a :class:`FactoredQuery` as ``q`` (and makes its heads itself where it cannot apply it)."""
     def deco(fn: Kernel) -> Kernel:
         _KERNELS[name] = fn
-        if reads_key_range:
-            _READS_KEY_RANGE.add(name)
-        if additive_mask:
-            _ADDITIVE_MASK.add(name)
+        for flag, names in ((reads_key_range, _READS_KEY_RANGE), (additive_mask, _ADDITIVE_MASK),
+                            (reads_factored_query, _READS_FACTORED)):
+            if flag:
+                names.add(name)
         return fn
     return deco
+
+
+def reads_factored_query(name: str) -> bool:
+    """Whether kernel ``name`` takes a :class:`FactoredQuery` (else :func:`attend` makes the heads)."""
+    _loaded(name)
+    return name in _READS_FACTORED
 
 
 def takes_additive_mask(name: str) -> bool:
@@ -128,13 +162,15 @@ def check_kernel(name: str) -> str:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask | None = None, *,
            dropout_p: float = 0.0, scale: float | None = None, kernel: str = "sdpa") -> torch.Tensor:
-    """Attend ``q: [B, h_q, T, d]`` over ``k, v: [B, h_kv, S, d]`` with the named kernel, under
+    """Attend ``q: [B, h_q, T, d]`` (or a :class:`FactoredQuery`) over ``k, v: [B, h_kv, S, d]`` with the named kernel, under
     ``mask``, the finished :class:`~mhe.attention.masks.AttentionMask` of what each query may see
     (built in :mod:`mhe.attention.masks`; None: every key). A kernel that reads key ranges gets the
     mask's ``key_range`` (one contiguous run of keys per row) where it has one; the others get its
     dense form as they read it (:meth:`~mhe.attention.masks.AttentionMask.for_kernel`), or SDPA's
     ``is_causal`` for a causal mask with no dense form (as many keys as queries)."""
     fn = get_kernel(kernel)
+    if isinstance(q, FactoredQuery) and not reads_factored_query(kernel):
+        q = q.heads()
     if mask is None:
         return fn(q, k, v, mask=None, is_causal=False, dropout_p=dropout_p, scale=scale)
     if mask.key_range is not None:
@@ -142,8 +178,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
             raise MheError(f"key_range is read by the key-range kernels only (flash-decode, split-k-decode), "
                            f"not by {kernel!r}")
         return fn(q, k, v, mask=None, is_causal=False, dropout_p=dropout_p, scale=scale, key_range=mask.key_range)
-    dense = mask.for_kernel(kernel, q.dtype)
-    if dense is None and mask.causal and q.shape[2] != k.shape[2]:
+    rows = q.shared if isinstance(q, FactoredQuery) else q
+    dense = mask.for_kernel(kernel, rows.dtype)
+    if dense is None and mask.causal and rows.shape[2] != k.shape[2]:
         raise MheError(f"a causal mask without a dense form reads as many keys as queries, got {q.shape[2]} queries "
                        f"over {k.shape[2]} keys; build the mask with mhe.attention.masks.self_attention_mask")
     return fn(q, k, v, mask=dense, is_causal=dense is None and mask.causal, dropout_p=dropout_p, scale=scale)

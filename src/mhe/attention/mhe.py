@@ -66,6 +66,7 @@ from torch import nn
 
 from mhe.attention.base import Attention, AttentionConfig
 from mhe.attention.fused_projections import fused_factors, fused_output, fused_projection
+from mhe.attention.kernels import FactoredQuery
 from mhe.attention.options import IMPLS, QUERY_FOLDS, ROPE_ORDERS, MHEOptions  # noqa: F401 (re-exported)
 from mhe.errors import MheError
 
@@ -148,8 +149,10 @@ class _MHEBase(Attention):
         q, k, v = (t.unsqueeze(1) for t in fused(x).chunk(3, -1))  # 3 x [B, 1, T, d]: the shared heads
         kept = fused_factors(self)
         factors = self._query_factors() if kept is None else kept
-        q = self._psi_factor(self._rotate(q, positions), factors)  # [B, n, T, d]
-        return q, self._rotate(k, positions), v
+        q = self._rotate(q, positions)
+        if not torch.is_grad_enabled():  # a view decoding: the kernel may make the heads as it loads them
+            return FactoredQuery(q, factors, add=not self.multiplicative), self._rotate(k, positions), v
+        return self._psi_factor(q, factors), self._rotate(k, positions), v  # [B, n, T, d]
 
     # --- fast path: the folded weights (docs/paper-notes.md, "MHE computed without n copies") ---
     def _query_factors(self) -> torch.Tensor:

@@ -43,7 +43,7 @@ import struct
 import torch
 
 from mhe.attention.flash_decode import _flash_capable, key_offsets, mask_range, range_mask
-from mhe.attention.kernels import register_kernel, sdpa_kernel
+from mhe.attention.kernels import FactoredQuery, register_kernel, sdpa_kernel
 
 try:
     import triton
@@ -92,18 +92,20 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-_merge_group_jit = None
-""":func:`_merge_group` compiled, set with the kernels (:func:`_jitted`): the split kernel calls it."""
+_merge_group_jit = _queries_jit = None
+""":func:`_merge_group` and :func:`_queries` compiled, set with the kernels (:func:`_jitted`): the split
+kernel calls them."""
 
 
-def _split_kernel(Q, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, COUNT, scale_hi, scale_lo, S, H_KV, SPLITS,
+def _split_kernel(Q, F, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, COUNT, scale_hi, scale_lo, S, H_KV, SPLITS,
                   sqb, sqh, skb, skh, sks, svb, svh, svs, sob, soh,
-                  G: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr, FUSED: tl.constexpr,
+                  G: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr, FUSED: tl.constexpr, FACTORS: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
                   ACC: tl.constexpr):
     """One chunk of one row's keys for the G query heads of one K/V head: its partial output
     (normalised within the chunk) and log-sum-exp, or, with one chunk, the output itself. With
-    ``FUSED``, the group's last program to finish merges the group's chunks (see :func:`launch`)."""
+    ``FUSED``, the group's last program to finish merges the group's chunks (see :func:`launch`).
+    ``FACTORS``: the heads made from one shared query (:func:`_queries`)."""
     split = tl.program_id(0)
     b = (tl.program_id(1) // H_KV).to(tl.int64)  # int64: a large cache's offsets pass 2**31
     h = (tl.program_id(1) % H_KV).to(tl.int64)
@@ -118,7 +120,7 @@ def _split_kernel(Q, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, COUNT, scale_hi, 
     heads = h * G + g  # the query heads that read K/V head h
     gmask = g < G
     dmask = dd < D
-    q = tl.load(Q + b * sqb + heads[:, None] * sqh + dd[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
+    q = _queries_jit(Q + b * sqb, F, heads, dd, gmask[:, None] & dmask[None, :], sqh, D, FACTORS, ACC)
     scale = tl.zeros([BLOCK_G], dtype=ACC) + scale_hi + scale_lo  # the scale in the accumulator's precision
     m_i = tl.zeros([BLOCK_G], dtype=ACC) - float("inf")
     l_i = tl.zeros([BLOCK_G], dtype=ACC)
@@ -154,6 +156,20 @@ def _split_kernel(Q, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, COUNT, scale_hi, 
                 tl.atomic_xchg(COUNT + b * H_KV + h, 0, sem="relaxed", scope="gpu")  # ready for the next launch
                 _merge_group_jit(PART_O, PART_LSE, OUT + b * sob, (b * H_KV + h) * G * SPLITS, SPLITS, soh, heads,
                                  G, D, BLOCK_G, BLOCK_D, BLOCK_S, ACC)
+
+
+def _queries(Q_ROW, F, heads, dd, qmask, sqh, D: tl.constexpr, FACTORS: tl.constexpr, ACC: tl.constexpr):
+    """A group's query heads ``[BLOCK_G, BLOCK_D]`` as loaded, or, with ``FACTORS`` (1: multiply,
+    2: add), made from the row's one shared query (``sqh`` 0) and the heads' rows of ``F``, each
+    rounded to the query's dtype as the unfused product is (kernels.FactoredQuery)."""
+    q = tl.load(Q_ROW + heads[:, None] * sqh + dd[None, :], mask=qmask, other=0.0)
+    if FACTORS != 0:
+        f = tl.load(F + heads[:, None] * D + dd[None, :], mask=qmask, other=0.0)
+        if FACTORS == 1:
+            q = (q.to(ACC) * f.to(ACC)).to(Q_ROW.dtype.element_ty)
+        else:
+            q = (q.to(ACC) + f.to(ACC)).to(Q_ROW.dtype.element_ty)
+    return q
 
 
 def _merge_group(PART_O, PART_LSE, OUT_ROW, first, SPLITS, soh, heads, G: tl.constexpr, D: tl.constexpr,
@@ -202,7 +218,8 @@ def _jitted(interpret: bool):
     """The two kernels compiled by Triton (or run by its interpreter): built at the first launch,
     so ``TRITON_INTERPRET`` set by then decides."""
     del interpret  # part of the cache key only: triton.jit reads the environment itself
-    globals()["_merge_group_jit"] = triton.jit(_merge_group)  # the split kernel calls it by this name
+    globals()["_merge_group_jit"] = triton.jit(_merge_group)  # the split kernel calls them by these names
+    globals()["_queries_jit"] = triton.jit(_queries)
     return triton.jit(_split_kernel), triton.jit(_merge_kernel)
 
 
@@ -245,10 +262,13 @@ def choose_splits(programs: int, keys: int, sms: int) -> int:
 
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tensor, used: torch.Tensor,
-           scale: float, splits: int | None = None, fused: bool | None = None) -> torch.Tensor:
+           scale: float, splits: int | None = None, fused: bool | None = None,
+           factors: torch.Tensor | None = None, add: bool = False) -> torch.Tensor:
     """The kernels on ``q: [B, h_q, 1, d]``, ``k, v: [B, h_kv, S, d]`` (any strides; a last one
     other than 1 is copied first), ``cum_k: [B + 1]`` and ``used: [B]`` int32; returns ``[B, h_q, 1, d]``.
-    ``splits``: chunks per row (default :func:`choose_splits`).
+    ``splits``: chunks per row (default :func:`choose_splits`). ``factors``: ``[h_q, d]`` in q's
+    dtype, with ``q: [B, 1, 1, d]`` one shared query a row (a :class:`~mhe.attention.kernels.FactoredQuery`):
+    head i is ``q * factors[i]`` (``add``: ``q + factors[i]``), made as the kernel loads it.
 
     ``fused`` (default: where the group's partials fit :data:`FUSED_MERGE_TILE`), where there are
     chunks to merge and :func:`_counters` has a counter buffer: one launch, not two.
@@ -262,14 +282,16 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tenso
     current one: a model on cuda:1 decoding eagerly while cuda:0 is current)."""
     if q.is_cuda and q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):
-            return _launch(q, k, v, cum_k, used, scale, splits, fused)
-    return _launch(q, k, v, cum_k, used, scale, splits, fused)
+            return _launch(q, k, v, cum_k, used, scale, splits, fused, factors, add)
+    return _launch(q, k, v, cum_k, used, scale, splits, fused, factors, add)
 
 
-def _launch(q, k, v, cum_k, used, scale, splits, fused) -> torch.Tensor:
+def _launch(q, k, v, cum_k, used, scale, splits, fused, factors=None, add=False) -> torch.Tensor:
     """:func:`launch` on the current card."""
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # the kernels step d by 1
     b, hq, _, d = q.shape
+    if factors is not None:
+        factors, hq = factors.contiguous(), factors.shape[0]
     hk, s = k.shape[1], k.shape[2]
     g = hq // hk
     sms = 8 if q.device.type == "cpu" else _sm_count(q.device.index or 0)
@@ -288,10 +310,11 @@ def _launch(q, k, v, cum_k, used, scale, splits, fused) -> torch.Tensor:
     scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # float arguments reach Triton as float32
     split_kernel, merge_kernel = _jitted(interpreting())
     split_kernel[(splits, b * hk)](
-        q, k, v, cum_k, used, out, part_o, part_lse, count if fused else used, scale_hi, scale - scale_hi, s, hk,
-        splits, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
-        v.stride(2), out.stride(0), out.stride(1),
-        G=g, D=d, DIRECT=splits == 1, FUSED=fused, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
+        q, q if factors is None else factors, k, v, cum_k, used, out, part_o, part_lse, count if fused else used,
+        scale_hi, scale - scale_hi, s, hk, splits, q.stride(0), 0 if factors is not None else q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1),
+        G=g, D=d, DIRECT=splits == 1, FUSED=fused, FACTORS=0 if factors is None else 2 if add else 1,
+        BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_S=block_s,
         ACC=tl.float64 if acc_dtype == torch.float64 else tl.float32, num_warps=TILE["num_warps"],
         num_stages=TILE["num_stages"])
@@ -304,23 +327,25 @@ def _launch(q, k, v, cum_k, used, scale, splits, fused) -> torch.Tensor:
 
 @torch.library.custom_op("mhe::split_k_decode", mutates_args=())
 def split_k_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tensor, used: torch.Tensor,
-                   scale: float) -> torch.Tensor:
+                   scale: float, factors: torch.Tensor | None = None, add: bool = False) -> torch.Tensor:
     """:func:`launch` as one operator that ``torch.compile`` traces without looking inside."""
-    return launch(q, k, v, cum_k, used, scale)
+    return launch(q, k, v, cum_k, used, scale, factors=factors, add=add)
 
 
 @split_k_decode.register_fake
-def _(q, k, v, cum_k, used, scale):
-    return q.new_empty(q.shape[0], q.shape[1], 1, q.shape[3])
+def _(q, k, v, cum_k, used, scale, factors=None, add=False):
+    return q.new_empty(q.shape[0], q.shape[1] if factors is None else factors.shape[0], 1, q.shape[3])
 
 
 def fast_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
-              dropout_p: float) -> bool:
-    """Whether ``split-k-decode`` runs its Triton kernels (else ``sdpa``)."""
+              dropout_p: float, heads: int | None = None) -> bool:
+    """Whether ``split-k-decode`` runs its Triton kernels (else ``sdpa``); ``heads``: the query
+    heads where ``q`` is one shared query (a factored one), default ``q.shape[1]``."""
+    heads = q.shape[1] if heads is None else heads
     here = (q.is_cuda and q.dtype in DTYPES and _flash_capable(q.device.index or 0)) or (
         q.device.type == "cpu" and interpreting())  # Ampere or newer (the products' bf16 tensor cores)
     return (triton is not None and here and k.dtype == q.dtype and v.dtype == q.dtype
-            and q.shape[2] == 1 and q.shape[1] % k.shape[1] == 0 and q.shape[-1] <= MAX_HEAD_DIM
+            and q.shape[2] == 1 and heads % k.shape[1] == 0 and q.shape[-1] <= MAX_HEAD_DIM
             and not is_causal and dropout_p == 0.0
             and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
@@ -328,12 +353,26 @@ def fast_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
                                   and mask.shape[1] == 1 and mask.shape[2] == 1)))
 
 
-@register_kernel("split-k-decode", reads_key_range=True)
+FACTORS_IN_KERNEL = True
+"""Whether the kernel applies a :class:`~mhe.attention.kernels.FactoredQuery`'s factors itself (else
+the heads are made first, by inductor's kernel inside a compiled step: the unfused path, which
+the tests compare it with)."""
+
+
+@register_kernel("split-k-decode", reads_key_range=True, reads_factored_query=True)
 def split_k_decode_kernel(q, k, v, *, mask, is_causal, dropout_p, scale, key_range=None):
     """``key_range``: ``(cum_seq_k [B + 1], used [B], ...)`` int32 in place of ``mask`` (see the
-    module docstring); ``mask``, when given, must allow one run of keys per row."""
+    module docstring); ``mask``, when given, must allow one run of keys per row. ``q`` may be a
+    :class:`~mhe.attention.kernels.FactoredQuery`, applied inside the kernel (:data:`FACTORS_IN_KERNEL`)."""
     s = k.shape[2]
-    if not fast_path(q, k, v, mask, is_causal, dropout_p):
+    factors, add = None, False
+    if isinstance(q, FactoredQuery):
+        if FACTORS_IN_KERNEL and q.factors.dtype == q.shared.dtype and \
+                fast_path(q.shared, k, v, mask, is_causal, dropout_p, heads=q.factors.shape[0]):
+            q, factors, add = q.shared, q.factors, q.add
+        else:
+            q = q.heads()
+    if factors is None and not fast_path(q, k, v, mask, is_causal, dropout_p):
         if key_range is not None:
             mask = range_mask(key_range, s)
         return sdpa_kernel(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale)
@@ -342,5 +381,5 @@ def split_k_decode_kernel(q, k, v, *, mask, is_causal, dropout_p, scale, key_ran
         key_range = key_offsets(start, s), used
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if torch.compiler.is_compiling():  # one opaque operator in the traced graph
-        return split_k_decode(q, k, v, key_range[0], key_range[1], scale)
-    return launch(q, k, v, key_range[0], key_range[1], scale)  # eager: no operator dispatch on the host
+        return split_k_decode(q, k, v, key_range[0], key_range[1], scale, factors, add)
+    return launch(q, k, v, key_range[0], key_range[1], scale, factors=factors, add=add)  # eager: no dispatch
