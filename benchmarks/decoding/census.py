@@ -26,6 +26,7 @@ Writes ``OUT/decode-census-CARD.json`` (a list of rows) and prints a table per r
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import torch
@@ -122,9 +123,17 @@ def layer_run(names: list[str], layers: int) -> tuple[int, int]:
     return 0, 0
 
 
+def kernel_family(name: str) -> str:
+    """A kernel's name without inductor's serial number: inductor generates one kernel twice (say
+    ``triton_per_fused_..._15`` and ``..._12``, a layer's RMSNorm) where alternate layers read
+    alternate buffers, so the same layer's kernels differ by that number alone."""
+    return re.sub(r"^(triton_\w+)_\d+$", r"\1", name)
+
+
 def census(kernels: list[tuple[str, float]], layers: int) -> dict:
-    """The step's kernels summed per category, and one layer's run of kernels (:func:`layer_run`)."""
-    names = [n for n, _ in kernels]
+    """The step's kernels summed per category, and one layer's run of kernels (:func:`layer_run`
+    over :func:`kernel_family` names)."""
+    names = [kernel_family(n) for n, _ in kernels]
     cats: dict[str, list] = {}
     for name, us in kernels:
         slot = cats.setdefault(category(name), [0, 0.0])

@@ -21,6 +21,20 @@ def test_layer_run_finds_the_repeating_block_past_a_prologue_and_a_different_las
     assert census.layer_run(["x", "a", "a", "b", "a", "a", "b", "y"], 2) == (1, 3)  # not the "a", "a" inside
 
 
+def test_a_layer_repeats_when_inductor_numbers_its_kernels_apart_in_alternate_layers():
+    """Compiled steps generate a layer's RMSNorm twice (``_15`` in even layers, ``_12`` in odd
+    ones): the census compares names without that number, so the layer repeats over every layer
+    (without it, no run repeats and the per-layer table came out empty on the GPU)."""
+    layer = lambda serial: [f"triton_per_fused_add_mean_rsqrt_{serial}", "nvjet_sm90_tst_24x64", "triton_poi_fused_silu_3"]
+    names = ["embedding"] + layer(15) + layer(12) + layer(15) + layer(12) + ["head"]
+    kernels = [(n, 1.0) for n in names]
+    got = census.census(kernels, 4)
+    assert (got["kernels_per_layer"], got["layers_repeating"], got["outside_layers"]) == (3, 4, 2)
+    assert census.layer_run(names, 4) == (1, 6)  # the raw names repeat every two layers only
+    assert census.kernel_family("triton_red_fused_mm_10") == "triton_red_fused_mm"
+    assert census.kernel_family("nvjet_sm90_tst_24x64_64x16_4x2_h_bz_TNN") == "nvjet_sm90_tst_24x64_64x16_4x2_h_bz_TNN"
+
+
 def step_census(kind: str, layers: int) -> dict:
     torch.manual_seed(0)
     cfg = floor.bench_config("llama-135m", kind, small=True, max_len=100, dropout=0.0,
