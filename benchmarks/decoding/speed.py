@@ -1,6 +1,7 @@
 """Decoding speed through the user API, ours beside Hugging Face's best, in one run on one card.
 
-    python benchmarks/decode.py speed OUT [--old-src OLD/src] [--modes graph] [--sections table,kernels]
+    python benchmarks/decode.py speed OUT [--old-src OLD/src] [--modes graph] [--kernels split-k-decode]
+        [--sections table,kernels]
     python benchmarks/decode.py speed OUT --cpu-smoke            # tiny sizes on a CPU, end to end
 
 For (batch, context) in 1x512, 64x512 and 64x4096 (256 new tokens), in bf16 on the GPU:
@@ -10,8 +11,10 @@ For (batch, context) in 1x512, 64x512 and 64x4096 (256 new tokens), in bf16 on t
 * ``build_model("gpt2-base", attention=K, max_len=P+N).to("cuda", torch.bfloat16).eval()`` then
   ``model.generate(ids, N, attention_mask=mask)`` for K in ``--kinds`` (MHA, MQA, MHE-Mul; random weights,
   greedy, no stop token, prefill included; the first call, then the median of 3 calls), in the
-  default step mode and in each of ``--modes`` (``step_mode=...``), with the decode steps alone
-  beside it (``(t_N - t_1) / (N - 1)``, ``t_1`` the same call for one token);
+  default step mode and in each of ``--modes`` (``step_mode=...``), and with each of ``--kernels``
+  in place of the policy's decode kernel (``kernel=...``; every row names the kernel its session
+  ran), with the decode steps alone beside it (``(t_N - t_1) / (N - 1)``, ``t_1`` the same call
+  for one token);
 * our HF adapter ``to_hf(model).generate(..., cache_implementation="static")`` for MHA and MHE-Mul
   (batch 1 and 64 at context 512);
 * kernels per generated token at batch 1 for every kind in every mode (``kernels``);
@@ -90,15 +93,17 @@ def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
     model = rows_mod.build(run.preset, kind, context, run.dev, run.dtype, run.smoke)
     ids, mask = rows_mod.prompts(model, batch, context - run.new, run.dev)
     auto = resolve_mode("auto", run.dev)
-    modes = ["auto"] + [m for m in run.modes if m != auto]
+    variants = [(f"auto ({auto})", {})] + [(m, {"step_mode": m}) for m in run.modes if m != auto]
+    variants += [(f"auto ({auto}), kernel {k}", {"kernel": k}) for k in run.kernels]  # a policy's alternative
     out = []
-    for mode in modes:
-        options = {} if mode == "auto" else {"step_mode": mode}
-        if run.smoke and mode == "compile":
+    for label, options in variants:
+        if run.smoke and options.get("step_mode") == "compile":
             options["compile_options"] = {"backend": "aot_eager"}  # a CPU smoke run: no C++ compiler needed
-        row = {"path": "model.generate", "mode": f"auto ({auto})" if mode == "auto" else mode,
+        row = {"path": "model.generate", "mode": label,
                **rows_mod.generate_row(model, ids, mask, run.new, run.dev, run.reps, **options)}
-        row["kv_mib"] = sum(c.nbytes() for c in generate_module._DEFAULT[model][-1].caches) / 2**20  # the session used
+        used = generate_module._DEFAULT[model][-1]  # the default session the calls ran in
+        row["kv_mib"] = sum(c.nbytes() for c in used.caches) / 2**20
+        row["kernel"] = used.plan.kernel if used.plan is not None else None
         if batch == 1 and "kernels" in run.sections:
             row.update(rows_mod.kernels_per_token(model, ids, mask, run.dev, **options))
         out.append(row)
@@ -136,6 +141,7 @@ class Run:
         self.settings = rows_mod.parse_settings("1x24,4x24,4x48" if a.cpu_smoke else a.settings)
         self.new = 8 if a.cpu_smoke else a.new
         self.modes = [m for m in a.modes.split(",") if m]
+        self.kernels = [k for k in a.kernels.split(",") if k]
         self.sections = set(a.sections.split(","))
         self.adapter_context = 24 if a.cpu_smoke else a.adapter_context
         self.start, self.rows = time.perf_counter(), []
@@ -175,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out", help="folder for decode-speed.md and decode-speed.json")
     ap.add_argument("--old-src", default="", help="an older tree's src folder: its model.generate rows too")
     ap.add_argument("--modes", default="graph,compile", help="step modes measured beside the default")
+    ap.add_argument("--kernels", default="", help="decode kernels measured beside the policy's, in the default "
+                                                  "mode (e.g. split-k-decode: GQA at batch 1)")
     ap.add_argument("--sections", default="table,kernels", help="table (always), kernels (per token)")
     ap.add_argument("--settings", default="1x512,64x512,64x4096", help="BATCHxCONTEXT, comma separated")
     ap.add_argument("--adapter-context", type=int, default=512, help="the adapter's rows up to this context")

@@ -1,0 +1,21 @@
+"""``benchmarks/decode.py speed`` at smoke sizes on a CPU: a ``--kernels`` row runs ``model.generate``
+with that decode kernel in place of the policy's, and every row names the kernel its session ran."""
+
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).parent.parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+from decoding import speed  # noqa: E402
+
+
+def test_a_kernels_row_runs_the_named_kernel_beside_the_policys(tmp_path):
+    speed.main([str(tmp_path), "--cpu-smoke", "--kinds", "mqa", "--modes", "", "--kernels", "eager-one-token",
+                "--sections", "table", "--no-peer", "--adapter-context", "0"])
+    rows = json.loads((tmp_path / "decode-speed.json").read_text())["rows"]
+    ours = [r for r in rows if r.get("path") == "model.generate"]
+    assert len(ours) == 2 * 3  # two rows (the policy's kernel, the named one) for each of the 3 smoke settings
+    for policy, forced in zip(ours[0::2], ours[1::2]):
+        assert forced["mode"].endswith("kernel eager-one-token") and forced["kernel"] == "eager-one-token"
+        assert policy["kernel"] != "eager-one-token" and policy["ms_per_token"] > 0 < forced["ms_per_token"]
