@@ -175,3 +175,19 @@ def test_mha_leaves_the_recall_plateau_at_the_smallest_cell(tmp_path, monkeypatc
     cfg = _smallest_cell("mha", "train.steps=600", "train.warmup_steps=60")
     res = run_training(cfg, tmp_path / "run", log=lambda m: None)
     assert res["score"] >= 0.85
+
+
+def test_the_grid_figure_names_every_row_of_every_panel(tmp_path):
+    """The legend lists each row once, whichever lengths it ran at: a grid whose longest length
+    has run only MHA so far still names MHE-Mul's and SHA's lines of the shorter one (the legend
+    was once the last panel's alone)."""
+    from mhe.experiments.grid_report import plot_grid
+    from mhe.experiments.plots import label
+
+    cell = lambda row, length, width: {"row": row, "length": length, "pairs": length // 16, "width": width,  # noqa: E731
+                                        "mean": 0.5, "std": 0.1, "kv_cache_bytes_per_token": width * 8}
+    rows = ["mha", "sha", "mhe-mul"]
+    cells = [cell(r, 64, w) for r in rows for w in (64, 128)] + [cell("mha", 128, 128)]
+    names = plot_grid({"cells": cells}, tmp_path / "f.png", x="width")
+    assert sorted(names) == sorted(label(r) for r in rows) and len(names) == 3
+    assert (tmp_path / "f.png").stat().st_size > 0

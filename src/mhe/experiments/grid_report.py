@@ -110,9 +110,11 @@ def _rates(summary):
     return sorted({lr for s in summary["sweep"] for lr in s["scores"]})
 
 
-def plot_grid(summary: dict, path: Path, *, x: str) -> None:
+def plot_grid(summary: dict, path: Path, *, x: str) -> list[str]:
     """One panel per sequence length, one line per row: the score against ``x`` (``width`` or
-    ``kv_cache_bytes_per_token``), each point the mean over seeds with its spread."""
+    ``kv_cache_bytes_per_token``), each point the mean over seeds with its spread. One legend
+    beside the panels names every row of every panel (a row may be missing from some lengths);
+    returns its labels."""
     plt = _plt()
     cells = summary["cells"]
     lengths = sorted({c["length"] for c in cells})
@@ -129,10 +131,15 @@ def plot_grid(summary: dict, path: Path, *, x: str) -> None:
         ax.set_xlabel("model width" if x == "width" else "KV cache per token (bytes, bf16)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("recall accuracy")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    named: dict[str, object] = {}
+    for ax in axes[0]:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            named.setdefault(name, handle)
+    fig.legend(list(named.values()), list(named), fontsize=7, loc="center right")
+    fig.tight_layout(rect=(0, 0, 1 - 1.3 / fig.get_figwidth(), 1))  # room on the right for the legend
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return list(named)
 
 
 def write_grid_summary(out: str | Path) -> dict:
