@@ -297,8 +297,9 @@ def test_autograd_and_dropout_keep_sdpa(interpret):
                                               ("gqa", {"n_kv_heads": 2}, True), ("mha", {}, False)])
 def test_policy_chooses_split_k_decode_where_triton_is(kind, opts, chosen, monkeypatch):
     """With Triton, every cache with fewer K/V heads than query heads (or one) decodes through
-    ``split-k-decode`` on CUDA, fp32 included; one short row keeps one kernel a layer
-    (``sdpa-expand`` for one K/V head, ``sdpa`` for a grouped cache). Without Triton the policy is as before (``test_flash_decode.py``)."""
+    ``split-k-decode`` on CUDA, fp32 included; one short row of one K/V head keeps cuDNN's one
+    kernel a layer (``sdpa-expand``), a grouped cache's takes the split kernel (cuDNN's tile for
+    grouped rows was slower). Without Triton the policy is as before (``test_flash_decode.py``)."""
     monkeypatch.setattr(triton_decode, "available", lambda: True)
     monkeypatch.setattr(kernels, "_cudnn_attention", lambda device: True)  # no card here
     attn = build_attention(kind, d_model=32, n_heads=4, **opts)
@@ -308,7 +309,7 @@ def test_policy_chooses_split_k_decode_where_triton_is(kind, opts, chosen, monke
     assert decode_kernel(attn, torch.device("cpu"), torch.bfloat16) == "sdpa"
     assert decode_kernel(attn, CUDA, torch.bfloat16, requested="flash-decode") == "flash-decode"
     short = decode_kernel(attn, CUDA, torch.bfloat16, batch=1, positions=EXPAND_MAX_POSITIONS)
-    assert short == ("sdpa-expand" if attn.cache_heads == 1 else "sdpa")  # one kernel a layer, not two
+    assert short == ("sdpa-expand" if attn.cache_heads == 1 else want)
     monkeypatch.setattr(triton_decode, "available", lambda: False)
     assert decode_kernel(attn, CUDA, torch.bfloat16, batch=8, positions=4096) == (
         "flash-decode" if attn.cache_heads == 1 else "sdpa")
@@ -372,3 +373,31 @@ def test_beam_search_through_the_kernel_equals_sdpa_in_float64(interpret, monkey
                            return_scores=True)
     assert torch.equal(got, want)
     torch.testing.assert_close(sg, sw, rtol=1e-12, atol=1e-12)
+
+
+@needs_triton
+def test_compiled_step_builds_the_key_range_once_for_every_layer(interpret):
+    """Inside a compiled decode step the key range is one ``mhe::decode_key_range`` operator a
+    forward, read by every layer's kernel (built as plain tensor code, inductor recomputed it in
+    each layer: two kernels a layer), and the step's logits stay the eager ones (float64)."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch.manual_seed(1)
+    model = build_model("llama-tiny", attention="gqa", attn_options={"n_kv_heads": 2}, **SMALL).double().eval()
+    ids = torch.randint(3, 99, (3, 7))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[2, :3] = 0
+    want, lw = model.generate(ids, 4, attention_mask=mask, kernel="split-k-decode", return_logits=True)
+    torch._dynamo.reset()
+    session = model.generator(3, 12, kernel="split-k-decode", step_mode="compile",
+                              compile_options={"backend": recording})
+    got, lg = model.generate(ids, 4, attention_mask=mask, session=session, return_logits=True)
+    torch._dynamo.reset()
+    calls = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert sum("split_k_decode" in c for c in calls) == SMALL["n_layers"]
+    assert sum("decode_key_range" in c for c in calls) == 1
+    torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
+    assert torch.equal(got, want)

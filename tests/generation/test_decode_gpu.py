@@ -106,3 +106,32 @@ def test_adapter_generate_runs_the_captured_step_on_cuda():
     assert torch.equal(got, model.generate(ids, 12, attention_mask=mask))
     session = generate_module._DEFAULT[model][-1]
     assert session.caches[0].k.shape[1] == 1 and session.mode in ("graph", "compile")
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["mha", "gqa", "mhe-mul"])
+def test_captured_prefill_replays_the_eager_prefill(kind, monkeypatch):
+    """A capturing session replays its prefill as a CUDA graph, one per prompt shape: the eager
+    kernels, so the same logits to the bit and the same tokens as an eager session, for ragged
+    left-padded and for unpadded prompts; a second call of a shape replays its graph, a new shape
+    gets its own, and prompts over ``PREFILL_GRAPH_TOKENS`` run eagerly."""
+    from mhe.generation import session as sessions
+
+    torch.manual_seed(0)
+    opts = {"n_kv_heads": 2} if kind == "gqa" else {}
+    model = build_model("llama-tiny", attention=kind, attn_options=opts).cuda().to(torch.bfloat16).eval()
+    ids, mask = prompts()
+    eager, graph = (model.generator(3, 40, step_mode=mode) for mode in ("eager", "graph"))
+    for args in ((ids, mask), (ids, None), (ids[:, 2:], mask[:, 2:])):
+        kw = dict(attention_mask=args[1], return_logits=True)
+        want, wl = model.generate(args[0], 12, session=eager, **kw)
+        for _ in range(2):
+            got, gl = model.generate(args[0], 12, session=graph, **kw)
+            assert torch.equal(got, want) and torch.equal(gl, wl)
+    assert sorted(graph.prefills.runners) == [(3, 7, True), (3, 9, False), (3, 9, True)]
+    assert not eager.prefills.runners
+    monkeypatch.setattr(sessions, "PREFILL_GRAPH_TOKENS", 3 * 9 - 1)
+    graph.prefills.clear()
+    got, gl = model.generate(ids, 12, session=graph, attention_mask=mask, return_logits=True)
+    want, wl = model.generate(ids, 12, session=eager, attention_mask=mask, return_logits=True)
+    assert not graph.prefills.runners and torch.equal(gl, wl)

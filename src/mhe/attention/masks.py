@@ -213,13 +213,39 @@ def decode_key_range(key_mask: torch.Tensor | None, start: int | torch.Tensor, k
     padding), must be left padding (False then True in every row). A few elementwise kernels,
     where building the dense mask and reading the run back from it costs more than the split-K
     attention saves.
+
+    Inside ``torch.compile`` (a tensor ``start``) the run is one opaque operator
+    (``mhe::decode_key_range``): inductor inlines cheap elementwise results into each consumer,
+    and every layer's kernel is an extern consumer, so built as plain tensor code the run was
+    recomputed by two small kernels in every layer (60 a step on llama-135m); as one operator
+    its few kernels run once a step.
     """
+    if torch.compiler.is_compiling() and isinstance(start, torch.Tensor):
+        return tuple(torch.ops.mhe.decode_key_range(key_mask, start, keys, batch))
+    return _key_range(key_mask, start, keys, batch=batch, device=device)
+
+
+def _key_range(key_mask, start, keys: int, *, batch: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`decode_key_range`'s tensors, built by plain tensor code."""
     offsets = torch.arange(0, (batch + 1) * keys, keys, dtype=torch.int32, device=device)  # [B + 1]: row starts
     queries = torch.arange(batch + 1, dtype=torch.int32, device=device)  # [B + 1]: cum_seq_q, one query a row
     if key_mask is None:  # every written position: the int32 [B] tensor decides the sum's dtype
         return offsets, torch.ones(batch, dtype=torch.int32, device=device) + start, queries
     first = key_mask.shape[1] - key_mask.sum(-1, dtype=torch.int32)  # [B]: each row's left padding
     return offsets + F.pad(first, (0, 1)), (start + 1 - first).to(torch.int32), queries
+
+
+@torch.library.custom_op("mhe::decode_key_range", mutates_args=())
+def _key_range_op(key_mask: torch.Tensor | None, start: torch.Tensor, keys: int,
+                  batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_key_range` as one operator that ``torch.compile`` keeps whole (see :func:`decode_key_range`)."""
+    return _key_range(key_mask, start, keys, batch=batch, device=start.device)
+
+
+@_key_range_op.register_fake
+def _(key_mask, start, keys, batch):
+    make = lambda n: torch.empty(n, dtype=torch.int32, device=start.device)  # noqa: E731
+    return make(batch + 1), make(batch), make(batch + 1)
 
 
 def _cover(key_mask: torch.Tensor | None, q_len: int, start, keys: int) -> torch.Tensor | None:

@@ -49,6 +49,14 @@ CHECK_EVERY = 8  # tokens between the host's reads of whether every row has stop
 REGIONS = 8  # captured regions (choice rules) a session keeps, the newest
 DEFAULT_SESSIONS = 2  # default sessions kept per model, the newest
 SESSION_ROUND = 64  # a default session's length is the request's, rounded up to a multiple of this
+PREFILL_GRAPH_TOKENS = 4096
+"""Prompt tokens (rows x length) up to which a session that captures its steps (``graph`` and
+``compile`` modes, on CUDA) also replays its prefill as a CUDA graph, one per prompt shape (the
+:data:`PREFILL_GRAPHS` newest kept). Such a prefill is bound by the host launching its eager
+kernels: llama-135m's 256-token prompt at batch 1 launches about 1,500 kernels in 3.4 ms of GPU
+time but took 44-57 ms eagerly, 4.1-4.4 ms replayed (docs/benchmarks.md). Larger prefills keep
+their GPU busy eagerly, and a graph would hold their activations in its own memory pool."""
+PREFILL_GRAPHS = 4  # captured prefills (prompt shapes) a session keeps, the newest
 
 
 @dataclass
@@ -269,6 +277,7 @@ class Generator(DecodeSession):
         self.key_mask = torch.ones(batch, max_len, dtype=torch.bool, device=self.device)  # [B, L] over the caches
         self.state = TokenState(batch, max_len, self.device)
         self.rng: torch.Generator | None = None  # a seeded call's private generator, made once
+        self.prefills = RunnerCache(PREFILL_GRAPHS)  # captured prefills by (rows, length, padded)
 
     def prefill(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor,
                 new_tokens: int) -> torch.Tensor:
@@ -285,13 +294,29 @@ class Generator(DecodeSession):
         elif not self.padded or _left_padded(prompt_mask):
             plan = kernels.decode_plan(self.model, self.device, self.dtype, batch=b, positions=self.max_len)
         self._build(plan)
-        for c in self.caches:
-            c.reset()
-        self.key_mask.fill_(True)
-        self.key_mask[:, :p] = prompt_mask
-        mask = masks.self_attention_mask(input_ids, self.key_mask if self.padded else None, keys=self.max_len)
-        return self.view(input_ids, attention_mask=mask, caches=self.caches, position_ids=positions,
-                         last_only=True, plan=self.plan).logits[:, -1]
+        region = self._prefill_region(p)
+        if self.mode == "eager" or self.device.type != "cuda" or b * p > PREFILL_GRAPH_TOKENS:
+            return region(input_ids, prompt_mask, positions)
+        run = self.prefills.get((b, p, self.padded), lambda: StepRunner(
+            region, (input_ids, prompt_mask, positions), mode="graph", device=self.device))
+        return run(input_ids, prompt_mask, positions)
+
+    def _prefill_region(self, p: int) -> Callable[..., torch.Tensor]:
+        """The prefill of prompts of ``p`` tokens as one region (ids, mask, positions) -> the
+        next token's logits ``[B, V]``: it empties the caches itself, so a capture's warm-ups
+        leave nothing to undo."""
+        view, caches, key_mask, plan, keys = self.view, self.caches, self.key_mask, self.plan, self.max_len
+        padded = self.padded
+
+        def region(input_ids, prompt_mask, positions):
+            for c in caches:
+                c.reset()
+            key_mask.fill_(True)
+            key_mask[:, :p] = prompt_mask
+            mask = masks.self_attention_mask(input_ids, key_mask if padded else None, keys=keys)
+            return view(input_ids, attention_mask=mask, caches=caches, position_ids=positions,
+                        last_only=True, plan=plan).logits[:, -1]
+        return region
 
     def rule(self, sampling: SamplingConfig, stop_ids: Sequence[int], min_new_tokens: int) -> Rule:
         """The rule of a call (its private generator seeded now)."""
@@ -358,8 +383,10 @@ class Generator(DecodeSession):
             view = shared_copy(model) if view is model else view  # never the model itself (weak reference)
             return fuse_projections(view)  # one product for Q, K, V: two kernels fewer a layer
         self.plan = plan  # the steps capture it: a new plan is a new build key, so new steps
-        if self.build((weights_version(model), plan, model.training), make) and self.caches is None:
-            self.caches = self.view.new_caches(self.batch, self.max_len, dtype=self.dtype, device=self.device)
+        if self.build((weights_version(model), plan, model.training), make):
+            self.prefills.clear()  # captured on the old view
+            if self.caches is None:
+                self.caches = self.view.new_caches(self.batch, self.max_len, dtype=self.dtype, device=self.device)
 
 
 def _left_padded(prompt_mask: torch.Tensor) -> bool:
