@@ -253,12 +253,13 @@ def test_graph_and_compiled_decode_equal_eager_with_flash_decode(kind):
 @cuda
 @pytest.mark.parametrize("kind", ["mqa", "mhe-mul"])
 def test_one_row_decodes_with_the_expanded_head_and_agrees_with_flash_decode(kind):
-    """Batch 1 takes ``sdpa-expand`` (the one K/V head expanded, not copied): the greedy tokens of
-    ``flash-decode`` and logits within bf16 rounding, compiled and captured as users run it."""
+    """``sdpa-expand`` (batch 1's kernel where Triton is missing: the one K/V head expanded, not
+    copied): the greedy tokens of ``flash-decode`` and logits within bf16 rounding, compiled and
+    captured as users run it."""
     torch.manual_seed(0)
     model = build_model("tiny-decoder", attention=kind, dropout=0.0, attn_dropout=0.0).cuda().bfloat16().eval()
     ids = torch.randint(0, 1024, (1, 9), device="cuda")
-    session = model.generator(1, 29)
+    session = model.generator(1, 29, kernel="sdpa-expand")
     got, lg = model.generate(ids, 20, session=session, return_logits=True)
     assert session.plan.kernel == "sdpa-expand"
     want, lw = model.generate(ids, 20, session=model.generator(1, 29, kernel="flash-decode"), return_logits=True)

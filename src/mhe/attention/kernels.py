@@ -423,11 +423,10 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     ``flash-decode`` otherwise (split-K FlashAttention over the keys, ``attention/flash_decode.py``).
     With Triton installed, every cache with fewer K/V heads than query heads (MQA, SHA, fast MHE,
     GQA) decodes with ``split-k-decode`` (``attention/triton_decode.py``: a group's query heads in
-    one tile, the keys split across the card), in fp32 too, except one short row of one K/V head in
-    bf16/fp16 on such a card (``sdpa-expand``). A grouped cache's one short row takes the split
-    kernel too: SDPA over its grouped query rows made cuDNN pick a 64-row tile for 3 rows, and
-    llama-135m's GQA step at batch 1 took 1.13 ms against 0.88 through ``split-k-decode``
-    (docs/benchmarks.md, "Kernels a layer").
+    one tile, the keys split across the card), in fp32 and at batch 1 too: llama-135m's step at
+    one row of 512 positions took 0.72 ms through it for MHE-Mul against 0.91 through
+    ``sdpa-expand``, and GQA's 0.88 against 1.13 through SDPA over grouped rows, where cuDNN picks
+    a 64-row tile for 3 rows (docs/benchmarks.md, "Kernels a layer").
     Else the configured kernel, which a model configured with another kernel keeps. ``dtype``:
     the decoding dtype (default: the weights').
     """
@@ -445,8 +444,6 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     one_head = all(a.cache_heads == 1 for a in cached)
     if triton_decode.available() and cached and all(a.cache_heads < a.cfg.n_heads or a.cache_heads == 1
                                                     for a in cached):
-        if one_short_row and one_head and not fp32 and _cudnn_attention(device):  # cuDNN's one kernel a layer
-            return "sdpa-expand"
         return "split-k-decode"
     if fp32:
         return "eager-one-token"
