@@ -6,7 +6,7 @@
 #
 # SECTION: recall      mhe compare --preset gpu-recall-zoology (PRESET to choose another grid): 2-layer
 #                      attention-only decoders, widths 64-512, lengths 64-512 with 4-64 pairs, 11 entries
-#                      x 3 learning rates, then 3 seeds at the best rate, in pooled workers (WORKERS,
+#                      x 3 learning rates (one more past an edge the best lies on), then 3 seeds at the best rate, in pooled workers (WORKERS,
 #                      default 8 per GPU) -> RESULTS_DIR/recall-zoology. 880 runs, about 990,000 steps
 #                      of 32k-64k tokens. Measured: length 64 (226 runs) took about 16 minutes of a
 #                      shared H200 at 4 workers; the longer lengths are about 9x that work (roughly

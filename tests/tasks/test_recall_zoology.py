@@ -11,7 +11,7 @@ import torch
 
 from mhe.cli import main
 from mhe.errors import MheError
-from mhe.experiments.grid import best_lr
+from mhe.experiments.grid import GridRun, Point, best_lr, edge_step, ladder
 from mhe.experiments.paired import paired_rows, paired_t
 from mhe.models import build_model, preset
 from mhe.tasks.recall import make_zoology_recall, scored_positions
@@ -191,3 +191,47 @@ def test_the_grid_figure_names_every_row_of_every_panel(tmp_path):
     names = plot_grid({"cells": cells}, tmp_path / "f.png", x="width")
     assert sorted(names) == sorted(label(r) for r in rows) and len(names) == 3
     assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_ladder_and_edge_step_bracket_the_best_rate():
+    assert [ladder(1e-2, 1), ladder(1e-3, -1), ladder(3e-4, -1), ladder(3e-3, 1)] == [3e-2, 3e-4, 1e-4, 1e-2]
+    assert edge_step({1e-3: 0.9, 3e-3: 0.5, 1e-2: 0.1}) == -1
+    assert edge_step({1e-3: 0.2, 3e-3: 0.5, 1e-2: 0.9}) == 1
+    assert edge_step({1e-3: 0.2, 3e-3: 0.9, 1e-2: 0.5}) == 0  # inside: bracketed
+    assert edge_step({1e-3: 1.0, 3e-3: 1.0, 1e-2: 0.1}) == 0  # a flat top: no rate to add
+
+
+def test_sweep_adds_a_rate_past_the_edge_its_best_lies_on(tmp_path):
+    """``Grid.extend``: a finished sweep whose best is its highest rate runs the next rate up (once,
+    handed out once), and the seeds follow at the best of the widened sweep; a flat top adds none."""
+    from dataclasses import replace
+
+    from mhe.experiments.grid_presets import GRIDS
+
+    grid = replace(GRIDS["cpu-recall-zoology"], lrs=(1e-3, 3e-3, 1e-2), seeds=3, extend=2)
+    state = GridRun(grid, tmp_path)
+    block, entry = grid.blocks[0], grid.blocks[0].entries[0]
+    group = (block, entry, 32, 4, 32)
+
+    def finish(lr, score, seed=0):
+        d = state.path(Point(*group, lr, seed))
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps({"score": score}))
+    for lr, score in ((1e-3, 0.2), (3e-3, 0.5), (1e-2, 0.8)):
+        finish(lr, score)
+    assert [p.lr for p in state.sweep(*group)] == [1e-3, 3e-3, 1e-2, 3e-2]
+    assert state.seeds_of(*group) == []  # the added rate first
+    last = Point(*group, 1e-2, 0)
+    assert [p.name() for p in state.next_after(last)] == [Point(*group, 3e-2, 0).name()]
+    assert state.next_after(last) == []  # handed out once
+    finish(3e-2, 0.9)  # the best again, at the new edge: one more (extend=2), then no more
+    assert [p.lr for p in state.sweep(*group)] == [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+    finish(1e-1, 0.3)
+    assert [(p.lr, p.seed) for p in state.next_after(Point(*group, 1e-1, 0))] == [(3e-2, 1), (3e-2, 2)]
+    flat = (block, entry, 32, 4, 64)
+    for lr, score in ((1e-3, 1.0), (3e-3, 1.0), (1e-2, 0.4)):
+        d = state.path(Point(*flat, lr, 0))
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps({"score": score}))
+    assert [p.lr for p in state.sweep(*flat)] == [1e-3, 3e-3, 1e-2]
+    assert [(p.lr, p.seed) for p in state.seeds_of(*flat)] == [(1e-3, 1), (1e-3, 2)]

@@ -6,7 +6,9 @@ from a sweep, then more seeds at that rate; Zoology's recall figure is such a gr
 Two phases, in one command: seed 0 of every entry, cell and width at each learning rate, then,
 as soon as a group's sweep is finished, seeds 1.. at its best rate (ahead of the sweeps still
 waiting, so groups finish whole) (the highest score; of equal
-scores the smallest rate). Runs go to ``OUT/runs/L{length}-d{width}-{block-}{entry}-lr{rate}-seed{s}``,
+scores the smallest rate). With ``Grid.extend``, a sweep whose best rate lies at an edge, strictly
+above its neighbour, first adds the next rate past that edge on the 1-3 ladder (1e-2 -> 3e-2,
+1e-3 -> 3e-4), up to ``extend`` rates, so that the chosen rate is bracketed where it can be. Runs go to ``OUT/runs/L{length}-d{width}-{block-}{entry}-lr{rate}-seed{s}``,
 are trained by a pool of long-lived workers (:mod:`mhe.experiments.pool`: hundreds of tiny runs,
 one process start per worker, not per run), and follow the rerun rule: finished runs are read, not
 trained again; unfinished ones continue with ``--resume``. ``OUT/grid.json`` records what was asked;
@@ -51,6 +53,7 @@ class Grid:
     seeds: int
     configure: Callable[[RunConfig, int, int, int], RunConfig]  # (cfg, length, pairs, width) -> cfg
     note: str = ""
+    extend: int = 0  # rates a sweep may add past the edge its best lies on (one at a time)
 
     def points(self):
         """(block, entry, length, pairs, width) of every group: the shortest sequences first (a
@@ -104,6 +107,26 @@ def kv_heads(cfg: RunConfig, n: int) -> RunConfig:
     return cfg
 
 
+def ladder(lr: float, step: int) -> float:
+    """The rate ``step`` half-decades from ``lr`` on the 1-3 ladder (..., 1e-3, 3e-3, 1e-2, 3e-2, ...)."""
+    k = round(2 * math.log10(lr)) + step
+    return float(f"{1 if k % 2 == 0 else 3}e{k // 2}")
+
+
+def edge_step(scores: dict[float, float]) -> int:
+    """-1 or +1 where the best of ``scores`` (by :func:`best_lr`) is the lowest or highest rate and
+    strictly above the next one; 0 where the best is inside or ties its neighbour (a flat top)."""
+    lrs = sorted(scores)
+    best = best_lr(scores)
+    if len(lrs) < 2 or best not in (lrs[0], lrs[-1]):
+        return 0
+    near = lrs[1] if best == lrs[0] else lrs[-2]
+    s, n = scores[best], scores[near]
+    if n is None or math.isnan(n):
+        return -1 if best == lrs[0] else 1
+    return (-1 if best == lrs[0] else 1) if s > n else 0
+
+
 def best_lr(scores: dict[float, float], higher_is_better: bool = True) -> float:
     """The rate of the best score; of equal scores the smallest rate; NaN scores lose."""
     def key(lr):
@@ -118,6 +141,7 @@ class GridRun:
 
     def __init__(self, grid: Grid, out: Path, overrides: list[str] | None = None, data_dir: str = ""):
         self.grid, self.out, self.overrides, self.data_dir = grid, Path(out), list(overrides or []), data_dir
+        self.handed: set[str] = set()  # runs next_after gave out (two runs ending together see one group)
 
     def path(self, p: Point) -> Path:
         return self.out / "runs" / p.name()
@@ -130,7 +154,19 @@ class GridRun:
         return json.loads(f.read_text())["score"] if f.is_file() else None
 
     def sweep(self, block, entry, length, pairs, width) -> list[Point]:
-        return [Point(block, entry, length, pairs, width, lr, 0) for lr in self.grid.lrs]
+        """Seed 0 at the grid's rates and at each rate the sweep added past an edge so far
+        (``Grid.extend``: one more while the finished sweep's best lies at an edge)."""
+        lrs = sorted(self.grid.lrs)
+        points = lambda: [Point(block, entry, length, pairs, width, lr, 0) for lr in lrs]  # noqa: E731
+        for _ in range(self.grid.extend):
+            done = points()
+            if not all(self.finished(p) for p in done):
+                break
+            step = edge_step({p.lr: self.score(p) for p in done})
+            if step == 0:
+                break
+            lrs = sorted(lrs + [ladder(lrs[0] if step < 0 else lrs[-1], step)])
+        return points()
 
     def seeds_of(self, block, entry, length, pairs, width) -> list[Point]:
         """Seeds 1.. at the group's best rate, once its sweep is finished ([] before)."""
@@ -150,16 +186,21 @@ class GridRun:
         return out
 
     def next_after(self, p: Point) -> list[Point]:
-        """What a finished run makes possible: its group's seeds once the sweep is complete."""
+        """What a finished run makes possible: the rate its group's sweep adds past an edge, or the
+        group's seeds once the sweep is complete; each run handed out once."""
         if p.seed != 0:
             return []
-        return [q for q in self.seeds_of(p.block, p.entry, p.length, p.pairs, p.width) if not self.finished(q)]
+        group = (p.block, p.entry, p.length, p.pairs, p.width)
+        added = [q for q in self.sweep(*group) if q.lr not in self.grid.lrs]
+        new = [q for q in added + self.seeds_of(*group) if not self.finished(q) and q.name() not in self.handed]
+        self.handed.update(q.name() for q in new)
+        return new
 
 
 def grid_record(name: str, grid: Grid, overrides: list[str]) -> dict:
     """What ``grid.json`` keeps: the preset and its axes, the --set items (``mhe report`` reads it)."""
     return {"grid": name, "task": grid.task, "cells": [list(c) for c in grid.cells], "widths": list(grid.widths),
-            "lrs": list(grid.lrs), "seeds": grid.seeds, "overrides": list(overrides),
+            "lrs": list(grid.lrs), "extend": grid.extend, "seeds": grid.seeds, "overrides": list(overrides),
             "blocks": [{"name": b.name, "preset": b.preset, "entries": list(b.entries)} for b in grid.blocks],
             "note": grid.note}
 
@@ -201,6 +242,7 @@ def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bo
             f"(mhe report --unpack {out})")
         return write_grid_summary(out)
     todo = state.todo()
+    state.handed.update(p.name() for p in todo)  # queued now: a finished run must not hand them out again
     unfinished = [p.name() for p in todo if is_run_dir(state.path(p))]
     if unfinished and not resume:
         raise MheError(f"{out} holds {len(unfinished)} unfinished run(s) of this grid ({', '.join(unfinished[:3])}"

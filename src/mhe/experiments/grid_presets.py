@@ -12,8 +12,9 @@ identity), every kind in a GPT-2 block (learned positions, LayerNorm), MHE-Mul i
 orders and MHA beside them in a Llama-style block (RMSNorm, rotary positions); heads of 16 at
 width 64 (4 heads), up to heads of 64 from width 256 (``max(4, width // 64)`` heads); GQA keeps
 half the heads as K/V heads; no dropout; AdamW with weight decay 0.1; Zoology's batches
-(:data:`RECALL_BATCH`). Each kind at its best of three learning rates (seed 0), then 3 seeds at
-that rate. :data:`RECALL_STEPS` per length, 10% warm-up, cosine: far fewer than Zoology's 64
+(:data:`RECALL_BATCH`). Each kind at its best of three learning rates (seed 0; where the best is
+an edge of the three and strictly above its neighbour, one more rate past that edge:
+``Grid.extend``), then 3 seeds at that rate. :data:`RECALL_STEPS` per length, 10% warm-up, cosine: far fewer than Zoology's 64
 epochs (which stop at 99% test accuracy), the same for every kind. ``--set train.steps=N``
 trains longer.
 
@@ -95,7 +96,8 @@ GRIDS = {
         "recall", _blocks(RECALL_KINDS, ROTARY_ENTRIES), ZOOLOGY_CELLS, ZOOLOGY_WIDTHS, (1e-3, 3e-3, 1e-2), 3,
         functools.partial(recall_zoology, steps=RECALL_STEPS, batch=RECALL_BATCH),
         note="issue 60: recall at Zoology's scale (2 layers, widths 64-512, lengths 64-512 with 4-64 pairs, "
-             "vocabulary 8,192); best of 3 learning rates, then 3 seeds"),
+             "vocabulary 8,192); best of 3 learning rates (one more past an edge the best lies on), then 3 seeds",
+        extend=1),
     # minutes on a CPU: the grid's machinery end to end (tests, a dry run of the chain)
     "cpu-recall-zoology": Grid(
         "recall", _blocks(("mha", "mhe-add"), ("mhe-mul rope-then-psi",)), ((32, 4), (64, 8)), (32, 64),
