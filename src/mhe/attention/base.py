@@ -32,6 +32,7 @@ from torch import nn
 
 from mhe.attention import kernels, masks
 from mhe.attention.kernels import DecodePlan
+from mhe.attention import kv_cache
 from mhe.attention.kv_cache import CachePosition, CrossCache, KVCache
 from mhe.attention.options import AttentionConfig, NoOptions  # noqa: F401 (re-exported)
 from mhe.attention.masks import AttentionMask
@@ -101,9 +102,10 @@ class Attention(nn.Module):
             mask = masks.sublayer_mask(x, mask, context=context, cache=cache, causal=self.cfg.causal,
                                        plan=plan or DecodePlan.of(self.cfg.kernel))
         if context is None:
-            q, k, v = self._self_projections(x, positions)  # [B, h_q, T, d] or FactoredQuery; [B, h_kv, T, d]
-            if cache is not None:
-                k, v = cache.update(k, v)  # [B, h_kv, L, d]: every position the cache holds
+            later = self._cache_rotates(x, cache)  # a decode step's keys rotated by the cache's write
+            q, k, v = self._self_projections(x, positions, rotate_keys=not later)  # [B, h_q|1, T, d]; [B, h_kv, T, d]
+            if cache is not None:  # [B, h_kv, L, d]: every position the cache holds
+                k, v = cache.update(k, v, rotary=self.rotary, positions=positions) if later else cache.update(k, v)
         else:
             q = self._queries(x, positions)  # [B, h_q, T, d]
             if cache is not None and cache.k is not None:
@@ -121,11 +123,24 @@ class Attention(nn.Module):
         ``2 x [B, h_kv, S, d]`` (what a :class:`CrossCache` stores)."""
         return self._keys_values(context, None)
 
-    def _self_projections(self, x: torch.Tensor, positions: torch.Tensor | None):
+    def _self_projections(self, x: torch.Tensor, positions: torch.Tensor | None, *, rotate_keys: bool = True):
         """Self-attention's queries ``[B, h_q, T, d]``, keys and values ``2 x [B, h_kv, T, d]``
         (one matrix product for all three once :func:`~mhe.attention.fused_projections.fuse_projections`
-        gave the sublayer a ``fused_proj``)."""
-        return (self._queries(x, positions), *self._keys_values(x, positions))
+        gave the sublayer a ``fused_proj``); ``rotate_keys=False``: the keys before their rotation
+        (for a cache that rotates them as it writes, :meth:`_cache_rotates`)."""
+        return (self._queries(x, positions), *self._keys_values(x, positions if rotate_keys else None))
+
+    @property
+    def keys_rotate_last(self) -> bool:
+        """The rotary embedding is the last thing :meth:`_keys_values` does to the keys, so the
+        cache may apply it (every kind but literal MHE that rotates before its head embeddings)."""
+        return True
+
+    def _cache_rotates(self, x: torch.Tensor, cache) -> bool:
+        """Whether this forward hands its one new token's keys to ``cache`` unrotated
+        (:data:`mhe.attention.kv_cache.ROTARY_WRITE`: one kernel rotates and writes them)."""
+        return (kv_cache.ROTARY_WRITE and self.rotary is not None and isinstance(cache, KVCache)
+                and x.shape[1] == 1 and self.keys_rotate_last)
 
     def projections_to_fuse(self) -> tuple[nn.Linear, ...] | None:
         """The projections of x whose stacked weights give ``_self_projections`` in one product

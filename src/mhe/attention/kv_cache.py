@@ -13,6 +13,13 @@ from mhe.compile_fallback import tracing
 from mhe.errors import MheError, require_positive
 
 
+ROTARY_WRITE = False
+"""Whether a self-attention sublayer under rotary positions hands a decode step's keys to its cache
+unrotated, for the cache to rotate them as it writes them (:mod:`mhe.attention.rotary_write`: one
+kernel where inductor launches two or three a layer). Off until the step with it has been timed
+against inductor's kernels on a card, in one run (docs/dev-notes.md, open thread 1)."""
+
+
 class CachePosition(nn.Module):
     """Where the next keys go: one 0-d long tensor, shared by the caches of every layer of a
     model (:func:`layer_caches`), since every layer writes the same positions in a forward.
@@ -71,18 +78,30 @@ class KVCache(nn.Module):
         """Bytes held by the key and value buffer."""
         return self.kv.numel() * self.kv.element_size()
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, k: torch.Tensor, v: torch.Tensor, *, rotary=None,
+               positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k, v: [B, h_kv, T, d]`` at positions ``index .. index + T - 1`` (advancing
         ``index`` by T if this cache :attr:`advances` it) and return the whole buffers
-        ``[B, h_kv, L, d]``."""
+        ``[B, h_kv, L, d]``. With ``rotary`` (a :class:`~mhe.attention.rotary.RotaryEmbedding`),
+        ``k`` is not rotated yet: it is written as ``rotary(k, positions)``, by one kernel where
+        :func:`mhe.attention.rotary_write.fast_path` holds."""
         _, b, h, _, d = self.kv.shape
         t = k.shape[2]
         if k.shape[0] != b or k.shape[1] != h or k.shape[3] != d:
             raise MheError(f"cache holds [B={b}, heads={h}, d={d}], got keys of shape {tuple(k.shape)}")
         if t > self.max_len or (not tracing() and int(self.index) + t > self.max_len):
             raise MheError(f"KV cache overflow: position {int(self.index)} + {t} new tokens > max_len {self.max_len}")
-        at = self.index.view(1) if t == 1 else self.index + torch.arange(t, device=k.device)  # [T]
-        self.kv.index_copy_(3, at, torch.stack((k, v)).to(self.kv.dtype))  # [2, B, h_kv, T, d]: one write
+        if rotary is not None:
+            from mhe.attention import rotary_write  # Triton's kernel: loaded only where a cache rotates
+
+            if not rotary_write.fast_path(self.kv, k, positions):
+                k = rotary(k, positions)
+            else:
+                rotary_write.write(self.kv, self.index, k, v, rotary, positions)
+                k = None
+        if k is not None:
+            at = self.index.view(1) if t == 1 else self.index + torch.arange(t, device=k.device)  # [T]
+            self.kv.index_copy_(3, at, torch.stack((k, v)).to(self.kv.dtype))  # [2, B, h_kv, T, d]: one write
         if self.advances:
             self.index.add_(t)
         return self.k, self.v

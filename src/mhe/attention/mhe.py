@@ -142,17 +142,22 @@ class _MHEBase(Attention):
         under rotary positions, which folds them at every step: :meth:`folded_output`)."""
         return self.folded_output() if not self.literal and self.rotary is not None else None
 
-    def _self_projections(self, x, positions):
+    @property
+    def keys_rotate_last(self) -> bool:
+        """The literal form under ``rope-then-psi`` embeds its keys after rotating them."""
+        return not (self.literal and self.cfg.options.rope_order == "rope-then-psi")
+
+    def _self_projections(self, x, positions, *, rotate_keys=True):
         fused = fused_projection(self)
         if fused is None or self.literal:
-            return super()._self_projections(x, positions)
+            return super()._self_projections(x, positions, rotate_keys=rotate_keys)
         q, k, v = (t.unsqueeze(1) for t in fused(x).chunk(3, -1))  # 3 x [B, 1, T, d]: the shared heads
         kept = fused_factors(self)
         factors = self._query_factors() if kept is None else kept
-        q = self._rotate(q, positions)
+        q, k = self._rotate(q, positions), self._rotate(k, positions if rotate_keys else None)
         if not torch.is_grad_enabled():  # a view decoding: the kernel may make the heads as it loads them
-            return FactoredQuery(q, factors, add=not self.multiplicative), self._rotate(k, positions), v
-        return self._psi_factor(q, factors), self._rotate(k, positions), v  # [B, n, T, d]
+            return FactoredQuery(q, factors, add=not self.multiplicative), k, v
+        return self._psi_factor(q, factors), k, v  # [B, n, T, d]
 
     # --- fast path: the folded weights (docs/paper-notes.md, "MHE computed without n copies") ---
     def _query_factors(self) -> torch.Tensor:

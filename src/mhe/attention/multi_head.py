@@ -52,14 +52,14 @@ class GroupedQueryAttention(Attention):
             type(self)._keys_values is GroupedQueryAttention._keys_values  # not SKV's, EL-att's
         return (self.q_proj, self.k_proj, self.v_proj) if own else None
 
-    def _self_projections(self, x, positions):
+    def _self_projections(self, x, positions, *, rotate_keys=True):
         fused = fused_projection(self)
         if fused is None:
-            return super()._self_projections(x, positions)
+            return super()._self_projections(x, positions, rotate_keys=rotate_keys)
         n, g, d = self.cfg.n_heads, self.n_kv_heads, self.cfg.head_dim
         q, k, v = fused(x).split([n * d, g * d, g * d], -1)  # [B, T, n*d], 2 x [B, T, g*d]
         q, k = self._split_heads(q, n), self._split_heads(k, g)
-        return self._rotate(q, positions), self._rotate(k, positions), self._split_heads(v, g)
+        return self._rotate(q, positions), self._rotate(k, positions if rotate_keys else None), self._split_heads(v, g)
 
 
 class SharedKeyValueAttention(GroupedQueryAttention):

@@ -1,0 +1,123 @@
+"""The cache's rotating write (``mhe.attention.rotary_write``): a decode step's keys rotated and
+written with their values by one kernel, against the rotary embedding and ``index_copy_`` it
+replaces (Triton's interpreter on CPU tensors, float64 and float32), through ``model.generate``
+for every kind that rotates its keys last, and as one operator inside a compiled step."""
+
+import pytest
+import torch
+
+from mhe.attention import kv_cache, rotary_write, triton_decode
+from mhe.attention.kv_cache import KVCache
+from mhe.attention.rotary import RotaryEmbedding
+from mhe.models import build_model
+
+needs_triton = pytest.mark.skipif(rotary_write.triton is None, reason="Triton is not installed (the interpreter "
+                                  "runs its kernel on a CPU)")
+
+
+@pytest.fixture
+def interpret():
+    if not triton_decode.interpreting():
+        pytest.skip("Triton's interpreter is on only without a GPU (TRITON_INTERPRET=1 before importing triton)")
+
+
+def new_keys(b, h, d, dtype):
+    """Keys and values ``[B, h, 1, d]`` as the fused Q/K/V product's split leaves them (strided)."""
+    qkv = torch.randn(b, 1, 3 * h * d, dtype=dtype)
+    k = qkv[..., h * d:2 * h * d].view(b, 1, h, d).transpose(1, 2)
+    v = qkv[..., 2 * h * d:].view(b, 1, h, d).transpose(1, 2)
+    return k, v
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_the_kernel_writes_what_the_embedding_and_index_copy_write(interpret, dtype, tol, fraction):
+    """Rows at different positions, a partly rotated head, keys read through the product's strides:
+    the cache equals the rotated keys and the values written by ``index_copy_`` at the write
+    position, and no other position changes."""
+    torch.manual_seed(0)
+    b, h, length, d = 3, 2, 12, 16
+    rotary = RotaryEmbedding(d, fraction=fraction, max_len=64)
+    k, v = new_keys(b, h, d, dtype)
+    positions = torch.tensor([[5], [0], [37]])
+    got = KVCache(b, h, length, d, dtype=dtype)
+    got.kv.normal_()
+    want = KVCache(b, h, length, d, dtype=dtype)
+    want.kv.copy_(got.kv)
+    got.index.fill_(7)
+    want.index.fill_(7)
+    assert rotary_write.fast_path(got.kv, k, positions)
+    got.update(k, v, rotary=rotary, positions=positions)
+    want.update(rotary(k, positions), v)
+    torch.testing.assert_close(got.kv, want.kv, rtol=tol, atol=tol)
+    assert torch.equal(got.kv[:, :, :, :7], want.kv[:, :, :, :7]) and int(got.index) == 8
+
+
+def test_refused_where_the_kernel_does_not_apply(monkeypatch):
+    """Several new tokens, autograd, or a CPU tensor outside the interpreter: the cache rotates
+    with the embedding and writes as before, with the same result."""
+    rotary = RotaryEmbedding(8, max_len=16)
+    cache = KVCache(1, 1, 6, 8, dtype=torch.float32)
+    k, v = torch.randn(1, 1, 2, 8), torch.randn(1, 1, 2, 8)
+    pos = torch.tensor([[0, 1]])
+    assert not rotary_write.fast_path(cache.kv, k, pos)
+    assert not rotary_write.fast_path(cache.kv, k[:, :, :1].requires_grad_(), pos[:, :1])
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not rotary_write.fast_path(cache.kv, k[:, :, :1], pos[:, :1])
+    cache.update(k, v, rotary=rotary, positions=pos)
+    assert torch.equal(cache.k[:, :, :2], rotary(k, pos))
+
+
+SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
+KINDS = [("mha", {}, True), ("gqa", {"n_kv_heads": 2}, True), ("mqa", {}, True), ("skv", {}, True),
+         ("mhe-mul", {}, True), ("mhe-add", {}, True), ("mhe-mul", {"rope_order": "psi-then-rope"}, True),
+         ("mhe-mul", {"impl": "reference"}, False)]  # literal, rope-then-psi: its keys embedded after the rotation
+
+
+@needs_triton
+@pytest.mark.parametrize("kind,opts,rotates", KINDS)
+def test_generation_with_the_rotating_write_equals_the_unfused_path(interpret, kind, opts, rotates, monkeypatch):
+    """``model.generate`` on a Llama-style decoder in float64, ragged left-padded prompts: with
+    ``ROTARY_WRITE`` every decode step's keys go through the kernel (2 layers x 4 steps) where the
+    kind rotates its keys last, and the logits equal the unfused path's to 1e-12."""
+    torch.manual_seed(0)
+    model = build_model("llama-tiny", attention=kind, attn_options=opts or None, **SMALL).double().eval()
+    ids = torch.randint(3, 99, (3, 7))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[1, :2] = 0
+    mask[2, :5] = 0
+    want, lw = model.generate(ids, 5, attention_mask=mask, return_logits=True)
+    launches, launch = [], rotary_write.launch
+    monkeypatch.setattr(rotary_write, "launch", lambda *a: launches.append(1) or launch(*a))
+    monkeypatch.setattr(kv_cache, "ROTARY_WRITE", True)
+    got, lg = model.generate(ids, 5, attention_mask=mask, session=model.generator(3, 12), return_logits=True)
+    assert len(launches) == (2 * 4 if rotates else 0)
+    torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
+    assert torch.equal(got, want)
+
+
+@needs_triton
+def test_a_compiled_step_holds_one_operator_a_layer(interpret, monkeypatch):
+    """Inside ``torch.compile`` the write is ``mhe::rotary_cache_write`` (one a layer, no
+    ``index_copy``), with the eager logits (float64)."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch.manual_seed(2)
+    model = build_model("llama-tiny", attention="gqa", attn_options={"n_kv_heads": 2}, **SMALL).double().eval()
+    ids = torch.randint(3, 99, (2, 6))
+    want, lw = model.generate(ids, 4, return_logits=True)
+    monkeypatch.setattr(kv_cache, "ROTARY_WRITE", True)
+    torch._dynamo.reset()
+    session = model.generator(2, 12, step_mode="compile", compile_options={"backend": recording})
+    got, lg = model.generate(ids, 4, session=session, return_logits=True)
+    torch._dynamo.reset()
+    steps = [[str(n.target) for n in g.graph.nodes if n.op in ("call_function", "call_method")] for g in graphs]
+    steps = [calls for calls in steps if any("rotary_cache_write" in c for c in calls)]  # not the token choice
+    assert len(steps) == 1 and sum("rotary_cache_write" in c for c in steps[0]) == SMALL["n_layers"]
+    assert not any("index_copy" in c for c in steps[0])
+    torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
+    assert torch.equal(got, want)
