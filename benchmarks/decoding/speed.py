@@ -1,7 +1,7 @@
 """Decoding speed through the user API, ours beside Hugging Face's best, in one run on one card.
 
     python benchmarks/decode.py speed OUT [--old-src OLD/src] [--modes graph] [--kernels split-k-decode]
-        [--sections table,kernels]
+        [--rotary-write] [--sections table,kernels]
     python benchmarks/decode.py speed OUT --cpu-smoke            # tiny sizes on a CPU, end to end
 
 For (batch, context) in 1x512, 64x512 and 64x4096 (256 new tokens), in bf16 on the GPU:
@@ -13,7 +13,8 @@ For (batch, context) in 1x512, 64x512 and 64x4096 (256 new tokens), in bf16 on t
   greedy, no stop token, prefill included; the first call, then the median of 3 calls), in the
   default step mode and in each of ``--modes`` (``step_mode=...``), and with each of ``--kernels``
   in place of the policy's decode kernel (``kernel=...``; every row names the kernel its session
-  ran), with the decode steps alone beside it (``(t_N - t_1) / (N - 1)``, ``t_1`` the same call
+  ran), and with ``--rotary-write`` once more with the cache's rotating write switched on
+  (``mhe.attention.kv_cache.ROTARY_WRITE``, in sessions of its own), with the decode steps alone beside it (``(t_N - t_1) / (N - 1)``, ``t_1`` the same call
   for one token);
 * our HF adapter ``to_hf(model).generate(..., cache_implementation="static")`` for MHA and MHE-Mul
   (batch 1 and 64 at context 512);
@@ -29,6 +30,7 @@ cut short keeps what it measured).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -95,17 +97,20 @@ def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
     auto = resolve_mode("auto", run.dev)
     variants = [(f"auto ({auto})", {})] + [(m, {"step_mode": m}) for m in run.modes if m != auto]
     variants += [(f"auto ({auto}), kernel {k}", {"kernel": k}) for k in run.kernels]  # a policy's alternative
+    variants += [(f"auto ({auto}), rotary write", {"rotary_write": True})] if run.rotary_write else []
     out = []
     for label, options in variants:
+        switch = options.pop("rotary_write", False)
         if run.smoke and options.get("step_mode") == "compile":
             options["compile_options"] = {"backend": "aot_eager"}  # a CPU smoke run: no C++ compiler needed
-        row = {"path": "model.generate", "mode": label,
-               **rows_mod.generate_row(model, ids, mask, run.new, run.dev, run.reps, **options)}
-        used = generate_module._DEFAULT[model][-1]  # the default session the calls ran in
-        row["kv_mib"] = sum(c.nbytes() for c in used.caches) / 2**20
-        row["kernel"] = used.plan.kernel if used.plan is not None else None
-        if batch == 1 and "kernels" in run.sections:
-            row.update(rows_mod.kernels_per_token(model, ids, mask, run.dev, **options))
+        with rotary_write(switch, model):
+            row = {"path": "model.generate", "mode": label,
+                   **rows_mod.generate_row(model, ids, mask, run.new, run.dev, run.reps, **options)}
+            used = generate_module._DEFAULT[model][-1]  # the default session the calls ran in
+            row["kv_mib"] = sum(c.nbytes() for c in used.caches) / 2**20
+            row["kernel"] = used.plan.kernel if used.plan is not None else None
+            if batch == 1 and "kernels" in run.sections:
+                row.update(rows_mod.kernels_per_token(model, ids, mask, run.dev, **options))
         out.append(row)
         run.note(f"{batch}x{context} {kind} {row['mode']}: {row['ms_per_token']:.3f} ms/token")
     if kind in ADAPTER_KINDS and (context <= run.adapter_context):
@@ -113,6 +118,25 @@ def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
     del model
     rows_mod.release(run.dev)
     return [{"batch": batch, "context": context, "kind": kind, **r} for r in out]
+
+
+@contextlib.contextmanager
+def rotary_write(on: bool, model):
+    """``kv_cache.ROTARY_WRITE`` set to ``on`` while one variant runs, its calls in default
+    sessions of their own (a session keeps the steps it captured with the other setting)."""
+    from mhe.attention import kv_cache
+    from mhe.generation.session import release_default_sessions
+
+    was = kv_cache.ROTARY_WRITE
+    if on != was:
+        release_default_sessions(model)
+    kv_cache.ROTARY_WRITE = on
+    try:
+        yield
+    finally:
+        kv_cache.ROTARY_WRITE = was
+        if on != was:
+            release_default_sessions(model)
 
 
 def old_rows(run) -> list[dict]:
@@ -142,6 +166,7 @@ class Run:
         self.new = 8 if a.cpu_smoke else a.new
         self.modes = [m for m in a.modes.split(",") if m]
         self.kernels = [k for k in a.kernels.split(",") if k]
+        self.rotary_write = a.rotary_write
         self.sections = set(a.sections.split(","))
         self.adapter_context = 24 if a.cpu_smoke else a.adapter_context
         self.start, self.rows = time.perf_counter(), []
@@ -183,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--modes", default="graph,compile", help="step modes measured beside the default")
     ap.add_argument("--kernels", default="", help="decode kernels measured beside the policy's, in the default "
                                                   "mode (e.g. split-k-decode: GQA at batch 1)")
+    ap.add_argument("--rotary-write", action="store_true", help="rows with the cache's rotating write beside the "
+                                                                 "default's (kv_cache.ROTARY_WRITE)")
     ap.add_argument("--sections", default="table,kernels", help="table (always), kernels (per token)")
     ap.add_argument("--settings", default="1x512,64x512,64x4096", help="BATCHxCONTEXT, comma separated")
     ap.add_argument("--adapter-context", type=int, default=512, help="the adapter's rows up to this context")
