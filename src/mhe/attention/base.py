@@ -102,10 +102,13 @@ class Attention(nn.Module):
             mask = masks.sublayer_mask(x, mask, context=context, cache=cache, causal=self.cfg.causal,
                                        plan=plan or DecodePlan.of(self.cfg.kernel))
         if context is None:
-            later = self._cache_rotates(x, cache)  # a decode step's keys rotated by the cache's write
-            q, k, v = self._self_projections(x, positions, rotate_keys=not later)  # [B, h_q|1, T, d]; [B, h_kv, T, d]
-            if cache is not None:  # [B, h_kv, L, d]: every position the cache holds
-                k, v = cache.update(k, v, rotary=self.rotary, positions=positions) if later else cache.update(k, v)
+            if self._cache_rotates(x, cache):  # a decode step's keys rotated as the cache writes them
+                q, k, v = self._self_projections(x, positions, rotate_keys=False)
+                k, v = cache.update(k, v, rotary=self.rotary, positions=positions)
+            else:
+                q, k, v = self._self_projections(x, positions)  # [B, h_q, T, d] or FactoredQuery; [B, h_kv, T, d]
+                if cache is not None:
+                    k, v = cache.update(k, v)  # [B, h_kv, L, d]: every position the cache holds
         else:
             q = self._queries(x, positions)  # [B, h_q, T, d]
             if cache is not None and cache.k is not None:
