@@ -121,3 +121,19 @@ def test_a_compiled_step_holds_one_operator_a_layer(interpret, monkeypatch):
     assert not any("index_copy" in c for c in steps[0])
     torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
     assert torch.equal(got, want)
+
+
+def test_switching_the_write_rebuilds_a_held_sessions_steps(monkeypatch):
+    """A session's captured steps keep what they were captured with, so ``ROTARY_WRITE`` is part
+    of what its view is built for: switching it makes a new view (and new steps) at the next call."""
+    torch.manual_seed(3)
+    model = build_model("llama-tiny", attention="mqa", **SMALL).eval()
+    ids = torch.randint(3, 99, (2, 5))
+    session = model.generator(2, 12)
+    model.generate(ids, 3, session=session)
+    before = session.view
+    model.generate(ids, 3, session=session)
+    assert session.view is before  # same weights, same setting: kept
+    monkeypatch.setattr(kv_cache, "ROTARY_WRITE", True)
+    model.generate(ids, 3, session=session)
+    assert session.view is not before

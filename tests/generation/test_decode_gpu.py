@@ -113,8 +113,8 @@ def test_adapter_generate_runs_the_captured_step_on_cuda():
 def test_captured_prefill_replays_the_eager_prefill(kind, monkeypatch):
     """A capturing session replays its prefill as a CUDA graph, one per prompt shape: the eager
     kernels, so the same logits to the bit and the same tokens as an eager session, for ragged
-    left-padded and for unpadded prompts; a second call of a shape replays its graph, a new shape
-    gets its own, and prompts over ``PREFILL_GRAPH_TOKENS`` run eagerly."""
+    left-padded and for unpadded prompts; a shape's first call runs eagerly, its second captures,
+    later ones replay, and prompts over ``PREFILL_GRAPH_TOKENS`` run eagerly."""
     from mhe.generation import session as sessions
 
     torch.manual_seed(0)
@@ -125,9 +125,10 @@ def test_captured_prefill_replays_the_eager_prefill(kind, monkeypatch):
     for args in ((ids, mask), (ids, None), (ids[:, 2:], mask[:, 2:])):
         kw = dict(attention_mask=args[1], return_logits=True)
         want, wl = model.generate(args[0], 12, session=eager, **kw)
-        for _ in range(2):
+        for calls in range(3):
             got, gl = model.generate(args[0], 12, session=graph, **kw)
             assert torch.equal(got, want) and torch.equal(gl, wl)
+            assert ((3, args[0].shape[1], args[1] is not None) in graph.prefills.runners) == (calls > 0)
     assert sorted(graph.prefills.runners) == [(3, 7, True), (3, 9, False), (3, 9, True)]
     assert not eager.prefills.runners
     monkeypatch.setattr(sessions, "PREFILL_GRAPH_TOKENS", 3 * 9 - 1)

@@ -44,7 +44,7 @@ def _rotary_write_kernel(K, V, COS, SIN, POS, INDEX, KV, H, skb, skh, svb, svh, 
                          R: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
     """One program a (row, K/V head): the rotated key and the value into the cache at ``INDEX``."""
     row = tl.program_id(0)
-    b, h = row // H, row % H
+    b, h = (row // H).to(tl.int64), (row % H).to(tl.int64)  # int64: a large cache's offsets pass 2**31
     i = tl.arange(0, BLOCK_D)
     live = i < D
     rotated = i < R

@@ -115,7 +115,8 @@ def ladder(lr: float, step: int) -> float:
 
 def edge_step(scores: dict[float, float]) -> int:
     """-1 or +1 where the best of ``scores`` (by :func:`best_lr`) is the lowest or highest rate and
-    strictly above the next one; 0 where the best is inside or ties its neighbour (a flat top)."""
+    strictly above the next one (a neighbour with no score, NaN: a diverged run, counts as below);
+    0 where the best is inside or ties its neighbour (a flat top)."""
     lrs = sorted(scores)
     best = best_lr(scores)
     if len(lrs) < 2 or best not in (lrs[0], lrs[-1]):

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from mhe.attention import kernels, masks
+from mhe.attention import kernels, kv_cache, masks
 from mhe.attention.folding import inference_view, shared_copy, weights_version
 from mhe.attention.fused_projections import fuse_projections
 from mhe.attention.masks import as_bool_mask
@@ -51,8 +51,9 @@ DEFAULT_SESSIONS = 2  # default sessions kept per model, the newest
 SESSION_ROUND = 64  # a default session's length is the request's, rounded up to a multiple of this
 PREFILL_GRAPH_TOKENS = 4096
 """Prompt tokens (rows x length) up to which a session that captures its steps (``graph`` and
-``compile`` modes, on CUDA) also replays its prefill as a CUDA graph, one per prompt shape (the
-:data:`PREFILL_GRAPHS` newest kept). Such a prefill is bound by the host launching its eager
+``compile`` modes, on CUDA) also replays its prefill as a CUDA graph, one per prompt shape,
+captured at the shape's second call (a capture costs about three eager prefills, so a length seen
+once runs eagerly; the :data:`PREFILL_GRAPHS` newest graphs are kept). Such a prefill is bound by the host launching its eager
 kernels: llama-135m's 256-token prompt at batch 1 launches about 1,500 kernels in 3.4 ms of GPU
 time but took 44-57 ms eagerly, 4.1-4.4 ms replayed (docs/benchmarks.md). Larger prefills keep
 their GPU busy eagerly, and a graph would hold their activations in its own memory pool."""
@@ -278,6 +279,7 @@ class Generator(DecodeSession):
         self.state = TokenState(batch, max_len, self.device)
         self.rng: torch.Generator | None = None  # a seeded call's private generator, made once
         self.prefills = RunnerCache(PREFILL_GRAPHS)  # captured prefills by (rows, length, padded)
+        self.prefills_seen: set[tuple] = set()  # prompt shapes prefilled once (eagerly) since the last capture
 
     def prefill(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor,
                 new_tokens: int) -> torch.Tensor:
@@ -294,10 +296,15 @@ class Generator(DecodeSession):
         elif not self.padded or _left_padded(prompt_mask):
             plan = kernels.decode_plan(self.model, self.device, self.dtype, batch=b, positions=self.max_len)
         self._build(plan)
-        region = self._prefill_region(p)
-        if self.mode == "eager" or self.device.type != "cuda" or b * p > PREFILL_GRAPH_TOKENS:
+        region, key = self._prefill_region(p), (b, p, self.padded)
+        capturing = self.mode != "eager" and self.device.type == "cuda" and b * p <= PREFILL_GRAPH_TOKENS
+        if not capturing or (key not in self.prefills.runners and key not in self.prefills_seen):
+            if capturing:  # a shape's first call: eager, remembered (a bounded record)
+                if len(self.prefills_seen) >= 64:
+                    self.prefills_seen.clear()
+                self.prefills_seen.add(key)
             return region(input_ids, prompt_mask, positions)
-        run = self.prefills.get((b, p, self.padded), lambda: StepRunner(
+        run = self.prefills.get(key, lambda: StepRunner(
             region, (input_ids, prompt_mask, positions), mode="graph", device=self.device))
         return run(input_ids, prompt_mask, positions)
 
@@ -383,7 +390,7 @@ class Generator(DecodeSession):
             view = shared_copy(model) if view is model else view  # never the model itself (weak reference)
             return fuse_projections(view)  # one product for Q, K, V: two kernels fewer a layer
         self.plan = plan  # the steps capture it: a new plan is a new build key, so new steps
-        if self.build((weights_version(model), plan, model.training), make):
+        if self.build((weights_version(model), plan, model.training, kv_cache.ROTARY_WRITE), make):
             self.prefills.clear()  # captured on the old view
             if self.caches is None:
                 self.caches = self.view.new_caches(self.batch, self.max_len, dtype=self.dtype, device=self.device)
