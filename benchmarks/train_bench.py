@@ -23,6 +23,8 @@ SUBCOMMANDS = {
     "fsdp": ("train.fsdp", "FSDP against DDP under torchrun, and a model only FSDP can train"),
     "factor-precision": ("train.factor_precision", "MHE-Mul's bf16 loss curve with float32 factors against rounded "
                                                    "ones"),
+    "recall-step": ("train.recall_step", "a run of the recall grid timed alone and N at once on one card, eager "
+                                         "and compiled"),
 }
 
 

@@ -1,0 +1,186 @@
+"""A run of the recall grid (issue 60) timed alone and N at once on one card: what its step costs.
+
+    python benchmarks/train_bench.py recall-step                   # 3 cells, eager and compiled, 1 and 8 processes
+    python benchmarks/train_bench.py recall-step --profile         # and each row's kernels and GPU busy time a step
+    python benchmarks/train_bench.py recall-step --cpu-smoke       # the cpu-recall-zoology grid, a few steps, a CPU
+
+Each row trains the grid preset's configuration of one cell (sequence length, width) and entry,
+as ``mhe compare --preset gpu-recall-zoology`` would (seed 0, learning rate 3e-3), twice: for
+``--steps`` steps and for a fifth of them. A step's time is the difference of the two runs' step
+clocks (``wall_clock.steps_s`` of ``mhe``'s own results) over the steps between, so start-up,
+compilation and the final evaluation drop out. With N processes the same run trains in N
+processes at once on the card, as the grid's pooled workers share it; the card's time a step is
+then a process's time a step / N, and set beside one process's it says whether more workers a
+GPU buy throughput. ``--profile`` adds, from one process alone, the device kernels a step, the
+GPU's busy time a step (against the wall time: the rest is the host's or the card's idle time)
+and the kernels that take the most time. The table names the card; ``--json`` keeps the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from toolbox import BENCHMARKS
+
+CELLS = "64:64,128:512,512:512"
+
+
+def grid_point(grid_name: str, length: int, width: int, entry: str):
+    """The grid and its run of ``entry`` at the cell of sequence length ``length`` and ``width``
+    (seed 0, learning rate 3e-3)."""
+    from mhe.experiments.grid import Point
+    from mhe.experiments.grid_presets import GRIDS
+
+    grid = GRIDS[grid_name]
+    block = next((b for b in grid.blocks if entry in b.entries), None)
+    cells = dict(grid.cells)
+    if block is None or length not in cells:
+        raise SystemExit(f"recall-step: grid {grid_name} has no entry {entry!r} at length {length}; entries "
+                         f"{sorted({e for b in grid.blocks for e in b.entries})}, lengths {sorted(cells)}")
+    return grid, Point(block, entry, length, cells[length], width, 3e-3, 0)
+
+
+def train_once(grid, point, steps: int, compiled: bool) -> tuple[float, float]:
+    """One run of ``steps`` steps in this process: its step clock (seconds) and test accuracy."""
+    from mhe.experiments.grid import run_config
+    from mhe.tasks.runs import run_training
+
+    cfg = run_config(grid, point, [f"train.steps={steps}", f"train.compile={str(compiled).lower()}",
+                                   f"train.warmup_steps={max(1, steps // 10)}"])
+    with tempfile.TemporaryDirectory() as d:
+        res = run_training(cfg, Path(d) / "run", False, log=lambda m: None)
+    return res["wall_clock"]["steps_s"], res["score"]
+
+
+def train_clock(spec: dict) -> dict:
+    """A step's milliseconds from the difference of two runs' step clocks (``steps // 5`` and
+    ``steps`` steps), and the longer run's test accuracy."""
+    grid, point = grid_point(spec["grid"], spec["length"], spec["width"], spec["entry"])
+    n0, n1 = max(1, spec["steps"] // 5), spec["steps"]
+    t0, _ = train_once(grid, point, n0, spec["compiled"])
+    t1, score = train_once(grid, point, n1, spec["compiled"])
+    return {"ms_a_step": 1e3 * (t1 - t0) / max(1, n1 - n0), "accuracy": score}
+
+
+def profile_clock(spec: dict, top: int) -> dict:
+    """One run of the spec's steps under torch's profiler: device kernels and GPU busy time a step
+    (start-up and the final evaluation counted in, a few kernels), the ``top`` kernels by time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    grid, point = grid_point(spec["grid"], spec["length"], spec["width"], spec["entry"])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        train_once(grid, point, spec["steps"], spec["compiled"])
+    kernels: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            k = kernels.setdefault(e.name[:80], [0, 0.0])
+            k[0] += 1
+            k[1] += e.device_time
+    n = spec["steps"]
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"kernels_a_step": sum(v[0] for v in kernels.values()) / n,
+            "gpu_busy_ms_a_step": sum(v[1] for v in kernels.values()) / 1e3 / n,
+            "top_kernels": [{"name": k, "a_step": c / n, "us_a_step": t / n} for k, (c, t) in ranked]}
+
+
+def run_processes(spec: dict, n: int, argv_tail: list[str]) -> list[dict]:
+    """``n`` children training ``spec`` at once; each one's JSON row."""
+    tool = [sys.executable, str(BENCHMARKS / "train_bench.py"), "recall-step", "--child", json.dumps(spec)]
+    procs = [subprocess.Popen([*tool, *argv_tail], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"}) for _ in range(n)]
+    outs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"recall-step: a child failed for {spec} (exit codes {[p.returncode for p in procs]})")
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+
+def rows_of(a) -> list[dict]:
+    """Every row: cell x entry x compiled x processes, in that order."""
+    rows = []
+    for cell in a.cells.split(","):
+        length, width = (int(x) for x in cell.split(":"))
+        for entry in a.entries.split(","):
+            for compiled in a.compiled:
+                spec = dict(grid=a.grid, length=length, width=width, entry=entry, compiled=compiled, steps=a.steps)
+                for n in a.concurrent:
+                    got = run_processes(spec, n, ["--top", str(a.top)] if a.profile and n == 1 else [])
+                    ms = sum(g["ms_a_step"] for g in got) / n
+                    row = {**spec, "processes": n, "ms_a_step": ms, "card_ms_a_step": ms / n,
+                           "accuracy": got[0]["accuracy"], **{k: v for k, v in got[0].items() if k not in
+                                                               ("ms_a_step", "accuracy")}}
+                    rows.append(row)
+                    print(f"  {cell} {entry} compiled={compiled} x{n}: {ms:.2f} ms a step a process, "
+                          f"{ms / n:.2f} of the card", flush=True)
+    return rows
+
+
+def table(rows: list[dict], card: str) -> str:
+    lines = [f"card: {card}", "",
+             "| length | width | entry | compiled | processes | ms a step, a process | ms a step, of the card "
+             "| GPU busy ms a step | kernels a step | accuracy |",
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        busy = f"{r['gpu_busy_ms_a_step']:.2f}" if "gpu_busy_ms_a_step" in r else "-"
+        kern = f"{r['kernels_a_step']:.0f}" if "kernels_a_step" in r else "-"
+        lines.append(f"| {r['length']} | {r['width']} | {r['entry']} | {'yes' if r['compiled'] else 'no'} | "
+                     f"{r['processes']} | {r['ms_a_step']:.2f} | {r['card_ms_a_step']:.2f} | {busy} | {kern} | "
+                     f"{r['accuracy']:.3f} |")
+    return "\n".join(lines)
+
+
+def card_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU)"
+
+
+def child(spec: dict, top: int) -> int:
+    """A child process: the spec's step clock (and, with ``top``, its profile) as one JSON line."""
+    row = train_clock(spec)
+    if top:
+        row.update(profile_clock(spec, top))
+    print(json.dumps(row), flush=True)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="train_bench.py recall-step", description=__doc__.split("\n")[0])
+    ap.add_argument("--grid", default="gpu-recall-zoology", help="a grid preset of mhe compare")
+    ap.add_argument("--cells", default=CELLS, help="LENGTH:WIDTH,... (default %(default)s)")
+    ap.add_argument("--entries", default="mha", help="grid entries, comma-separated (e.g. mha,mhe-mul)")
+    ap.add_argument("--compiled", default="no,yes", help="no, yes or both (no,yes): train.compile")
+    ap.add_argument("--concurrent", help="processes training at once on the card (default 1,8; --cpu-smoke 1,2)")
+    ap.add_argument("--steps", type=int, default=150, help="steps of the longer run (the shorter trains a fifth)")
+    ap.add_argument("--profile", action="store_true", help="each one-process row also profiled (kernels, GPU time)")
+    ap.add_argument("--top", type=int, default=8, help="kernels listed by --profile")
+    ap.add_argument("--json", type=Path, help="the rows as JSON")
+    ap.add_argument("--cpu-smoke", action="store_true", help="the cpu-recall-zoology grid, 10 steps, a CPU")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        return child(json.loads(a.child), a.top)
+    if a.cpu_smoke:
+        a.grid, a.cells, a.steps, a.compiled = "cpu-recall-zoology", "32:32", 10, "no"
+        a.concurrent = a.concurrent or "1,2"
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    a.concurrent = a.concurrent or "1,8"
+    try:
+        a.compiled = [{"no": False, "yes": True}[c] for c in a.compiled.split(",")]
+        a.concurrent = [int(n) for n in a.concurrent.split(",")]
+    except (KeyError, ValueError):
+        ap.error(f"--compiled takes no, yes or no,yes (got {a.compiled!r}); --concurrent counts (got {a.concurrent!r})")
+    if a.steps < 5 or min(a.concurrent) < 1:
+        ap.error(f"--steps must be at least 5 (got {a.steps}) and --concurrent at least 1 (got {a.concurrent})")
+    rows = rows_of(a)
+    print(table(rows, card_name()))
+    if a.json:
+        a.json.write_text(json.dumps({"card": card_name(), "rows": rows}, indent=1))
+    return 0
