@@ -24,7 +24,9 @@
 # a second call into a fresh copy unpacks $IN/i60-SECTION.tar.gz first when IN names the folder
 # holding the first call's archive. Environment: MHE_DATA (default data-cache/data), WORKERS, PRESET,
 # FOLDER, SET (extra KEY=VALUE settings for every run, for a quick check:
-# SET="train.steps=4 data.task_options.train_size=200").
+# SET="train.steps=4 data.task_options.train_size=200"), MPS=1 (NVIDIA's MPS daemon started for the
+# pooled workers, so that their processes share the card's SMs instead of taking turns on it;
+# `python benchmarks/train_bench.py recall-step --mps no,yes` measures whether it pays).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 section=${1:?SECTION (recall or llama-rows)}; results=${2:-results}; data=${MHE_DATA:-data-cache/data}
@@ -36,6 +38,12 @@ case $section in
 esac
 mkdir -p "$results/logs"
 log="$results/logs/i60-$section.log"
+if [ "${MPS:-0}" = 1 ]; then
+  CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d); CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
+  export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d || { echo "MPS=1: nvidia-cuda-mps-control could not start its daemon" >&2; exit 2; }
+  trap 'echo quit | nvidia-cuda-mps-control' EXIT
+fi
 if [ -n "${IN:-}" ] && [ -f "$IN/i60-$section.tar.gz" ] && [ ! -e "$results/$folder" ]; then
   tar -xzf "$IN/i60-$section.tar.gz" -C "$results"   # a first call's folder, to continue it
 fi

@@ -2,6 +2,7 @@
 
     python benchmarks/train_bench.py recall-step                   # 3 cells, eager and compiled, 1 and 8 processes
     python benchmarks/train_bench.py recall-step --profile         # and each row's kernels and GPU busy time a step
+    python benchmarks/train_bench.py recall-step --mps no,yes      # the concurrent rows also under NVIDIA's MPS daemon
     python benchmarks/train_bench.py recall-step --cpu-smoke       # the cpu-recall-zoology grid, a few steps, a CPU
 
 Each row trains the grid preset's configuration of one cell (sequence length, width) and entry,
@@ -11,7 +12,8 @@ clocks (``wall_clock.steps_s`` of ``mhe``'s own results) over the steps between,
 compilation and the final evaluation drop out. With N processes the same run trains in N
 processes at once on the card, as the grid's pooled workers share it; the card's time a step is
 then a process's time a step / N, and set beside one process's it says whether more workers a
-GPU buy throughput. ``--profile`` adds, from one process alone, the device kernels a step, the
+GPU buy throughput; ``--mps yes`` runs them once more with NVIDIA's MPS daemon started for
+them (processes share the card's SMs instead of taking turns on it). ``--profile`` adds, from one process alone, the device kernels a step, the
 GPU's busy time a step (against the wall time: the rest is the host's or the card's idle time)
 and the kernels that take the most time. The table names the card; ``--json`` keeps the rows.
 """
@@ -19,8 +21,10 @@ and the kernels that take the most time. The table names the card; ``--json`` ke
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,36 +106,60 @@ def run_processes(spec: dict, n: int, argv_tail: list[str]) -> list[dict]:
     return [json.loads(o.strip().splitlines()[-1]) for o in outs]
 
 
+MPS = "nvidia-cuda-mps-control"
+
+
+@contextlib.contextmanager
+def mps_daemon(on: bool):
+    """NVIDIA's MPS control daemon running (its pipes in a folder of its own, which the children
+    inherit through the environment) while the block runs; nothing when ``on`` is false."""
+    if not on:
+        yield
+        return
+    folder = Path(tempfile.mkdtemp(prefix="mps-"))
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    subprocess.run([MPS, "-d"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run([MPS], input="quit\n", text=True, check=False)
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
 def rows_of(a) -> list[dict]:
-    """Every row: cell x entry x compiled x processes, in that order."""
+    """Every row: cell x entry x compiled x (MPS) x processes, in that order (MPS only for
+    concurrent processes: one process alone has the card either way)."""
     rows = []
     for cell in a.cells.split(","):
         length, width = (int(x) for x in cell.split(":"))
         for entry in a.entries.split(","):
             for compiled in a.compiled:
                 spec = dict(grid=a.grid, length=length, width=width, entry=entry, compiled=compiled, steps=a.steps)
-                for n in a.concurrent:
-                    got = run_processes(spec, n, ["--top", str(a.top)] if a.profile and n == 1 else [])
+                for mps, n in [(m, n) for m in a.mps for n in a.concurrent if n > 1 or not m]:
+                    with mps_daemon(mps):
+                        got = run_processes(spec, n, ["--profile", "--top", str(a.top)] if a.profile and n == 1 else [])
                     ms = sum(g["ms_a_step"] for g in got) / n
-                    row = {**spec, "processes": n, "ms_a_step": ms, "card_ms_a_step": ms / n,
-                           "accuracy": got[0]["accuracy"], **{k: v for k, v in got[0].items() if k not in
-                                                               ("ms_a_step", "accuracy")}}
-                    rows.append(row)
-                    print(f"  {cell} {entry} compiled={compiled} x{n}: {ms:.2f} ms a step a process, "
+                    rows.append({**spec, "mps": mps, "processes": n, "ms_a_step": ms, "card_ms_a_step": ms / n,
+                                 "accuracy": got[0]["accuracy"],
+                                 **{k: v for k, v in got[0].items() if k not in ("ms_a_step", "accuracy")}})
+                    print(f"  {cell} {entry} compiled={compiled} mps={mps} x{n}: {ms:.2f} ms a step a process, "
                           f"{ms / n:.2f} of the card", flush=True)
     return rows
 
 
 def table(rows: list[dict], card: str) -> str:
     lines = [f"card: {card}", "",
-             "| length | width | entry | compiled | processes | ms a step, a process | ms a step, of the card "
+             "| length | width | entry | compiled | MPS | processes | ms a step, a process | ms a step, of the card "
              "| GPU busy ms a step | kernels a step | accuracy |",
-             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         busy = f"{r['gpu_busy_ms_a_step']:.2f}" if "gpu_busy_ms_a_step" in r else "-"
         kern = f"{r['kernels_a_step']:.0f}" if "kernels_a_step" in r else "-"
         lines.append(f"| {r['length']} | {r['width']} | {r['entry']} | {'yes' if r['compiled'] else 'no'} | "
-                     f"{r['processes']} | {r['ms_a_step']:.2f} | {r['card_ms_a_step']:.2f} | {busy} | {kern} | "
+                     f"{'yes' if r.get('mps') else 'no'} | {r['processes']} | {r['ms_a_step']:.2f} | {r['card_ms_a_step']:.2f} | {busy} | {kern} | "
                      f"{r['accuracy']:.3f} |")
     return "\n".join(lines)
 
@@ -158,6 +186,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--entries", default="mha", help="grid entries, comma-separated (e.g. mha,mhe-mul)")
     ap.add_argument("--compiled", default="no,yes", help="no, yes or both (no,yes): train.compile")
     ap.add_argument("--concurrent", help="processes training at once on the card (default 1,8; --cpu-smoke 1,2)")
+    ap.add_argument("--mps", default="no", help="no, yes or no,yes: the concurrent rows under NVIDIA's MPS daemon")
     ap.add_argument("--steps", type=int, default=150, help="steps of the longer run (the shorter trains a fifth)")
     ap.add_argument("--profile", action="store_true", help="each one-process row also profiled (kernels, GPU time)")
     ap.add_argument("--top", type=int, default=8, help="kernels listed by --profile")
@@ -166,17 +195,22 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        return child(json.loads(a.child), a.top)
+        return child(json.loads(a.child), a.top if a.profile else 0)
     if a.cpu_smoke:
         a.grid, a.cells, a.steps, a.compiled = "cpu-recall-zoology", "32:32", 10, "no"
         a.concurrent = a.concurrent or "1,2"
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     a.concurrent = a.concurrent or "1,8"
+    choice = {"no": False, "yes": True}
     try:
-        a.compiled = [{"no": False, "yes": True}[c] for c in a.compiled.split(",")]
-        a.concurrent = [int(n) for n in a.concurrent.split(",")]
+        compiled, mps = [choice[c] for c in a.compiled.split(",")], [choice[c] for c in a.mps.split(",")]
+        concurrent = [int(n) for n in a.concurrent.split(",")]
     except (KeyError, ValueError):
-        ap.error(f"--compiled takes no, yes or no,yes (got {a.compiled!r}); --concurrent counts (got {a.concurrent!r})")
+        ap.error(f"--compiled and --mps take no, yes or no,yes (got {a.compiled!r}, {a.mps!r}); --concurrent takes "
+                 f"counts (got {a.concurrent!r})")
+    a.compiled, a.mps, a.concurrent = compiled, mps, concurrent
+    if any(a.mps) and shutil.which(MPS) is None:
+        ap.error(f"--mps yes needs {MPS} (NVIDIA's MPS daemon) on PATH; it is not on this machine")
     if a.steps < 5 or min(a.concurrent) < 1:
         ap.error(f"--steps must be at least 5 (got {a.steps}) and --concurrent at least 1 (got {a.concurrent})")
     rows = rows_of(a)
