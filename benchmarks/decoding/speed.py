@@ -1,7 +1,7 @@
 """Decoding speed through the user API, ours beside Hugging Face's best, in one run on one card.
 
     python benchmarks/decode.py speed OUT [--old-src OLD/src] [--modes graph] [--kernels split-k-decode]
-        [--rotary-write] [--inductor-tuning] [--sections table,kernels]
+        [--rotary-write] [--sections table,kernels]
     python benchmarks/decode.py speed OUT --cpu-smoke            # tiny sizes on a CPU, end to end
 
 For (batch, context) in 1x512, 64x512 and 64x4096 (256 new tokens), in bf16 on the GPU:
@@ -14,11 +14,7 @@ For (batch, context) in 1x512, 64x512 and 64x4096 (256 new tokens), in bf16 on t
   default step mode and in each of ``--modes`` (``step_mode=...``), and with each of ``--kernels``
   in place of the policy's decode kernel (``kernel=...``; every row names the kernel its session
   ran), and with ``--rotary-write`` once more with the cache's rotating write switched on
-  (``mhe.attention.kv_cache.ROTARY_WRITE``, in sessions of its own), and with
-  ``--inductor-tuning`` once more with inductor's coordinate-descent tuning of its generated
-  kernels (``torch._inductor.config.coordinate_descent_tuning``: one launch configuration for
-  the one-row products of batch 1, searched where they are compiled; in sessions of their own),
-  with the decode steps alone beside it (``(t_N - t_1) / (N - 1)``, ``t_1`` the same call
+  (``mhe.attention.kv_cache.ROTARY_WRITE``, in sessions of its own), with the decode steps alone beside it (``(t_N - t_1) / (N - 1)``, ``t_1`` the same call
   for one token);
 * our HF adapter ``to_hf(model).generate(..., cache_implementation="static")`` for MHA and MHE-Mul
   (batch 1 and 64 at context 512);
@@ -102,13 +98,12 @@ def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
     variants = [(f"auto ({auto})", {})] + [(m, {"step_mode": m}) for m in run.modes if m != auto]
     variants += [(f"auto ({auto}), kernel {k}", {"kernel": k}) for k in run.kernels]  # a policy's alternative
     variants += [(f"auto ({auto}), rotary write", {"rotary_write": True})] if run.rotary_write else []
-    variants += [(f"auto ({auto}), inductor tuning", {"inductor_tuning": True})] if run.inductor_tuning else []
     out = []
     for label, options in variants:
-        switch, tuning = options.pop("rotary_write", False), options.pop("inductor_tuning", False)
+        switch = options.pop("rotary_write", False)
         if run.smoke and options.get("step_mode") == "compile":
             options["compile_options"] = {"backend": "aot_eager"}  # a CPU smoke run: no C++ compiler needed
-        with rotary_write(switch, model), inductor_tuning(tuning, model):
+        with rotary_write(switch, model):
             row = {"path": "model.generate", "mode": label,
                    **rows_mod.generate_row(model, ids, mask, run.new, run.dev, run.reps, **options)}
             used = generate_module._DEFAULT[model][-1]  # the default session the calls ran in
@@ -144,30 +139,6 @@ def rotary_write(on: bool, model):
             release_default_sessions(model)
 
 
-@contextlib.contextmanager
-def inductor_tuning(on: bool, model):
-    """Inductor's coordinate-descent tuning on while one variant runs, its calls in default
-    sessions of their own and dynamo's caches emptied on either side (a compiled step is kept per
-    code object, and the tuning is no guard of it)."""
-    if not on:
-        yield
-        return
-    from torch._inductor import config as inductor_config
-
-    from mhe.generation.session import release_default_sessions
-
-    was = inductor_config.coordinate_descent_tuning
-    release_default_sessions(model)
-    torch._dynamo.reset()
-    inductor_config.coordinate_descent_tuning = True
-    try:
-        yield
-    finally:
-        inductor_config.coordinate_descent_tuning = was
-        release_default_sessions(model)
-        torch._dynamo.reset()
-
-
 def old_rows(run) -> list[dict]:
     """The older tree's model.generate rows (subprocess with PYTHONPATH=--old-src)."""
     out = Path(run.out) / "old-tree.json"
@@ -195,7 +166,7 @@ class Run:
         self.new = 8 if a.cpu_smoke else a.new
         self.modes = [m for m in a.modes.split(",") if m]
         self.kernels = [k for k in a.kernels.split(",") if k]
-        self.rotary_write, self.inductor_tuning = a.rotary_write, a.inductor_tuning
+        self.rotary_write = a.rotary_write
         self.sections = set(a.sections.split(","))
         self.adapter_context = 24 if a.cpu_smoke else a.adapter_context
         self.start, self.rows = time.perf_counter(), []
@@ -239,8 +210,6 @@ def main(argv: list[str] | None = None) -> None:
                                                   "mode (e.g. split-k-decode: GQA at batch 1)")
     ap.add_argument("--rotary-write", action="store_true", help="rows with the cache's rotating write beside the "
                                                                  "default's (kv_cache.ROTARY_WRITE)")
-    ap.add_argument("--inductor-tuning", action="store_true", help="rows with inductor's coordinate-descent tuning "
-                                                                    "of the compiled step beside the default's")
     ap.add_argument("--sections", default="table,kernels", help="table (always), kernels (per token)")
     ap.add_argument("--settings", default="1x512,64x512,64x4096", help="BATCHxCONTEXT, comma separated")
     ap.add_argument("--adapter-context", type=int, default=512, help="the adapter's rows up to this context")

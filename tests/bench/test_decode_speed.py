@@ -39,21 +39,3 @@ def test_a_rotary_write_row_runs_the_cache_kernel_in_sessions_of_its_own(tmp_pat
     assert [r["mode"].endswith("rotary write") for r in rows] == [False, True] * 3
     assert launches and kv_cache.ROTARY_WRITE is False
     assert all(r["ms_per_token"] > 0 for r in rows)
-
-
-def test_an_inductor_tuning_row_runs_with_the_tuning_on_and_puts_it_back(tmp_path, monkeypatch):
-    """``--inductor-tuning``: a row beside each default row, its calls made with inductor's
-    coordinate-descent tuning on (and only its calls), the setting put back afterwards."""
-    from torch._inductor import config as inductor_config
-
-    seen, generate_row = [], speed.rows_mod.generate_row
-    monkeypatch.setattr(speed.rows_mod, "generate_row",
-                        lambda *a, **k: seen.append(inductor_config.coordinate_descent_tuning) or generate_row(*a, **k))
-    was = inductor_config.coordinate_descent_tuning
-    speed.main([str(tmp_path), "--cpu-smoke", "--kinds", "mha", "--modes", "", "--inductor-tuning",
-                "--sections", "table", "--no-peer", "--adapter-context", "0"])
-    rows = [r for r in json.loads((tmp_path / "decode-speed.json").read_text())["rows"]
-            if r.get("path") == "model.generate"]
-    assert [r["mode"].endswith("inductor tuning") for r in rows] == [False, True] * 3
-    assert seen == [was, True] * 3 and inductor_config.coordinate_descent_tuning == was
-    assert all(r["ms_per_token"] > 0 for r in rows)
