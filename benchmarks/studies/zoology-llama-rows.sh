@@ -42,7 +42,7 @@ if [ "${MPS:-0}" = 1 ]; then
   CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d); CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
   export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   nvidia-cuda-mps-control -d || { echo "MPS=1: nvidia-cuda-mps-control could not start its daemon" >&2; exit 2; }
-  trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  trap 'echo quit | nvidia-cuda-mps-control; rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"' EXIT
 fi
 if [ -n "${IN:-}" ] && [ -f "$IN/i60-$section.tar.gz" ] && [ ! -e "$results/$folder" ]; then
   tar -xzf "$IN/i60-$section.tar.gz" -C "$results"   # a first call's folder, to continue it

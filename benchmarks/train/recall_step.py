@@ -36,18 +36,26 @@ CELLS = "64:64,128:512,512:512"
 
 
 def grid_point(grid_name: str, length: int, width: int, entry: str):
-    """The grid and its run of ``entry`` at the cell of sequence length ``length`` and ``width``
+    """The grid and its run of ``entry`` (``BLOCK:ENTRY`` names the block, e.g. ``rotary:mha``;
+    else the first block holding it) at the cell of sequence length ``length`` and ``width``
     (seed 0, learning rate 3e-3)."""
     from mhe.experiments.grid import Point
     from mhe.experiments.grid_presets import GRIDS
 
     grid = GRIDS[grid_name]
-    block = next((b for b in grid.blocks if entry in b.entries), None)
+    named, _, name = entry.rpartition(":")
+    block = next((b for b in grid.blocks if name in b.entries and named in ("", b.name)), None)
     cells = dict(grid.cells)
     if block is None or length not in cells:
+        entries = [entry_label(b.name, e) for b in grid.blocks for e in b.entries]
         raise SystemExit(f"recall-step: grid {grid_name} has no entry {entry!r} at length {length}; entries "
-                         f"{sorted({e for b in grid.blocks for e in b.entries})}, lengths {sorted(cells)}")
-    return grid, Point(block, entry, length, cells[length], width, 3e-3, 0)
+                         f"{entries}, lengths {sorted(cells)}")
+    return grid, Point(block, name, length, cells[length], width, 3e-3, 0)
+
+
+def entry_label(block: str, entry: str) -> str:
+    """``BLOCK:ENTRY``, or ``ENTRY`` alone for the grid's unnamed (first) block."""
+    return f"{block}:{entry}" if block else entry
 
 
 def train_once(grid, point, steps: int, compiled: bool) -> tuple[float, float]:
@@ -82,28 +90,36 @@ def profile_clock(spec: dict, top: int) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
         train_once(grid, point, spec["steps"], spec["compiled"])
+    return kernel_table(prof.events(), spec["steps"], top)
+
+
+def kernel_table(events, n: int, top: int) -> dict:
+    """Device kernels and GPU busy time a step over ``n`` steps from a profiler's events, the
+    ``top`` kernels by time; ranges the code marks on the GPU's timeline (user annotations, such
+    as the optimiser's step) are spans, not kernels, and are left out."""
     kernels: dict[str, list] = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
+    for e in events:
+        if e.device_type.name == "CUDA" and not e.is_user_annotation:
             k = kernels.setdefault(e.name[:80], [0, 0.0])
             k[0] += 1
             k[1] += e.device_time
-    n = spec["steps"]
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
     return {"kernels_a_step": sum(v[0] for v in kernels.values()) / n,
             "gpu_busy_ms_a_step": sum(v[1] for v in kernels.values()) / 1e3 / n,
             "top_kernels": [{"name": k, "a_step": c / n, "us_a_step": t / n} for k, (c, t) in ranked]}
 
 
-def run_processes(spec: dict, n: int, argv_tail: list[str]) -> list[dict]:
-    """``n`` children training ``spec`` at once; each one's JSON row."""
+def run_processes(spec: dict, n: int, argv_tail: list[str], env: dict[str, str]) -> list[dict]:
+    """``n`` children training ``spec`` at once (``env`` added to theirs); each one's JSON row,
+    the last line of its output that is one."""
     tool = [sys.executable, str(BENCHMARKS / "train_bench.py"), "recall-step", "--child", json.dumps(spec)]
     procs = [subprocess.Popen([*tool, *argv_tail], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"}) for _ in range(n)]
+                              env={**os.environ, "PYTHONUNBUFFERED": "1", **env}) for _ in range(n)]
     outs = [p.communicate()[0] for p in procs]
-    if any(p.returncode for p in procs):
+    rows = [[line for line in o.splitlines() if line.startswith("{")] for o in outs]
+    if any(p.returncode for p in procs) or not all(rows):
         raise SystemExit(f"recall-step: a child failed for {spec} (exit codes {[p.returncode for p in procs]})")
-    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+    return [json.loads(r[-1]) for r in rows]
 
 
 MPS = "nvidia-cuda-mps-control"
@@ -119,14 +135,18 @@ def mps_daemon(on: bool):
     folder = Path(tempfile.mkdtemp(prefix="mps-"))
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
     saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    subprocess.run([MPS, "-d"], check=True)
+    started = False
     try:
+        os.environ.update(env)
+        subprocess.run([MPS, "-d"], check=True)
+        started = True
         yield
     finally:
-        subprocess.run([MPS], input="quit\n", text=True, check=False)
+        if started:
+            subprocess.run([MPS], input="quit\n", text=True, check=False)
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def rows_of(a) -> list[dict]:
@@ -137,10 +157,13 @@ def rows_of(a) -> list[dict]:
         length, width = (int(x) for x in cell.split(":"))
         for entry in a.entries.split(","):
             for compiled in a.compiled:
-                spec = dict(grid=a.grid, length=length, width=width, entry=entry, compiled=compiled, steps=a.steps)
+                point = grid_point(a.grid, length, width, entry)[1]  # the entry as BLOCK:ENTRY, checked here
+                spec = dict(grid=a.grid, length=length, width=width, entry=entry_label(point.block.name, point.entry),
+                            compiled=compiled, steps=a.steps)
                 for mps, n in [(m, n) for m in a.mps for n in a.concurrent if n > 1 or not m]:
                     with mps_daemon(mps):
-                        got = run_processes(spec, n, ["--profile", "--top", str(a.top)] if a.profile and n == 1 else [])
+                        got = run_processes(spec, n, ["--profile", "--top", str(a.top)] if a.profile and n == 1 else [],
+                                            a.child_env)
                     ms = sum(g["ms_a_step"] for g in got) / n
                     rows.append({**spec, "mps": mps, "processes": n, "ms_a_step": ms, "card_ms_a_step": ms / n,
                                  "accuracy": got[0]["accuracy"],
@@ -183,7 +206,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="train_bench.py recall-step", description=__doc__.split("\n")[0])
     ap.add_argument("--grid", default="gpu-recall-zoology", help="a grid preset of mhe compare")
     ap.add_argument("--cells", default=CELLS, help="LENGTH:WIDTH,... (default %(default)s)")
-    ap.add_argument("--entries", default="mha", help="grid entries, comma-separated (e.g. mha,mhe-mul)")
+    ap.add_argument("--entries", default="mha", help="grid entries, comma-separated, each ENTRY or BLOCK:ENTRY "
+                                                     "(e.g. mha,mhe-mul,rotary:mha; ENTRY alone: its first block)")
     ap.add_argument("--compiled", default="no,yes", help="no, yes or both (no,yes): train.compile")
     ap.add_argument("--concurrent", help="processes training at once on the card (default 1,8; --cpu-smoke 1,2)")
     ap.add_argument("--mps", default="no", help="no, yes or no,yes: the concurrent rows under NVIDIA's MPS daemon")
@@ -196,10 +220,11 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     if a.child:
         return child(json.loads(a.child), a.top if a.profile else 0)
-    if a.cpu_smoke:
+    a.child_env = {}
+    if a.cpu_smoke:  # its own grid, cell, steps and eager steps, whatever else was given
         a.grid, a.cells, a.steps, a.compiled = "cpu-recall-zoology", "32:32", 10, "no"
         a.concurrent = a.concurrent or "1,2"
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        a.child_env = {"CUDA_VISIBLE_DEVICES": ""}  # the children's alone: this process keeps its own
     a.concurrent = a.concurrent or "1,8"
     choice = {"no": False, "yes": True}
     try:
@@ -209,12 +234,15 @@ def main(argv: list[str]) -> int:
         ap.error(f"--compiled and --mps take no, yes or no,yes (got {a.compiled!r}, {a.mps!r}); --concurrent takes "
                  f"counts (got {a.concurrent!r})")
     a.compiled, a.mps, a.concurrent = compiled, mps, concurrent
+    if any(a.mps) and max(a.concurrent) < 2:
+        ap.error(f"--mps yes runs only rows of several processes at once; --concurrent {a.concurrent} has none")
     if any(a.mps) and shutil.which(MPS) is None:
         ap.error(f"--mps yes needs {MPS} (NVIDIA's MPS daemon) on PATH; it is not on this machine")
     if a.steps < 5 or min(a.concurrent) < 1:
         ap.error(f"--steps must be at least 5 (got {a.steps}) and --concurrent at least 1 (got {a.concurrent})")
     rows = rows_of(a)
-    print(table(rows, card_name()))
+    card = "no GPU (CPU)" if a.cpu_smoke else card_name()
+    print(table(rows, card))
     if a.json:
-        a.json.write_text(json.dumps({"card": card_name(), "rows": rows}, indent=1))
+        a.json.write_text(json.dumps({"card": card, "rows": rows}, indent=1))
     return 0

@@ -1,11 +1,15 @@
 """``benchmarks/train_bench.py recall-step`` (``benchmarks/train/recall_step.py``): it trains the
-grid's own run of a cell, refuses a cell the grid lacks, and reports a process's and the card's
-time a step for each number of processes at once."""
+grid's own run of a cell and block, refuses what the grid lacks, counts kernels and not the
+ranges marked on the GPU's timeline, starts and stops the MPS daemon around its rows, and reports
+a process's and the card's time a step for each number of processes at once."""
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,31 +19,72 @@ from train import recall_step  # noqa: E402
 
 
 def test_a_cell_or_entry_the_grid_lacks_is_refused_naming_what_it_has():
-    with pytest.raises(SystemExit, match=r"no entry 'gqa' at length 32; entries \['mha', 'mhe-add', "):
+    with pytest.raises(SystemExit, match=r"no entry 'gqa' at length 32; entries \['mha', 'mhe-add', "
+                                         r"'rotary:mhe-mul rope-then-psi'\], lengths \[32, 64\]"):
         recall_step.grid_point("cpu-recall-zoology", 32, 32, "gqa")
+    with pytest.raises(SystemExit, match=r"no entry 'rotary:mha' at length 64"):
+        recall_step.grid_point("cpu-recall-zoology", 64, 32, "rotary:mha")
     with pytest.raises(SystemExit, match=r"lengths \[32, 64\]"):
         recall_step.grid_point("cpu-recall-zoology", 128, 32, "mha")
     grid, point = recall_step.grid_point("cpu-recall-zoology", 64, 32, "mhe-mul rope-then-psi")
     assert (point.length, point.pairs, point.width, point.block.name, point.seed) == (64, 8, 32, "rotary", 0)
 
 
+def test_block_and_entry_pick_the_block_an_entry_alone_the_first():
+    _, rotary = recall_step.grid_point("gpu-recall-zoology", 128, 256, "rotary:mha")
+    _, plain = recall_step.grid_point("gpu-recall-zoology", 128, 256, "mha")
+    assert (rotary.block.name, rotary.entry, rotary.pairs) == ("rotary", "mha", 8)
+    assert plain.block.name == "" and plain.block.preset != rotary.block.preset
+    assert [recall_step.entry_label(p.block.name, p.entry) for p in (rotary, plain)] == ["rotary:mha", "mha"]
+
+
+def event(name, us, *, device="CUDA", annotation=False):
+    return SimpleNamespace(name=name, device_time=us, device_type=SimpleNamespace(name=device),
+                           is_user_annotation=annotation)
+
+
+def test_the_kernel_table_counts_kernels_not_annotated_ranges_or_host_events():
+    events = [event("gemm", 30.0), event("gemm", 30.0), event("norm", 5.0), event("norm", 5.0),
+              event("Optimizer.step#AdamW.step", 900.0, annotation=True), event("aten::mm", 50.0, device="CPU")]
+    got = recall_step.kernel_table(events, 2, 1)
+    assert got["kernels_a_step"] == 2 and got["gpu_busy_ms_a_step"] == pytest.approx(0.035, rel=1e-12)
+    assert got["top_kernels"] == [{"name": "gemm", "a_step": 1.0, "us_a_step": 30.0}]
+
+
+def test_the_mps_daemon_is_started_and_quit_around_the_block_and_the_environment_put_back(tmp_path, monkeypatch):
+    log = tmp_path / "calls.log"
+    fake = tmp_path / "nvidia-cuda-mps-control"
+    fake.write_text(f'#!/bin/sh\necho "args=$* pipe=$CUDA_MPS_PIPE_DIRECTORY stdin=$(cat)" >> {log}\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(recall_step, "MPS", str(fake))
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    with recall_step.mps_daemon(True):
+        pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
+        assert Path(pipe).parent.is_dir()
+    start, stop = log.read_text().splitlines()
+    assert start.startswith(f"args=-d pipe={pipe}") and stop == f"args= pipe={pipe} stdin=quit"
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ and not Path(pipe).parent.exists()
+    with recall_step.mps_daemon(False):
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+
+
 def test_the_table_names_the_card_and_each_row():
-    row = dict(length=64, width=512, entry="mha", compiled=True, mps=True, processes=8, ms_a_step=80.0, card_ms_a_step=10.0,
-               accuracy=0.5, gpu_busy_ms_a_step=2.5, kernels_a_step=300)
+    row = dict(length=64, width=512, entry="rotary:mha", compiled=True, mps=True, processes=8, ms_a_step=80.0,
+               card_ms_a_step=10.0, accuracy=0.5, gpu_busy_ms_a_step=2.5, kernels_a_step=300)
     text = recall_step.table([row], "NVIDIA H200")
     assert text.startswith("card: NVIDIA H200")
-    assert "| 64 | 512 | mha | yes | yes | 8 | 80.00 | 10.00 | 2.50 | 300 | 0.500 |" in text
+    assert "| 64 | 512 | rotary:mha | yes | yes | 8 | 80.00 | 10.00 | 2.50 | 300 | 0.500 |" in text
 
 
-def test_mps_without_its_daemon_is_refused_in_one_line(monkeypatch, capsys):
+def test_bad_choices_are_refused_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(recall_step.shutil, "which", lambda name: None)
-    with pytest.raises(SystemExit) as done:
-        recall_step.main(["--cpu-smoke", "--mps", "no,yes"])
-    assert done.value.code == 2
-    assert "--mps yes needs nvidia-cuda-mps-control" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        recall_step.main(["--mps", "maybe"])
-    assert "--compiled and --mps take no, yes or no,yes (got 'no,yes', 'maybe')" in capsys.readouterr().err
+    for argv, said in ((["--mps", "no,yes"], "--mps yes needs nvidia-cuda-mps-control"),
+                       (["--mps", "yes", "--concurrent", "1"], "--mps yes runs only rows of several processes"),
+                       (["--mps", "maybe"], "--compiled and --mps take no, yes or no,yes (got 'no,yes', 'maybe')")):
+        with pytest.raises(SystemExit) as done:
+            recall_step.main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert done.value.code == 2 and said in err[-1] and err[-1].startswith("train_bench.py recall-step: error:")
 
 
 @pytest.mark.slow
@@ -48,7 +93,7 @@ def test_the_cpu_smoke_times_one_and_two_processes(tmp_path):
     subprocess.run([sys.executable, str(BENCH / "train_bench.py"), "recall-step", "--cpu-smoke", "--json", str(out)],
                    check=True, capture_output=True, timeout=300)
     got = json.loads(out.read_text())
-    assert [r["processes"] for r in got["rows"]] == [1, 2]
+    assert got["card"] == "no GPU (CPU)" and [r["processes"] for r in got["rows"]] == [1, 2]
     for r in got["rows"]:
         assert r["ms_a_step"] > 0 and 0 <= r["accuracy"] <= 1 and "kernels_a_step" not in r  # no --profile
-        assert r["card_ms_a_step"] == pytest.approx(r["ms_a_step"] / r["processes"], rel=1e-12)
+        assert r["entry"] == "mha" and r["grid"] == "cpu-recall-zoology" and r["steps"] == 10
