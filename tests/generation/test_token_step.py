@@ -205,3 +205,18 @@ def test_default_sessions_are_reused_bounded_and_go_with_the_model():
     del model, held, first
     gc.collect()
     assert ref() is None  # the session did not keep it alive
+
+
+def test_a_direct_prefill_builds_no_training_graph():
+    """``Generator.prefill`` called outside ``model.generate`` (as a benchmark or a server loop
+    might) runs without autograd, as ``generate`` does: its logits carry no ``grad_fn`` and equal
+    ``generate``'s first logits. Without the guard the prefill keeps every activation for a
+    backward pass (the probe that ran a long prefill out of memory did this)."""
+    model = small()
+    ids = torch.randint(3, 99, (2, 7))
+    want = model.generate(ids, 1, step_mode="eager", return_logits=True)[1][:, 0]
+    session = model.generator(2, 12, step_mode="eager")
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    got = session.prefill(ids, mask, torch.arange(7).expand(2, 7), 1)
+    assert got.grad_fn is None and not got.requires_grad
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

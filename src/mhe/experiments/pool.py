@@ -85,9 +85,16 @@ class Pool:
     """``workers`` long-lived worker processes fed from one :class:`Queue`."""
 
     def __init__(self, workers: int, *, gpus: int = 0, log=print):
-        self.workers, self.gpus, self.log = workers, gpus, log
+        self.workers, self.gpus, self._log = workers, gpus, log
         self.procs: list[subprocess.Popen] = []
         self.lock = threading.Lock()
+        self.log_lock = threading.Lock()
+
+    def log(self, line: str) -> None:
+        """One console line, whole: the worker threads log at once, and ``print`` writes a line's
+        text and its newline apart (two lines could otherwise run together)."""
+        with self.log_lock:
+            self._log(line)
 
     def run(self, queue: Queue, write_config: Callable[[PoolJob], None]) -> None:
         """Run every job of ``queue`` (and those it adds); returns when all are done or a signal

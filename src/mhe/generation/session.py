@@ -281,10 +281,12 @@ class Generator(DecodeSession):
         self.prefills = RunnerCache(PREFILL_GRAPHS)  # captured prefills by (rows, length, padded)
         self.prefills_seen: set[tuple] = set()  # prompt shapes prefilled once (eagerly) since the last capture
 
+    @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor,
                 new_tokens: int) -> torch.Tensor:
         """Run the prompts ``[B, P]`` into empty caches, to be followed by up to ``new_tokens``
-        tokens; the logits ``[B, V]`` of the next token."""
+        tokens; the logits ``[B, V]`` of the next token. Autograd is off here as in
+        ``model.generate``, so a caller that prefills directly builds no training graph."""
         b, p = input_ids.shape
         if b != self.batch or p + new_tokens > self.max_len:
             raise MheError(f"this generator holds {self.batch} rows of {self.max_len} positions; got {b} prompts "
