@@ -67,6 +67,9 @@ def train_once(grid, point, steps: int, compiled: bool) -> tuple[float, float]:
                                    f"train.warmup_steps={max(1, steps // 10)}"])
     with tempfile.TemporaryDirectory() as d:
         res = run_training(cfg, Path(d) / "run", False, log=lambda m: None)
+    if "score" not in res:  # stopped (a signal, a time limit) or failed: no step clock to trust
+        raise SystemExit(f"recall-step: the run of {steps} steps ended {res.get('status', 'without a status')!r}, "
+                         "not done")
     return res["wall_clock"]["steps_s"], res["score"]
 
 
@@ -112,9 +115,13 @@ def kernel_table(events, n: int, top: int) -> dict:
 def run_processes(spec: dict, n: int, argv_tail: list[str], env: dict[str, str]) -> list[dict]:
     """``n`` children training ``spec`` at once (``env`` added to theirs); each one's JSON row,
     the last line of its output that is one."""
+    from mhe.runtime import worker_threads
+
     tool = [sys.executable, str(BENCHMARKS / "train_bench.py"), "recall-step", "--child", json.dumps(spec)]
+    threads = str(worker_threads(n))  # the pool's share of the cores: N processes of 8 threads would fight
     procs = [subprocess.Popen([*tool, *argv_tail], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1", **env}) for _ in range(n)]
+                              env={**os.environ, "PYTHONUNBUFFERED": "1", "MHE_THREADS": threads,
+                                   "OMP_NUM_THREADS": threads, **env}) for _ in range(n)]
     outs = [p.communicate()[0] for p in procs]
     rows = [[line for line in o.splitlines() if line.startswith("{")] for o in outs]
     if any(p.returncode for p in procs) or not all(rows):
@@ -149,9 +156,10 @@ def mps_daemon(on: bool):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def rows_of(a) -> list[dict]:
+def rows_of(a, keep=lambda rows: None) -> list[dict]:
     """Every row: cell x entry x compiled x (MPS) x processes, in that order (MPS only for
-    concurrent processes: one process alone has the card either way)."""
+    concurrent processes: one process alone has the card either way); ``keep(rows)`` after each
+    row, so that a run cut short keeps the rows it finished."""
     rows = []
     for cell in a.cells.split(","):
         length, width = (int(x) for x in cell.split(":"))
@@ -169,8 +177,17 @@ def rows_of(a) -> list[dict]:
                                  "accuracy": got[0]["accuracy"],
                                  **{k: v for k, v in got[0].items() if k not in ("ms_a_step", "accuracy")}})
                     print(f"  {cell} {entry} compiled={compiled} mps={mps} x{n}: {ms:.2f} ms a step a process, "
-                          f"{ms / n:.2f} of the card", flush=True)
+                          f"{ms / n:.2f} of the card{profile_line(rows[-1])}", flush=True)
+                    keep(rows)
     return rows
+
+
+def profile_line(row: dict) -> str:
+    """A profiled row's GPU busy time and kernels a step and its costliest kernels, for the console."""
+    if "gpu_busy_ms_a_step" not in row:
+        return ""
+    top = "; ".join(f"{k['name'][:48]} {k['us_a_step']:.0f} us" for k in row["top_kernels"])
+    return f"; GPU busy {row['gpu_busy_ms_a_step']:.2f} ms, {row['kernels_a_step']:.0f} kernels a step; top: {top}"
 
 
 def table(rows: list[dict], card: str) -> str:
@@ -240,9 +257,10 @@ def main(argv: list[str]) -> int:
         ap.error(f"--mps yes needs {MPS} (NVIDIA's MPS daemon) on PATH; it is not on this machine")
     if a.steps < 5 or min(a.concurrent) < 1:
         ap.error(f"--steps must be at least 5 (got {a.steps}) and --concurrent at least 1 (got {a.concurrent})")
-    rows = rows_of(a)
     card = "no GPU (CPU)" if a.cpu_smoke else card_name()
-    print(table(rows, card))
-    if a.json:
-        a.json.write_text(json.dumps({"card": card, "rows": rows}, indent=1))
+
+    def keep(rows):
+        if a.json:
+            a.json.write_text(json.dumps({"card": card, "rows": rows}, indent=1))
+    print(table(rows_of(a, keep), card))
     return 0

@@ -97,3 +97,45 @@ def test_the_cpu_smoke_times_one_and_two_processes(tmp_path):
     for r in got["rows"]:
         assert r["ms_a_step"] > 0 and 0 <= r["accuracy"] <= 1 and "kernels_a_step" not in r  # no --profile
         assert r["entry"] == "mha" and r["grid"] == "cpu-recall-zoology" and r["steps"] == 10
+
+
+def test_a_run_that_stopped_is_refused_not_read_as_a_step_clock(monkeypatch):
+    """A run cut short (a time limit's signal) returns no score: its step clock is refused by name
+    (the tool used to die on a KeyError)."""
+    import mhe.tasks.runs
+
+    monkeypatch.setattr(mhe.tasks.runs, "run_training", lambda *a, **k: {"status": "stopped", "wall_clock": {"steps_s": 1.0}})
+    grid, point = recall_step.grid_point("cpu-recall-zoology", 32, 32, "mha")
+    with pytest.raises(SystemExit, match=r"the run of 7 steps ended 'stopped', not done"):
+        recall_step.train_once(grid, point, 7, False)
+
+
+def test_concurrent_children_share_the_cores_as_the_pool_does(monkeypatch):
+    """N children get the pool's threads each (the cores / N), whatever MHE_THREADS the parent has:
+    8 children of 8 threads on 16 cores fought for them and doubled the step (a session's probe)."""
+    seen = []
+
+    class Child:
+        returncode = 0
+
+        def __init__(self, argv, env, **kw):
+            seen.append(env)
+
+        def communicate(self):
+            return '{"ms_a_step": 1.0, "accuracy": 0.5}\n', ""
+
+    monkeypatch.setattr(recall_step.subprocess, "Popen", Child)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setenv("MHE_THREADS", "8")
+    got = recall_step.run_processes({"grid": "g"}, 8, [], {})
+    assert len(got) == 8 and {(e["MHE_THREADS"], e["OMP_NUM_THREADS"]) for e in seen} == {("2", "2")}
+    seen.clear()
+    recall_step.run_processes({"grid": "g"}, 1, [], {})
+    assert seen[0]["MHE_THREADS"] == "8"  # alone: the setting, within the machine's 16
+
+
+def test_a_profiled_row_names_its_busy_time_kernels_and_top_kernels():
+    row = {"gpu_busy_ms_a_step": 2.5, "kernels_a_step": 212.0,
+           "top_kernels": [{"name": "sm90_xmma_gemm_bf16", "a_step": 8.0, "us_a_step": 640.4}]}
+    assert recall_step.profile_line(row) == ("; GPU busy 2.50 ms, 212 kernels a step; top: sm90_xmma_gemm_bf16 640 us")
+    assert recall_step.profile_line({"ms_a_step": 1.0}) == ""
