@@ -6,10 +6,11 @@
     python benchmarks/train_bench.py recall-step --cpu-smoke       # the cpu-recall-zoology grid, a few steps, a CPU
 
 Each row trains the grid preset's configuration of one cell (sequence length, width) and entry,
-as ``mhe compare --preset gpu-recall-zoology`` would (seed 0, learning rate 3e-3), twice: for
-``--steps`` steps and for a fifth of them. A step's time is the difference of the two runs' step
-clocks (``wall_clock.steps_s`` of ``mhe``'s own results) over the steps between, so start-up,
-compilation and the final evaluation drop out. With N processes the same run trains in N
+as ``mhe compare --preset gpu-recall-zoology`` would (seed 0, learning rate 3e-3), for ``--steps``
+steps logged in 5 intervals. A step's time is the median of the intervals after the first
+(``step_s`` of the run's ``metrics.jsonl``; each interval ends where the trainer reads the loss),
+so start-up, compilation and the final evaluation drop out. (An earlier form took the difference
+of two runs in one process, which a compiled row skews: the second run compiles again.) With N processes the same run trains in N
 processes at once on the card, as the grid's pooled workers share it; the card's time a step is
 then a process's time a step / N, and set beside one process's it says whether more workers a
 GPU buy throughput; ``--mps yes`` runs them once more with NVIDIA's MPS daemon started for
@@ -25,6 +26,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,29 +60,44 @@ def entry_label(block: str, entry: str) -> str:
     return f"{block}:{entry}" if block else entry
 
 
+INTERVALS = 5
+"""Log intervals of a timed run: the first holds start-up and compilation, the rest are timed."""
+
+
 def train_once(grid, point, steps: int, compiled: bool) -> tuple[float, float]:
-    """One run of ``steps`` steps in this process: its step clock (seconds) and test accuracy."""
+    """One run of ``steps`` steps in this process: its steady milliseconds a step
+    (:func:`steady_step_ms`) and its test accuracy."""
     from mhe.experiments.grid import run_config
     from mhe.tasks.runs import run_training
+    from mhe.training.run_files import METRICS, read_metrics
 
     cfg = run_config(grid, point, [f"train.steps={steps}", f"train.compile={str(compiled).lower()}",
-                                   f"train.warmup_steps={max(1, steps // 10)}"])
+                                   f"train.warmup_steps={max(1, steps // 10)}",
+                                   f"train.log_every={max(1, steps // INTERVALS)}"])
     with tempfile.TemporaryDirectory() as d:
         res = run_training(cfg, Path(d) / "run", False, log=lambda m: None)
-    if "score" not in res:  # stopped (a signal, a time limit) or failed: no step clock to trust
-        raise SystemExit(f"recall-step: the run of {steps} steps ended {res.get('status', 'without a status')!r}, "
-                         "not done")
-    return res["wall_clock"]["steps_s"], res["score"]
+        if "score" not in res:  # stopped (a signal, a time limit) or failed: no step clock to trust
+            raise SystemExit(f"recall-step: the run of {steps} steps ended {res.get('status', 'without a status')!r}, "
+                             "not done")
+        records = read_metrics(Path(d) / "run" / METRICS)
+    return steady_step_ms(records), res["score"]
+
+
+def steady_step_ms(records: list[dict]) -> float:
+    """The median ``step_s`` (in ms) of a run's log intervals after its first, which holds the
+    start-up and the compilation."""
+    clocks = [r["step_s"] for r in records if "step_s" in r]
+    if len(clocks) < 2:
+        raise SystemExit(f"recall-step: the run logged {len(clocks)} interval(s) of steps, fewer than the 2 a "
+                         "timing needs")
+    return 1e3 * statistics.median(clocks[1:])
 
 
 def train_clock(spec: dict) -> dict:
-    """A step's milliseconds from the difference of two runs' step clocks (``steps // 5`` and
-    ``steps`` steps), and the longer run's test accuracy."""
+    """A step's milliseconds (the steady intervals of one run) and the run's test accuracy."""
     grid, point = grid_point(spec["grid"], spec["length"], spec["width"], spec["entry"])
-    n0, n1 = max(1, spec["steps"] // 5), spec["steps"]
-    t0, _ = train_once(grid, point, n0, spec["compiled"])
-    t1, score = train_once(grid, point, n1, spec["compiled"])
-    return {"ms_a_step": 1e3 * (t1 - t0) / max(1, n1 - n0), "accuracy": score}
+    ms, score = train_once(grid, point, spec["steps"], spec["compiled"])
+    return {"ms_a_step": ms, "accuracy": score}
 
 
 def profile_clock(spec: dict, top: int) -> dict:
@@ -228,7 +245,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--compiled", default="no,yes", help="no, yes or both (no,yes): train.compile")
     ap.add_argument("--concurrent", help="processes training at once on the card (default 1,8; --cpu-smoke 1,2)")
     ap.add_argument("--mps", default="no", help="no, yes or no,yes: the concurrent rows under NVIDIA's MPS daemon")
-    ap.add_argument("--steps", type=int, default=150, help="steps of the longer run (the shorter trains a fifth)")
+    ap.add_argument("--steps", type=int, default=150, help="steps of each timed run, logged in 5 intervals (the first untimed)")
     ap.add_argument("--profile", action="store_true", help="each one-process row also profiled (kernels, GPU time)")
     ap.add_argument("--top", type=int, default=8, help="kernels listed by --profile")
     ap.add_argument("--json", type=Path, help="the rows as JSON")

@@ -139,3 +139,13 @@ def test_a_profiled_row_names_its_busy_time_kernels_and_top_kernels():
            "top_kernels": [{"name": "sm90_xmma_gemm_bf16", "a_step": 8.0, "us_a_step": 640.4}]}
     assert recall_step.profile_line(row) == ("; GPU busy 2.50 ms, 212 kernels a step; top: sm90_xmma_gemm_bf16 640 us")
     assert recall_step.profile_line({"ms_a_step": 1.0}) == ""
+
+
+def test_a_step_is_timed_by_the_run_s_steady_intervals_not_its_first():
+    """The first log interval holds start-up and compilation (here 50x a step): the time a step is
+    the median of the others, in ms; evaluation records without a clock are skipped."""
+    records = [{"step": 30, "step_s": 0.5}, {"step": 60, "step_s": 0.012}, {"step": 60, "accuracy": 0.9},
+               {"step": 90, "step_s": 0.010}, {"step": 120, "step_s": 0.011}]
+    assert recall_step.steady_step_ms(records) == pytest.approx(11.0, rel=1e-12)
+    with pytest.raises(SystemExit, match=r"logged 1 interval\(s\) of steps, fewer than the 2"):
+        recall_step.steady_step_ms([{"step": 10, "step_s": 0.5}])
