@@ -76,7 +76,7 @@ def train_once(grid, point, steps: int, compiled: bool) -> tuple[float, float]:
                                    f"train.log_every={max(1, steps // INTERVALS)}"])
     with tempfile.TemporaryDirectory() as d:
         res = run_training(cfg, Path(d) / "run", False, log=lambda m: None)
-        if "score" not in res:  # stopped (a signal, a time limit) or failed: no step clock to trust
+        if "score" not in res:  # interrupted (a signal, a time limit), stopped early or failed: no clock to trust
             raise SystemExit(f"recall-step: the run of {steps} steps ended {res.get('status', 'without a status')!r}, "
                              "not done")
         records = read_metrics(Path(d) / "run" / METRICS)
@@ -278,6 +278,8 @@ def main(argv: list[str]) -> int:
 
     def keep(rows):
         if a.json:
-            a.json.write_text(json.dumps({"card": card, "rows": rows}, indent=1))
+            from mhe.training.atomic import write_text_atomic
+
+            write_text_atomic(a.json, json.dumps({"card": card, "rows": rows}, indent=1))
     print(table(rows_of(a, keep), card))
     return 0

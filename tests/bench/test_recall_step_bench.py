@@ -100,13 +100,13 @@ def test_the_cpu_smoke_times_one_and_two_processes(tmp_path):
 
 
 def test_a_run_that_stopped_is_refused_not_read_as_a_step_clock(monkeypatch):
-    """A run cut short (a time limit's signal) returns no score: its step clock is refused by name
-    (the tool used to die on a KeyError)."""
+    """A run that did not finish (interrupted by a time limit's signal, or stopped early) returns no
+    score: its step clock is refused by name (the tool used to die on a KeyError)."""
     import mhe.tasks.runs
 
-    monkeypatch.setattr(mhe.tasks.runs, "run_training", lambda *a, **k: {"status": "stopped", "wall_clock": {"steps_s": 1.0}})
+    monkeypatch.setattr(mhe.tasks.runs, "run_training", lambda *a, **k: {"status": "interrupted"})
     grid, point = recall_step.grid_point("cpu-recall-zoology", 32, 32, "mha")
-    with pytest.raises(SystemExit, match=r"the run of 7 steps ended 'stopped', not done"):
+    with pytest.raises(SystemExit, match=r"the run of 7 steps ended 'interrupted', not done"):
         recall_step.train_once(grid, point, 7, False)
 
 
@@ -149,3 +149,23 @@ def test_a_step_is_timed_by_the_run_s_steady_intervals_not_its_first():
     assert recall_step.steady_step_ms(records) == pytest.approx(11.0, rel=1e-12)
     with pytest.raises(SystemExit, match=r"logged 1 interval\(s\) of steps, fewer than the 2"):
         recall_step.steady_step_ms([{"step": 10, "step_s": 0.5}])
+
+
+def test_rows_finished_before_a_failure_are_kept_in_the_json(tmp_path, monkeypatch, capsys):
+    """A call cut short (its second row's children fail, as under a time limit) still leaves the
+    first row in ``--json``: rows are written as they finish, not at the end."""
+    calls = []
+
+    def children(spec, n, tail, env):
+        calls.append(n)
+        if len(calls) == 2:
+            raise SystemExit("recall-step: a child failed")
+        return [{"ms_a_step": 12.0, "accuracy": 0.25}]
+
+    monkeypatch.setattr(recall_step, "run_processes", children)
+    out = tmp_path / "rows.json"
+    with pytest.raises(SystemExit, match="a child failed"):
+        recall_step.main(["--cells", "32:32", "--grid", "cpu-recall-zoology", "--compiled", "no",
+                          "--concurrent", "1,2", "--json", str(out)])
+    got = json.loads(out.read_text())
+    assert calls == [1, 2] and [(r["processes"], r["ms_a_step"]) for r in got["rows"]] == [(1, 12.0)]
