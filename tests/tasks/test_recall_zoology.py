@@ -235,3 +235,31 @@ def test_sweep_adds_a_rate_past_the_edge_its_best_lies_on(tmp_path):
         (d / "results.json").write_text(json.dumps({"score": score}))
     assert [p.lr for p in state.sweep(*flat)] == [1e-3, 3e-3, 1e-2]
     assert [(p.lr, p.seed) for p in state.seeds_of(*flat)] == [(1e-3, 1), (1e-3, 2)]
+
+
+def test_todo_finishes_a_length_before_the_next_seeds_first(tmp_path):
+    """A call's queue goes length by length: the seeds left over at the shortest length (its sweep
+    done, a seed stopped by the last call's deadline) come before any run of the next length, and
+    within a length the seeds of finished sweeps come before the sweeps still to run. The old order
+    (every sweep of every length, then the seeds) left such a seed behind all longer lengths."""
+    from dataclasses import replace
+
+    from mhe.experiments.grid_presets import GRIDS
+
+    grid = replace(GRIDS["cpu-recall-zoology"], extend=0)
+    state = GridRun(grid, tmp_path)
+    block, entry = grid.blocks[0], grid.blocks[0].entries[0]
+    done = (block, entry, 32, 4, 32)
+    for lr in grid.lrs:
+        d = state.path(Point(*done, lr, 0))
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps({"score": lr}))  # the highest rate is best
+    todo = state.todo()
+    lengths = [p.length for p in todo]
+    assert lengths == sorted(lengths) and lengths[-1] == 64  # length 32 whole, then length 64
+    first = todo[0]
+    assert (first.group, first.lr, first.seed) == (("", entry, 32, 32), max(grid.lrs), 1)
+    at32 = [p for p in todo if p.length == 32]
+    seeds = [i for i, p in enumerate(at32) if p.seed > 0]
+    assert seeds == list(range(len(seeds))) and len(seeds) == grid.seeds - 1  # seeds first, then sweeps
+    assert not any(p.group == first.group and p.seed == 0 for p in todo)  # its sweep is done

@@ -178,12 +178,16 @@ class GridRun:
         return [Point(block, entry, length, pairs, width, best, s) for s in range(1, self.grid.seeds)]
 
     def todo(self) -> list[Point]:
-        """Unfinished runs whose inputs are there: sweep runs, and the seeds of finished sweeps."""
+        """Unfinished runs whose inputs are there, length by length, so that a call stopped by a
+        deadline leaves whole lengths done: within a length the seeds of finished sweeps first
+        (they finish their groups, as the queue puts a finished run's follow-ups first), then the
+        sweep runs. (Every length's sweeps once came first, and a seed run stopped at a deadline
+        then waited behind the sweeps of all the longer lengths.)"""
         out = []
-        for pt in self.grid.points():
-            out += [p for p in self.sweep(*pt) if not self.finished(p)]
-        for pt in self.grid.points():
-            out += [p for p in self.seeds_of(*pt) if not self.finished(p)]
+        for length, _ in sorted(self.grid.cells):
+            groups = [pt for pt in self.grid.points() if pt[2] == length]
+            out += [p for pt in groups for p in self.seeds_of(*pt) if not self.finished(p)]
+            out += [p for pt in groups for p in self.sweep(*pt) if not self.finished(p)]
         return out
 
     def next_after(self, p: Point) -> list[Point]:
