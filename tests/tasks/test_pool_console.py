@@ -1,10 +1,11 @@
-"""The pooled workers' console (``mhe.experiments.pool``): lines logged from several worker
-threads at once each arrive whole."""
+"""The pooled workers' queue and console (``mhe.experiments.pool``): jobs handed out only when
+admitted, and lines logged from several worker threads at once each arrive whole."""
 
 import threading
 import time
+from pathlib import Path
 
-from mhe.experiments.pool import Pool
+from mhe.experiments.pool import Pool, PoolJob, Queue
 
 
 def test_lines_from_concurrent_workers_do_not_run_together():
@@ -27,3 +28,17 @@ def test_lines_from_concurrent_workers_do_not_run_together():
         t.join()
     lines = "".join(out).splitlines()
     assert len(lines) == 160 and sorted(lines) == sorted(f"[start] run-{i}-{j}" for i in range(8) for j in range(20))
+
+
+def test_the_queue_hands_out_only_admitted_jobs_and_leaves_the_rest_waiting():
+    """With ``admit``, a worker gets the first waiting job it admits (not the first waiting), and
+    None when it admits none, though jobs still wait: they stay in ``pending`` for the next call.
+    Without ``admit`` the order is the queue's."""
+    jobs = [PoolJob(n, Path(n), None) for n in ("long", "short", "longer")]
+    q = Queue(jobs, admit=lambda j: j.name == "short")
+    got = q.take()
+    assert got.name == "short" and q.running == 1
+    q.done(got, 0)
+    assert q.take() is None and [j.name for j in q.pending] == ["long", "longer"] and q.running == 0
+    plain = Queue([PoolJob(n, Path(n), None) for n in ("a", "b")])
+    assert [plain.take().name, plain.take().name] == ["a", "b"]

@@ -92,7 +92,7 @@ def _grid(tmp_path, *extra):
 
 
 @pytest.mark.slow
-def test_grid_chain_runs_resumes_packs_and_reports(tmp_path, monkeypatch):
+def test_grid_chain_runs_resumes_packs_and_reports(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MHE_CACHE_DIR", str(tmp_path / "cache"))
     assert main(_grid(tmp_path)) == 0
     runs = tmp_path / "g" / "runs"
@@ -116,6 +116,11 @@ def test_grid_chain_runs_resumes_packs_and_reports(tmp_path, monkeypatch):
     (sweep0 / "results.json").unlink()
     kept = {p: p.stat().st_mtime_ns for p in runs.glob("*/results.json")}
     assert main(_grid(tmp_path)) == 2  # unfinished runs: --resume needed
+    capsys.readouterr()
+    assert main(_grid(tmp_path, "--resume", "--finish-by", "0.001")) == 0  # every cell has a time: none fits
+    assert not (seed1 / "results.json").exists() and not (sweep0 / "results.json").exists()
+    assert "2 run(s) left for the next call: none of them was expected to end within --finish-by 0.001 s" in \
+        capsys.readouterr().err
     assert main(_grid(tmp_path, "--resume")) == 0
     assert all(p.stat().st_mtime_ns == t for p, t in kept.items())  # finished runs not trained again
     assert (seed1 / "results.json").is_file() and (sweep0 / "results.json").is_file()
@@ -263,3 +268,31 @@ def test_todo_finishes_a_length_before_the_next_seeds_first(tmp_path):
     seeds = [i for i, p in enumerate(at32) if p.seed > 0]
     assert seeds == list(range(len(seeds))) and len(seeds) == grid.seeds - 1  # seeds first, then sweeps
     assert not any(p.group == first.group and p.seed == 0 for p in todo)  # its sweep is done
+
+
+def test_run_durations_expect_the_median_of_a_cell_s_finished_runs(tmp_path):
+    """A run's expected time is the median ``wall_clock.total_s`` of the finished runs of its
+    sequence length and width (any entry, rate or seed); results without a clock are skipped, a
+    cell with none expects nothing (such a run starts), and a run that finishes counts at once."""
+    from mhe.experiments.grid import RunDurations
+    from mhe.experiments.grid_presets import GRIDS
+
+    grid = GRIDS["cpu-recall-zoology"]
+    state = GridRun(grid, tmp_path)
+    block = grid.blocks[0]
+
+    def finish(entry, width, lr, seconds):
+        d = state.path(Point(block, entry, 32, 4, width, lr, 0))
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps({"score": 0.5, **({"wall_clock": {"total_s": seconds}}
+                                                                      if seconds is not None else {})}))
+    finish("mha", 32, 3e-3, 10.0)
+    finish("mhe-add", 32, 3e-3, 30.0)
+    finish("mhe-add", 32, 1e-2, None)  # no clock: skipped
+    finish("mha", 64, 3e-3, 99.0)
+    durations = RunDurations(state)
+    assert durations.expected(Point(block, "mha", 32, 4, 32, 1e-2, 1)) == 20.0
+    assert durations.expected(Point(block, "mha", 64, 8, 32, 1e-2, 0)) is None  # another length
+    finish("mha", 32, 1e-2, 11.0)
+    durations.add(Point(block, "mha", 32, 4, 32, 1e-2, 0))
+    assert durations.expected(Point(block, "mhe-add", 32, 4, 32, 3e-3, 2)) == 11.0

@@ -39,6 +39,10 @@ def compare_args(p):
     p.add_argument("--resume", action="store_true",
                    help="continue the unfinished runs of the comparison in --out from their checkpoints "
                         "(finished runs are never trained again)")
+    p.add_argument("--finish-by", type=float, default=None, metavar="SECONDS",
+                   help="grid presets: start only runs expected to end within SECONDS of this command's start "
+                        "(a run's expected time: the median of the folder's finished runs of its sequence length "
+                        "and width); the rest wait for the next call (--resume)")
 
 
 # section 4.4: "For each task, we use five different seeds and report the average"
@@ -112,7 +116,7 @@ def cmd_grid(args) -> int:
                         ("--paper", args.paper), ("--pretrained", args.pretrained or None)):
         if value is not None:
             raise MheError(f"{flag} does not go with the grid preset {args.preset!r} (its kinds, cells and task are "
-                           "its own); give --seeds, --set, --workers, --out or --resume")
+                           "its own); give --seeds, --set, --workers, --out, --resume or --finish-by")
     grid = GRIDS[args.preset]
     if args.seeds is not None:
         if args.seeds <= 0:
@@ -122,12 +126,14 @@ def cmd_grid(args) -> int:
                                "model.attention": "the grid's kinds", "train.lr": "the grid's learning rates"})
     if args.workers is not None and args.workers <= 0:
         raise MheError(f"--workers must be a positive integer, got {args.workers}")
+    if args.finish_by is not None and not args.finish_by > 0:
+        raise MheError(f"--finish-by must be a positive number of seconds, got {args.finish_by:g}")
     out = check_output_dir(args.out or default_run_dir("compare", args.preset))
     workers = args.workers or (GRID_WORKERS_PER_GPU * torch.cuda.device_count() or 2)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         summary = run_grid(args.preset, grid, out, workers=workers, resume=args.resume, overrides=list(args.set),
-                           data_dir=args.data_dir, log=log)
+                           data_dir=args.data_dir, log=log, finish_by=args.finish_by)
     except KeyboardInterrupt as e:
         log(f"interrupted; continue with the same command and --resume ({out})")
         return getattr(e, "exit_code", 130)
@@ -149,6 +155,8 @@ def cmd_compare(args) -> int:
 
     if args.preset in GRIDS:
         return cmd_grid(args)
+    if args.finish_by is not None:
+        raise MheError(f"--finish-by goes with a grid preset ({', '.join(GRIDS)}), not {args.preset or 'the default'!r}")
     name, sweep = build_sweep(args)
     out = check_output_dir(args.out or default_compare_dir(name, sweep))
     if args.workers is not None and args.workers <= 0:

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import statistics
+import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
@@ -223,14 +226,45 @@ def check_grid_dir(out: Path, record: dict) -> None:
                            f"({free_name(out)} is free)")
 
 
-def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bool = False,
-             overrides: list[str] | None = None, data_dir: str = "", log=print) -> dict:
-    """Run what is missing of the grid in ``out`` with ``workers`` pooled workers, then write the
-    tables and figures; returns the summary."""
-    import torch
+class RunDurations:
+    """Seconds the finished runs of each (sequence length, width) took (their ``wall_clock``'s
+    ``total_s``), read from the folder and added as runs finish: what a run of that cell is
+    expected to take, so that a call with a deadline starts only runs that can end by it."""
 
+    def __init__(self, state: GridRun):
+        self.state = state
+        self.seconds: dict[tuple[int, int], list[float]] = {}
+        for f in (state.out / "runs").glob(f"*/{RESULTS}"):
+            self._read(f)
+
+    def _read(self, f: Path) -> None:
+        cell = re.match(r"L(\d+)-d(\d+)-", f.parent.name)
+        try:
+            total = float(json.loads(f.read_text())["wall_clock"]["total_s"])
+        except (KeyError, TypeError, ValueError, OSError):
+            return
+        if cell:
+            self.seconds.setdefault((int(cell[1]), int(cell[2])), []).append(total)
+
+    def add(self, p: Point) -> None:
+        """A run that finished: its time counts from now on."""
+        if self.state.finished(p):
+            self._read(self.state.path(p) / RESULTS)
+
+    def expected(self, p: Point) -> float | None:
+        """The median time of the finished runs of ``p``'s length and width (None: none yet)."""
+        seen = self.seconds.get((p.length, p.width))
+        return statistics.median(seen) if seen else None
+
+
+def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bool = False,
+             overrides: list[str] | None = None, data_dir: str = "", log=print,
+             finish_by: float | None = None) -> dict:
+    """Run what is missing of the grid in ``out`` with ``workers`` pooled workers, then write the
+    tables and figures; returns the summary. With ``finish_by`` (seconds from now) a run starts
+    only if it is expected to end by then (:class:`RunDurations`; a cell with no finished run
+    starts), so that a call cut at that deadline stops few runs midway."""
     from mhe.experiments.grid_report import write_grid_summary
-    from mhe.experiments.pool import Pool, PoolJob, Queue
 
     out = Path(out)
     overrides = list(overrides or [])
@@ -257,23 +291,47 @@ def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bo
     if todo:
         log(f"grid {name}: {len(todo)} run(s) to do now (more seeds follow each finished sweep), "
             f"{workers} worker(s) -> {out}")
-
-        def job(p: Point) -> PoolJob:
-            return PoolJob(p.name(), state.path(p), run_config(grid, p, overrides, data_dir), {"point": p})
-
-        def write_config(j: PoolJob) -> None:
-            j.run_dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(j.run_dir / "run.json", j.config.record())
-
-        queue = Queue([job(p) for p in todo], on_done=lambda j, rc: [job(q) for q in state.next_after(j.data["point"])])
-        try:
-            Pool(workers, gpus=torch.cuda.device_count(), log=log).run(queue, write_config)
-        finally:
-            if any((out / "runs").glob(f"*/{RESULTS}")):
-                write_grid_summary(out)
-        if queue.failed:
-            raise MheError(f"{len(queue.failed)} run(s) failed ({', '.join(j.name for j in queue.failed[:3])}); "
-                           "rerun the same command with --resume to retry them")
+        train_pooled(state, todo, workers, log, finish_by)
     else:
         log(f"already finished: results in {out}")
     return write_grid_summary(out)
+
+
+def train_pooled(state: GridRun, todo: list[Point], workers: int, log, finish_by: float | None) -> None:
+    """Train ``todo`` (and the runs their results make possible) in a pool of ``workers``; with
+    ``finish_by``, start only runs expected to end within that many seconds."""
+    import torch
+
+    from mhe.experiments.grid_report import write_grid_summary
+    from mhe.experiments.pool import Pool, PoolJob, Queue
+
+    grid, out, start = state.grid, state.out, time.monotonic()
+    durations = RunDurations(state)
+
+    def job(p: Point) -> PoolJob:
+        return PoolJob(p.name(), state.path(p), run_config(grid, p, state.overrides, state.data_dir), {"point": p})
+
+    def write_config(j: PoolJob) -> None:
+        j.run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(j.run_dir / "run.json", j.config.record())
+
+    def follow(j: PoolJob, rc: int) -> list[PoolJob]:
+        durations.add(j.data["point"])
+        return [job(q) for q in state.next_after(j.data["point"])]
+
+    def admit(j: PoolJob) -> bool:
+        expected = durations.expected(j.data["point"])
+        return finish_by is None or expected is None or time.monotonic() - start + expected <= finish_by
+
+    queue = Queue([job(p) for p in todo], on_done=follow, admit=admit)
+    try:
+        Pool(workers, gpus=torch.cuda.device_count(), log=log).run(queue, write_config)
+    finally:
+        if any((out / "runs").glob(f"*/{RESULTS}")):
+            write_grid_summary(out)
+    if queue.pending and not queue.stopped:
+        log(f"{len(queue.pending)} run(s) left for the next call: none of them was expected to end within "
+            f"--finish-by {finish_by:g} s (the same command with --resume continues)")
+    if queue.failed:
+        raise MheError(f"{len(queue.failed)} run(s) failed ({', '.join(j.name for j in queue.failed[:3])}); "
+                       "rerun the same command with --resume to retry them")

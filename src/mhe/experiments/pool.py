@@ -40,11 +40,16 @@ class PoolJob:
 class Queue:
     """Jobs waiting, with the number running: :meth:`take` waits while runs still going may add
     jobs (``on_done``, put ahead of those waiting), and returns None once nothing waits and
-    nothing runs, or after :meth:`stop`."""
+    nothing runs, or after :meth:`stop`. With ``admit``, a job is handed out only if
+    ``admit(job)`` holds when a worker asks (a run expected to outlast the call stays waiting, for
+    the next call); a worker that finds none it may take ends, and what waits is left in
+    ``pending``."""
 
-    def __init__(self, jobs: list[PoolJob], on_done: Callable[[PoolJob, int], list[PoolJob]] | None = None):
+    def __init__(self, jobs: list[PoolJob], on_done: Callable[[PoolJob, int], list[PoolJob]] | None = None,
+                 admit: Callable[[PoolJob], bool] | None = None):
         self.pending, self.running, self.stopped = list(jobs), 0, False
         self.on_done = on_done or (lambda job, rc: [])
+        self.admit = admit or (lambda job: True)
         self.cond = threading.Condition()
         self.failed: list[PoolJob] = []
 
@@ -52,10 +57,13 @@ class Queue:
         with self.cond:
             while not self.stopped and not self.pending and self.running:
                 self.cond.wait()
-            if self.stopped or not self.pending:
+            if self.stopped:
                 return None
-            self.running += 1
-            return self.pending.pop(0)
+            for i, job in enumerate(self.pending):
+                if self.admit(job):
+                    self.running += 1
+                    return self.pending.pop(i)
+            return None
 
     def done(self, job: PoolJob, rc: int) -> None:
         with self.cond:
