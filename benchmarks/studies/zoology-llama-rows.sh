@@ -19,8 +19,9 @@
 # (card, torch, start and end times). A section stops at DEADLINE seconds (default 540: the device
 # machine allows 600 a command and the packing must still run): runs still going save and stop,
 # the tables are written from the finished ones, and the same command with the same RESULTS_DIR
-# continues (--resume). The recall grid starts no run that its cell's finished runs say cannot end
-# by then (--finish-by DEADLINE-10): those wait for the next call instead of being cut midway. With $OUT set (the device machine's return folder) the section's folder is
+# continues (--resume). The recall grid starts no run that its cell's finished runs say cannot
+# end by then (--finish-by DEADLINE-10; exit 3 when runs wait): they wait for the next call
+# instead of being cut midway. With $OUT set (the device machine's return folder) the section's folder is
 # packed into $OUT/i60-SECTION.tar.gz without weights, checkpoints and tokenizers, the log beside it;
 # a second call into a fresh copy unpacks $IN/i60-SECTION.tar.gz first when IN names the folder
 # holding the first call's archive. Environment: MHE_DATA (default data-cache/data), WORKERS, PRESET,
@@ -65,7 +66,10 @@ EOF
     gpus=$(python -c 'import torch; print(torch.cuda.device_count())')
     if [ "$section" = recall ]; then workers=$(( gpus > 0 ? 8 * gpus : 2 )); else workers=21; fi
   fi
-  finish=(); [ "$section" = recall ] && finish=(--finish-by "$(( ${DEADLINE:-540} > 20 ? ${DEADLINE:-540} - 10 : ${DEADLINE:-540} ))")
+  finish=(); deadline=${DEADLINE:-540}   # --finish-by only for a whole number of seconds over 20
+  if [ "$section" = recall ] && [[ $deadline =~ ^[0-9]+$ ]] && [ "$deadline" -gt 20 ]; then
+    finish=(--finish-by "$((deadline - 10))")
+  fi
   timeout -k 60 "${DEADLINE:-540}" python -m mhe compare --preset "$preset" --data-dir "$data" \
       --workers "$workers" --out "$results/$folder" --resume "${finish[@]}" "${extra[@]}"
   rc=$?

@@ -42,3 +42,26 @@ def test_the_queue_hands_out_only_admitted_jobs_and_leaves_the_rest_waiting():
     assert q.take() is None and [j.name for j in q.pending] == ["long", "longer"] and q.running == 0
     plain = Queue([PoolJob(n, Path(n), None) for n in ("a", "b")])
     assert [plain.take().name, plain.take().name] == ["a", "b"]
+
+
+def test_a_worker_that_may_take_nothing_waits_while_a_run_can_still_add_work():
+    """Only a run the deadline would cut is waiting, but a run still going adds work when it ends
+    (a finished sweep's seeds): a second worker waits for that work instead of ending, and ends
+    once nothing it may take is left and nothing runs."""
+    first = PoolJob("sweep", Path("sweep"), None)
+    seeds = [PoolJob(f"seed{i}", Path(f"seed{i}"), None) for i in (1, 2)]
+    q = Queue([first, PoolJob("long", Path("long"), None)], on_done=lambda j, rc: seeds if j is first else [],
+              admit=lambda j: j.name != "long")
+    running = q.take()
+    got = []
+    second = threading.Thread(target=lambda: got.append(q.take()))
+    second.start()
+    time.sleep(0.05)
+    assert second.is_alive() and not got  # waiting, not ended
+    q.done(running, 0)
+    second.join(2)
+    assert [j.name for j in got] == ["seed1"]
+    q.done(got[0], 0)
+    last = q.take()
+    q.done(last, 0)
+    assert last.name == "seed2" and q.take() is None and [j.name for j in q.pending] == ["long"]

@@ -4,6 +4,7 @@ way), ``mhe report`` and ``mhe overview`` (tables and plots from finished compar
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def compare_args(p):
     p.add_argument("--finish-by", type=float, default=None, metavar="SECONDS",
                    help="grid presets: start only runs expected to end within SECONDS of this command's start "
                         "(a run's expected time: the median of the folder's finished runs of its sequence length "
-                        "and width); the rest wait for the next call (--resume)")
+                        "and width); the rest wait for the next call (--resume), and the command exits 3")
 
 
 # section 4.4: "For each task, we use five different seeds and report the average"
@@ -126,8 +127,8 @@ def cmd_grid(args) -> int:
                                "model.attention": "the grid's kinds", "train.lr": "the grid's learning rates"})
     if args.workers is not None and args.workers <= 0:
         raise MheError(f"--workers must be a positive integer, got {args.workers}")
-    if args.finish_by is not None and not args.finish_by > 0:
-        raise MheError(f"--finish-by must be a positive number of seconds, got {args.finish_by:g}")
+    if args.finish_by is not None and not 0 < args.finish_by < math.inf:
+        raise MheError(f"--finish-by must be a positive, finite number of seconds, got {args.finish_by:g}")
     out = check_output_dir(args.out or default_run_dir("compare", args.preset))
     workers = args.workers or (GRID_WORKERS_PER_GPU * torch.cuda.device_count() or 2)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
@@ -140,10 +141,13 @@ def cmd_grid(args) -> int:
     print(summary["markdown"])
     print(f"tables: {out}/summary.md, summary.csv, summary.json; plots: {out}/recall_vs_width.png, "
           f"{out}/recall_vs_kv_cache.png")
-    return 0
+    return 0 if summary.get("complete", True) else GRID_LEFT_FOR_NEXT_CALL
 
 
 GRID_WORKERS_PER_GPU = 8
+GRID_LEFT_FOR_NEXT_CALL = 3
+"""``mhe compare --finish-by``'s exit status when runs were left for the next call (a loop that
+calls until it succeeds goes on)."""
 """A grid's default workers per GPU: its runs are tiny and launch-bound, so several share a card."""
 
 
@@ -156,7 +160,8 @@ def cmd_compare(args) -> int:
     if args.preset in GRIDS:
         return cmd_grid(args)
     if args.finish_by is not None:
-        raise MheError(f"--finish-by goes with a grid preset ({', '.join(GRIDS)}), not {args.preset or 'the default'!r}")
+        named = repr(args.preset) if args.preset else "the default preset"
+        raise MheError(f"--finish-by goes with a grid preset ({', '.join(GRIDS)}), not {named}")
     name, sweep = build_sweep(args)
     out = check_output_dir(args.out or default_compare_dir(name, sweep))
     if args.workers is not None and args.workers <= 0:

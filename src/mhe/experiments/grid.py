@@ -11,7 +11,9 @@ above its neighbour, first adds the next rate past that edge on the 1-3 ladder (
 1e-3 -> 3e-4), up to ``extend`` rates, so that the chosen rate is bracketed where it can be. Runs go to ``OUT/runs/L{length}-d{width}-{block-}{entry}-lr{rate}-seed{s}``,
 are trained by a pool of long-lived workers (:mod:`mhe.experiments.pool`: hundreds of tiny runs,
 one process start per worker, not per run), and follow the rerun rule: finished runs are read, not
-trained again; unfinished ones continue with ``--resume``. ``OUT/grid.json`` records what was asked;
+trained again; unfinished ones continue with ``--resume``, length by length, each length's leftover
+seeds first. With ``finish_by`` (``mhe compare --finish-by``) a call starts only runs that its
+cells' finished runs say can end by then; the rest wait for the next call. ``OUT/grid.json`` records what was asked;
 the tables and figures (:mod:`mhe.experiments.grid_report`) are rebuilt by ``mhe report OUT``.
 """
 
@@ -61,7 +63,9 @@ class Grid:
     def points(self):
         """(block, entry, length, pairs, width) of every group: the shortest sequences first (a
         call stopped by a deadline leaves whole lengths done), within one the widest models first
-        (they take longest: started first, the workers end together)."""
+        (they take longest: started first, the workers end together). A call queues each length's
+        leftover seeds before its sweeps (:meth:`GridRun.todo`), and with a deadline it skips runs
+        that could not end by it (:func:`may_start`)."""
         return [(b, e, length, pairs, w) for length, pairs in sorted(self.cells)
                 for w in sorted(self.widths, reverse=True) for b in self.blocks for e in b.entries]
 
@@ -187,7 +191,7 @@ class GridRun:
         sweep runs. (Every length's sweeps once came first, and a seed run stopped at a deadline
         then waited behind the sweeps of all the longer lengths.)"""
         out = []
-        for length, _ in sorted(self.grid.cells):
+        for length in sorted({cell[0] for cell in self.grid.cells}):
             groups = [pt for pt in self.grid.points() if pt[2] == length]
             out += [p for pt in groups for p in self.seeds_of(*pt) if not self.finished(p)]
             out += [p for pt in groups for p in self.sweep(*pt) if not self.finished(p)]
@@ -238,13 +242,16 @@ class RunDurations:
             self._read(f)
 
     def _read(self, f: Path) -> None:
+        """A run's time less its process's start-up (paid once per pooled worker). A run resumed
+        from a checkpoint reports its last part only, an underestimate the median mostly absorbs."""
         cell = re.match(r"L(\d+)-d(\d+)-", f.parent.name)
         try:
-            total = float(json.loads(f.read_text())["wall_clock"]["total_s"])
+            clock = json.loads(f.read_text())["wall_clock"]
+            took = float(clock["total_s"]) - float(clock.get("startup_s") or 0.0)
         except (KeyError, TypeError, ValueError, OSError):
             return
-        if cell:
-            self.seconds.setdefault((int(cell[1]), int(cell[2])), []).append(total)
+        if cell and math.isfinite(took) and took >= 0:
+            self.seconds.setdefault((int(cell[1]), int(cell[2])), []).append(took)
 
     def add(self, p: Point) -> None:
         """A run that finished: its time counts from now on."""
@@ -261,9 +268,10 @@ def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bo
              overrides: list[str] | None = None, data_dir: str = "", log=print,
              finish_by: float | None = None) -> dict:
     """Run what is missing of the grid in ``out`` with ``workers`` pooled workers, then write the
-    tables and figures; returns the summary. With ``finish_by`` (seconds from now) a run starts
-    only if it is expected to end by then (:class:`RunDurations`; a cell with no finished run
-    starts), so that a call cut at that deadline stops few runs midway."""
+    tables and figures; returns the summary, with ``complete`` false where runs were left for
+    the next call. With ``finish_by`` (seconds from this process's start) a run starts only if it
+    is expected to end by then (:func:`may_start`, :class:`RunDurations`; a cell with no finished
+    run starts), so that a call cut at that deadline stops few runs midway."""
     from mhe.experiments.grid_report import write_grid_summary
 
     out = Path(out)
@@ -291,21 +299,34 @@ def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bo
     if todo:
         log(f"grid {name}: {len(todo)} run(s) to do now (more seeds follow each finished sweep), "
             f"{workers} worker(s) -> {out}")
-        train_pooled(state, todo, workers, log, finish_by)
+        complete = train_pooled(state, todo, workers, log, finish_by)
     else:
         log(f"already finished: results in {out}")
-    return write_grid_summary(out)
+        complete = True
+    return {**write_grid_summary(out), "complete": complete}
 
 
-def train_pooled(state: GridRun, todo: list[Point], workers: int, log, finish_by: float | None) -> None:
+def may_start(elapsed: float, expected: float | None, finish_by: float | None) -> bool:
+    """Whether a run expected to take ``expected`` seconds (None: not known) starts ``elapsed``
+    seconds into a call that should end by ``finish_by``: if it is expected to end in time, or
+    nothing is known of its cell; a run longer than the whole budget, which can only end by being
+    resumed, starts in the budget's first tenth only (else it would wait for ever)."""
+    if finish_by is None or expected is None or elapsed + expected <= finish_by:
+        return True
+    return expected > finish_by and elapsed <= 0.1 * finish_by
+
+
+def train_pooled(state: GridRun, todo: list[Point], workers: int, log, finish_by: float | None) -> bool:
     """Train ``todo`` (and the runs their results make possible) in a pool of ``workers``; with
-    ``finish_by``, start only runs expected to end within that many seconds."""
+    ``finish_by`` (seconds from this process's start), start only runs that :func:`may_start`.
+    Returns whether every run was handed out (False: some wait for the next call)."""
     import torch
 
     from mhe.experiments.grid_report import write_grid_summary
     from mhe.experiments.pool import Pool, PoolJob, Queue
+    from mhe.training.run_report import process_age
 
-    grid, out, start = state.grid, state.out, time.monotonic()
+    grid, out, start = state.grid, state.out, time.monotonic() - process_age()
     durations = RunDurations(state)
 
     def job(p: Point) -> PoolJob:
@@ -320,8 +341,7 @@ def train_pooled(state: GridRun, todo: list[Point], workers: int, log, finish_by
         return [job(q) for q in state.next_after(j.data["point"])]
 
     def admit(j: PoolJob) -> bool:
-        expected = durations.expected(j.data["point"])
-        return finish_by is None or expected is None or time.monotonic() - start + expected <= finish_by
+        return may_start(time.monotonic() - start, durations.expected(j.data["point"]), finish_by)
 
     queue = Queue([job(p) for p in todo], on_done=follow, admit=admit)
     try:
@@ -329,9 +349,10 @@ def train_pooled(state: GridRun, todo: list[Point], workers: int, log, finish_by
     finally:
         if any((out / "runs").glob(f"*/{RESULTS}")):
             write_grid_summary(out)
-    if queue.pending and not queue.stopped:
-        log(f"{len(queue.pending)} run(s) left for the next call: none of them was expected to end within "
-            f"--finish-by {finish_by:g} s (the same command with --resume continues)")
     if queue.failed:
         raise MheError(f"{len(queue.failed)} run(s) failed ({', '.join(j.name for j in queue.failed[:3])}); "
                        "rerun the same command with --resume to retry them")
+    if queue.pending and finish_by is not None:
+        log(f"{len(queue.pending)} run(s) left for the next call: they could not end within the time left of "
+            f"--finish-by {finish_by:g} s (the same command with --resume continues)")
+    return not queue.pending

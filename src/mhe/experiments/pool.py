@@ -42,8 +42,9 @@ class Queue:
     jobs (``on_done``, put ahead of those waiting), and returns None once nothing waits and
     nothing runs, or after :meth:`stop`. With ``admit``, a job is handed out only if
     ``admit(job)`` holds when a worker asks (a run expected to outlast the call stays waiting, for
-    the next call); a worker that finds none it may take ends, and what waits is left in
-    ``pending``."""
+    the next call): a worker that finds none it may take waits while runs still going may add
+    one, and what is never admitted is left in ``pending``. ``admit`` and ``on_done`` are called
+    under the queue's lock, so state they share needs no lock of its own."""
 
     def __init__(self, jobs: list[PoolJob], on_done: Callable[[PoolJob, int], list[PoolJob]] | None = None,
                  admit: Callable[[PoolJob], bool] | None = None):
@@ -54,15 +55,15 @@ class Queue:
         self.failed: list[PoolJob] = []
 
     def take(self) -> PoolJob | None:
-        with self.cond:
-            while not self.stopped and not self.pending and self.running:
+        with self.cond:  # admission only loosens in done(), which notifies: waiting needs no timeout
+            while not self.stopped:
+                for i, job in enumerate(self.pending):
+                    if self.admit(job):
+                        self.running += 1
+                        return self.pending.pop(i)
+                if not self.running:
+                    return None
                 self.cond.wait()
-            if self.stopped:
-                return None
-            for i, job in enumerate(self.pending):
-                if self.admit(job):
-                    self.running += 1
-                    return self.pending.pop(i)
             return None
 
     def done(self, job: PoolJob, rc: int) -> None:
