@@ -22,6 +22,8 @@ SUBCOMMANDS = {
     "anchor": ("decoding.anchor", "FlashInfer's batch decode kernel beside mhe's on the same caches"),
     "speed": ("decoding.speed", "model.generate per kind beside transformers' compiled static cache (--old-src)"),
     "profile": ("decoding.profile", "kernels per generated token of model.generate (top kernels by device time)"),
+    "tuning": ("decoding.tuning", "batch-1 model.generate over fresh compiles: the one-row step's tuning default, "
+                                  "timed by kernel time, or off"),
     "split-k": ("decoding.split_k", "the split-k-decode kernel alone: correctness against SDPA, the rate it reads"),
     "beam": ("decoding.beam", "beam search of the encoder-decoder, one source tree at a time (PYTHONPATH's)"),
     "rows": ("decoding.rows", "speed's worker for an older tree (PYTHONPATH=OLD/src)"),
