@@ -99,8 +99,9 @@ def print_row(row: dict) -> None:
         print(f"    {k['us']:8.1f} us {k['launches']:5.1f} x  {k['name']}", flush=True)
 
 
-def measure(a, tunings: list[str], dev: torch.device, context: int) -> list[dict]:
-    """Every row: kind x repeat x tuning, each a fresh compile."""
+def measure(a, tunings: list[str], dev: torch.device, context: int, keep=lambda rows: None) -> list[dict]:
+    """Every row: kind x repeat x tuning, each a fresh compile; ``keep(rows)`` after each (a call
+    cut by a time limit keeps the rows it finished)."""
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows = []
     for kind in a.kinds.split(","):
@@ -112,6 +113,7 @@ def measure(a, tunings: list[str], dev: torch.device, context: int) -> list[dict
                        **one_row(model, ids, mask, dev, tuning, context // 2, a.reps, a.top)}
                 print_row(row)
                 rows.append(row)
+                keep(rows)
         del model
         decode_rows.release(dev)
     return rows
@@ -139,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         keep_tuner_log(a.tuner_log)
     dev = torch.device("cuda" if torch.cuda.is_available() and not a.smoke else "cpu")
     context = 48 if a.smoke else a.context
-    with torch._inductor.config.patch(force_disable_caches=True):  # every row compiles and tunes afresh
-        rows = measure(a, tunings, dev, context)
     card = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+
+    def keep(rows):
+        if a.json:
+            Path(a.json).write_text(json.dumps({"device": card, "preset": a.preset, "rows": rows}, indent=1))
+    with torch._inductor.config.patch(force_disable_caches=True):  # every row compiles and tunes afresh
+        measure(a, tunings, dev, context, keep)
     print(f"device: {card}; torch {torch.__version__}; {a.preset}, batch 1, context {context}")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"device": card, "preset": a.preset, "rows": rows}, indent=1))
     return 0
