@@ -12,6 +12,12 @@ parameters a prompt token goes through, not the embeddings), the causal attentio
 ``2 * L * n * d * T^2`` a row (QK^T and AV over half the square), and the output head at the
 last position; ``fraction_of_peak`` is their rate over the card's dense bf16 peak
 (``mhe.bench.common.PEAK_BF16``). Writes ``OUT/decode-prefill-CARD.json`` (a list of rows).
+
+``--compiled`` also times the lever for the long prefill, not yet in ``model.generate``: the
+session's prefill (its forward into the caches, as one function of the prompt) compiled by
+``torch.compile`` for that one shape, under ``torch.no_grad`` as ``generate`` runs it, with its
+compile time and its logits' largest difference from the eager prefill's (relative to the
+largest logit). On a CPU (``--cpu-smoke``) it compiles with the ``aot_eager`` backend.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 import torch
 
 from decoding import floor
+from mhe.bench.common import timed
 from mhe.training.checkpoint import write_json_atomic
 
 
@@ -40,13 +47,59 @@ def prefill_row(model, preset: str, kind: str, rows: int, a, dev, peak) -> dict:
             "tflops_per_s": round(rate / 1e12, 1), "fraction_of_peak": round(rate / peak, 3) if peak else None}
 
 
+def compiled_prefill(model, rows: int, prompt: int, dev) -> dict:
+    """The session's prefill of ``rows`` x ``prompt`` compiled for that shape: its median ms, the
+    first call's seconds (the compile) and its logits' largest difference from the eager
+    prefill's, relative to the largest logit."""
+    ids = torch.randint(0, model.cfg.vocab_size, (rows, prompt), device=dev)
+    session = model.generator(rows, prompt + 1, step_mode="eager")
+    model.generate(ids, 1, session=session)  # builds the session's view and caches
+    mask = torch.ones(rows, prompt, dtype=torch.bool, device=dev)
+    positions = torch.arange(prompt, device=dev).expand(rows, prompt)
+    region = session._prefill_region(prompt)
+    fast = torch.compile(region, dynamic=False, **({"backend": "aot_eager"} if dev.type == "cpu" else {}))
+    with torch.no_grad():
+        want = region(ids, mask, positions).float()
+        t0 = time.perf_counter()
+        got = fast(ids, mask, positions).float()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t0
+        ms = timed(lambda: fast(ids, mask, positions), warmup=1, reps=3, cuda=dev.type == "cuda")
+    diff = ((got - want).abs().max() / want.abs().max()).item()
+    return {"compiled_ms_per_call": round(ms, 2), "compile_s": round(compile_s, 1), "compiled_rel_diff": diff}
+
+
+def compiled_row(model, row: dict, a, dev, peak) -> dict:
+    """The compiled prefill of the row's shape, scaled to the batch as the row is."""
+    got = compiled_prefill(model, row["rows"], a.prompt, dev)
+    ms = got["compiled_ms_per_call"]
+    rate = row["flops_per_call"] / (ms / 1e3)
+    return {**got, "compiled_ms": round(ms * a.batch / row["rows"], 2),
+            "compiled_fraction_of_peak": round(rate / peak, 3) if peak else None}
+
+
+def share(x: float | None) -> str:
+    return f"{x:.0%}" if x is not None else "-"
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| model | kind | rows a call | batch x prompt | prefill ms (batch) | tokens/s | attention of FLOPs | "
-             "TFLOP/s | of bf16 peak |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    """The rows as markdown; with the compiled prefill's columns where rows have them."""
+    compiled = any("compiled_ms" in r for r in rows)
+    head = ("| model | kind | rows a call | batch x prompt | prefill ms (batch) | tokens/s | attention of FLOPs | "
+            "TFLOP/s | of bf16 peak |")
+    rule = "|---|---|---:|---|---:|---:|---:|---:|---:|"
+    if compiled:
+        head, rule = head + " compiled ms (batch) | compiled, of peak | compile s | logits' difference |", rule + "---:|" * 4
+    lines = [head, rule]
     for r in rows:
-        peak = f"{r['fraction_of_peak']:.0%}" if r["fraction_of_peak"] is not None else "-"
-        lines.append(f"| {r['preset']} | {r['kind']} | {r['rows']} | {r['batch']} x {r['prompt']:,} | {r['ms']:.1f} | "
-                     f"{r['tokens_per_s']:,} | {r['attention_share_of_flops']:.0%} | {r['tflops_per_s']} | {peak} |")
+        line = (f"| {r['preset']} | {r['kind']} | {r['rows']} | {r['batch']} x {r['prompt']:,} | {r['ms']:.1f} | "
+                f"{r['tokens_per_s']:,} | {r['attention_share_of_flops']:.0%} | {r['tflops_per_s']} | "
+                f"{share(r['fraction_of_peak'])} |")
+        if compiled:
+            line += (f" {r['compiled_ms']:.1f} | {share(r['compiled_fraction_of_peak'])} | {r['compile_s']} | "
+                     f"{r['compiled_rel_diff']:.1e} |" if "compiled_ms" in r else " - | - | - | - |")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -60,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--deadline", type=float, default=0.0, help="seconds after which no row starts (0: none)")
     ap.add_argument("--out", default="results/logs")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny models and prompts on a CPU")
+    ap.add_argument("--compiled", action="store_true",
+                    help="also the prefill compiled for each shape (a lever not yet in model.generate)")
     a = ap.parse_args(argv)
     if a.cpu_smoke:
         a.batch, a.prompt, a.rows = 4, 40, [2, 4]
@@ -76,7 +131,10 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"skipped {preset} {kind} {rows} rows: past the deadline", flush=True)
                     continue
                 try:
-                    done.append({"card": card, **prefill_row(model, preset, kind, min(rows, a.batch), a, dev, peak)})
+                    row = {"card": card, **prefill_row(model, preset, kind, min(rows, a.batch), a, dev, peak)}
+                    if a.compiled:
+                        row.update(compiled_row(model, row, a, dev, peak))
+                    done.append(row)
                 except torch.cuda.OutOfMemoryError:
                     print(f"skipped {preset} {kind} {rows} rows: out of memory", flush=True)
                     continue
