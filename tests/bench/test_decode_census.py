@@ -78,17 +78,21 @@ def test_prefill_command_rows_scale_to_the_batch_and_count_the_floor_flops(tmp_p
         assert abs(r["tokens_per_s"] - r["rows"] * 40 / (r["ms_per_call"] / 1e3)) <= 0.01 * r["tokens_per_s"] + 1
 
 
-def test_the_compiled_prefill_equals_the_eager_one_and_scales_as_its_row(tmp_path, capsys):
-    """``--compiled`` (aot_eager on a CPU, float32): the compiled prefill's logits equal the eager
-    prefill's to float32 rounding, its milliseconds scale to the batch as the row's do, and the
-    table gains its columns; without it the rows have none."""
+def test_the_compiled_prefill_equals_the_eager_one_and_scales_as_its_row(tmp_path, capsys, monkeypatch):
+    """``--compiled`` (aot_eager on a CPU, float32): ``generate``'s own compiled prefill (prompts
+    over a lowered ``PREFILL_GRAPH_TOKENS``) ran, its logits equal the eager prefill's to float32
+    rounding, its milliseconds scale to the batch as the row's do, and the table gains its
+    columns; without it the rows have none."""
     from decoding import prefill
+    from mhe.generation import session as sessions
 
+    monkeypatch.setattr(sessions, "PREFILL_GRAPH_TOKENS", 60)
     prefill.main(["--cpu-smoke", "--presets", "llama-135m", "--kinds", "mhe-mul", "--out", str(tmp_path),
                   "--compiled"])
     rows = json.loads((tmp_path / "decode-prefill-cpu.json").read_text())
     assert len(rows) == 2
     for r in rows:
-        assert r["compiled_rel_diff"] < 1e-5 and r["compile_s"] >= 0 and r["compiled_fraction_of_peak"] is None
+        assert r["compiled"] and r["compiled_rel_diff"] < 1e-5 and r["compile_s"] >= 0
+        assert r["compiled_fraction_of_peak"] is None
         assert abs(r["compiled_ms"] - r["compiled_ms_per_call"] * 4 / r["rows"]) <= 0.02
     assert "| compiled ms (batch) | compiled, of peak | compile s | logits' difference |" in capsys.readouterr().out

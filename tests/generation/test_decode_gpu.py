@@ -136,3 +136,30 @@ def test_captured_prefill_replays_the_eager_prefill(kind, monkeypatch):
     got, gl = model.generate(ids, 12, session=graph, attention_mask=mask, return_logits=True)
     want, wl = model.generate(ids, 12, session=eager, attention_mask=mask, return_logits=True)
     assert not graph.prefills.runners and torch.equal(gl, wl)
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["mha", "gqa", "mhe-mul"])
+def test_compiled_long_prefill_agrees_with_eager(kind, monkeypatch):
+    """Over ``PREFILL_GRAPH_TOKENS`` a ``compile`` session runs its prefill compiled by inductor
+    from a shape's second call: in fp32 its logits are the eager prefill's to 1e-5 (inductor's
+    fused arithmetic rounds differently, nothing else) and the greedy tokens of the whole call are
+    the eager session's, for ragged left-padded and unpadded prompts of 3 x 100 tokens."""
+    from mhe.generation import session as sessions
+
+    monkeypatch.setattr(sessions, "PREFILL_GRAPH_TOKENS", 256)
+    torch.manual_seed(0)
+    opts = {"n_kv_heads": 2} if kind == "gqa" else {}
+    model = build_model("llama-tiny", attention=kind, attn_options=opts).cuda().float().eval()
+    ids = torch.randint(3, 1024, (3, 100), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[0, :20] = 0
+    eager, fast = (model.generator(3, 120, step_mode=mode) for mode in ("eager", "compile"))
+    for m in (mask, None):
+        want, wl = model.generate(ids, 12, attention_mask=m, session=eager, return_logits=True)
+        for _ in range(2):
+            got, gl = model.generate(ids, 12, attention_mask=m, session=fast, return_logits=True)
+            assert torch.equal(got, want)
+            torch.testing.assert_close(gl[:, 0], wl[:, 0], rtol=1e-5, atol=1e-5)
+    assert sorted(fast.prefills.runners) == [(3, 100, False), (3, 100, True)]
+    assert not any(r.fell_back for r in fast.prefills.runners.values())

@@ -220,3 +220,31 @@ def test_a_direct_prefill_builds_no_training_graph():
     got = session.prefill(ids, mask, torch.arange(7).expand(2, 7), 1)
     assert got.grad_fn is None and not got.requires_grad
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["mha", "mhe-mul"])
+def test_a_long_prefill_is_compiled_at_its_second_call_in_compile_mode(kind, monkeypatch):
+    """Over ``PREFILL_GRAPH_TOKENS`` a ``compile`` session compiles its prefill for the prompt's
+    shape at the shape's second call and runs that compile from then on: float64 logits to 1e-12
+    of an eager session's, for ragged left-padded and for unpadded prompts, in a Llama-style
+    decoder (rotary positions). A shape's first call, and every call of an ``eager`` session,
+    runs eagerly; the compiled prefills are kept by shape like the captured ones."""
+    monkeypatch.setattr(generate_module, "PREFILL_GRAPH_TOKENS", 2 * 5)
+    torch.manual_seed(0)
+    model = build_model("llama-tiny", attention=kind).double().eval()
+    ids = torch.randint(3, 200, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    eager, fast = model.generator(2, 20, step_mode="eager"), model.generator(2, 20, step_mode="compile",
+                                                                              compile_options=AOT)
+    for args in ((ids, mask), (ids, None), (ids[:, :4], None)):  # the last: 8 tokens, under the limit
+        kw = dict(attention_mask=args[1], return_logits=True)
+        want, wl = model.generate(args[0], 5, session=eager, **kw)
+        for calls in range(3):
+            got, gl = model.generate(args[0], 5, session=fast, **kw)
+            assert torch.equal(got, want)
+            torch.testing.assert_close(gl, wl, rtol=1e-12, atol=1e-12)
+            key = (2, args[0].shape[1], args[1] is not None)
+            assert (key in fast.prefills.runners) == (calls > 0 and args[0].shape[1] == 9), (key, calls)
+    assert all(type(r).__name__ == "_CompiledStep" and not r.fell_back for r in fast.prefills.runners.values())
+    assert sorted(fast.prefills.runners) == [(2, 9, False), (2, 9, True)] and not eager.prefills.runners

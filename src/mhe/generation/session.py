@@ -56,8 +56,9 @@ captured at the shape's second call (a capture costs about three eager prefills,
 once runs eagerly; the :data:`PREFILL_GRAPHS` newest graphs are kept). Such a prefill is bound by the host launching its eager
 kernels: llama-135m's 256-token prompt at batch 1 launches about 1,500 kernels in 3.4 ms of GPU
 time but took 44-57 ms eagerly, 4.1-4.4 ms replayed (docs/benchmarks.md). Larger prefills keep
-their GPU busy eagerly, and a graph would hold their activations in its own memory pool."""
-PREFILL_GRAPHS = 4  # captured prefills (prompt shapes) a session keeps, the newest
+their GPU busy eagerly, and a graph would hold their activations in its own memory pool. In
+``compile`` mode such a larger prefill is compiled instead (see :meth:`Generator.prefill`)."""
+PREFILL_GRAPHS = 4  # captured or compiled prefills (prompt shapes) a session keeps, the newest
 
 
 @dataclass
@@ -278,7 +279,7 @@ class Generator(DecodeSession):
         self.key_mask = torch.ones(batch, max_len, dtype=torch.bool, device=self.device)  # [B, L] over the caches
         self.state = TokenState(batch, max_len, self.device)
         self.rng: torch.Generator | None = None  # a seeded call's private generator, made once
-        self.prefills = RunnerCache(PREFILL_GRAPHS)  # captured prefills by (rows, length, padded)
+        self.prefills = RunnerCache(PREFILL_GRAPHS)  # captured or compiled prefills by (rows, length, padded)
         self.prefills_seen: set[tuple] = set()  # prompt shapes prefilled once (eagerly) since the last capture
 
     @torch.no_grad()
@@ -298,17 +299,31 @@ class Generator(DecodeSession):
         elif not self.padded or _left_padded(prompt_mask):
             plan = kernels.decode_plan(self.model, self.device, self.dtype, batch=b, positions=self.max_len)
         self._build(plan)
-        region, key = self._prefill_region(p), (b, p, self.padded)
-        capturing = self.mode != "eager" and self.device.type == "cuda" and b * p <= PREFILL_GRAPH_TOKENS
-        if not capturing or (key not in self.prefills.runners and key not in self.prefills_seen):
-            if capturing:  # a shape's first call: eager, remembered (a bounded record)
+        inputs = (input_ids, prompt_mask, positions)
+        return self._prefill_runner(inputs)(*inputs)
+
+    def _prefill_runner(self, inputs: tuple) -> Callable[..., torch.Tensor]:
+        """How a prompt shape ``(rows, length, padded)`` runs: eagerly at its first call (a shape
+        seen once is not worth a capture or a compile), then, in a session that captures its
+        steps, replayed as a CUDA graph up to :data:`PREFILL_GRAPH_TOKENS` prompt tokens (the host
+        launching eager kernels bounds such a prefill); above it, in ``compile`` mode, compiled
+        by inductor for that one shape (static shapes: a dynamic compile of the view took
+        minutes), since a long prompt's eager prefill is bound by its separate memory-bound
+        elementwise kernels (llama-135m MHE-Mul, 16 x 3,840: 99.75 eager against 49.31 ms
+        compiled, docs/benchmarks.md). The :data:`PREFILL_GRAPHS` newest of either are kept."""
+        b, p = inputs[0].shape
+        region, key, small = self._prefill_region(p), (b, p, self.padded), b * p <= PREFILL_GRAPH_TOKENS
+        fast = self.mode != "eager" and self.device.type == "cuda" if small else self.mode == "compile"
+        if not fast or (key not in self.prefills.runners and key not in self.prefills_seen):
+            if fast:  # a shape's first call: eager, remembered (a bounded record)
                 if len(self.prefills_seen) >= 64:
                     self.prefills_seen.clear()
                 self.prefills_seen.add(key)
-            return region(input_ids, prompt_mask, positions)
-        run = self.prefills.get(key, lambda: StepRunner(
-            region, (input_ids, prompt_mask, positions), mode="graph", device=self.device))
-        return run(input_ids, prompt_mask, positions)
+            return region
+        if small:
+            return self.prefills.get(key, lambda: StepRunner(region, inputs, mode="graph", device=self.device))
+        return self.prefills.get(key, lambda: compile_step(region, device=self.device,
+                                                           options=self.options["compile_options"]))
 
     def _prefill_region(self, p: int) -> Callable[..., torch.Tensor]:
         """The prefill of prompts of ``p`` tokens as one region (ids, mask, positions) -> the
