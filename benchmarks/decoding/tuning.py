@@ -2,7 +2,7 @@
 and what does each way of tuning cost a token (issue 62's batch-1 spread)?
 
     python benchmarks/decode.py tuning --preset llama-135m --kinds mha,gqa,mhe-mul \
-        --tunings default,profiled,off --repeats 2 [--top 4] [--tuner-log FILE] [--json FILE]
+        --tunings default,event-clock,off --repeats 2 [--top 4] [--tuner-log FILE] [--json FILE]
     python benchmarks/decode.py tuning --smoke          # the tool's plumbing on a CPU (tiny sizes)
 
 A compiled step of one row on CUDA is tuned by inductor's coordinate descent
@@ -10,10 +10,11 @@ A compiled step of one row on CUDA is tuned by inductor's coordinate descent
 kernel on the card. Each row here is ``model.generate`` at batch 1 (prompt and new tokens
 ``--context``/2 each) after a fresh compile (inductor's caches off, so every row tunes again):
 
-* ``default``: the step as users get it (coordinate descent, timed by inductor's own clock,
-  which for these ~3 us kernels reads 14-26 times the kernel's time in the step);
-* ``profiled``: coordinate descent timing each candidate by its device kernel time (inductor's
-  ``CachingAutotuner.bench(with_profiler=True)``, patched in while the row compiles);
+* ``default``: the step as users get it (coordinate descent, each candidate timed by its device
+  kernel time: ``mhe.generation.step.kernel_time_tuning``);
+* ``event-clock``: coordinate descent timed by inductor's own event clock (the default before
+  the kernel-time clock), which for these ~3 us kernels reads 5-26 times the kernel's time in
+  the step;
 * ``off``: ``compile_options={}``, no tuning (inductor then leaves one-row products to cuBLAS).
 
 It prints each row's ms a token, decode step, first call (compile and tuning), kernels and GPU
@@ -33,31 +34,22 @@ from pathlib import Path
 import torch
 
 from decoding import rows as decode_rows
+from mhe.generation import step as step_module
 
-TUNINGS = ("default", "profiled", "off")
+TUNINGS = ("default", "event-clock", "off")
 TUNER_LOGGER = "torch._inductor.runtime.coordinate_descent_tuner"
 
 
 @contextlib.contextmanager
-def profiled_tuning(on: bool):
-    """While the block runs, inductor's autotuner times each candidate by its device kernel time
-    (``with_profiler=True``) instead of its event clock; nothing when ``on`` is false."""
-    if not on:
-        yield
-        return
-    from torch._inductor.runtime import triton_heuristics
-
-    tuner = triton_heuristics.CachingAutotuner
-    bench = tuner.bench
-
-    def by_kernel_time(self, launcher, *args, with_profiler=False, **kwargs):
-        return bench(self, launcher, *args, with_profiler=True, **kwargs)
-
-    tuner.bench = by_kernel_time
+def event_clock(on: bool):
+    """While the block runs, steps compiled with coordinate descent tune by inductor's own event
+    clock (``KERNEL_TIME_TUNING`` off); nothing when ``on`` is false."""
+    was = step_module.KERNEL_TIME_TUNING
+    step_module.KERNEL_TIME_TUNING = was and not on
     try:
         yield
     finally:
-        tuner.bench = bench
+        step_module.KERNEL_TIME_TUNING = was
 
 
 def compile_options(tuning: str, dev: torch.device) -> dict | None:
@@ -75,7 +67,7 @@ def one_row(model, ids, mask, dev, tuning: str, new: int, reps: int, top: int) -
     release_default_sessions(model)
     torch._dynamo.reset()
     options = {"step_mode": "compile", "compile_options": compile_options(tuning, dev)}
-    with profiled_tuning(tuning == "profiled" and dev.type == "cuda"):
+    with event_clock(tuning == "event-clock"):
         timing = decode_rows.generate_row(model, ids, mask, new, dev, reps, **options)
     count = decode_rows.kernels_per_token(model, ids, mask, dev, top=top, **options)
     return {"ms_a_token": 1e3 * timing["seconds"] / new, "decode_ms_a_step": timing["decode_ms_per_step"],
@@ -123,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="decode.py tuning", description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="llama-135m")
     ap.add_argument("--kinds", default="mha,gqa,mhe-mul")
-    ap.add_argument("--tunings", default="default,profiled,off", help=f"comma-separated, of {', '.join(TUNINGS)}")
+    ap.add_argument("--tunings", default="default,event-clock,off", help=f"comma-separated, of {', '.join(TUNINGS)}")
     ap.add_argument("--repeats", type=int, default=2, help="fresh compiles of each (kind, tuning), in turn")
     ap.add_argument("--context", type=int, default=512, help="prompt + new tokens (half each)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls a row after the first")

@@ -1,5 +1,5 @@
-"""``benchmarks/decode.py tuning`` (``decoding/tuning.py``): the kernel-time clock is patched into
-inductor's autotuner only while a row compiles, the tunings map to the step's compile options,
+"""``benchmarks/decode.py tuning`` (``decoding/tuning.py``): an event-clock row turns the session's kernel-time
+clock off only while it compiles, the tunings map to the step's compile options,
 a bad tuning is refused in one line, and a CPU smoke run writes a row per kind, tuning and
 repeat."""
 
@@ -15,33 +15,25 @@ sys.path.insert(0, str(BENCH))
 from decoding import tuning  # noqa: E402
 
 
-def test_profiled_tuning_times_candidates_by_kernel_time_only_inside_the_block(monkeypatch):
-    """Inside ``profiled_tuning(True)`` every call of the autotuner's ``bench`` asks for the
-    profiler's clock (whatever its caller asked); after the block, and with ``False``, the
-    original method is back and the caller's choice goes through."""
-    from torch._inductor.runtime import triton_heuristics
+def test_the_event_clock_row_turns_the_kernel_time_clock_off_only_inside_the_block():
+    """``event-clock`` rows compile with ``KERNEL_TIME_TUNING`` off (inductor's own clock), and the
+    setting is back afterwards, also when the row fails; other rows leave it on."""
+    from mhe.generation import step
 
-    seen = []
-
-    def bench(self, launcher, *args, with_profiler=False, **kwargs):
-        seen.append(with_profiler)
-        return 1.0
-
-    monkeypatch.setattr(triton_heuristics.CachingAutotuner, "bench", bench)
-    tuner = triton_heuristics.CachingAutotuner
-    with tuning.profiled_tuning(True):
-        tuner.bench(object(), "launcher", 3, with_profiler=False)
-        tuner.bench(object(), "launcher")
-    tuner.bench(object(), "launcher")
-    with tuning.profiled_tuning(False):
-        tuner.bench(object(), "launcher")
-    assert seen == [True, True, False, False] and tuner.bench is bench
+    assert step.KERNEL_TIME_TUNING is True
+    with tuning.event_clock(True):
+        assert step.KERNEL_TIME_TUNING is False
+    with tuning.event_clock(False):
+        assert step.KERNEL_TIME_TUNING is True
+    with pytest.raises(RuntimeError), tuning.event_clock(True):
+        raise RuntimeError("a row that failed")
+    assert step.KERNEL_TIME_TUNING is True
 
 
 def test_tunings_map_to_the_step_s_compile_options():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert tuning.compile_options("default", cuda) is None  # the session's default: coordinate descent
-    assert tuning.compile_options("profiled", cuda) is None  # the same options, another clock
+    assert tuning.compile_options("event-clock", cuda) is None  # the same options, another clock
     assert tuning.compile_options("off", cuda) == {}
     assert tuning.compile_options("off", cpu) == {"backend": "aot_eager"}
 
@@ -51,7 +43,7 @@ def test_a_bad_tuning_is_refused_in_one_line(capsys):
         tuning.main(["--tunings", "default,fast"])
     err = capsys.readouterr().err.strip().splitlines()
     assert done.value.code == 2 and err[-1] == ("decode.py tuning: error: --tunings: 'fast' is not one of "
-                                                "default, profiled, off")
+                                                "default, event-clock, off")
 
 
 def test_the_cpu_smoke_writes_a_row_per_kind_tuning_and_repeat(tmp_path):

@@ -248,3 +248,53 @@ def test_a_long_prefill_is_compiled_at_its_second_call_in_compile_mode(kind, mon
             assert (key in fast.prefills.runners) == (calls > 0 and args[0].shape[1] == 9), (key, calls)
     assert all(type(r).__name__ == "_CompiledStep" and not r.fell_back for r in fast.prefills.runners.values())
     assert sorted(fast.prefills.runners) == [(2, 9, False), (2, 9, True)] and not eager.prefills.runners
+
+
+def test_kernel_time_tuning_asks_the_autotuner_for_the_profiler_clock_only_inside_the_block(monkeypatch):
+    """Inside ``kernel_time_tuning()`` every call of inductor's autotuner ``bench`` asks for the
+    profiler's clock (whatever its caller asked); after the block, and with ``on=False``, the
+    original method is back and the caller's choice goes through."""
+    from torch._inductor.runtime import triton_heuristics
+
+    from mhe.generation.step import kernel_time_tuning
+
+    seen = []
+
+    def bench(self, launcher, *args, with_profiler=False, **kwargs):
+        seen.append(with_profiler)
+        return 1.0
+
+    monkeypatch.setattr(triton_heuristics.CachingAutotuner, "bench", bench)
+    tuner = triton_heuristics.CachingAutotuner
+    with kernel_time_tuning():
+        tuner.bench(object(), "launcher", 3, with_profiler=False)
+        tuner.bench(object(), "launcher")
+    tuner.bench(object(), "launcher")
+    with kernel_time_tuning(False):
+        tuner.bench(object(), "launcher")
+    assert seen == [True, True, False, False] and tuner.bench is bench
+
+
+@pytest.mark.parametrize("device, options, want", [
+    ("cuda", ONE_ROW_COMPILE_OPTIONS, [True, False]),  # the first call compiles and tunes: the kernel's clock
+    ("cuda", {}, [False, False]),  # no coordinate descent, nothing tuned
+    ("cpu", ONE_ROW_COMPILE_OPTIONS, [False, False]),  # no Triton autotuner on a CPU
+])
+def test_a_step_tuned_by_coordinate_descent_tunes_by_kernel_time(monkeypatch, device, options, want):
+    """A step compiled with coordinate-descent tuning on CUDA runs its first call (where inductor
+    compiles and tunes its kernels) with the autotuner on the kernel-time clock, and later calls
+    without; other steps never change the autotuner. (``torch.compile`` is replaced by the
+    identity here, so the step runs on the CPU.)"""
+    from torch._inductor.runtime import triton_heuristics
+
+    original = triton_heuristics.CachingAutotuner.bench
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    patched = []
+
+    def step(x):
+        patched.append(triton_heuristics.CachingAutotuner.bench is not original)
+        return x + 1
+    run = compile_step(step, device=torch.device(device), options=options)
+    for _ in range(2):
+        assert torch.equal(run(torch.ones(2)), torch.full((2,), 2.0))
+    assert patched == want and triton_heuristics.CachingAutotuner.bench is original

@@ -150,15 +150,17 @@ def _smallest_cell(kind="mha", *overrides):
 
 def test_recall_grid_trains_as_zoology_does():
     """What lets MHA leave the recall plateau within the grid's steps (the preset's calibration):
-    attention-only layers, Zoology's batches and weight decay, at Zoology's vocabulary."""
+    attention-only layers, Zoology's batches and weight decay, at Zoology's vocabulary; the
+    lengths from 256 on compiled (RECALL_COMPILED_FROM), the shorter ones as they ran."""
     from mhe.experiments.grid import Point, run_config
     from mhe.experiments.grid_presets import GRIDS
 
     grid = GRIDS["gpu-recall-zoology"]
-    batches = {}
+    batches, compiled = {}, {}
     for block in grid.blocks:
         for length, pairs in grid.cells:
             cfg = run_config(grid, Point(block, block.entries[0], length, pairs, 512, 1e-2, 0))
+            compiled[length] = cfg.train.compile
             assert cfg.model.mlp == "none" and cfg.model.dropout == 0.0 and cfg.train.weight_decay == 0.1
             o = cfg.data.task_options
             assert o.n_keys + o.n_values + 1 == 8192 and o.queries == o.pairs == pairs and o.seq_len == length
@@ -166,6 +168,7 @@ def test_recall_grid_trains_as_zoology_does():
             model = build_model(cfg.model, vocab_size=8192)
             assert not any(".ffn" in name for name, _ in model.named_parameters())
     assert batches == {64: 512, 128: 512, 256: 256, 512: 128}
+    assert compiled == {64: False, 128: False, 256: True, 512: True}  # the pool's measured lever, from 256 on
 
 
 @pytest.mark.slow

@@ -54,6 +54,12 @@ length 64, 64k from 128 on; queried values a step: 2,048, 4,096, 4,096 and 8,192
 are what let a small model leave the recall plateau early (the module's calibration)."""
 RECALL_WEIGHT_DECAY = 0.1
 """AdamW's weight decay, Zoology's."""
+RECALL_COMPILED_FROM = 256
+"""The shortest length whose runs are compiled (``train.compile``). Eight pooled processes on one
+H200 at length 256, width 512 (MHA) took 7.39 ms of the card a step eagerly and 2.17 compiled
+(``train_bench.py recall-step --cells 256:512 --compiled no,yes --concurrent 1,8``): the eager
+steps' memory-bound elementwise kernels keep the card busy, the compiled ones fuse them. The
+shorter lengths ran eagerly before this was measured and stay so, so that a cell's runs are alike."""
 
 
 def heads_of(width: int) -> int:
@@ -83,7 +89,7 @@ def recall_zoology(cfg: RunConfig, length: int, pairs: int, width: int, *, steps
     t.weight_decay = RECALL_WEIGHT_DECAY
     t.warmup_steps = max(1, steps[length] // 10)
     t.eval_every, t.save_every, t.keep_checkpoints, t.patience, t.log_every = 0, 0, False, 0, 50
-    t.compile, t.progress = False, False
+    t.compile, t.progress = length >= RECALL_COMPILED_FROM, False
     return cfg
 
 

@@ -20,6 +20,8 @@ calls) belongs to the attention package: :func:`mhe.attention.folding.inference_
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import types
 import warnings
 from typing import Callable, Sequence
@@ -48,7 +50,51 @@ ONE_ROW_COMPILE_OPTIONS = {"options": {"coordinate_descent_tuning": True}}
 without a bias (every Llama-style projection) as a tuned Triton reduction that it can fuse with
 its neighbours, where cuBLAS launches one kernel a product (gpt-fast's batch-1 recipe). At 64
 rows no product qualifies and the tuning only costs compile time, so the default is for one
-row; docs/benchmarks.md section 12 times both."""
+row; docs/benchmarks.md section 12 times both. Every step compiled with this tuning times its
+candidates by their device kernel time (:func:`kernel_time_tuning`)."""
+
+KERNEL_TIME_TUNING = True
+"""Whether a step compiled with coordinate-descent tuning has inductor's autotuner time each
+candidate launch configuration by the kernel's device time (the profiler's clock) instead of its
+event clock. For the ~3 us one-row products the event clock reads 5-26 times the kernel's time,
+so its pick varied from compile to compile (llama-135m MHA at batch 1: the SwiGLU product 74.5
+to 135.2 us a token); timed by the kernel, two fresh compiles picked the same configuration and
+took 0.818 and 0.819 ms a token against 0.850 and 0.900 (``decode.py tuning``,
+docs/benchmarks.md)."""
+
+
+@contextlib.contextmanager
+def kernel_time_tuning(on: bool = True):
+    """While the block runs, inductor's autotuner (``CachingAutotuner.bench``) times candidates by
+    their device kernel time (``with_profiler=True``) whatever its caller asked; nothing when
+    ``on`` is false, or where this torch's autotuner has no such clock (a CPU build without
+    Triton, or a torch whose ``bench`` lacks the keyword)."""
+    tuner = _autotuner() if on else None
+    if tuner is None:
+        yield
+        return
+    bench = tuner.bench
+
+    def by_kernel_time(self, launcher, *args, with_profiler=False, **kwargs):
+        return bench(self, launcher, *args, with_profiler=True, **kwargs)
+    tuner.bench = by_kernel_time
+    try:
+        yield
+    finally:
+        tuner.bench = bench
+
+
+def _autotuner():
+    """Inductor's ``CachingAutotuner`` when its ``bench`` takes ``with_profiler``, else None."""
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError:
+        return None
+    try:
+        takes = "with_profiler" in inspect.signature(CachingAutotuner.bench).parameters
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return CachingAutotuner if takes else None
 
 
 COMPILE_KEYS = ("mode", "options", "backend", "disable")
@@ -197,14 +243,19 @@ def compile_step(step: Callable[..., torch.Tensor], *, device: torch.device,
     if isinstance(step, types.FunctionType):
         own = types.FunctionType(step.__code__.replace(), step.__globals__, step.__name__, step.__defaults__,
                                  step.__closure__)
-    return _CompiledStep(torch.compile(own, fullgraph=True, dynamic=False, **opts), step)
+    tuned = device.type == "cuda" and bool((opts.get("options") or {}).get("coordinate_descent_tuning"))
+    return _CompiledStep(torch.compile(own, fullgraph=True, dynamic=False, **opts), step,
+                         kernel_time=tuned and KERNEL_TIME_TUNING)
 
 
 class _CompiledStep:
-    """The compiled step, or, once its compilation failed, the eager one (see :func:`compile_step`)."""
+    """The compiled step, or, once its compilation failed, the eager one (see :func:`compile_step`).
+    With ``kernel_time`` its first call, where inductor compiles and tunes the step's kernels,
+    runs under :func:`kernel_time_tuning`."""
 
-    def __init__(self, compiled: Callable[..., torch.Tensor], eager: Callable[..., torch.Tensor]) -> None:
-        self.run, self.eager, self.proven = compiled, eager, False
+    def __init__(self, compiled: Callable[..., torch.Tensor], eager: Callable[..., torch.Tensor], *,
+                 kernel_time: bool = False) -> None:
+        self.run, self.eager, self.proven, self.kernel_time = compiled, eager, False, kernel_time
 
     @property
     def fell_back(self) -> bool:
@@ -220,7 +271,8 @@ class _CompiledStep:
                           RuntimeWarning, stacklevel=4)  # the step's caller
             self.run = self.eager
             return self.run(*args)
-        out = run_or_fall_back(lambda: self.run(*args), eager)
+        with kernel_time_tuning(self.kernel_time):
+            out = run_or_fall_back(lambda: self.run(*args), eager)
         self.proven = True
         return out
 
