@@ -2,9 +2,9 @@
 
 A row builds ``build_model(preset, attention=K, max_len=P+N)`` in the run's dtype, then times
 ``model.generate(ids, N, attention_mask=mask)`` (random weights, greedy, no stop token, prefill
-included): the first call (it captures or compiles the step), then the median of ``reps``
-calls; and ``model.generate(ids, 1, ...)`` the same way, the prefill with one choice, so that
-``(t_N - t_1) / (N - 1)`` is the decode step alone. :func:`kernels_per_token` counts what one
+included): the first call (it captures or compiles the step), then, after one more, the
+median of ``reps`` calls; and ``model.generate(ids, 1, ...)`` the same way, the prefill with one
+choice, so that ``(t_N - t_1) / (N - 1)`` is the decode step alone. :func:`kernels_per_token` counts what one
 more generated token launches: device kernels on a GPU (CUDA-graph replays included, as the
 profiler reports a graph's kernels), leaf aten operators on a CPU.
 
@@ -32,12 +32,14 @@ def sync(dev: torch.device) -> None:
 
 
 def timed(call, dev: torch.device, reps: int) -> tuple[float, float]:
-    """(seconds of the first call, median seconds of ``reps`` more)."""
+    """(seconds of the first call, median seconds of ``reps`` more after one untimed call: a prompt
+    shape's second call captures its prefill, or compiles a long one)."""
     sync(dev)
     t0 = time.perf_counter()
     call()
     sync(dev)
     first = time.perf_counter() - t0
+    call()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()

@@ -80,13 +80,14 @@ def test_prefill_command_rows_scale_to_the_batch_and_count_the_floor_flops(tmp_p
 
 def test_the_compiled_prefill_equals_the_eager_one_and_scales_as_its_row(tmp_path, capsys, monkeypatch):
     """``--compiled`` (aot_eager on a CPU, float32): ``generate``'s own compiled prefill (prompts
-    over a lowered ``PREFILL_GRAPH_TOKENS``) ran, its logits equal the eager prefill's to float32
+    from a lowered ``PREFILL_COMPILE_TOKENS``) ran, its logits equal the eager prefill's to float32
     rounding, its milliseconds scale to the batch as the row's do, and the table gains its
     columns; without it the rows have none."""
     from decoding import prefill
     from mhe.generation import session as sessions
 
     monkeypatch.setattr(sessions, "PREFILL_GRAPH_TOKENS", 60)
+    monkeypatch.setattr(sessions, "PREFILL_COMPILE_TOKENS", 61)
     prefill.main(["--cpu-smoke", "--presets", "llama-135m", "--kinds", "mhe-mul", "--out", str(tmp_path),
                   "--compiled"])
     rows = json.loads((tmp_path / "decode-prefill-cpu.json").read_text())

@@ -141,13 +141,14 @@ def test_captured_prefill_replays_the_eager_prefill(kind, monkeypatch):
 @cuda
 @pytest.mark.parametrize("kind", ["mha", "gqa", "mhe-mul"])
 def test_compiled_long_prefill_agrees_with_eager(kind, monkeypatch):
-    """Over ``PREFILL_GRAPH_TOKENS`` a ``compile`` session runs its prefill compiled by inductor
+    """From ``PREFILL_COMPILE_TOKENS`` a ``compile`` session runs its prefill compiled by inductor
     from a shape's second call: in fp32 its logits are the eager prefill's to 1e-5 (inductor's
     fused arithmetic rounds differently, nothing else) and the greedy tokens of the whole call are
     the eager session's, for ragged left-padded and unpadded prompts of 3 x 100 tokens."""
     from mhe.generation import session as sessions
 
     monkeypatch.setattr(sessions, "PREFILL_GRAPH_TOKENS", 256)
+    monkeypatch.setattr(sessions, "PREFILL_COMPILE_TOKENS", 257)
     torch.manual_seed(0)
     opts = {"n_kv_heads": 2} if kind == "gqa" else {}
     model = build_model("llama-tiny", attention=kind, attn_options=opts).cuda().float().eval()

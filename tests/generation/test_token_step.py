@@ -224,12 +224,13 @@ def test_a_direct_prefill_builds_no_training_graph():
 
 @pytest.mark.parametrize("kind", ["mha", "mhe-mul"])
 def test_a_long_prefill_is_compiled_at_its_second_call_in_compile_mode(kind, monkeypatch):
-    """Over ``PREFILL_GRAPH_TOKENS`` a ``compile`` session compiles its prefill for the prompt's
+    """From ``PREFILL_COMPILE_TOKENS`` a ``compile`` session compiles its prefill for the prompt's
     shape at the shape's second call and runs that compile from then on: float64 logits to 1e-12
     of an eager session's, for ragged left-padded and for unpadded prompts, in a Llama-style
     decoder (rotary positions). A shape's first call, and every call of an ``eager`` session,
     runs eagerly; the compiled prefills are kept by shape like the captured ones."""
     monkeypatch.setattr(generate_module, "PREFILL_GRAPH_TOKENS", 2 * 5)
+    monkeypatch.setattr(generate_module, "PREFILL_COMPILE_TOKENS", 2 * 9)
     torch.manual_seed(0)
     model = build_model("llama-tiny", attention=kind).double().eval()
     ids = torch.randint(3, 200, (2, 9))
@@ -298,3 +299,25 @@ def test_a_step_tuned_by_coordinate_descent_tunes_by_kernel_time(monkeypatch, de
     for _ in range(2):
         assert torch.equal(run(torch.ones(2)), torch.full((2,), 2.0))
     assert patched == want and triton_heuristics.CachingAutotuner.bench is original
+
+
+def test_long_prefills_between_the_limits_and_past_the_session_s_budget_run_eagerly(monkeypatch):
+    """A ``compile`` session compiles no prefill of fewer than ``PREFILL_COMPILE_TOKENS`` tokens
+    (above ``PREFILL_GRAPH_TOKENS``: eager), and at most ``PREFILL_COMPILES`` prompt shapes in
+    all: a later long shape runs eagerly however often it comes, while the compiled ones keep
+    running their compiles; new weights drop the compiles and what the session had seen, and the
+    spent budget stays spent."""
+    monkeypatch.setattr(generate_module, "PREFILL_GRAPH_TOKENS", 4)
+    monkeypatch.setattr(generate_module, "PREFILL_COMPILE_TOKENS", 2 * 6)
+    monkeypatch.setattr(generate_module, "PREFILL_COMPILES", 2)
+    model = small()
+    fast = model.generator(2, 20, step_mode="compile", compile_options=AOT)
+    ids = torch.randint(3, 99, (2, 9))
+    for p in (5, 5, 5, 9, 9, 7, 7, 8, 8, 8, 9, 7):  # 10 tokens: under the compile limit; 14-18: over it
+        model.generate(ids[:, :p], 2, session=fast)
+    assert sorted(fast.prefills.runners) == [(2, 7, False), (2, 9, False)] and fast.prefill_compiles == 2
+    assert fast.prefills_seen == {(2, 7, False), (2, 9, False)}
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.0)  # new weights (a new version): a new view
+    model.generate(ids, 2, session=fast)
+    assert not fast.prefills.runners and not fast.prefills_seen and fast.prefill_compiles == 2

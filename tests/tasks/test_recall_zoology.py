@@ -275,8 +275,10 @@ def test_todo_finishes_a_length_before_the_next_seeds_first(tmp_path):
 
 def test_run_durations_expect_the_median_of_a_cell_s_finished_runs(tmp_path):
     """A run's expected time is the median ``wall_clock.total_s`` of the finished runs of its
-    sequence length and width (any entry, rate or seed); results without a clock are skipped, a
-    cell with none expects nothing (such a run starts), and a run that finishes counts at once."""
+    sequence length and width (any entry, rate or seed); results without a clock are skipped; a
+    cell with none expects its length's slowest cell, or the longest shorter length's slowest
+    scaled by the lengths, or nothing where no shorter length ran (such a run starts); and a run
+    that finishes counts at once."""
     from mhe.experiments.grid import RunDurations
     from mhe.experiments.grid_presets import GRIDS
 
@@ -301,7 +303,9 @@ def test_run_durations_expect_the_median_of_a_cell_s_finished_runs(tmp_path):
     (odd / "results.json").write_text('{"wall_clock": {"total_s": NaN}}')  # not a time: skipped
     durations = RunDurations(state)
     assert durations.expected(Point(block, "mha", 32, 4, 32, 1e-2, 1)) == 30.0  # median of 10, 30, 40
-    assert durations.expected(Point(block, "mha", 64, 8, 32, 1e-2, 0)) is None  # another length
+    assert durations.expected(Point(block, "mha", 32, 4, 48, 1e-2, 0)) == 99.0  # no run at its width: slowest
+    assert durations.expected(Point(block, "mha", 64, 8, 32, 1e-2, 0)) == 198.0  # of length 32, twice as long
+    assert durations.expected(Point(block, "mha", 16, 2, 32, 1e-2, 0)) is None  # nothing as short
     finish("mha", 32, 1e-2, 11.0)
     durations.add(Point(block, "mha", 32, 4, 32, 1e-2, 0))
     assert durations.expected(Point(block, "mhe-add", 32, 4, 32, 3e-3, 2)) == 20.5  # 10, 11, 30, 40

@@ -43,7 +43,8 @@ def compare_args(p):
     p.add_argument("--finish-by", type=float, default=None, metavar="SECONDS",
                    help="grid presets: start only runs expected to end within SECONDS of this command's start "
                         "(a run's expected time: the median of the folder's finished runs of its sequence length "
-                        "and width); the rest wait for the next call (--resume), and the command exits 3")
+                        "and width, or for a cell with none the slowest cell of its length or, scaled, of a "
+                        "shorter one); the rest wait for the next call (--resume), and the command exits 3")
 
 
 # section 4.4: "For each task, we use five different seeds and report the average"

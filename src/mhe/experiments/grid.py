@@ -259,9 +259,23 @@ class RunDurations:
             self._read(self.state.path(p) / RESULTS)
 
     def expected(self, p: Point) -> float | None:
-        """The median time of the finished runs of ``p``'s length and width (None: none yet)."""
+        """The median time of the finished runs of ``p``'s length and width. For a cell with none
+        yet, a guess on the long side (a run judged too long only waits for the next call; one
+        started blind is cut at the deadline): the slowest cell median at its length, else that of
+        the longest shorter length with finished runs, times the ratio of the lengths; None when
+        no shorter length has any."""
         seen = self.seconds.get((p.length, p.width))
-        return statistics.median(seen) if seen else None
+        if seen:
+            return statistics.median(seen)
+        medians = {cell: statistics.median(times) for cell, times in self.seconds.items() if times}
+        same = [m for (length, _), m in medians.items() if length == p.length]
+        if same:
+            return max(same)
+        shorter = [length for length, _ in medians if length < p.length]
+        if not shorter:
+            return None
+        near = max(shorter)
+        return max(m for (length, _), m in medians.items() if length == near) * p.length / near
 
 
 def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bool = False,
@@ -271,7 +285,8 @@ def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bo
     tables and figures; returns the summary, with ``complete`` false where runs were left for
     the next call. With ``finish_by`` (seconds from this process's start) a run starts only if it
     is expected to end by then (:func:`may_start`, :class:`RunDurations`; a cell with no finished
-    run starts), so that a call cut at that deadline stops few runs midway."""
+    run is judged by its length's other cells or a shorter length's), so that a call cut at that
+    deadline stops few runs midway."""
     from mhe.experiments.grid_report import write_grid_summary
 
     out = Path(out)

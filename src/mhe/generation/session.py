@@ -56,9 +56,17 @@ captured at the shape's second call (a capture costs about three eager prefills,
 once runs eagerly; the :data:`PREFILL_GRAPHS` newest graphs are kept). Such a prefill is bound by the host launching its eager
 kernels: llama-135m's 256-token prompt at batch 1 launches about 1,500 kernels in 3.4 ms of GPU
 time but took 44-57 ms eagerly, 4.1-4.4 ms replayed (docs/benchmarks.md). Larger prefills keep
-their GPU busy eagerly, and a graph would hold their activations in its own memory pool. In
-``compile`` mode such a larger prefill is compiled instead (see :meth:`Generator.prefill`)."""
+their GPU busy eagerly, and a graph would hold their activations in its own memory pool."""
 PREFILL_GRAPHS = 4  # captured or compiled prefills (prompt shapes) a session keeps, the newest
+PREFILL_COMPILE_TOKENS = 32768
+"""Prompt tokens (rows x length) from which a ``compile`` session compiles its prefill for the
+prompt's shape, at the shape's second call (``Generator._prefill_runner``). A compile costs 20-30
+s and halves a long prefill on a GPU (llama-135m, 64 x 3,840: 377.7 eager against 193.3 ms;
+llama-1.1b 1,252.9 against 941.2, docs/benchmarks.md), so it pays only for long prompts run
+many times: under this size a prefill saves tens of milliseconds a call and runs eagerly."""
+PREFILL_COMPILES = 4
+"""Prefill compiles a session makes at most (one per prompt shape): a workload of many long prompt
+shapes (an evaluation's batches) pays at most this many compiles, then runs its prefills eagerly."""
 
 
 @dataclass
@@ -281,6 +289,7 @@ class Generator(DecodeSession):
         self.rng: torch.Generator | None = None  # a seeded call's private generator, made once
         self.prefills = RunnerCache(PREFILL_GRAPHS)  # captured or compiled prefills by (rows, length, padded)
         self.prefills_seen: set[tuple] = set()  # prompt shapes prefilled once (eagerly) since the last capture
+        self.prefill_compiles = 0  # prefills compiled so far (at most PREFILL_COMPILES)
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor,
@@ -306,14 +315,19 @@ class Generator(DecodeSession):
         """How a prompt shape ``(rows, length, padded)`` runs: eagerly at its first call (a shape
         seen once is not worth a capture or a compile), then, in a session that captures its
         steps, replayed as a CUDA graph up to :data:`PREFILL_GRAPH_TOKENS` prompt tokens (the host
-        launching eager kernels bounds such a prefill); above it, in ``compile`` mode, compiled
-        by inductor for that one shape (static shapes: a dynamic compile of the view took
-        minutes), since a long prompt's eager prefill is bound by its separate memory-bound
-        elementwise kernels (llama-135m MHE-Mul, 16 x 3,840: 99.75 eager against 49.31 ms
-        compiled, docs/benchmarks.md). The :data:`PREFILL_GRAPHS` newest of either are kept."""
+        launching eager kernels bounds such a prefill); from :data:`PREFILL_COMPILE_TOKENS`, in
+        ``compile`` mode, compiled by inductor for that one shape (static shapes: a dynamic
+        compile of the view took minutes), since a long prompt's eager prefill is bound by its
+        separate memory-bound elementwise kernels, at most :data:`PREFILL_COMPILES` times a
+        session. The :data:`PREFILL_GRAPHS` newest of either are kept."""
         b, p = inputs[0].shape
-        region, key, small = self._prefill_region(p), (b, p, self.padded), b * p <= PREFILL_GRAPH_TOKENS
-        fast = self.mode != "eager" and self.device.type == "cuda" if small else self.mode == "compile"
+        region, key, tokens = self._prefill_region(p), (b, p, self.padded), b * p
+        small = tokens <= PREFILL_GRAPH_TOKENS
+        if small:
+            fast = self.mode != "eager" and self.device.type == "cuda"
+        else:
+            fast = (self.mode == "compile" and tokens >= PREFILL_COMPILE_TOKENS
+                    and (key in self.prefills.runners or self.prefill_compiles < PREFILL_COMPILES))
         if not fast or (key not in self.prefills.runners and key not in self.prefills_seen):
             if fast:  # a shape's first call: eager, remembered (a bounded record)
                 if len(self.prefills_seen) >= 64:
@@ -322,8 +336,13 @@ class Generator(DecodeSession):
             return region
         if small:
             return self.prefills.get(key, lambda: StepRunner(region, inputs, mode="graph", device=self.device))
-        return self.prefills.get(key, lambda: compile_step(region, device=self.device,
-                                                           options=self.options["compile_options"]))
+        return self.prefills.get(key, lambda: self._compiled_prefill(region))
+
+    def _compiled_prefill(self, region: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        """``region`` compiled with the caller's ``compile_options`` (not the one-row default),
+        counted against :data:`PREFILL_COMPILES`."""
+        self.prefill_compiles += 1
+        return compile_step(region, device=self.device, options=self.options["compile_options"], what="prefill")
 
     def _prefill_region(self, p: int) -> Callable[..., torch.Tensor]:
         """The prefill of prompts of ``p`` tokens as one region (ids, mask, positions) -> the
@@ -409,6 +428,7 @@ class Generator(DecodeSession):
         self.plan = plan  # the steps capture it: a new plan is a new build key, so new steps
         if self.build((weights_version(model), plan, model.training, kv_cache.ROTARY_WRITE), make):
             self.prefills.clear()  # captured on the old view
+            self.prefills_seen.clear()  # a new view's shapes wait for their second call again
             if self.caches is None:
                 self.caches = self.view.new_caches(self.batch, self.max_len, dtype=self.dtype, device=self.device)
 

@@ -225,7 +225,7 @@ class StepRunner:
 
 
 def compile_step(step: Callable[..., torch.Tensor], *, device: torch.device,
-                 options: dict | None = None) -> Callable[..., torch.Tensor]:
+                 options: dict | None = None, what: str = "decode step") -> Callable[..., torch.Tensor]:
     """``step`` compiled once by ``torch.compile`` (``fullgraph``, static shapes; ``options``
     added), to be captured in the runner's own CUDA graph (so not in inductor's: no
     ``reduce-overhead`` here).
@@ -234,7 +234,8 @@ def compile_step(step: Callable[..., torch.Tensor], *, device: torch.device,
     graphs (and its limit of 8 per code object) belongs to this step and goes with it: a process
     that decodes with many models or shapes never falls back to eager. If compilation fails
     (no working compiler, an operator inductor cannot lower), one warning says so and the step
-    runs its eager kernels, as the trainer does (:mod:`mhe.compile_fallback`)."""
+    runs its eager kernels, as the trainer does (:mod:`mhe.compile_fallback`); ``what`` names the
+    step in that warning (``decode step``, ``prefill``)."""
     opts = dict(check_compile_options(options) or {})
     if device.type == "cuda" and opts.get("mode") in ("reduce-overhead", "max-autotune"):
         raise MheError(f"compile_options mode {opts['mode']!r} captures CUDA graphs of its own; the decode step "
@@ -245,7 +246,7 @@ def compile_step(step: Callable[..., torch.Tensor], *, device: torch.device,
                                  step.__closure__)
     tuned = device.type == "cuda" and bool((opts.get("options") or {}).get("coordinate_descent_tuning"))
     return _CompiledStep(torch.compile(own, fullgraph=True, dynamic=False, **opts), step,
-                         kernel_time=tuned and KERNEL_TIME_TUNING)
+                         kernel_time=tuned and KERNEL_TIME_TUNING, what=what)
 
 
 class _CompiledStep:
@@ -254,8 +255,9 @@ class _CompiledStep:
     runs under :func:`kernel_time_tuning`."""
 
     def __init__(self, compiled: Callable[..., torch.Tensor], eager: Callable[..., torch.Tensor], *,
-                 kernel_time: bool = False) -> None:
+                 kernel_time: bool = False, what: str = "decode step") -> None:
         self.run, self.eager, self.proven, self.kernel_time = compiled, eager, False, kernel_time
+        self.what = what  # what the warning of a failed compile calls it
 
     @property
     def fell_back(self) -> bool:
@@ -267,7 +269,7 @@ class _CompiledStep:
             return self.run(*args)
 
         def eager(error: Exception, why: str) -> torch.Tensor:
-            warnings.warn(f"torch.compile cannot compile this decode step ({why}); it runs its eager kernels",
+            warnings.warn(f"torch.compile cannot compile this {self.what} ({why}); it runs its eager kernels",
                           RuntimeWarning, stacklevel=4)  # the step's caller
             self.run = self.eager
             return self.run(*args)
