@@ -254,7 +254,8 @@ def test_a_long_prefill_is_compiled_at_its_second_call_in_compile_mode(kind, mon
 def test_kernel_time_tuning_asks_the_autotuner_for_the_profiler_clock_only_inside_the_block(monkeypatch):
     """Inside ``kernel_time_tuning()`` every call of inductor's autotuner ``bench`` asks for the
     profiler's clock (whatever its caller asked); after the block, and with ``on=False``, the
-    original method is back and the caller's choice goes through."""
+    original method is back and the caller's choice goes through; of two blocks that overlap
+    (threads), the last to leave puts the original back."""
     from torch._inductor.runtime import triton_heuristics
 
     from mhe.generation.step import kernel_time_tuning
@@ -274,6 +275,14 @@ def test_kernel_time_tuning_asks_the_autotuner_for_the_profiler_clock_only_insid
     with kernel_time_tuning(False):
         tuner.bench(object(), "launcher")
     assert seen == [True, True, False, False] and tuner.bench is bench
+    first, second = kernel_time_tuning(), kernel_time_tuning()  # two threads' blocks, interleaved
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    tuner.bench(object(), "launcher")  # the other block still runs: the kernel's clock
+    second.__exit__(None, None, None)
+    tuner.bench(object(), "launcher")
+    assert seen[4:] == [True, False] and tuner.bench is bench  # the last block out put it back
 
 
 @pytest.mark.parametrize("device, options, want", [

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 import types
 import warnings
 from typing import Callable, Sequence
@@ -63,25 +64,37 @@ took 0.818 and 0.819 ms a token against 0.850 and 0.900 (``decode.py tuning``,
 docs/benchmarks.md)."""
 
 
+_TUNING_LOCK = threading.Lock()
+_TUNING_USERS = [0, None]  # blocks inside kernel_time_tuning now, and the bench they replaced
+
+
 @contextlib.contextmanager
 def kernel_time_tuning(on: bool = True):
     """While the block runs, inductor's autotuner (``CachingAutotuner.bench``) times candidates by
     their device kernel time (``with_profiler=True``) whatever its caller asked; nothing when
     ``on`` is false, or where this torch's autotuner has no such clock (a CPU build without
-    Triton, or a torch whose ``bench`` lacks the keyword)."""
+    Triton, or a torch whose ``bench`` lacks the keyword). The method is replaced on the class,
+    for the whole process, by the first of overlapping blocks (threads compiling at once) and put
+    back by the last, so overlapping blocks never leave it replaced."""
     tuner = _autotuner() if on else None
     if tuner is None:
         yield
         return
-    bench = tuner.bench
+    with _TUNING_LOCK:
+        if _TUNING_USERS[0] == 0:
+            bench = tuner.bench
 
-    def by_kernel_time(self, launcher, *args, with_profiler=False, **kwargs):
-        return bench(self, launcher, *args, with_profiler=True, **kwargs)
-    tuner.bench = by_kernel_time
+            def by_kernel_time(self, launcher, *args, with_profiler=False, **kwargs):
+                return bench(self, launcher, *args, with_profiler=True, **kwargs)
+            _TUNING_USERS[1], tuner.bench = bench, by_kernel_time
+        _TUNING_USERS[0] += 1
     try:
         yield
     finally:
-        tuner.bench = bench
+        with _TUNING_LOCK:
+            _TUNING_USERS[0] -= 1
+            if _TUNING_USERS[0] == 0:
+                tuner.bench, _TUNING_USERS[1] = _TUNING_USERS[1], None
 
 
 def _autotuner():
