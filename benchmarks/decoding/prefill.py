@@ -14,7 +14,7 @@ last position; ``fraction_of_peak`` is their rate over the card's dense bf16 pea
 (``mhe.bench.common.PEAK_BF16``). Writes ``OUT/decode-prefill-CARD.json`` (a list of rows).
 
 ``--compiled`` also times the prefill as ``model.generate`` runs it in a ``compile`` session
-(the default on a GPU): over ``PREFILL_GRAPH_TOKENS`` prompt tokens a shape's second call
+(the default on a GPU): from ``PREFILL_COMPILE_TOKENS`` prompt tokens a shape's second call
 compiles the prefill for that shape (``Generator.prefill``); the row gets the compiled call's
 time, the compile's seconds and the logits' largest difference from the eager first call's
 (relative to the largest logit). On a CPU (``--cpu-smoke``) it compiles with the ``aot_eager``
