@@ -7,10 +7,11 @@
 # SECTION: recall      mhe compare --preset gpu-recall-zoology (PRESET to choose another grid): 2-layer
 #                      attention-only decoders, widths 64-512, lengths 64-512 with 4-64 pairs, 11 entries
 #                      x 3 learning rates (one more past an edge the best lies on), then 3 seeds at the best rate, in pooled workers (WORKERS,
-#                      default 8 per GPU) -> RESULTS_DIR/recall-zoology. 880 runs, about 990,000 steps
-#                      of 32k-64k tokens. Measured: length 64 (226 runs) took about 16 minutes of a
-#                      shared H200 at 4 workers; the longer lengths are about 9x that work (roughly
-#                      2.5 hours at that rate, less with the card alone and 8 workers per GPU)
+#                      default 8 per GPU) -> RESULTS_DIR/recall-zoology. About 1,000 runs with the added
+#                      rates, of 32k-64k tokens a step; lengths 256 and 512 compiled (RECALL_COMPILED_FROM).
+#                      Measured on one H200: length 64 (259 runs) about 16 minutes shared at 4 workers,
+#                      length 128 about 60 runs a 530-s call alone at 8; the rest is in
+#                      results/recall-zoology/RUN.md, "What the rest costs"
 #          llama-rows  mhe compare --preset gpu-llama-rows (PRESET: gpu-llama-rows-6x512): MHA, GQA, MQA,
 #                      SHA, MHE-Add, MHE-Mul in both rotary orders, 3 seeds, every run at once (WORKERS,
 #                      default 21) -> RESULTS_DIR/llama-rows (FOLDER to name it otherwise)
