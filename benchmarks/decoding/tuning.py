@@ -2,7 +2,8 @@
 and what does each way of tuning cost a token (issue 62's batch-1 spread)?
 
     python benchmarks/decode.py tuning --preset llama-135m --kinds mha,gqa,mhe-mul \
-        --tunings default,event-clock,off --repeats 2 [--top 4] [--tuner-log FILE] [--json FILE]
+        --tunings default,event-clock,off [--kernels auto,sdpa,split-k-decode] --repeats 2 [--top 4]
+        [--tuner-log FILE] [--json FILE]
     python benchmarks/decode.py tuning --smoke          # the tool's plumbing on a CPU (tiny sizes)
 
 A compiled step of one row on CUDA is tuned by inductor's coordinate descent
@@ -20,13 +21,15 @@ kernel on the card. Each row here is ``model.generate`` at batch 1 (prompt and n
 It prints each row's ms a token, decode step, first call (compile and tuning), kernels and GPU
 time a token and the costliest kernels, then the card; ``--tuner-log`` keeps coordinate
 descent's own log (each kernel's candidates and pick). ``--repeats`` compiles each (kind,
-tuning) that many times, in turn, so that a pick that varies shows as rows that differ.
+tuning, kernel) that many times, in turn, so that a pick that varies shows as rows that differ;
+``--kernels`` gives each row the decode kernel named (``auto``: the session's own choice).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -34,6 +37,8 @@ from pathlib import Path
 import torch
 
 from decoding import rows as decode_rows
+from mhe.attention.kernels import check_kernel
+from mhe.errors import MheError
 from mhe.generation import step as step_module
 
 TUNINGS = ("default", "event-clock", "off")
@@ -60,13 +65,15 @@ def compile_options(tuning: str, dev: torch.device) -> dict | None:
     return {} if tuning == "off" else None
 
 
-def one_row(model, ids, mask, dev, tuning: str, new: int, reps: int, top: int) -> dict:
-    """One fresh compile of the batch-1 step under ``tuning``: its timings and kernels."""
+def one_row(model, ids, mask, dev, tuning: str, new: int, reps: int, top: int, kernel: str = "auto") -> dict:
+    """One fresh compile of the batch-1 step under ``tuning`` with the decode ``kernel`` (``auto``:
+    the session's own choice): its timings and kernels."""
     from mhe.generation.session import release_default_sessions
 
     release_default_sessions(model)
     torch._dynamo.reset()
-    options = {"step_mode": "compile", "compile_options": compile_options(tuning, dev)}
+    options = {"step_mode": "compile", "compile_options": compile_options(tuning, dev),
+               "kernel": None if kernel == "auto" else kernel}
     with event_clock(tuning == "event-clock"):
         timing = decode_rows.generate_row(model, ids, mask, new, dev, reps, **options)
     count = decode_rows.kernels_per_token(model, ids, mask, dev, top=top, **options)
@@ -84,7 +91,8 @@ def keep_tuner_log(path: str) -> None:
 
 
 def print_row(row: dict) -> None:
-    print(f"{row['kind']:8s} {row['tuning']:9s} #{row['repeat']}: {row['ms_a_token']:.4f} ms a token, decode step "
+    print(f"{row['kind']:8s} {row['tuning']:9s} {row['kernel']:14s} #{row['repeat']}: {row['ms_a_token']:.4f} ms a "
+          f"token, decode step "
           f"{row['decode_ms_a_step']:.4f} ms, first call {row['first_call_s']:.1f} s, "
           f"{row['kernels_per_token']:.0f} {row['counted']} and {row['busy_us_per_token']:.1f} us busy a token", flush=True)
     for k in row.get("top_kernels", []):
@@ -92,17 +100,17 @@ def print_row(row: dict) -> None:
 
 
 def measure(a, tunings: list[str], dev: torch.device, context: int, keep=lambda rows: None) -> list[dict]:
-    """Every row: kind x repeat x tuning, each a fresh compile; ``keep(rows)`` after each (a call
-    cut by a time limit keeps the rows it finished)."""
+    """Every row: kind x repeat x tuning x kernel, each a fresh compile; ``keep(rows)`` after each
+    (a call cut by a time limit keeps the rows it finished)."""
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows = []
     for kind in a.kinds.split(","):
         model = decode_rows.build(a.preset, kind, context, dev, dtype, a.smoke)
         ids, mask = decode_rows.prompts(model, 1, context // 2, dev)
         for repeat in range(a.repeats):
-            for tuning in tunings:
-                row = {"kind": kind, "tuning": tuning, "repeat": repeat,
-                       **one_row(model, ids, mask, dev, tuning, context // 2, a.reps, a.top)}
+            for tuning, kernel in itertools.product(tunings, a.kernels.split(",")):
+                row = {"kind": kind, "tuning": tuning, "kernel": kernel, "repeat": repeat,
+                       **one_row(model, ids, mask, dev, tuning, context // 2, a.reps, a.top, kernel)}
                 print_row(row)
                 rows.append(row)
                 keep(rows)
@@ -116,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="llama-135m")
     ap.add_argument("--kinds", default="mha,gqa,mhe-mul")
     ap.add_argument("--tunings", default="default,event-clock,off", help=f"comma-separated, of {', '.join(TUNINGS)}")
-    ap.add_argument("--repeats", type=int, default=2, help="fresh compiles of each (kind, tuning), in turn")
+    ap.add_argument("--kernels", default="auto", help="comma-separated decode kernels (auto: the session's choice)")
+    ap.add_argument("--repeats", type=int, default=2, help="fresh compiles of each (kind, tuning, kernel), in turn")
     ap.add_argument("--context", type=int, default=512, help="prompt + new tokens (half each)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls a row after the first")
     ap.add_argument("--top", type=int, default=4, help="the costliest kernels listed a row")
@@ -127,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     tunings = a.tunings.split(",")
     if bad := [t for t in tunings if t not in TUNINGS]:
         ap.error(f"--tunings: {bad[0]!r} is not one of {', '.join(TUNINGS)}")
+    for kernel in a.kernels.split(","):
+        if kernel != "auto":
+            try:
+                check_kernel(kernel)
+            except MheError as e:
+                ap.error(f"--kernels: {e}")
     if a.repeats < 1 or a.reps < 1:
         ap.error(f"--repeats and --reps must be at least 1 (got {a.repeats}, {a.reps})")
     if a.tuner_log:

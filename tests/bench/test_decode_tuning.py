@@ -46,6 +46,31 @@ def test_a_bad_tuning_is_refused_in_one_line(capsys):
                                                 "default, event-clock, off")
 
 
+def test_a_bad_kernel_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as done:
+        tuning.main(["--smoke", "--kernels", "auto,splitk"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and err[-1].startswith("decode.py tuning: error: --kernels: unknown attention "
+                                                       "kernel 'splitk'; valid: sdpa")
+
+
+def test_each_kernel_named_is_a_row_of_its_own(tmp_path, monkeypatch):
+    """``--kernels auto,eager``: a row per kernel, the named one handed to ``model.generate`` (the
+    session's own choice for ``auto``)."""
+    asked = []
+
+    def one_row(model, ids, mask, dev, tuning_name, new, reps, top, kernel="auto"):
+        asked.append(kernel)
+        return {"ms_a_token": 1.0, "decode_ms_a_step": 1.0, "first_call_s": 1.0, "kernels_per_token": 1,
+                "counted": "ops", "busy_us_per_token": 0.0}
+    monkeypatch.setattr(tuning, "one_row", one_row)
+    out = tmp_path / "rows.json"
+    assert tuning.main(["--smoke", "--kinds", "mha", "--tunings", "default", "--kernels", "auto,eager", "--repeats",
+                        "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert asked == ["auto", "eager"] and [r["kernel"] for r in rows] == ["auto", "eager"]
+
+
 def test_the_cpu_smoke_writes_a_row_per_kind_tuning_and_repeat(tmp_path):
     out = tmp_path / "rows.json"
     caches_off = torch._inductor.config.force_disable_caches
