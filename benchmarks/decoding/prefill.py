@@ -67,7 +67,7 @@ def compiled_prefill(model, rows: int, prompt: int, dev) -> dict:
     compile_s = time.perf_counter() - t0
     ms = timed(call, warmup=1, reps=3, cuda=dev.type == "cuda")
     diff = ((got - want).abs().max() / want.abs().max()).item()
-    compiled = any(not getattr(r, "fell_back", True) for r in session.prefills.runners.values())
+    compiled = any(not r.fell_back for r in session.compiled_prefills.runners.values())
     return {"compiled_ms_per_call": round(ms, 2), "compile_s": round(compile_s, 1), "compiled_rel_diff": diff,
             "compiled": compiled}
 

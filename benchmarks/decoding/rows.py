@@ -98,7 +98,8 @@ def kernels_per_token(model, ids, mask, dev, *, lengths=(4, 20), top: int = 0, *
     room = model.cfg.max_len - ids.shape[1]
     lengths = lengths if lengths[1] <= room else (2, room)
     for n in lengths:
-        model.generate(ids, n, attention_mask=mask, **options)  # warm: captures, compiles
+        for _ in range(2):  # warm: the first call compiles the step, the second captures the prefill
+            model.generate(ids, n, attention_mask=mask, **options)
         sync(dev)
         with profile(activities=activities) as prof:
             model.generate(ids, n, attention_mask=mask, **options)
@@ -115,11 +116,13 @@ def kernels_per_token(model, ids, mask, dev, *, lengths=(4, 20), top: int = 0, *
 
 
 def kernels_of_prefill(model, ids, mask, dev, *, top: int = 0, **options) -> dict:
-    """What one call for one new token launches (the prefill, then one eager choice), after a
-    warm-up call: kernels (GPU) or leaf operators (CPU), their device microseconds, and with
-    ``top`` the ``top`` kernels by device time (name, launches, microseconds)."""
+    """What one call for one new token launches (the prefill, then one eager choice), after two
+    warm-up calls (a prompt shape's second call captures its prefill, or compiles a long one):
+    kernels (GPU) or leaf operators (CPU), their device microseconds, and with ``top`` the
+    ``top`` kernels by device time (name, launches, microseconds)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    model.generate(ids, 1, attention_mask=mask, **options)
+    for _ in range(2):
+        model.generate(ids, 1, attention_mask=mask, **options)
     sync(dev)
     with profile(activities=activities) as prof:
         model.generate(ids, 1, attention_mask=mask, **options)

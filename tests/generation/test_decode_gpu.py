@@ -162,5 +162,5 @@ def test_compiled_long_prefill_agrees_with_eager(kind, monkeypatch):
             got, gl = model.generate(ids, 12, attention_mask=m, session=fast, return_logits=True)
             assert torch.equal(got, want)
             torch.testing.assert_close(gl[:, 0], wl[:, 0], rtol=1e-5, atol=1e-5)
-    assert sorted(fast.prefills.runners) == [(3, 100, False), (3, 100, True)]
-    assert not any(r.fell_back for r in fast.prefills.runners.values())
+    assert sorted(fast.compiled_prefills.runners) == [(3, 100, False), (3, 100, True)]
+    assert not any(r.fell_back for r in fast.compiled_prefills.runners.values())

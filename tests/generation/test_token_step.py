@@ -246,9 +246,10 @@ def test_a_long_prefill_is_compiled_at_its_second_call_in_compile_mode(kind, mon
             assert torch.equal(got, want)
             torch.testing.assert_close(gl, wl, rtol=1e-12, atol=1e-12)
             key = (2, args[0].shape[1], args[1] is not None)
-            assert (key in fast.prefills.runners) == (calls > 0 and args[0].shape[1] == 9), (key, calls)
-    assert all(type(r).__name__ == "_CompiledStep" and not r.fell_back for r in fast.prefills.runners.values())
-    assert sorted(fast.prefills.runners) == [(2, 9, False), (2, 9, True)] and not eager.prefills.runners
+            assert (key in fast.compiled_prefills.runners) == (calls > 0 and args[0].shape[1] == 9), (key, calls)
+    assert all(type(r).__name__ == "_CompiledStep" and not r.fell_back for r in fast.compiled_prefills.runners.values())
+    assert sorted(fast.compiled_prefills.runners) == [(2, 9, False), (2, 9, True)]
+    assert not fast.prefills.runners and not eager.compiled_prefills.runners
 
 
 def test_kernel_time_tuning_asks_the_autotuner_for_the_profiler_clock_only_inside_the_block(monkeypatch):
@@ -277,10 +278,14 @@ def test_kernel_time_tuning_asks_the_autotuner_for_the_profiler_clock_only_insid
     assert seen == [True, True, False, False] and tuner.bench is bench
     first, second = kernel_time_tuning(), kernel_time_tuning()  # two threads' blocks, interleaved
     first.__enter__()
-    second.__enter__()
-    first.__exit__(None, None, None)
-    tuner.bench(object(), "launcher")  # the other block still runs: the kernel's clock
-    second.__exit__(None, None, None)
+    try:
+        second.__enter__()
+    finally:
+        first.__exit__(None, None, None)
+    try:
+        tuner.bench(object(), "launcher")  # the other block still runs: the kernel's clock
+    finally:
+        second.__exit__(None, None, None)
     tuner.bench(object(), "launcher")
     assert seen[4:] == [True, False] and tuner.bench is bench  # the last block out put it back
 
@@ -319,14 +324,48 @@ def test_long_prefills_between_the_limits_and_past_the_session_s_budget_run_eage
     monkeypatch.setattr(generate_module, "PREFILL_GRAPH_TOKENS", 4)
     monkeypatch.setattr(generate_module, "PREFILL_COMPILE_TOKENS", 2 * 6)
     monkeypatch.setattr(generate_module, "PREFILL_COMPILES", 2)
+    ran, real = [], generate_module.compile_step
+
+    def counted(region, **kw):  # the compiled prefill, as a region that says when it runs
+        if kw.get("what") != "prefill":
+            return real(region, **kw)  # the decode step
+
+        def run(*inputs):
+            ran.append(inputs[0].shape[1])
+            return region(*inputs)
+        run.fell_back = False
+        return run
+    monkeypatch.setattr(generate_module, "compile_step", counted)
     model = small()
     fast = model.generator(2, 20, step_mode="compile", compile_options=AOT)
     ids = torch.randint(3, 99, (2, 9))
     for p in (5, 5, 5, 9, 9, 7, 7, 8, 8, 8, 9, 7):  # 10 tokens: under the compile limit; 14-18: over it
         model.generate(ids[:, :p], 2, session=fast)
-    assert sorted(fast.prefills.runners) == [(2, 7, False), (2, 9, False)] and fast.prefill_compiles == 2
+    assert sorted(fast.compiled_prefills.runners) == [(2, 7, False), (2, 9, False)] and fast.prefill_compiles == 2
+    assert ran == [9, 7, 9, 7]  # each compiled shape from its second call on; 8 never
     assert fast.prefills_seen == {(2, 7, False), (2, 9, False)}
     with torch.no_grad():
         model.lm_head.weight.mul_(1.0)  # new weights (a new version): a new view
     model.generate(ids, 2, session=fast)
-    assert not fast.prefills.runners and not fast.prefills_seen and fast.prefill_compiles == 2
+    assert not fast.compiled_prefills.runners and not fast.prefills_seen and fast.prefill_compiles == 2
+
+
+def test_a_prefill_the_compiler_fails_on_runs_eagerly_with_a_warning_naming_it(monkeypatch):
+    """A long prefill whose compile fails warns once, naming the prefill, and gives the eager
+    prefill's logits."""
+    monkeypatch.setattr(generate_module, "PREFILL_GRAPH_TOKENS", 4)
+    monkeypatch.setattr(generate_module, "PREFILL_COMPILE_TOKENS", 10)
+    model = small()
+    ids = torch.randint(3, 99, (2, 7))
+    want = model.generate(ids, 1, step_mode="eager", return_logits=True)[1]
+
+    def broken(fn, **kw):
+        def run(*a):
+            raise RuntimeError("no working C compiler")
+        return run
+    monkeypatch.setattr(torch, "compile", broken)
+    fast = model.generator(2, 12, step_mode="compile")
+    model.generate(ids, 1, session=fast)  # the shape's first call: eager
+    with pytest.warns(RuntimeWarning, match=r"cannot compile this prefill"):
+        got = model.generate(ids, 1, session=fast, return_logits=True)[1]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

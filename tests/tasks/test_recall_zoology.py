@@ -295,6 +295,9 @@ def test_run_durations_expect_the_median_of_a_cell_s_finished_runs(tmp_path):
     finish("mhe-add", 32, 3e-3, 30.0)
     finish("mhe-add", 32, 1e-2, None)  # no clock: skipped
     finish("mha", 64, 3e-3, 99.0)
+    short = state.path(Point(block, "mha", 16, 2, 32, 3e-3, 0))
+    short.mkdir(parents=True)  # L16: shorter than 32, so not the length a longer one is judged by
+    (short / "results.json").write_text(json.dumps({"wall_clock": {"total_s": 500.0}}))
     rotary = state.path(Point(grid.blocks[1], grid.blocks[1].entries[0], 32, 4, 32, 1e-3, 0))
     rotary.mkdir(parents=True)  # L32-d32-rotary-...: its start-up (paid once a worker) left out
     (rotary / "results.json").write_text(json.dumps({"wall_clock": {"total_s": 45.0, "startup_s": 5.0}}))
@@ -305,7 +308,7 @@ def test_run_durations_expect_the_median_of_a_cell_s_finished_runs(tmp_path):
     assert durations.expected(Point(block, "mha", 32, 4, 32, 1e-2, 1)) == 30.0  # median of 10, 30, 40
     assert durations.expected(Point(block, "mha", 32, 4, 48, 1e-2, 0)) == 99.0  # no run at its width: slowest
     assert durations.expected(Point(block, "mha", 64, 8, 32, 1e-2, 0)) == 198.0  # of length 32, twice as long
-    assert durations.expected(Point(block, "mha", 16, 2, 32, 1e-2, 0)) is None  # nothing as short
+    assert durations.expected(Point(block, "mha", 8, 1, 32, 1e-2, 0)) is None  # nothing as short
     finish("mha", 32, 1e-2, 11.0)
     durations.add(Point(block, "mha", 32, 4, 32, 1e-2, 0))
     assert durations.expected(Point(block, "mhe-add", 32, 4, 32, 3e-3, 2)) == 20.5  # 10, 11, 30, 40

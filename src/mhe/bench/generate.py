@@ -6,10 +6,11 @@ return (prefill included, CUDA synchronised), after two warm-up calls (the first
 captures the decode step, the second captures the prompt's prefill or, for a long one, compiles
 it: ``Generator.prefill``); median of 3 calls, each passing the same ``session``
 (``model.generator(batch, prompt + new)``), as a caller that generates repeatedly does (the
-session keeps the caches and the captured step). Each kind's model is built once, for the longest setting. Hugging Face's
-``generate`` (SDPA attention, its default dynamic cache) on the same sizes is the peer, in the
-same run, after every ``model.generate`` row (it is slow: one call after a short warm-up, and
-with ``peer_tokens`` only that many of its new tokens timed, the rest counted at their rate):
+session keeps the caches and the captured step). Each kind's model is built once, for the
+longest setting. Hugging Face's ``generate`` (SDPA attention, its default dynamic cache) on the
+same sizes is the peer, in the same run, after every ``model.generate`` row (it is slow: one
+call after a short warm-up, and with ``peer_tokens`` only that many of its new tokens timed, the
+rest counted at their rate):
 ``GPT2LMHeadModel`` for the GPT-2 presets, ``LlamaForCausalLM`` with the preset's own K/V
 grouping for the Llama-style ones. ``--kernel auto``
 (the default) leaves the kernel to ``generate``'s automatic choice, as a user's call does;
@@ -49,8 +50,9 @@ def _ours(model, batch, prompt, new, *, dev, kernel, mode, reps):
     _, requested = split_kernel(kernel)
     ids = torch.randint(0, model.cfg.vocab_size, (batch, prompt), device=dev)
     session = model.generator(batch, prompt + new, step_mode=mode, kernel=requested)
-    for _ in range(2):  # warm-up: compiles and captures the step; the shape's second call captures or
-        model.generate(ids, new, session=session)  # compiles its prefill
+    # warm-up: the first call compiles and captures the step, the second captures or compiles the prefill
+    for _ in range(2):
+        model.generate(ids, new, session=session)
     sec = _time(lambda: model.generate(ids, new, session=session), cuda=dev.type == "cuda", reps=reps)
     ran = session.plan.kernel if session.plan is not None else view_kernels(session.view)  # no plan: the configured
     kv, mode = sum(c.nbytes() for c in session.caches), session.step_mode_ran()

@@ -57,7 +57,7 @@ once runs eagerly; the :data:`PREFILL_GRAPHS` newest graphs are kept). Such a pr
 kernels: llama-135m's 256-token prompt at batch 1 launches about 1,500 kernels in 3.4 ms of GPU
 time but took 44-57 ms eagerly, 4.1-4.4 ms replayed (docs/benchmarks.md). Larger prefills keep
 their GPU busy eagerly, and a graph would hold their activations in its own memory pool."""
-PREFILL_GRAPHS = 4  # captured or compiled prefills (prompt shapes) a session keeps, the newest
+PREFILL_GRAPHS = 4  # captured prefills (prompt shapes) a session keeps, the newest
 PREFILL_COMPILE_TOKENS = 32768
 """Prompt tokens (rows x length) from which a ``compile`` session compiles its prefill for the
 prompt's shape, at the shape's second call (``Generator._prefill_runner``). A compile costs 20-30
@@ -287,7 +287,8 @@ class Generator(DecodeSession):
         self.key_mask = torch.ones(batch, max_len, dtype=torch.bool, device=self.device)  # [B, L] over the caches
         self.state = TokenState(batch, max_len, self.device)
         self.rng: torch.Generator | None = None  # a seeded call's private generator, made once
-        self.prefills = RunnerCache(PREFILL_GRAPHS)  # captured or compiled prefills by (rows, length, padded)
+        self.prefills = RunnerCache(PREFILL_GRAPHS)  # captured prefills by (rows, length, padded)
+        self.compiled_prefills = RunnerCache(PREFILL_COMPILES)  # compiled ones: never pushed out by captures
         self.prefills_seen: set[tuple] = set()  # prompt shapes prefilled once (eagerly) since the last capture
         self.prefill_compiles = 0  # prefills compiled so far (at most PREFILL_COMPILES)
 
@@ -319,24 +320,26 @@ class Generator(DecodeSession):
         ``compile`` mode, compiled by inductor for that one shape (static shapes: a dynamic
         compile of the view took minutes), since a long prompt's eager prefill is bound by its
         separate memory-bound elementwise kernels, at most :data:`PREFILL_COMPILES` times a
-        session. The :data:`PREFILL_GRAPHS` newest of either are kept."""
+        session (kept apart from the :data:`PREFILL_GRAPHS` newest captures, so none pushes them
+        out)."""
         b, p = inputs[0].shape
         region, key, tokens = self._prefill_region(p), (b, p, self.padded), b * p
         small = tokens <= PREFILL_GRAPH_TOKENS
+        kept = self.prefills if small else self.compiled_prefills
         if small:
             fast = self.mode != "eager" and self.device.type == "cuda"
         else:
             fast = (self.mode == "compile" and tokens >= PREFILL_COMPILE_TOKENS
-                    and (key in self.prefills.runners or self.prefill_compiles < PREFILL_COMPILES))
-        if not fast or (key not in self.prefills.runners and key not in self.prefills_seen):
+                    and (key in kept.runners or self.prefill_compiles < PREFILL_COMPILES))
+        if not fast or (key not in kept.runners and key not in self.prefills_seen):
             if fast:  # a shape's first call: eager, remembered (a bounded record)
                 if len(self.prefills_seen) >= 64:
                     self.prefills_seen.clear()
                 self.prefills_seen.add(key)
             return region
         if small:
-            return self.prefills.get(key, lambda: StepRunner(region, inputs, mode="graph", device=self.device))
-        return self.prefills.get(key, lambda: self._compiled_prefill(region))
+            return kept.get(key, lambda: StepRunner(region, inputs, mode="graph", device=self.device))
+        return kept.get(key, lambda: self._compiled_prefill(region))
 
     def _compiled_prefill(self, region: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         """``region`` compiled with the caller's ``compile_options`` (not the one-row default),
@@ -428,6 +431,7 @@ class Generator(DecodeSession):
         self.plan = plan  # the steps capture it: a new plan is a new build key, so new steps
         if self.build((weights_version(model), plan, model.training, kv_cache.ROTARY_WRITE), make):
             self.prefills.clear()  # captured on the old view
+            self.compiled_prefills.clear()
             self.prefills_seen.clear()  # a new view's shapes wait for their second call again
             if self.caches is None:
                 self.caches = self.view.new_caches(self.batch, self.max_len, dtype=self.dtype, device=self.device)
