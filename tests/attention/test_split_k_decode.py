@@ -299,7 +299,8 @@ def test_policy_chooses_split_k_decode_where_triton_is(kind, opts, chosen, monke
     """With Triton, every cache with fewer K/V heads than query heads (or one) decodes through
     ``split-k-decode`` on CUDA, fp32 and one short row included (it measured faster at batch 1
     than cuDNN through ``sdpa-expand`` or over grouped rows). Without Triton the policy is as
-    before (``test_flash_decode.py``): one short row of one K/V head takes ``sdpa-expand``."""
+    before (``test_flash_decode.py``): one short row of one K/V head takes ``sdpa-expand``. MHA
+    takes the kernel at batch 1 in half precision only (measured faster there than cuDNN's)."""
     monkeypatch.setattr(triton_decode, "available", lambda: True)
     monkeypatch.setattr(kernels, "_cudnn_attention", lambda device: True)  # no card here
     attn = build_attention(kind, d_model=32, n_heads=4, **opts)
@@ -309,7 +310,10 @@ def test_policy_chooses_split_k_decode_where_triton_is(kind, opts, chosen, monke
     assert decode_kernel(attn, torch.device("cpu"), torch.bfloat16) == "sdpa"
     assert decode_kernel(attn, CUDA, torch.bfloat16, requested="flash-decode") == "flash-decode"
     short = decode_kernel(attn, CUDA, torch.bfloat16, batch=1, positions=EXPAND_MAX_POSITIONS)
-    assert short == want
+    assert short == "split-k-decode"  # MHA too: one row's heads are few tiles for cuDNN
+    assert decode_kernel(attn, CUDA, torch.bfloat16, batch=1, positions=4096) == "split-k-decode"
+    assert decode_kernel(attn, CUDA, torch.float32, batch=1, positions=64) == (want if chosen else "eager-one-token")
+    assert decode_kernel(attn, CUDA, torch.bfloat16, batch=2, positions=64) == want
     monkeypatch.setattr(triton_decode, "available", lambda: False)
     assert decode_kernel(attn, CUDA, torch.bfloat16, batch=1, positions=EXPAND_MAX_POSITIONS) == (
         "sdpa-expand" if attn.cache_heads == 1 else "sdpa")
@@ -319,7 +323,7 @@ def test_policy_chooses_split_k_decode_where_triton_is(kind, opts, chosen, monke
 
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
 MODELS = [("tiny-decoder", "mqa", {}), ("tiny-decoder", "gqa", {"n_kv_heads": 2}), ("tiny-decoder", "mhe-mul", {}),
-          ("llama-tiny", "mhe-mul", {}), ("llama-tiny", "gqa", {"n_kv_heads": 2})]
+          ("llama-tiny", "mhe-mul", {}), ("llama-tiny", "gqa", {"n_kv_heads": 2}), ("llama-tiny", "mha", {})]
 
 
 @needs_triton
@@ -344,7 +348,7 @@ def test_generation_through_the_kernel_equals_sdpa_in_float64(interpret, name, k
     assert session.plan.kernel == "split-k-decode" and len(launches) == 2 * 4  # 2 layers, 4 steps
     # MHE under rotary positions: its factors applied inside the kernel (kernels.FactoredQuery)
     assert set(launches) == {name == "llama-tiny" and kind == "mhe-mul"}
-    assert {c.k.shape[1] for c in session.caches} == {2 if kind == "gqa" else 1}
+    assert {c.k.shape[1] for c in session.caches} == {{"gqa": 2, "mha": 4}.get(kind, 1)}
     torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
     assert torch.equal(got, want)
 

@@ -236,6 +236,27 @@ def test_bf16_generation_graph_equals_eager_and_tracks_sdpa(name, kind, opts):
     torch.testing.assert_close(lc.float(), la.float(), rtol=0.02, atol=0.05)
 
 
+def test_mha_at_batch_one_decodes_through_the_kernel():
+    """MHA at batch 1: the policy picks ``split-k-decode`` in bf16 (not in fp32); in fp32 its eager
+    steps equal SDPA's to 1e-5 with the same tokens; in bf16 the captured graph replays the eager
+    kernels bit for bit and the first step tracks SDPA's within bf16."""
+    ids = torch.randint(3, 1024, (1, 11), device="cuda")
+    model = tiny("llama-tiny", "mha", None, torch.float32)
+    assert model.generator(1, 40, step_mode="eager").plan.kernel == "eager-one-token"
+    want, lw = model.generate(ids, 24, step_mode="eager", kernel="sdpa", return_logits=True)
+    got, lg = model.generate(ids, 24, step_mode="eager", kernel="split-k-decode", return_logits=True)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(lg, lw, rtol=1e-5, atol=1e-5)
+    model = model.to(torch.bfloat16)
+    eager = model.generator(1, 40, step_mode="eager")
+    a, la = model.generate(ids, 20, session=eager, return_logits=True)
+    assert eager.plan.kernel == "split-k-decode"
+    g, lg = model.generate(ids, 20, session=model.generator(1, 40, step_mode="graph"), return_logits=True)
+    assert torch.equal(a, g) and torch.equal(la, lg)
+    s, ls = model.generate(ids, 20, step_mode="eager", kernel="sdpa", return_logits=True)
+    torch.testing.assert_close(la[:, 1].float(), ls[:, 1].float(), rtol=0.02, atol=0.05)
+
+
 @pytest.mark.parametrize("kind", ["mhe-mul", "mhe-add"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_factors_in_the_kernel_equal_the_unfused_heads(kind, dtype, monkeypatch):

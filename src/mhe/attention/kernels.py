@@ -426,7 +426,11 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     one tile, the keys split across the card), in fp32 and at batch 1 too: llama-135m's step at
     one row of 512 positions took 0.72 ms through it for MHE-Mul against 0.91 through
     ``sdpa-expand``, and GQA's 0.88 against 1.13 through SDPA over grouped rows, where cuDNN picks
-    a 64-row tile for 3 rows (docs/benchmarks.md, "Kernels a layer").
+    a 64-row tile for 3 rows (docs/benchmarks.md, "Kernels a layer"). MHA takes it at batch 1 in
+    half precision: cuDNN runs one row's heads as a few 128-query tiles (220 us a token on
+    llama-135m against the kernel's 136; 0.824-0.828 against 0.745 ms a token through ``generate``,
+    docs/benchmarks.md, "Batch 1"); at more rows cuDNN's kernel, which reads MHA's cache near the
+    copy bandwidth, is kept.
     Else the configured kernel, which a model configured with another kernel keeps. ``dtype``:
     the decoding dtype (default: the weights').
     """
@@ -442,8 +446,8 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     one_short_row = batch == 1 and positions is not None and positions <= EXPAND_MAX_POSITIONS
     cached = [a for a in attns if a.supports_cache]
     one_head = all(a.cache_heads == 1 for a in cached)
-    if triton_decode.available() and cached and all(a.cache_heads < a.cfg.n_heads or a.cache_heads == 1
-                                                    for a in cached):
+    fewer_kv = all(a.cache_heads < a.cfg.n_heads or a.cache_heads == 1 for a in cached)
+    if triton_decode.available() and cached and (fewer_kv or (batch == 1 and not fp32)):
         return "split-k-decode"
     if fp32:
         return "eager-one-token"
