@@ -242,7 +242,9 @@ def test_mha_at_batch_one_decodes_through_the_kernel():
     kernels bit for bit and the first step tracks SDPA's within bf16."""
     ids = torch.randint(3, 1024, (1, 11), device="cuda")
     model = tiny("llama-tiny", "mha", None, torch.float32)
-    assert model.generator(1, 40, step_mode="eager").plan.kernel == "eager-one-token"
+    fp32 = model.generator(1, 40, step_mode="eager")
+    model.generate(ids, 2, session=fp32)
+    assert fp32.plan.kernel == "eager-one-token"  # the plan is made by the session's first call
     want, lw = model.generate(ids, 24, step_mode="eager", kernel="sdpa", return_logits=True)
     got, lg = model.generate(ids, 24, step_mode="eager", kernel="split-k-decode", return_logits=True)
     assert torch.equal(got, want)
