@@ -134,6 +134,27 @@ def test_grid_chain_runs_resumes_packs_and_reports(tmp_path, monkeypatch, capsys
     assert (tmp_path / "g" / "recall_vs_width.png").is_file() and (tmp_path / "g" / "recall_vs_kv_cache.png").is_file()
 
 
+def test_grid_refuses_finished_runs_trained_with_other_settings(tmp_path, capsys):
+    """A finished run whose recorded configuration is not the one the grid builds for it now (the
+    preset's steps changed since) is not read as finished: the command refuses the folder and
+    names the run, where it would have put two settings in one cell."""
+    from mhe.experiments.grid import run_config
+    from mhe.experiments.grid_presets import GRIDS
+
+    grid, args = GRIDS["cpu-recall-zoology"], _grid(tmp_path)
+    overrides = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    state = GridRun(grid, tmp_path / "g", overrides)
+    block, entry = grid.blocks[0], grid.blocks[0].entries[0]
+    same, other = (Point(block, entry, 32, 4, 32, lr, 0) for lr in grid.lrs[:2])
+    for p, recorded in ((same, run_config(grid, same, overrides).hash()), (other, "0" * 16)):
+        state.path(p).mkdir(parents=True)
+        (state.path(p) / "results.json").write_text(json.dumps({"score": 0.5, "config_hash": recorded}))
+    assert [p.name() for p in state.stale()] == [other.name()]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "1 finished run(s) trained with other settings than the grid's now" in err and other.name() in err
+
+
 def test_grid_refuses_options_that_are_its_own(tmp_path, capsys):
     assert main(["compare", "--preset", "cpu-recall-zoology", "--kinds", "mha", "--out", str(tmp_path / "g")]) == 2
     assert "--kinds does not go with the grid preset" in capsys.readouterr().err

@@ -197,6 +197,19 @@ class GridRun:
             out += [p for pt in groups for p in self.sweep(*pt) if not self.finished(p)]
         return out
 
+    def stale(self) -> list[Point]:
+        """Finished runs trained with other settings than the grid builds for them now (the
+        preset changed since, e.g. a length's steps): their recorded ``config_hash`` differs from
+        their configuration's. Read as finished they would put two settings in one cell."""
+        found = []
+        for group in self.grid.points():
+            for p in self.sweep(*group) + self.seeds_of(*group):
+                f = self.path(p) / RESULTS
+                recorded = json.loads(f.read_text()).get("config_hash") if f.is_file() else None
+                if recorded and recorded != run_config(self.grid, p, self.overrides, self.data_dir).hash():
+                    found.append(p)
+        return found
+
     def next_after(self, p: Point) -> list[Point]:
         """What a finished run makes possible: the rate its group's sweep adds past an edge, or the
         group's seeds once the sweep is complete; each run handed out once."""
@@ -303,6 +316,11 @@ def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bo
         log(f"packed ({archive_of(out / 'runs').name}): reporting it as it is; unpack it to train more "
             f"(mhe report --unpack {out})")
         return write_grid_summary(out)
+    stale = [p.name() for p in state.stale()]
+    if stale:
+        raise MheError(f"{out} holds {len(stale)} finished run(s) trained with other settings than the grid's now "
+                       f"({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}): the preset changed since; "
+                       f"move them out of {out / 'runs'} to train them again")
     todo = state.todo()
     state.handed.update(p.name() for p in todo)  # queued now: a finished run must not hand them out again
     unfinished = [p.name() for p in todo if is_run_dir(state.path(p))]
