@@ -298,10 +298,13 @@ def test_run_durations_expect_the_median_of_a_cell_s_finished_runs(tmp_path):
     """A run's expected time is the median ``wall_clock.total_s`` of the finished runs of its
     sequence length and width (any entry, rate or seed); results without a clock are skipped; a
     cell with none expects its length's slowest cell, or the longest shorter length's slowest
-    scaled by the lengths, or nothing where no shorter length ran (such a run starts); and a run
+    scaled by the lengths and their steps, or nothing where no shorter length ran (such a run starts); and a run
     that finishes counts at once."""
+    import functools
+    from dataclasses import replace
+
     from mhe.experiments.grid import RunDurations
-    from mhe.experiments.grid_presets import GRIDS
+    from mhe.experiments.grid_presets import GRIDS, recall_zoology
 
     grid = GRIDS["cpu-recall-zoology"]
     state = GridRun(grid, tmp_path)
@@ -327,6 +330,8 @@ def test_run_durations_expect_the_median_of_a_cell_s_finished_runs(tmp_path):
     (odd / "results.json").write_text('{"wall_clock": {"total_s": NaN}}')  # not a time: skipped
     durations = RunDurations(state)
     assert durations.expected(Point(block, "mha", 32, 4, 32, 1e-2, 1)) == 30.0  # median of 10, 30, 40
+    longer = replace(grid, configure=functools.partial(recall_zoology, steps={32: 20, 64: 70}, batch={32: 16, 64: 16}))
+    assert RunDurations(GridRun(longer, tmp_path)).expected(Point(block, "mha", 64, 8, 32, 1e-2, 0)) == 693.0  # x 3.5
     assert durations.expected(Point(block, "mha", 32, 4, 48, 1e-2, 0)) == 99.0  # no run at its width: slowest
     assert durations.expected(Point(block, "mha", 64, 8, 32, 1e-2, 0)) == 198.0  # of length 32, twice as long
     assert durations.expected(Point(block, "mha", 8, 1, 32, 1e-2, 0)) is None  # nothing as short

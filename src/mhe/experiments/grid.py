@@ -275,8 +275,8 @@ class RunDurations:
         """The median time of the finished runs of ``p``'s length and width. For a cell with none
         yet, a guess on the long side (a run judged too long only waits for the next call; one
         started blind is cut at the deadline): the slowest cell median at its length, else that of
-        the longest shorter length with finished runs, times the ratio of the lengths; None when
-        no shorter length has any."""
+        the longest shorter length with finished runs, times the ratio of the lengths and of their
+        steps; None when no shorter length has any."""
         seen = self.seconds.get((p.length, p.width))
         if seen:
             return statistics.median(seen)
@@ -288,7 +288,14 @@ class RunDurations:
         if not shorter:
             return None
         near = max(shorter)
-        return max(m for (length, _), m in medians.items() if length == near) * p.length / near
+        slowest = max(m for (length, _), m in medians.items() if length == near)
+        steps = self._steps(p, p.length) / self._steps(p, near) if near in dict(self.state.grid.cells) else 1.0
+        return slowest * p.length / near * steps
+
+    def _steps(self, p: Point, length: int) -> int:
+        """The steps the grid trains ``p``'s group for at ``length`` (lengths may differ in steps)."""
+        q = replace(p, length=length, pairs=dict(self.state.grid.cells)[length])
+        return run_config(self.state.grid, q, self.state.overrides, self.state.data_dir).train.steps
 
 
 def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bool = False,

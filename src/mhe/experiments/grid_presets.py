@@ -28,7 +28,7 @@ about 300 steps: 0.58, 0.87 and 0.90 at steps 300, 400 and 500 of a 600-step cos
 rate reaches 0.97 by step 250. The preset itself (800 steps, trained by ``mhe``'s engine) gives
 MHA 0.935 at this cell. Batches of 64 without the feed-forward were not tried; at a
 vocabulary of 256 a minimal attention-only model at batch 64 leaves the plateau after about
-1,200 steps, at 8,192 not within 5,000. The steps of the longer lengths are not calibrated.
+1,200 steps, at 8,192 not within 5,000. The longer lengths: :data:`RECALL_STEPS`.
 """
 
 from __future__ import annotations
@@ -44,10 +44,16 @@ ZOOLOGY_WIDTHS = (64, 128, 256, 512)
 ZOOLOGY_VOCAB = 8192  # [PAD] + 4,095 keys + 4,096 values
 RECALL_KINDS = ("mha", "gqa", "mqa", "sha", "mhe-add", "mhe-mul", "el-att", "skv")
 ROTARY_ENTRIES = ("mha", "mhe-mul rope-then-psi", "mhe-mul psi-then-rope")
-RECALL_STEPS = {64: 800, 128: 1000, 256: 1200, 512: 1500}
+RECALL_STEPS = {64: 800, 128: 1000, 256: 3600, 512: 4500}
 """Steps per sequence length of ``gpu-recall-zoology``: at length 64 past the step (about 500)
-where MHA at width 64 reaches 0.9 (the module's calibration); longer lengths, with more pairs,
-a guess growing with them (not calibrated). About 990,000 steps for the 880 runs."""
+where MHA at width 64 reaches 0.9 (the module's calibration); at length 128 MHA left the plateau
+by steps 350-550 of 1,000 at every width (the grid's training losses). Lengths 256 and 512 first
+ran 1,200 and 1,500 steps: at length 256 MHA stayed at the plateau at widths 256 and 512 on every
+rate, its training loss falling only at epoch boundaries (memorising the 100,000 sequences),
+while EL-att left it near step 1,000 and GQA on one rate of three; the cell would have ranked
+the kinds by luck near the end of training. Three times those steps (about 9 and 6 epochs,
+Zoology's runs up to 64) give the slower learners the time the fast ones took, an estimate that
+the first runs' training losses check (results/recall-zoology/RUN.md)."""
 RECALL_BATCH = {64: 512, 128: 512, 256: 256, 512: 128}
 """Sequences per step by length, Zoology's (its figure 2 configurations): 32k tokens a step at
 length 64, 64k from 128 on; queried values a step: 2,048, 4,096, 4,096 and 8,192. Large batches
