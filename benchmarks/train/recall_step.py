@@ -3,6 +3,7 @@
     python benchmarks/train_bench.py recall-step                   # 3 cells, eager and compiled, 1 and 8 processes
     python benchmarks/train_bench.py recall-step --profile         # and each row's kernels and GPU busy time a step
     python benchmarks/train_bench.py recall-step --mps no,yes      # the concurrent rows also under NVIDIA's MPS daemon
+    python benchmarks/train_bench.py recall-step --compiled yes,graphs  # compiled, and replayed as CUDA graphs
     python benchmarks/train_bench.py recall-step --cpu-smoke       # the cpu-recall-zoology grid, a few steps, a CPU
 
 Each row trains the grid preset's configuration of one cell (sequence length, width) and entry,
@@ -71,7 +72,7 @@ def train_once(grid, point, steps: int, compiled: bool) -> tuple[float, float]:
     from mhe.tasks.runs import run_training
     from mhe.training.run_files import METRICS, read_metrics
 
-    cfg = run_config(grid, point, [f"train.steps={steps}", f"train.compile={str(compiled).lower()}",
+    cfg = run_config(grid, point, [f"train.steps={steps}", *compile_settings(compiled),
                                    f"train.warmup_steps={max(1, steps // 10)}",
                                    f"train.log_every={max(1, steps // INTERVALS)}"])
     with tempfile.TemporaryDirectory() as d:
@@ -81,6 +82,17 @@ def train_once(grid, point, steps: int, compiled: bool) -> tuple[float, float]:
                              "not done")
         records = read_metrics(Path(d) / "run" / METRICS)
     return steady_step_ms(records), res["score"]
+
+
+def compile_settings(compiled: bool | str) -> list[str]:
+    """``--compiled``'s choice as settings: eager, compiled, or compiled and replayed as CUDA graphs
+    (``graphs``: ``train.cuda_graphs=true``; recall's batches have one shape, but the task does not
+    declare it, so the grid's ``auto`` leaves graphs off)."""
+    return [f"train.compile={str(bool(compiled)).lower()}"] + (["train.cuda_graphs=true"] if compiled == "graphs" else [])
+
+
+def compiled_label(compiled: bool | str) -> str:
+    return "graphs" if compiled == "graphs" else "yes" if compiled else "no"
 
 
 def steady_step_ms(records: list[dict]) -> float:
@@ -215,7 +227,7 @@ def table(rows: list[dict], card: str) -> str:
     for r in rows:
         busy = f"{r['gpu_busy_ms_a_step']:.2f}" if "gpu_busy_ms_a_step" in r else "-"
         kern = f"{r['kernels_a_step']:.0f}" if "kernels_a_step" in r else "-"
-        lines.append(f"| {r['length']} | {r['width']} | {r['entry']} | {'yes' if r['compiled'] else 'no'} | "
+        lines.append(f"| {r['length']} | {r['width']} | {r['entry']} | {compiled_label(r['compiled'])} | "
                      f"{'yes' if r.get('mps') else 'no'} | {r['processes']} | {r['ms_a_step']:.2f} | {r['card_ms_a_step']:.2f} | {busy} | {kern} | "
                      f"{r['accuracy']:.3f} |")
     return "\n".join(lines)
@@ -242,7 +254,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--cells", default=CELLS, help="LENGTH:WIDTH,... (default %(default)s)")
     ap.add_argument("--entries", default="mha", help="grid entries, comma-separated, each ENTRY or BLOCK:ENTRY "
                                                      "(e.g. mha,mhe-mul,rotary:mha; ENTRY alone: its first block)")
-    ap.add_argument("--compiled", default="no,yes", help="no, yes or both (no,yes): train.compile")
+    ap.add_argument("--compiled", default="no,yes", help="comma-separated, of no, yes (train.compile) and graphs "
+                                                         "(compiled and replayed as CUDA graphs)")
     ap.add_argument("--concurrent", help="processes training at once on the card (default 1,8; --cpu-smoke 1,2)")
     ap.add_argument("--mps", default="no", help="no, yes or no,yes: the concurrent rows under NVIDIA's MPS daemon")
     ap.add_argument("--steps", type=int, default=150, help="steps of each timed run, logged in 5 intervals (the first untimed)")
@@ -262,10 +275,12 @@ def main(argv: list[str]) -> int:
     a.concurrent = a.concurrent or "1,8"
     choice = {"no": False, "yes": True}
     try:
-        compiled, mps = [choice[c] for c in a.compiled.split(",")], [choice[c] for c in a.mps.split(",")]
+        compiled = [{**choice, "graphs": "graphs"}[c] for c in a.compiled.split(",")]
+        mps = [choice[c] for c in a.mps.split(",")]
         concurrent = [int(n) for n in a.concurrent.split(",")]
     except (KeyError, ValueError):
-        ap.error(f"--compiled and --mps take no, yes or no,yes (got {a.compiled!r}, {a.mps!r}); --concurrent takes "
+        ap.error(f"--compiled takes no, yes and graphs, --mps no, yes or no,yes (got {a.compiled!r}, {a.mps!r}); "
+                 f"--concurrent takes "
                  f"counts (got {a.concurrent!r})")
     a.compiled, a.mps, a.concurrent = compiled, mps, concurrent
     if any(a.mps) and max(a.concurrent) < 2:

@@ -76,11 +76,29 @@ def test_the_table_names_the_card_and_each_row():
     assert "| 64 | 512 | rotary:mha | yes | yes | 8 | 80.00 | 10.00 | 2.50 | 300 | 0.500 |" in text
 
 
+def test_graphs_rows_compile_and_replay_cuda_graphs_and_say_so():
+    """``--compiled graphs``: the run compiled with ``train.cuda_graphs=true`` (recall's task does not
+    declare one batch shape, so the grid's ``auto`` would leave graphs off), labelled in the table."""
+    assert recall_step.compile_settings(False) == ["train.compile=false"]
+    assert recall_step.compile_settings(True) == ["train.compile=true"]
+    assert recall_step.compile_settings("graphs") == ["train.compile=true", "train.cuda_graphs=true"]
+    row = dict(length=256, width=512, entry="mha", compiled="graphs", mps=False, processes=8, ms_a_step=8.0,
+               card_ms_a_step=1.0, accuracy=0.1)
+    assert "| 256 | 512 | mha | graphs | no | 8 | 8.00 | 1.00 | - | - | 0.100 |" in recall_step.table([row], "H200")
+    grid, point = recall_step.grid_point("cpu-recall-zoology", 32, 32, "mha")
+    from mhe.experiments.grid import run_config
+
+    cfg = run_config(grid, point, recall_step.compile_settings("graphs"))
+    assert cfg.train.compile is True and cfg.train.cuda_graphs is True
+
+
 def test_bad_choices_are_refused_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(recall_step.shutil, "which", lambda name: None)
     for argv, said in ((["--mps", "no,yes"], "--mps yes needs nvidia-cuda-mps-control"),
                        (["--mps", "yes", "--concurrent", "1"], "--mps yes runs only rows of several processes"),
-                       (["--mps", "maybe"], "--compiled and --mps take no, yes or no,yes (got 'no,yes', 'maybe')")):
+                       (["--mps", "maybe"], "--compiled takes no, yes and graphs, --mps no, yes or no,yes "
+                                            "(got 'no,yes', 'maybe')"),
+                       (["--compiled", "cudagraphs"], "(got 'cudagraphs', 'no')")):
         with pytest.raises(SystemExit) as done:
             recall_step.main(argv)
         err = capsys.readouterr().err.strip().splitlines()
