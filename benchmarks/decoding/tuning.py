@@ -2,7 +2,8 @@
 and what does each way of tuning cost a token (issue 62's batch-1 spread)?
 
     python benchmarks/decode.py tuning --preset llama-135m --kinds mha,gqa,mhe-mul \
-        --tunings default,event-clock,off [--kernels auto,sdpa,split-k-decode] --repeats 2 [--top 4]
+        --tunings default,event-clock,off [--kernels auto,sdpa,split-k-decode] [--rotations separate,joint]
+        --repeats 2 [--top 4]
         [--tuner-log FILE] [--json FILE]
     python benchmarks/decode.py tuning --smoke          # the tool's plumbing on a CPU (tiny sizes)
 
@@ -22,7 +23,10 @@ It prints each row's ms a token, decode step, first call (compile and tuning), k
 time a token and the costliest kernels, then the card; ``--tuner-log`` keeps coordinate
 descent's own log (each kernel's candidates and pick). ``--repeats`` compiles each (kind,
 tuning, kernel) that many times, in turn, so that a pick that varies shows as rows that differ;
-``--kernels`` gives each row the decode kernel named (``auto``: the session's own choice).
+``--kernels`` gives each row the decode kernel named (``auto``: the session's own choice);
+``--rotations separate,joint`` a row with the queries and keys rotated each on its own (the
+default) and one with them rotated as one tensor (``multi_head.JOINT_ROTATION``: GQA's extra
+kernel a layer at batch 1).
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ from pathlib import Path
 import torch
 
 from decoding import rows as decode_rows
+from mhe.attention import multi_head
 from mhe.attention.kernels import check_kernel
 from mhe.errors import MheError
 from mhe.generation import step as step_module
 
 TUNINGS = ("default", "event-clock", "off")
+ROTATIONS = ("separate", "joint")
 TUNER_LOGGER = "torch._inductor.runtime.coordinate_descent_tuner"
 
 
@@ -55,6 +61,18 @@ def event_clock(on: bool):
         yield
     finally:
         step_module.KERNEL_TIME_TUNING = was
+
+
+@contextlib.contextmanager
+def joint_rotation(on: bool):
+    """While the block runs, the fused projection's queries and keys are rotated as one tensor
+    (``multi_head.JOINT_ROTATION``); back as it was afterwards."""
+    was = multi_head.JOINT_ROTATION
+    multi_head.JOINT_ROTATION = on
+    try:
+        yield
+    finally:
+        multi_head.JOINT_ROTATION = was
 
 
 def compile_options(tuning: str, dev: torch.device) -> dict | None:
@@ -91,7 +109,8 @@ def keep_tuner_log(path: str) -> None:
 
 
 def print_row(row: dict) -> None:
-    print(f"{row['kind']:8s} {row['tuning']:9s} {row['kernel']:14s} #{row['repeat']}: {row['ms_a_token']:.4f} ms a "
+    print(f"{row['kind']:8s} {row['tuning']:9s} {row['kernel']:14s} {row.get('rotation', 'separate'):8s} "
+          f"#{row['repeat']}: {row['ms_a_token']:.4f} ms a "
           f"token, decode step "
           f"{row['decode_ms_a_step']:.4f} ms, first call {row['first_call_s']:.1f} s, "
           f"{row['kernels_per_token']:.0f} {row['counted']} and {row['busy_us_per_token']:.1f} us busy a token", flush=True)
@@ -108,9 +127,10 @@ def measure(a, tunings: list[str], dev: torch.device, context: int, keep=lambda 
         model = decode_rows.build(a.preset, kind, context, dev, dtype, a.smoke)
         ids, mask = decode_rows.prompts(model, 1, context // 2, dev)
         for repeat in range(a.repeats):
-            for tuning, kernel in itertools.product(tunings, a.kernels.split(",")):
-                row = {"kind": kind, "tuning": tuning, "kernel": kernel, "repeat": repeat,
-                       **one_row(model, ids, mask, dev, tuning, context // 2, a.reps, a.top, kernel)}
+            for tuning, kernel, rotation in itertools.product(tunings, a.kernels.split(","), a.rotations.split(",")):
+                with joint_rotation(rotation == "joint"):
+                    timed = one_row(model, ids, mask, dev, tuning, context // 2, a.reps, a.top, kernel)
+                row = {"kind": kind, "tuning": tuning, "kernel": kernel, "rotation": rotation, "repeat": repeat, **timed}
                 print_row(row)
                 rows.append(row)
                 keep(rows)
@@ -125,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="mha,gqa,mhe-mul")
     ap.add_argument("--tunings", default="default,event-clock,off", help=f"comma-separated, of {', '.join(TUNINGS)}")
     ap.add_argument("--kernels", default="auto", help="comma-separated decode kernels (auto: the session's choice)")
+    ap.add_argument("--rotations", default="separate", help="comma-separated, of separate and joint: the queries' "
+                                                             "and keys' rotation (multi_head.JOINT_ROTATION)")
     ap.add_argument("--repeats", type=int, default=2, help="fresh compiles of each (kind, tuning, kernel), in turn")
     ap.add_argument("--context", type=int, default=512, help="prompt + new tokens (half each)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls a row after the first")
@@ -136,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     tunings = a.tunings.split(",")
     if bad := [t for t in tunings if t not in TUNINGS]:
         ap.error(f"--tunings: {bad[0]!r} is not one of {', '.join(TUNINGS)}")
+    if bad := [r for r in a.rotations.split(",") if r not in ROTATIONS]:
+        ap.error(f"--rotations: {bad[0]!r} is not one of {', '.join(ROTATIONS)}")
     for kernel in a.kernels.split(","):
         if kernel != "auto":
             try:

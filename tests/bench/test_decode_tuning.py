@@ -30,6 +30,30 @@ def test_the_event_clock_row_turns_the_kernel_time_clock_off_only_inside_the_blo
     assert step.KERNEL_TIME_TUNING is True
 
 
+def test_a_joint_rotation_row_sets_the_switch_only_inside_the_block(tmp_path, monkeypatch):
+    """``--rotations separate,joint``: a row per rotation, the joint one computed with
+    ``multi_head.JOINT_ROTATION`` on, the switch off again after it (also when a row fails)."""
+    from mhe.attention import multi_head
+
+    seen = []
+
+    def one_row(*args, **kw):
+        seen.append(multi_head.JOINT_ROTATION)
+        return {"ms_a_token": 1.0, "decode_ms_a_step": 1.0, "first_call_s": 1.0, "kernels_per_token": 1,
+                "counted": "ops", "busy_us_per_token": 0.0}
+    monkeypatch.setattr(tuning, "one_row", one_row)
+    out = tmp_path / "rows.json"
+    assert tuning.main(["--smoke", "--kinds", "gqa", "--tunings", "default", "--rotations", "separate,joint",
+                        "--repeats", "1", "--json", str(out)]) == 0
+    assert seen == [False, True] and multi_head.JOINT_ROTATION is False
+    assert [r["rotation"] for r in json.loads(out.read_text())["rows"]] == ["separate", "joint"]
+    with pytest.raises(RuntimeError), tuning.joint_rotation(True):
+        raise RuntimeError("a row that failed")
+    assert multi_head.JOINT_ROTATION is False
+    with pytest.raises(SystemExit):
+        tuning.main(["--smoke", "--rotations", "fused"])
+
+
 def test_tunings_map_to_the_step_s_compile_options():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert tuning.compile_options("default", cuda) is None  # the session's default: coordinate descent

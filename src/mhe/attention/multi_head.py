@@ -9,6 +9,15 @@ from mhe.attention.fused_projections import fused_projection
 from mhe.attention.options import GroupedQueryOptions, default_kv_heads  # noqa: F401 (re-exported)
 
 
+JOINT_ROTATION = False
+"""Whether the fused projection's queries and keys are rotated as one tensor of ``n + g`` heads
+and split after (else each on its own). The numbers are the same (the rotation is elementwise,
+one position's angles for every head); what may differ is the kernels inductor makes of a
+one-token step: GQA launches one kernel a layer more than MHA at batch 1, most likely its
+rotation over unequal query and key widths (docs/benchmarks.md, "Batch 1 per kind"). Off until
+``decode.py tuning --rotations separate,joint`` has measured it on a card."""
+
+
 class GroupedQueryAttention(Attention):
     """Multi-head attention whose n query heads share g key/value heads, in groups of n/g.
 
@@ -57,6 +66,10 @@ class GroupedQueryAttention(Attention):
         if fused is None:
             return super()._self_projections(x, positions, rotate_keys=rotate_keys)
         n, g, d = self.cfg.n_heads, self.n_kv_heads, self.cfg.head_dim
+        if JOINT_ROTATION and rotate_keys and self.rotary is not None and positions is not None:
+            qk, v = fused(x).split([(n + g) * d, g * d], -1)  # [B, T, (n+g)*d], [B, T, g*d]
+            q, k = self._rotate(self._split_heads(qk, n + g), positions).split([n, g], 1)
+            return q, k, self._split_heads(v, g)
         q, k, v = fused(x).split([n * d, g * d, g * d], -1)  # [B, T, n*d], 2 x [B, T, g*d]
         q, k = self._split_heads(q, n), self._split_heads(k, g)
         return self._rotate(q, positions), self._rotate(k, positions if rotate_keys else None), self._split_heads(v, g)
