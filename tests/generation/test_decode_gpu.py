@@ -170,8 +170,9 @@ def test_compiled_long_prefill_agrees_with_eager(kind, monkeypatch):
 @pytest.mark.parametrize("kind,opts", [("gqa", {"n_kv_heads": 2}), ("mha", None)])
 def test_joint_rotation_compiled_step_equals_the_separate_one(kind, opts, monkeypatch):
     """``multi_head.JOINT_ROTATION`` under rotary positions on the card: fp32 eager steps give the
-    separate rotations' logits bit for bit (the rotation is elementwise), and the compiled step
-    with it chooses the eager tokens with logits within 1e-4, ragged prompts included."""
+    separate rotations' tokens and logits within 1e-5 (the rotation is elementwise; the float64 CPU
+    test has them equal), and the compiled step with it chooses the eager tokens with logits within
+    1e-4, ragged prompts included."""
     from mhe.attention import multi_head
 
     torch.manual_seed(0)
@@ -181,7 +182,8 @@ def test_joint_rotation_compiled_step_equals_the_separate_one(kind, opts, monkey
     want, wl = model.generate(ids, 16, attention_mask=mask, step_mode="eager", return_logits=True)
     monkeypatch.setattr(multi_head, "JOINT_ROTATION", True)
     eager, el = model.generate(ids, 16, attention_mask=mask, step_mode="eager", return_logits=True)
-    assert torch.equal(eager, want) and torch.equal(el, wl)
+    assert torch.equal(eager, want)  # the query's layout differs (a view of the n + g heads): products may round otherwise
+    torch.testing.assert_close(el, wl, rtol=1e-5, atol=1e-5)
     got, gl = model.generate(ids, 16, attention_mask=mask, session=model.generator(3, 30, step_mode="compile"),
                              return_logits=True)
     assert torch.equal(got, want)
