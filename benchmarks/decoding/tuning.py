@@ -130,7 +130,8 @@ def measure(a, tunings: list[str], dev: torch.device, context: int, keep=lambda 
             for tuning, kernel, rotation in itertools.product(tunings, a.kernels.split(","), a.rotations.split(",")):
                 with joint_rotation(rotation == "joint"):
                     timed = one_row(model, ids, mask, dev, tuning, context // 2, a.reps, a.top, kernel)
-                row = {"kind": kind, "tuning": tuning, "kernel": kernel, "rotation": rotation, "repeat": repeat, **timed}
+                row = {"kind": kind, "tuning": tuning, "kernel": kernel, "rotation": rotation, "repeat": repeat,
+                       **timed}
                 print_row(row)
                 rows.append(row)
                 keep(rows)
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default="auto", help="comma-separated decode kernels (auto: the session's choice)")
     ap.add_argument("--rotations", default="separate", help="comma-separated, of separate and joint: the queries' "
                                                              "and keys' rotation (multi_head.JOINT_ROTATION)")
-    ap.add_argument("--repeats", type=int, default=2, help="fresh compiles of each (kind, tuning, kernel), in turn")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="fresh compiles of each (kind, tuning, kernel, rotation), in turn")
     ap.add_argument("--context", type=int, default=512, help="prompt + new tokens (half each)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls a row after the first")
     ap.add_argument("--top", type=int, default=4, help="the costliest kernels listed a row")

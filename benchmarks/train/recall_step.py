@@ -65,7 +65,7 @@ INTERVALS = 5
 """Log intervals of a timed run: the first holds start-up and compilation, the rest are timed."""
 
 
-def train_once(grid, point, steps: int, compiled: bool) -> tuple[float, float]:
+def train_once(grid, point, steps: int, compiled: bool | str) -> tuple[float, float]:
     """One run of ``steps`` steps in this process: its steady milliseconds a step
     (:func:`steady_step_ms`) and its test accuracy."""
     from mhe.experiments.grid import run_config
@@ -88,7 +88,8 @@ def compile_settings(compiled: bool | str) -> list[str]:
     """``--compiled``'s choice as settings: eager, compiled, or compiled and replayed as CUDA graphs
     (``graphs``: ``train.cuda_graphs=true``; recall's batches have one shape, but the task does not
     declare it, so the grid's ``auto`` leaves graphs off)."""
-    return [f"train.compile={str(bool(compiled)).lower()}"] + (["train.cuda_graphs=true"] if compiled == "graphs" else [])
+    graphs = ["train.cuda_graphs=true"] if compiled == "graphs" else []
+    return [f"train.compile={str(bool(compiled)).lower()}", *graphs]
 
 
 def compiled_label(compiled: bool | str) -> str:

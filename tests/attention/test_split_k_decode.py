@@ -294,7 +294,7 @@ def test_autograd_and_dropout_keep_sdpa(interpret):
 
 
 @pytest.mark.parametrize("kind,opts,chosen", [("mqa", {}, True), ("sha", {}, True), ("mhe-mul", {}, True),
-                                              ("gqa", {"n_kv_heads": 2}, True), ("mha", {}, False)])
+                                              ("gqa", {"n_kv_heads": 2}, True), ("mha", {}, False), ("skv", {}, False)])
 def test_policy_chooses_split_k_decode_where_triton_is(kind, opts, chosen, monkeypatch):
     """With Triton, every cache with fewer K/V heads than query heads (or one) decodes through
     ``split-k-decode`` on CUDA, fp32 and one short row included (it measured faster at batch 1
@@ -313,6 +313,7 @@ def test_policy_chooses_split_k_decode_where_triton_is(kind, opts, chosen, monke
     assert short == "split-k-decode"  # MHA too: one row's heads are few tiles for cuDNN
     assert decode_kernel(attn, CUDA, torch.bfloat16, batch=1, positions=4096) == "split-k-decode"
     assert decode_kernel(attn, CUDA, torch.float32, batch=1, positions=64) == (want if chosen else "eager-one-token")
+    assert decode_kernel(attn.double(), CUDA, torch.float64, batch=1, positions=64) == (want if chosen else "sdpa")
     assert decode_kernel(attn, CUDA, torch.bfloat16, batch=2, positions=64) == want
     monkeypatch.setattr(triton_decode, "available", lambda: False)
     assert decode_kernel(attn, CUDA, torch.bfloat16, batch=1, positions=EXPAND_MAX_POSITIONS) == (

@@ -182,7 +182,7 @@ def test_joint_rotation_compiled_step_equals_the_separate_one(kind, opts, monkey
     want, wl = model.generate(ids, 16, attention_mask=mask, step_mode="eager", return_logits=True)
     monkeypatch.setattr(multi_head, "JOINT_ROTATION", True)
     eager, el = model.generate(ids, 16, attention_mask=mask, step_mode="eager", return_logits=True)
-    assert torch.equal(eager, want)  # the query's layout differs (a view of the n + g heads): products may round otherwise
+    assert torch.equal(eager, want)  # the query is a view of the n + g heads: a product may round otherwise
     torch.testing.assert_close(el, wl, rtol=1e-5, atol=1e-5)
     got, gl = model.generate(ids, 16, attention_mask=mask, session=model.generator(3, 30, step_mode="compile"),
                              return_logits=True)

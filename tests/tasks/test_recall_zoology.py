@@ -135,9 +135,10 @@ def test_grid_chain_runs_resumes_packs_and_reports(tmp_path, monkeypatch, capsys
 
 
 def test_grid_refuses_finished_runs_trained_with_other_settings(tmp_path, capsys):
-    """A finished run whose recorded configuration is not the one the grid builds for it now (the
-    preset's steps changed since) is not read as finished: the command refuses the folder and
-    names the run, where it would have put two settings in one cell."""
+    """A finished run whose saved configuration, hashed by today's code, is not the one the grid
+    builds for it now (the preset's steps changed since) is not read as finished: the command
+    refuses the folder, naming the run and what differs. A run saved before a setting was added
+    (its default on both sides) is not refused: hashed anew, the two agree."""
     from mhe.experiments.grid import run_config
     from mhe.experiments.grid_presets import GRIDS
 
@@ -146,13 +147,20 @@ def test_grid_refuses_finished_runs_trained_with_other_settings(tmp_path, capsys
     state = GridRun(grid, tmp_path / "g", overrides)
     block, entry = grid.blocks[0], grid.blocks[0].entries[0]
     same, other = (Point(block, entry, 32, 4, 32, lr, 0) for lr in grid.lrs[:2])
-    for p, recorded in ((same, run_config(grid, same, overrides).hash()), (other, "0" * 16)):
+    for p, steps in ((same, 2), (other, 7)):
+        cfg = run_config(grid, p, overrides)
+        cfg.train.steps = steps
         state.path(p).mkdir(parents=True)
-        (state.path(p) / "results.json").write_text(json.dumps({"score": 0.5, "config_hash": recorded}))
-    assert [p.name() for p in state.stale()] == [other.name()]
+        record = cfg.record()
+        if p is same:
+            del record["train"]["stop_at"]  # as if saved before that setting existed
+        (state.path(p) / "config.json").write_text(json.dumps({"run": record, "model": {}}))
+        (state.path(p) / "results.json").write_text(json.dumps({"score": 0.5, "config_hash": "0" * 16}))
+    assert [(p.name(), why) for p, why in state.stale()] == [(other.name(), "train.steps: 7 there, 2 now")]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "1 finished run(s) trained with other settings than the grid's now" in err and other.name() in err
+    assert "train.steps: 7 there, 2 now" in err
 
 
 def test_grid_refuses_options_that_are_its_own(tmp_path, capsys):

@@ -30,8 +30,10 @@ the way Hugging Face's ``AttentionInterface`` registers kernels apart from archi
 * ``split-k-decode`` (``attention/triton_decode.py``): as ``sdpa``, except one new token over a
   cache with fewer K/V heads than query heads (MQA, SHA, fast MHE, GQA) on CUDA runs two Triton
   kernels: the query heads sharing a K/V head packed in one tile, so each K/V byte is read once,
-  and the keys split across the card. It reads key ranges as ``flash-decode`` does. Generation
-  chooses it wherever Triton is installed (:func:`decode_kernel`).
+  and the keys split across the card; it runs any cache, MHA's too, as groups of one. It reads
+  key ranges as ``flash-decode`` does. Generation chooses it wherever Triton is installed for
+  caches with fewer K/V heads, and for every cache at batch 1 in half precision
+  (:func:`decode_kernel`).
 * ``eager-one-token``: ``eager`` for one-token queries (a decode step), ``sdpa`` otherwise;
   generation picks it for fp32 decoding on CUDA, where SDPA has no fast fp32 one-query
   kernel (docs/benchmarks.md section 6).
@@ -426,11 +428,12 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     one tile, the keys split across the card), in fp32 and at batch 1 too: llama-135m's step at
     one row of 512 positions took 0.72 ms through it for MHE-Mul against 0.91 through
     ``sdpa-expand``, and GQA's 0.88 against 1.13 through SDPA over grouped rows, where cuDNN picks
-    a 64-row tile for 3 rows (docs/benchmarks.md, "Kernels a layer"). MHA takes it at batch 1 in
-    half precision: cuDNN runs one row's heads as a few 128-query tiles (220 us a token on
-    llama-135m against the kernel's 136; 0.824-0.828 against 0.745 ms a token through ``generate``,
-    docs/benchmarks.md, "Batch 1"); at more rows cuDNN's kernel, which reads MHA's cache near the
-    copy bandwidth, is kept.
+    a 64-row tile for 3 rows (docs/benchmarks.md, "Kernels a layer"). A cache of as many K/V heads
+    as query heads takes it at batch 1 in fp16 and bf16: cuDNN runs one row's heads as a few
+    128-query tiles (MHA on llama-135m, one H200: 220 us a token against the kernel's 136; 0.824-0.828
+    against 0.745 ms a token through ``generate``, docs/benchmarks.md, "MHA at batch 1"; SKV,
+    EL-att and MHE-Mul psi-then-rope, whose caches have MHA's shape, follow unmeasured); at more
+    rows cuDNN's kernel, which reads such a cache near the copy bandwidth, is kept.
     Else the configured kernel, which a model configured with another kernel keeps. ``dtype``:
     the decoding dtype (default: the weights').
     """
@@ -447,7 +450,8 @@ def decode_kernel(module: nn.Module, device: torch.device | str, dtype: torch.dt
     cached = [a for a in attns if a.supports_cache]
     one_head = all(a.cache_heads == 1 for a in cached)
     fewer_kv = all(a.cache_heads < a.cfg.n_heads or a.cache_heads == 1 for a in cached)
-    if triton_decode.available() and cached and (fewer_kv or (batch == 1 and not fp32)):
+    half = (dtype or next(module.parameters()).dtype) in (torch.float16, torch.bfloat16)
+    if triton_decode.available() and cached and (fewer_kv or (batch == 1 and half)):
         return "split-k-decode"
     if fp32:
         return "eager-one-token"

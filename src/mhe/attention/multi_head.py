@@ -11,8 +11,10 @@ from mhe.attention.options import GroupedQueryOptions, default_kv_heads  # noqa:
 
 JOINT_ROTATION = False
 """Whether the fused projection's queries and keys are rotated as one tensor of ``n + g`` heads
-and split after (else each on its own). The numbers are the same (the rotation is elementwise,
-one position's angles for every head); what may differ is the kernels inductor makes of a
+and split after (else each on its own). Every element is rotated alike (the rotation is
+elementwise, one position's angles for every head; float64 results are equal), though the
+products after it may round otherwise, the query being a view of the wider tensor. What it is
+for is the kernels inductor makes of a
 one-token step: GQA launches one kernel a layer more than MHA at batch 1, most likely its
 rotation over unequal query and key widths (docs/benchmarks.md, "Batch 1 per kind"). Off until
 ``decode.py tuning --rotations separate,joint`` has measured it on a card."""

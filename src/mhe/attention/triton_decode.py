@@ -1,5 +1,6 @@
 """The ``split-k-decode`` kernel: one new query per row over a cache with fewer K/V heads than
-query heads, each K/V byte read once per step, the keys split across the card.
+query heads (or as many: groups of one, MHA at batch 1), each K/V byte read once per step, the
+keys split across the card.
 
 A decode step of MQA, folded MHE, MHE under rotary positions (its per-head factors already on
 the query, one shared K/V head) or GQA reads a cache ``k, v: [B, h_kv, S, d]`` with

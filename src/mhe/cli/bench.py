@@ -40,8 +40,9 @@ def bench_args(p):
                         "the generate section otherwise takes model.generate's default step mode)")
     p.add_argument("--kernel", default="auto",
                    help="attention kernel (model.attn_kernel): auto (default: sdpa, and in the decode and generate "
-                        "sections split-k-decode for caches with fewer K/V heads than query heads on a GPU with "
-                        "Triton, else flash-decode for one-K/V-head caches), sdpa, sdpa-expand, eager, "
+                        "sections split-k-decode for caches with fewer K/V heads than query heads, and for every "
+                        "cache at batch 1 in half precision, on a GPU with Triton, else flash-decode for "
+                        "one-K/V-head caches), sdpa, sdpa-expand, eager, "
                         "matmul-decode, flash-decode, split-k-decode")
     p.add_argument("--gen-batches", default="1,64", help="generate section: batches at prompt 256 + 256 new tokens")
     p.add_argument("--gen-long", default="64x4096", help="generate section: BATCHxCONTEXT runs (256 new tokens)")

@@ -32,10 +32,10 @@ from mhe.errors import MheError
 from mhe.experiments.entries import entry_dir, parse_entry
 from mhe.experiments.run_archive import RunFiles, archive_of
 from mhe.output_paths import free_name
-from mhe.tasks import default_run
+from mhe.tasks import default_run, read_run_config
 from mhe.training.checkpoint import write_json_atomic
 from mhe.training.config import RunConfig, apply_overrides, validate
-from mhe.training.run_files import RESULTS, is_run_dir
+from mhe.training.run_files import CONFIG, RESULTS, differences, is_run_dir
 
 
 @dataclass(frozen=True)
@@ -197,17 +197,20 @@ class GridRun:
             out += [p for pt in groups for p in self.sweep(*pt) if not self.finished(p)]
         return out
 
-    def stale(self) -> list[Point]:
-        """Finished runs trained with other settings than the grid builds for them now (the
-        preset changed since, e.g. a length's steps): their recorded ``config_hash`` differs from
-        their configuration's. Read as finished they would put two settings in one cell."""
+    def stale(self) -> list[tuple[Point, str]]:
+        """Finished runs trained with other settings than the grid builds for them now (the preset
+        changed since, e.g. a length's steps), each with what differs. A run's saved configuration
+        (``config.json``) is read back and hashed by today's code, as the trainer does before it
+        resumes, so a setting added since (its default in both) does not count. Read as finished
+        such runs would put two settings in one cell."""
         found = []
         for group in self.grid.points():
             for p in self.sweep(*group) + self.seeds_of(*group):
-                f = self.path(p) / RESULTS
-                recorded = json.loads(f.read_text()).get("config_hash") if f.is_file() else None
-                if recorded and recorded != run_config(self.grid, p, self.overrides, self.data_dir).hash():
-                    found.append(p)
+                if not self.finished(p) or not (self.path(p) / CONFIG).is_file():
+                    continue
+                saved, now = read_run_config(self.path(p)), run_config(self.grid, p, self.overrides, self.data_dir)
+                if saved.hash() != now.hash():
+                    found.append((p, differences(saved.identity(), now.identity())))
         return found
 
     def next_after(self, p: Point) -> list[Point]:
@@ -323,11 +326,10 @@ def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bo
         log(f"packed ({archive_of(out / 'runs').name}): reporting it as it is; unpack it to train more "
             f"(mhe report --unpack {out})")
         return write_grid_summary(out)
-    stale = [p.name() for p in state.stale()]
-    if stale:
+    if stale := state.stale():
+        names = ", ".join(p.name() for p, _ in stale[:3]) + (", ..." if len(stale) > 3 else "")
         raise MheError(f"{out} holds {len(stale)} finished run(s) trained with other settings than the grid's now "
-                       f"({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}): the preset changed since; "
-                       f"move them out of {out / 'runs'} to train them again")
+                       f"({names}; {stale[0][1]}): move them out of {out / 'runs'} to train them again")
     todo = state.todo()
     state.handed.update(p.name() for p in todo)  # queued now: a finished run must not hand them out again
     unfinished = [p.name() for p in todo if is_run_dir(state.path(p))]

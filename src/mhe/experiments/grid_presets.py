@@ -50,7 +50,7 @@ where MHA at width 64 reaches 0.9 (the module's calibration); at length 128 MHA 
 by steps 350-550 of 1,000 at every width (the grid's training losses). Lengths 256 and 512 first
 ran 1,200 and 1,500 steps: at length 256 MHA stayed at the plateau at widths 256 and 512 on every
 rate, its training loss falling only at epoch boundaries (memorising the 100,000 sequences),
-while EL-att left it near step 1,000 and GQA on one rate of three; the cell would have ranked
+while EL-att left it between steps 900 and 1,000 and GQA on one rate of four; the cell would have ranked
 the kinds by luck near the end of training. Three times those steps (about 9 and 6 epochs,
 Zoology's runs up to 64) give the slower learners the time the fast ones took, an estimate that
 the first runs' training losses check (results/recall-zoology/RUN.md)."""
