@@ -254,6 +254,7 @@ class RunDurations:
     def __init__(self, state: GridRun):
         self.state = state
         self.seconds: dict[tuple[int, int], list[float]] = {}
+        self.steps_of: dict[tuple[str, str, int], int] = {}
         for f in (state.out / "runs").glob(f"*/{RESULTS}"):
             self._read(f)
 
@@ -296,9 +297,13 @@ class RunDurations:
         return slowest * p.length / near * steps
 
     def _steps(self, p: Point, length: int) -> int:
-        """The steps the grid trains ``p``'s group for at ``length`` (lengths may differ in steps)."""
-        q = replace(p, length=length, pairs=dict(self.state.grid.cells)[length])
-        return run_config(self.state.grid, q, self.state.overrides, self.state.data_dir).train.steps
+        """The steps the grid trains ``p``'s entry for at ``length`` (lengths may differ in steps);
+        kept, as the queue asks under its lock for every waiting run."""
+        key = (p.block.name, p.entry, length)
+        if key not in self.steps_of:
+            q = replace(p, length=length, pairs=dict(self.state.grid.cells)[length])
+            self.steps_of[key] = run_config(self.state.grid, q, self.state.overrides, self.state.data_dir).train.steps
+        return self.steps_of[key]
 
 
 def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bool = False,
