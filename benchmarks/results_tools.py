@@ -2,6 +2,7 @@
 
     python benchmarks/results_tools.py migrate DIR [DIR ...]
     python benchmarks/results_tools.py scaling-overview [RESULTS_DIR] [--out FILE.md] [--plot FILE.png]
+    python benchmarks/results_tools.py recall-escape results/recall-zoology [--archive FILE.tar.xz] [--out FILE.md]
 
 The parts live under ``benchmarks/records/``.
 """
@@ -15,6 +16,7 @@ from toolbox import run_subcommand
 SUBCOMMANDS = {
     "migrate": ("records.migrate", "rewrites run folders of earlier layouts into today's, in place"),
     "scaling-overview": ("records.scaling_overview", "PRR against model size from the results/scale-* comparisons"),
+    "recall-escape": ("records.recall_escape", "the steps at which a recall grid's runs left the plateau, per cell"),
 }
 
 

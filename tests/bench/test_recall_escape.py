@@ -1,0 +1,61 @@
+"""``benchmarks/results_tools.py recall-escape`` (``benchmarks/records/recall_escape.py``): the first
+step whose training loss is under half the plateau's ln(pairs), and per cell the runs that left
+it, the median and latest such step and the share of the budget, from a grid folder or a packed
+archive kept beside it."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+from records import recall_escape  # noqa: E402
+
+from mhe.experiments.run_archive import archive_bytes  # noqa: E402
+
+
+def test_the_escape_step_is_the_first_loss_under_half_the_plateau():
+    bar = math.log(8) / 2  # 1.04
+    records = [{"step": 50, "loss": 6.0}, {"step": 100, "eval": 0.1}, {"step": 150, "loss": bar + 1e-9},
+               {"step": 200, "loss": bar - 1e-9}, {"step": 250, "loss": 0.01}]
+    assert recall_escape.escape_step(records, 8) == 200
+    assert recall_escape.escape_step(records[:3], 8) is None
+
+
+def run_files(length, width, pairs, steps, score, losses):
+    config = {"run": {"data": {"task_options": {"seq_len": length, "pairs": pairs}}, "model": {"d_model": width}},
+              "model": {}}
+    metrics = "".join(json.dumps({"step": 100 * (i + 1), "loss": x}) + "\n" for i, x in enumerate(losses))
+    return {"config.json": json.dumps(config), "results.json": json.dumps({"steps": steps, "score": score}),
+            "metrics.jsonl": metrics}
+
+
+RUNS = {"L64-d32-mha-lr0.01-seed0": run_files(64, 32, 4, 400, 0.99, [3.0, 0.5, 0.1, 0.0]),
+        "L64-d32-sha-lr0.01-seed0": run_files(64, 32, 4, 400, 0.25, [3.0, 1.4, 1.3, 1.3]),
+        "L64-d32-mqa-lr0.01-seed0": run_files(64, 32, 4, 400, 0.6, [3.0, 1.4, 1.4, 0.6]),
+        "L64-d64-mha-lr0.01-seed0": run_files(64, 64, 4, 400, 1.0, [0.2, 0.1, 0.0, 0.0])}
+
+
+def test_a_cell_counts_its_runs_and_the_latest_escape_against_the_budget(tmp_path):
+    for name, files in RUNS.items():
+        (tmp_path / "g" / "runs" / name).mkdir(parents=True)
+        for f, text in files.items():
+            (tmp_path / "g" / "runs" / name / f).write_text(text)
+    rows = recall_escape.folder_rows(tmp_path / "g")
+    text = recall_escape.table(rows)
+    assert "| 64 | 4 | 64 | 400 | 1 | 1 | 100 | 100 | 25% | 1 |" in text  # the wider width first
+    assert "| 64 | 4 | 32 | 400 | 3 | 2 | 300 | 400 | 100% | 1 |" in text  # MHA at 200, MQA at 400; SHA never
+    assert text.index("| 64 | 4 | 64 |") < text.index("| 64 | 4 | 32 |")
+
+
+def test_an_archive_kept_beside_the_grid_reads_alike(tmp_path):
+    members = [(f"runs-old/{name}/{f}", text.encode()) for name, files in RUNS.items() for f, text in files.items()]
+    (tmp_path / "old.tar.xz").write_bytes(archive_bytes(members))
+    rows = recall_escape.archive_rows(tmp_path / "old.tar.xz")
+    assert sorted((r["width"], r["score"], r["escape"]) for r in rows) == [(32, 0.25, None), (32, 0.6, 400),
+                                                                          (32, 0.99, 200), (64, 1.0, 100)]
+    with pytest.raises(SystemExit):
+        recall_escape.main([str(tmp_path), "--archive", str(tmp_path / "missing.tar.xz")])
