@@ -2,15 +2,18 @@
 
     python benchmarks/results_tools.py recall-escape results/recall-zoology [--archive FILE.tar.xz] [--out FILE.md]
 
-A recall run that has not learned the task sits at a plateau: it knows the answer is one of the
-listed values and no more, a training loss of about ln(pairs). A run that learns leaves it
+A recall run that has not learned the task sits at a plateau: it knows at best that the answer
+is one of the listed values, a training loss of ln(pairs) or above. A run that learns leaves it
 within a few hundred steps. For each run this reads the first logged step whose training loss
 is below half of ln(pairs) (``metrics.jsonl``, one record every ``log_every`` steps) and its
-test accuracy; per sequence length and width it gives how many runs left the plateau, the
-median and latest such step, the latest as a share of the run's steps, and how many ended above
-0.9 accuracy. A latest step near the end of the budget says the budget is what decides which
-runs learn (issue 60: the first pass of length 256 at 1,200 steps). ``--archive`` reads a packed
-set of runs kept beside the grid (``runs-1200-steps.tar.xz``) instead of the grid's own.
+test accuracy. A run whose loss fell so but whose test accuracy ended at or under
+``GENERALISED`` memorised its training sequences (its loss falls at epoch boundaries) and is
+counted apart, not as having left. Per sequence length, width and step budget it gives the runs,
+how many left the plateau, the median and latest step at which they did, the latest as a share
+of the budget, how many memorised, and how many ended above 0.9 accuracy. A latest step near the
+end of the budget says the budget decides which runs learn (issue 60: the first pass of length
+256 at 1,200 steps). ``--archive`` reads a packed set of runs kept beside the grid
+(``runs-1200-steps.tar.xz``) instead of the grid's own.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from mhe.training.run_files import CONFIG, METRICS, RESULTS, parse_metrics
 
 LEARNED = 0.9
 """Test accuracy above which a run counts as having learned the task."""
+GENERALISED = 0.5
+"""Test accuracy a run whose training loss left the plateau must end above to count as having
+left it (at or under it, the fall was memorisation: plateaus lie at 1/pairs, 0.25 and below)."""
 
 
 def escape_step(records: list[dict], pairs: int) -> int | None:
@@ -34,50 +40,56 @@ def escape_step(records: list[dict], pairs: int) -> int | None:
     return next((int(r["step"]) for r in records if "loss" in r and "step" in r and r["loss"] < bar), None)
 
 
-def run_row(config: dict, results: dict, records: list[dict]) -> dict:
-    """One run: its length, width, pairs, steps, test accuracy and escape step."""
+def run_row(name: str, config: dict | None, results: dict, records: list[dict] | None) -> dict:
+    """One run: its length, width, pairs, steps, test accuracy, the step its training loss fell
+    under half the plateau's (None if never, or with no metrics) and whether that generalised."""
+    if not isinstance(config, dict) or not isinstance(config.get("run"), dict):
+        raise SystemExit(f"recall-escape: run {name} has no readable config.json")
     run = config["run"]
-    pairs = int(run["data"]["task_options"]["pairs"])
-    return {"length": int(run["data"]["task_options"]["seq_len"]), "width": int(run["model"]["d_model"]),
-            "pairs": pairs, "steps": int(results["steps"]), "score": float(results["score"]),
-            "escape": escape_step(records, pairs)}
+    options = run["data"]["task_options"]
+    pairs = int(options["pairs"])
+    fell = escape_step(records or [], pairs)
+    score = float(results["score"])
+    return {"length": int(options["seq_len"]), "width": int(run["model"]["d_model"]), "pairs": pairs,
+            "steps": int(results["steps"]), "score": score, "logged": records is not None,
+            "escape": fell if fell is not None and score > GENERALISED else None,
+            "memorised": fell is not None and score <= GENERALISED}
 
 
 def folder_rows(folder: Path) -> list[dict]:
     """The finished runs of a grid folder (``runs/`` or ``runs.tar.xz``)."""
     files = RunFiles(folder)
-    return [run_row(files.config(name), files.results(name), files.metrics(name) or [])
-            for name in files.finished()]
+    return [run_row(name, files.config(name), files.results(name), files.metrics(name)) for name in files.finished()]
 
 
 def archive_rows(path: Path) -> list[dict]:
-    """The finished runs of an archive whose members are ``PREFIX/RUN/FILE``."""
+    """The finished runs of an archive of run folders (each run: the folder holding ``results.json``)."""
     members = read_archive(path)
-    runs = sorted({PurePosixPath(n).parts[1] for n in members if n.endswith("/" + RESULTS)})
     rows = []
-    for name in runs:
-        prefix = next(n for n in members if PurePosixPath(n).parts[1] == name).split("/")[0]
-        read = lambda f: members.get(f"{prefix}/{name}/{f}")  # noqa: E731
-        metrics = read(METRICS)
-        rows.append(run_row(json.loads(read(CONFIG)), json.loads(read(RESULTS)),
-                            parse_metrics(metrics, where=f"{path}:{name}") if metrics else []))
+    for result in sorted(n for n in members if PurePosixPath(n).name == RESULTS):
+        folder = str(PurePosixPath(result).parent)
+        name = PurePosixPath(folder).name
+        config, metrics = members.get(f"{folder}/{CONFIG}"), members.get(f"{folder}/{METRICS}")
+        rows.append(run_row(name, json.loads(config) if config else None, json.loads(members[result]),
+                            parse_metrics(metrics, where=f"{path}:{folder}") if metrics is not None else None))
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    """Per length and width: runs, how many left the plateau, median and latest escape step, the
-    latest as a share of the steps, runs above ``LEARNED`` accuracy."""
+    """Per length, width and step budget: runs, how many left the plateau, the median and latest
+    step they did, the latest as a share of the budget, how many memorised, runs above ``LEARNED``."""
     lines = ["| length | pairs | width | steps | runs | left the plateau | median step | latest step | "
-             "latest, of the steps | above 0.9 |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    cells = sorted({(r["length"], r["width"]) for r in rows}, key=lambda c: (c[0], -c[1]))
-    for length, width in cells:
-        mine = [r for r in rows if (r["length"], r["width"]) == (length, width)]
-        steps = max(r["steps"] for r in mine)
+             "latest, of the steps | memorised | above 0.9 |", "|---:" * 11 + "|"]
+    cells = sorted({(r["length"], r["width"], r["steps"]) for r in rows}, key=lambda c: (c[0], -c[1], c[2]))
+    for length, width, steps in cells:
+        mine = [r for r in rows if (r["length"], r["width"], r["steps"]) == (length, width, steps)]
         left = [r["escape"] for r in mine if r["escape"] is not None]
-        median, latest = (f"{statistics.median(left):.0f}", max(left)) if left else ("-", None)
-        share = f"{latest / steps:.0%}" if latest is not None else "-"
-        lines.append(f"| {length} | {mine[0]['pairs']} | {width} | {steps:,} | {len(mine)} | {len(left)} | {median} | "
-                     f"{latest if latest is not None else '-'} | {share} | "
+        median, latest, share = ((f"{statistics.median(left):,.0f}", f"{max(left):,}", f"{max(left) / steps:.0%}")
+                                 if left else ("-", "-", "-"))
+        unlogged = sum(not r["logged"] for r in mine)
+        runs = f"{len(mine)}" + (f" ({unlogged} without metrics)" if unlogged else "")
+        lines.append(f"| {length} | {mine[0]['pairs']} | {width} | {steps:,} | {runs} | {len(left)} | {median} | "
+                     f"{latest} | {share} | {sum(r['memorised'] for r in mine)} | "
                      f"{sum(r['score'] > LEARNED for r in mine)} |")
     return "\n".join(lines)
 

@@ -36,26 +36,47 @@ def run_files(length, width, pairs, steps, score, losses):
 RUNS = {"L64-d32-mha-lr0.01-seed0": run_files(64, 32, 4, 400, 0.99, [3.0, 0.5, 0.1, 0.0]),
         "L64-d32-sha-lr0.01-seed0": run_files(64, 32, 4, 400, 0.25, [3.0, 1.4, 1.3, 1.3]),
         "L64-d32-mqa-lr0.01-seed0": run_files(64, 32, 4, 400, 0.6, [3.0, 1.4, 1.4, 0.6]),
-        "L64-d64-mha-lr0.01-seed0": run_files(64, 64, 4, 400, 1.0, [0.2, 0.1, 0.0, 0.0])}
+        "L64-d32-skv-lr0.01-seed0": run_files(64, 32, 4, 400, 0.26, [3.0, 1.4, 0.6, 0.3]),  # memorised
+        "L64-d64-mha-lr0.01-seed0": run_files(64, 64, 4, 400, 1.0, [0.2, 0.1, 0.0, 0.0]),
+        "L64-d64-mha-lr0.01-seed1": run_files(64, 64, 4, 800, 1.0, [3.0, 3.0, 0.1, 0.0])}
+
+
+def write(folder, runs):
+    for name, files in runs.items():
+        (folder / "runs" / name).mkdir(parents=True)
+        for f, text in files.items():
+            (folder / "runs" / name / f).write_text(text)
 
 
 def test_a_cell_counts_its_runs_and_the_latest_escape_against_the_budget(tmp_path):
-    for name, files in RUNS.items():
-        (tmp_path / "g" / "runs" / name).mkdir(parents=True)
-        for f, text in files.items():
-            (tmp_path / "g" / "runs" / name / f).write_text(text)
-    rows = recall_escape.folder_rows(tmp_path / "g")
-    text = recall_escape.table(rows)
-    assert "| 64 | 4 | 64 | 400 | 1 | 1 | 100 | 100 | 25% | 1 |" in text  # the wider width first
-    assert "| 64 | 4 | 32 | 400 | 3 | 2 | 300 | 400 | 100% | 1 |" in text  # MHA at 200, MQA at 400; SHA never
-    assert text.index("| 64 | 4 | 64 |") < text.index("| 64 | 4 | 32 |")
+    """Per length, width and budget (a cell trained at two budgets is two rows): MHA left at 200,
+    MQA at 400 of 400 steps; SHA never; SKV's loss fell but its test accuracy stayed at the
+    plateau: memorised, not counted as having left."""
+    write(tmp_path / "g", RUNS)
+    text = recall_escape.table(recall_escape.folder_rows(tmp_path / "g"))
+    assert "| 64 | 4 | 32 | 400 | 4 | 2 | 300 | 400 | 100% | 1 | 1 |" in text
+    assert "| 64 | 4 | 64 | 400 | 1 | 1 | 100 | 100 | 25% | 0 | 1 |" in text
+    assert "| 64 | 4 | 64 | 800 | 1 | 1 | 300 | 300 | 38% | 0 | 1 |" in text
+    assert text.index("| 64 | 4 | 64 |") < text.index("| 64 | 4 | 32 |")  # the wider width first
+
+
+def test_runs_without_metrics_are_named_and_without_a_configuration_refused(tmp_path):
+    runs = {"L64-d32-mha-lr0.01-seed0": dict(RUNS["L64-d32-mha-lr0.01-seed0"])}
+    del runs["L64-d32-mha-lr0.01-seed0"]["metrics.jsonl"]
+    write(tmp_path / "g", runs)
+    assert "| 64 | 4 | 32 | 400 | 1 (1 without metrics) | 0 |" in recall_escape.table(
+        recall_escape.folder_rows(tmp_path / "g"))
+    (tmp_path / "g" / "runs" / "L64-d32-mha-lr0.01-seed0" / "config.json").unlink()
+    with pytest.raises(SystemExit, match="run L64-d32-mha-lr0.01-seed0 has no readable config.json"):
+        recall_escape.folder_rows(tmp_path / "g")
 
 
 def test_an_archive_kept_beside_the_grid_reads_alike(tmp_path):
-    members = [(f"runs-old/{name}/{f}", text.encode()) for name, files in RUNS.items() for f, text in files.items()]
+    members = [(f"old/runs-old/{name}/{f}", text.encode()) for name, files in RUNS.items() for f, text in files.items()]
     (tmp_path / "old.tar.xz").write_bytes(archive_bytes(members))
-    rows = recall_escape.archive_rows(tmp_path / "old.tar.xz")
-    assert sorted((r["width"], r["score"], r["escape"]) for r in rows) == [(32, 0.25, None), (32, 0.6, 400),
-                                                                          (32, 0.99, 200), (64, 1.0, 100)]
+    rows = recall_escape.archive_rows(tmp_path / "old.tar.xz")  # a deeper layout: the folder above results.json
+    write(tmp_path / "g", RUNS)
+    key = lambda r: (r["width"], r["steps"], r["score"])  # noqa: E731
+    assert sorted(rows, key=key) == sorted(recall_escape.folder_rows(tmp_path / "g"), key=key)
     with pytest.raises(SystemExit):
         recall_escape.main([str(tmp_path), "--archive", str(tmp_path / "missing.tar.xz")])

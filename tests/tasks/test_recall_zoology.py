@@ -153,7 +153,7 @@ def test_grid_refuses_finished_runs_trained_with_other_settings(tmp_path, capsys
         state.path(p).mkdir(parents=True)
         record = cfg.record()
         if p is same:
-            del record["train"]["stop_at"]  # as if saved before that setting existed
+            assert record["train"].pop("label_smoothing") == 0.0  # as if saved before that setting existed
         (state.path(p) / "config.json").write_text(json.dumps({"run": record, "model": {}}))
         (state.path(p) / "results.json").write_text(json.dumps({"score": 0.5, "config_hash": "0" * 16}))
     assert [(p.name(), why) for p, why in state.stale()] == [(other.name(), "train.steps: 7 there, 2 now")]
@@ -161,6 +161,12 @@ def test_grid_refuses_finished_runs_trained_with_other_settings(tmp_path, capsys
     err = capsys.readouterr().err
     assert "1 finished run(s) trained with other settings than the grid's now" in err and other.name() in err
     assert "train.steps: 7 there, 2 now" in err
+    (state.path(same) / "config.json").write_text('{"run": ')  # truncated
+    (state.path(other) / "config.json").unlink()
+    assert {p.name(): why.split(" (")[0] for p, why in state.stale()} == {
+        same.name(): "its config.json cannot be read", other.name(): "no config.json"}
+    (state.path(other) / "config.json").write_text(json.dumps({"run": {**record, "task": "lm"}, "model": {}}))
+    assert dict((p.name(), why) for p, why in state.stale())[other.name()] == "task: 'lm' there, 'recall' now"
 
 
 def test_grid_refuses_options_that_are_its_own(tmp_path, capsys):

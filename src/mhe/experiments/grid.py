@@ -35,7 +35,7 @@ from mhe.output_paths import free_name
 from mhe.tasks import default_run, read_run_config
 from mhe.training.checkpoint import write_json_atomic
 from mhe.training.config import RunConfig, apply_overrides, validate
-from mhe.training.run_files import CONFIG, RESULTS, differences, is_run_dir
+from mhe.training.run_files import CONFIG, RESULTS, differences, is_run_dir, read_run_record
 
 
 @dataclass(frozen=True)
@@ -201,17 +201,29 @@ class GridRun:
         """Finished runs trained with other settings than the grid builds for them now (the preset
         changed since, e.g. a length's steps), each with what differs. A run's saved configuration
         (``config.json``) is read back and hashed by today's code, as the trainer does before it
-        resumes, so a setting added since (its default in both) does not count. Read as finished
-        such runs would put two settings in one cell."""
+        resumes (the task compared first), so a setting added since (its default in both) does not
+        count; a finished run without a readable one is listed too. Read as finished such runs
+        would put two settings in one cell."""
         found = []
         for group in self.grid.points():
             for p in self.sweep(*group) + self.seeds_of(*group):
-                if not self.finished(p) or not (self.path(p) / CONFIG).is_file():
-                    continue
-                saved, now = read_run_config(self.path(p)), run_config(self.grid, p, self.overrides, self.data_dir)
-                if saved.hash() != now.hash():
-                    found.append((p, differences(saved.identity(), now.identity())))
+                if self.finished(p) and (why := self._differs(p)):
+                    found.append((p, why))
         return found
+
+    def _differs(self, p: Point) -> str:
+        """What differs between finished run ``p``'s saved configuration and the grid's ("" if nothing)."""
+        if not (self.path(p) / CONFIG).is_file():
+            return f"no {CONFIG}"
+        now = run_config(self.grid, p, self.overrides, self.data_dir)
+        try:
+            task = read_run_record(self.path(p))["run"].get("task")
+            if task != now.task:
+                return f"task: {task!r} there, {now.task!r} now"
+            saved = read_run_config(self.path(p))
+        except MheError as e:
+            return f"its {CONFIG} cannot be read ({e})"
+        return differences(saved.identity(), now.identity()) if saved.hash() != now.hash() else ""
 
     def next_after(self, p: Point) -> list[Point]:
         """What a finished run makes possible: the rate its group's sweep adds past an edge, or the
@@ -254,7 +266,7 @@ class RunDurations:
     def __init__(self, state: GridRun):
         self.state = state
         self.seconds: dict[tuple[int, int], list[float]] = {}
-        self.steps_of: dict[tuple[str, str, int], int] = {}
+        self.steps_of: dict[tuple[str, str, int, int], int] = {}
         for f in (state.out / "runs").glob(f"*/{RESULTS}"):
             self._read(f)
 
@@ -297,9 +309,9 @@ class RunDurations:
         return slowest * p.length / near * steps
 
     def _steps(self, p: Point, length: int) -> int:
-        """The steps the grid trains ``p``'s entry for at ``length`` (lengths may differ in steps);
+        """The steps the grid trains ``p``'s entry and width for at ``length`` (lengths may differ in steps);
         kept, as the queue asks under its lock for every waiting run."""
-        key = (p.block.name, p.entry, length)
+        key = (p.block.name, p.entry, p.width, length)
         if key not in self.steps_of:
             q = replace(p, length=length, pairs=dict(self.state.grid.cells)[length])
             self.steps_of[key] = run_config(self.state.grid, q, self.state.overrides, self.state.data_dir).train.steps
@@ -334,7 +346,8 @@ def run_grid(name: str, grid: Grid, out: str | Path, *, workers: int, resume: bo
     if stale := state.stale():
         names = ", ".join(p.name() for p, _ in stale[:3]) + (", ..." if len(stale) > 3 else "")
         raise MheError(f"{out} holds {len(stale)} finished run(s) trained with other settings than the grid's now "
-                       f"({names}; {stale[0][1]}): move them out of {out / 'runs'} to train them again")
+                       f"({names}; {stale[0][0].name()}: {stale[0][1]}): move them out of {out / 'runs'} "
+                       "to train them again")
     todo = state.todo()
     state.handed.update(p.name() for p in todo)  # queued now: a finished run must not hand them out again
     unfinished = [p.name() for p in todo if is_run_dir(state.path(p))]
