@@ -275,6 +275,7 @@ def test_joint_rotation_of_queries_and_keys_changes_no_number(kind, monkeypatch)
     calls = []
     rotate = RotaryEmbedding.forward
     monkeypatch.setattr(RotaryEmbedding, "forward", lambda self, x, p: calls.append(x.shape[1]) or rotate(self, x, p))
+    monkeypatch.setattr(multi_head, "JOINT_ROTATION", False)  # the separate rotations, whatever the default
     want, lw = model.generate(ids, 3, attention_mask=mask, step_mode="eager", return_logits=True)
     separate = len(calls)
     monkeypatch.setattr(multi_head, "JOINT_ROTATION", True)

@@ -179,6 +179,7 @@ def test_joint_rotation_compiled_step_equals_the_separate_one(kind, opts, monkey
     model = build_model("llama-tiny", attention=kind, attn_options=opts, dropout=0.0, attn_dropout=0.0)
     model = model.cuda().float().eval()
     ids, mask = prompts()
+    monkeypatch.setattr(multi_head, "JOINT_ROTATION", False)  # the separate rotations, whatever the default
     want, wl = model.generate(ids, 16, attention_mask=mask, step_mode="eager", return_logits=True)
     monkeypatch.setattr(multi_head, "JOINT_ROTATION", True)
     eager, el = model.generate(ids, 16, attention_mask=mask, step_mode="eager", return_logits=True)
