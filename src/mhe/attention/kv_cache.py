@@ -21,6 +21,15 @@ every kind's step 0.04-0.06 ms a token slower, since inductor still launches the
 and the stack around the opaque call (docs/benchmarks.md, "Kernels a layer")."""
 
 
+SEPARATE_WRITES = False
+"""Whether a step writes its keys and values into the cache as two writes (else one write of the
+two stacked). In a compiled step the stack is a kernel of its own, and the keys' rotation then
+cannot share the queries' kernel where their widths differ (GQA: one kernel a layer more than
+MHA at batch 1); written apart, each write can take the kernel that makes its tensor. Off: on an
+H200 it did not pay (``decode.py tuning --cache-writes stacked,separate``; docs/benchmarks.md,
+"Batch 1 per kind")."""
+
+
 class CachePosition(nn.Module):
     """Where the next keys go: one 0-d long tensor, shared by the caches of every layer of a
     model (:func:`layer_caches`), since every layer writes the same positions in a forward.
@@ -102,7 +111,11 @@ class KVCache(nn.Module):
                 k = None
         if k is not None:
             at = self.index.view(1) if t == 1 else self.index + torch.arange(t, device=k.device)  # [T]
-            self.kv.index_copy_(3, at, torch.stack((k, v)).to(self.kv.dtype))  # [2, B, h_kv, T, d]: one write
+            if SEPARATE_WRITES:  # keys and values each written by the kernel that makes them
+                self.k.index_copy_(2, at, k.to(self.kv.dtype))
+                self.v.index_copy_(2, at, v.to(self.kv.dtype))
+            else:
+                self.kv.index_copy_(3, at, torch.stack((k, v)).to(self.kv.dtype))  # [2, B, h_kv, T, d]: one write
         if self.advances:
             self.index.add_(t)
         return self.k, self.v
