@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "anchor": ("decoding.anchor", "FlashInfer's batch decode kernel beside mhe's on the same caches"),
     "speed": ("decoding.speed", "model.generate per kind beside transformers' compiled static cache (--old-src)"),
     "profile": ("decoding.profile", "kernels per generated token of model.generate (top kernels by device time)"),
+    "step-code": ("decoding.step_code", "what each kernel of a compiled decode step computes, from inductor's code"),
     "tuning": ("decoding.tuning", "batch-1 model.generate over fresh compiles: the one-row step's tuning default, "
                                   "timed by kernel time, or off"),
     "split-k": ("decoding.split_k", "the split-k-decode kernel alone: correctness against SDPA, the rate it reads"),
