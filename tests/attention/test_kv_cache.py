@@ -110,3 +110,19 @@ def test_caches_that_would_write_at_different_positions_are_refused():
     own = [layer.self_attn.new_cache(1, 8, dtype=torch.float64) for layer in model.decoder.layers]  # each its own
     steps = [model(ids[:, :3], caches=own).logits, model(ids[:, 3:], caches=own).logits]
     torch.testing.assert_close(torch.cat(steps, 1), model(ids).logits, rtol=0, atol=1e-12)
+
+
+def test_a_stacked_write_is_the_update_of_its_halves_and_checks_its_shape():
+    """``write_stacked`` of ``[2, B, h, T, d]`` writes what ``update`` of its two halves writes and
+    advances the position as far; a stack of other heads or too many tokens is refused by name."""
+    from mhe.errors import MheError
+
+    k, v = torch.randn(2, 3, 2, 4, dtype=torch.float64), torch.randn(2, 3, 2, 4, dtype=torch.float64)
+    by_update, stacked = KVCache(2, 3, 6, 4, dtype=torch.float64), KVCache(2, 3, 6, 4, dtype=torch.float64)
+    by_update.update(k, v)
+    stacked.write_stacked(torch.stack((k, v)))
+    assert torch.equal(stacked.kv, by_update.kv) and int(stacked.index) == int(by_update.index) == 2
+    with pytest.raises(MheError, match=r"heads=3.*got keys of shape \(2, 4, 2, 4\)"):
+        stacked.write_stacked(torch.zeros(2, 2, 4, 2, 4, dtype=torch.float64))
+    with pytest.raises(MheError, match="overflow"):
+        stacked.write_stacked(torch.zeros(2, 2, 3, 5, 4, dtype=torch.float64))

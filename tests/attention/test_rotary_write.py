@@ -1,7 +1,9 @@
 """The cache's rotating write (``mhe.attention.rotary_write``): a decode step's keys rotated and
 written with their values by one kernel, against the rotary embedding and ``index_copy_`` it
 replaces (Triton's interpreter on CPU tensors, float64 and float32), through ``model.generate``
-for every kind that rotates its keys last, and as one operator inside a compiled step."""
+for every kind that rotates its keys last, and as one operator inside a compiled step; and the
+rotating step (``rotate_step``, ``kv_cache.ROTARY_STEP``): queries and keys rotated and keys
+stacked with values by one kernel, the same ways."""
 
 import pytest
 import torch
@@ -123,9 +125,11 @@ def test_a_compiled_step_holds_one_operator_a_layer(interpret, monkeypatch):
     assert torch.equal(got, want)
 
 
-def test_switching_the_write_rebuilds_a_held_sessions_steps(monkeypatch):
-    """A session's captured steps keep what they were captured with, so ``ROTARY_WRITE`` is part
-    of what its view is built for: switching it makes a new view (and new steps) at the next call."""
+@pytest.mark.parametrize("switch", ["ROTARY_WRITE", "ROTARY_STEP"])
+def test_switching_the_write_rebuilds_a_held_sessions_steps(switch, monkeypatch):
+    """A session's captured steps keep what they were captured with, so ``ROTARY_WRITE`` and
+    ``ROTARY_STEP`` are part of what its view is built for: switching one makes a new view (and
+    new steps) at the next call."""
     torch.manual_seed(3)
     model = build_model("llama-tiny", attention="mqa", **SMALL).eval()
     ids = torch.randint(3, 99, (2, 5))
@@ -134,6 +138,99 @@ def test_switching_the_write_rebuilds_a_held_sessions_steps(monkeypatch):
     before = session.view
     model.generate(ids, 3, session=session)
     assert session.view is before  # same weights, same setting: kept
-    monkeypatch.setattr(kv_cache, "ROTARY_WRITE", True)
+    monkeypatch.setattr(kv_cache, switch, True)
     model.generate(ids, 3, session=session)
     assert session.view is not before
+
+
+def new_step(b, n, g, d, dtype):
+    """Queries ``[B, n, 1, d]``, keys and values ``[B, g, 1, d]`` as the fused product's split leaves them."""
+    qkv = torch.randn(b, 1, (n + 2 * g) * d, dtype=dtype)
+    q = qkv[..., :n * d].view(b, 1, n, d).transpose(1, 2)
+    k = qkv[..., n * d:(n + g) * d].view(b, 1, g, d).transpose(1, 2)
+    return q, k, qkv[..., (n + g) * d:].view(b, 1, g, d).transpose(1, 2)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+@pytest.mark.parametrize("n,g", [(6, 2), (4, 4), (3, 1)])
+def test_the_step_kernel_rotates_queries_and_keys_and_stacks_the_values(interpret, dtype, tol, fraction, n, g):
+    """Rows at different positions, a partly rotated head, inputs read through the product's
+    strides: the queries equal the embedding's, the stack equals ``stack((rotary(k), v))``."""
+    torch.manual_seed(0)
+    rotary = RotaryEmbedding(16, fraction=fraction, max_len=64)
+    q, k, v = new_step(3, n, g, 16, dtype)
+    positions = torch.tensor([[5], [0], [37]])
+    assert rotary_write.step_fast_path(q, k, v, positions)
+    got_q, got_kv = rotary_write.rotate_step(q, k, v, rotary, positions)
+    torch.testing.assert_close(got_q, rotary(q, positions), rtol=tol, atol=tol)
+    torch.testing.assert_close(got_kv, torch.stack((rotary(k, positions), v)), rtol=tol, atol=tol)
+    assert got_q.is_contiguous() and got_kv.shape == (2, 3, g, 1, 16) and torch.equal(got_kv[1], v)
+
+
+STEP_KINDS = [("mha", {}, True), ("gqa", {"n_kv_heads": 2}, True), ("mqa", {}, True), ("skv", {}, True),
+              ("el-att", {}, True), ("mhe-mul", {}, False)]  # MHE makes its queries otherwise
+
+
+@needs_triton
+@pytest.mark.parametrize("kind,opts,steps", STEP_KINDS)
+def test_generation_with_the_rotating_step_equals_the_default_path(interpret, kind, opts, steps, monkeypatch):
+    """``model.generate`` on a Llama-style decoder in float64, ragged left-padded prompts: with
+    ``ROTARY_STEP`` every decode step of the grouped-query family goes through the kernel (2 layers
+    x 4 steps), the cache writes its stack, and the logits equal the default path's to 1e-12."""
+    torch.manual_seed(0)
+    model = build_model("llama-tiny", attention=kind, attn_options=opts or None, **SMALL).double().eval()
+    ids = torch.randint(3, 99, (3, 7))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[1, :2] = 0
+    mask[2, :5] = 0
+    want, lw = model.generate(ids, 5, attention_mask=mask, return_logits=True)
+    launches, launch = [], rotary_write.launch_step
+    monkeypatch.setattr(rotary_write, "launch_step", lambda *a: launches.append(1) or launch(*a))
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
+    got, lg = model.generate(ids, 5, attention_mask=mask, session=model.generator(3, 12), return_logits=True)
+    assert len(launches) == (2 * 4 if steps else 0)
+    torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
+    assert torch.equal(got, want)
+
+
+def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch):
+    """Outside Triton's interpreter on CPU tensors the step rotates with the embedding and stacks
+    with ``torch.stack``: a session of the default path's logits, bit for bit."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    torch.manual_seed(1)
+    model = build_model("llama-tiny", attention="gqa", attn_options={"n_kv_heads": 2}, **SMALL).double().eval()
+    ids = torch.randint(3, 99, (2, 6))
+    q, k, v = new_step(2, 4, 2, 8, torch.float64)
+    assert not rotary_write.step_fast_path(q, k, v, torch.zeros(2, 1, dtype=torch.long))
+    want, lw = model.generate(ids, 4, session=model.generator(2, 12), return_logits=True)
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
+    got, lg = model.generate(ids, 4, session=model.generator(2, 12), return_logits=True)
+    assert torch.equal(lg, lw) and torch.equal(got, want)
+
+
+@needs_triton
+def test_a_compiled_step_holds_one_rotary_step_and_one_cache_write_a_layer(interpret, monkeypatch):
+    """Inside ``torch.compile`` the step's rotations are ``mhe::rotary_step`` (one a layer) and the
+    cache's write one ``index_copy`` a layer, with the eager logits (float64)."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch.manual_seed(2)
+    model = build_model("llama-tiny", attention="gqa", attn_options={"n_kv_heads": 2}, **SMALL).double().eval()
+    ids = torch.randint(3, 99, (2, 6))
+    want, lw = model.generate(ids, 4, return_logits=True)
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
+    torch._dynamo.reset()
+    session = model.generator(2, 12, step_mode="compile", compile_options={"backend": recording})
+    got, lg = model.generate(ids, 4, session=session, return_logits=True)
+    torch._dynamo.reset()
+    steps = [[str(n.target) for n in g.graph.nodes if n.op in ("call_function", "call_method")] for g in graphs]
+    steps = [calls for calls in steps if any("rotary_step" in c for c in calls)]  # not the token choice
+    assert len(steps) == 1 and sum("rotary_step" in c for c in steps[0]) == SMALL["n_layers"]
+    assert sum("index_copy" in c for c in steps[0]) == SMALL["n_layers"]
+    torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
+    assert torch.equal(got, want)

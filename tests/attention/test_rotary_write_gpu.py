@@ -2,7 +2,8 @@
 gpu``), with ``ROTARY_WRITE`` switched on: the kernel against the rotary embedding and
 ``index_copy_`` in fp32 and bf16, and ``model.generate``'s compiled, captured step through it
 against the same step without it (fp32 logits to 1e-5, the same greedy tokens) for ragged
-left-padded prompts."""
+left-padded prompts; the same for the rotating step (``ROTARY_STEP``: queries and keys rotated and
+keys stacked with values by one kernel)."""
 
 import pytest
 import torch
@@ -48,6 +49,44 @@ def test_compiled_generation_through_the_write_equals_the_unfused_step(kind, opt
     launches, launch = [], rotary_write.launch
     monkeypatch.setattr(rotary_write, "launch", lambda *a: launches.append(1) or launch(*a))
     monkeypatch.setattr(kv_cache, "ROTARY_WRITE", True)
+    torch._dynamo.reset()
+    got, lg = model.generate(ids, 16, attention_mask=mask, session=model.generator(3, 30, step_mode="compile"),
+                             return_logits=True)
+    assert launches  # the compiled step's operator launched the kernel
+    torch.testing.assert_close(lg, lw, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_the_step_kernel_rotates_what_the_embedding_rotates(dtype, tol):
+    torch.manual_seed(0)
+    b, n, g, d = 4, 9, 3, 64
+    rotary = RotaryEmbedding(d, max_len=128).cuda()
+    qkv = torch.randn(b, 1, (n + 2 * g) * d, device="cuda", dtype=dtype)
+    q = qkv[..., :n * d].view(b, 1, n, d).transpose(1, 2)
+    k = qkv[..., n * d:(n + g) * d].view(b, 1, g, d).transpose(1, 2)
+    v = qkv[..., (n + g) * d:].view(b, 1, g, d).transpose(1, 2)
+    positions = torch.tensor([[3], [0], [100], [41]], device="cuda")
+    assert rotary_write.step_fast_path(q, k, v, positions)
+    got_q, got_kv = rotary_write.rotate_step(q, k, v, rotary, positions)
+    torch.testing.assert_close(got_q.float(), rotary(q, positions).float(), rtol=tol, atol=tol)
+    want_kv = torch.stack((rotary(k, positions), v))
+    torch.testing.assert_close(got_kv.float(), want_kv.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("kind,opts", [("mha", {}), ("gqa", {"n_kv_heads": 2})])
+def test_compiled_generation_through_the_rotating_step_equals_the_unfused_step(kind, opts, monkeypatch):
+    torch.manual_seed(0)
+    model = build_model("llama-tiny", attention=kind, attn_options=opts or None).cuda().float().eval()
+    ids = torch.randint(3, 1024, (3, 9), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    mask[2, :7] = 0
+    want, lw = model.generate(ids, 16, attention_mask=mask, session=model.generator(3, 30, step_mode="compile"),
+                              return_logits=True)
+    launches, launch = [], rotary_write.launch_step
+    monkeypatch.setattr(rotary_write, "launch_step", lambda *a: launches.append(1) or launch(*a))
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
     torch._dynamo.reset()
     got, lg = model.generate(ids, 16, attention_mask=mask, session=model.generator(3, 30, step_mode="compile"),
                              return_logits=True)

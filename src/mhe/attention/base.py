@@ -105,6 +105,9 @@ class Attention(nn.Module):
             if self._cache_rotates(x, cache):  # a decode step's keys rotated as the cache writes them
                 q, k, v = self._self_projections(x, positions, rotate_keys=False)
                 k, v = cache.update(k, v, rotary=self.rotary, positions=positions)
+            elif (rotated := self._rotated_step(x, positions, cache)) is not None:
+                q, stacked = rotated  # queries and keys rotated, keys and values stacked, in one kernel
+                k, v = cache.write_stacked(stacked)
             else:
                 q, k, v = self._self_projections(x, positions)  # [B, h_q, T, d] or FactoredQuery; [B, h_kv, T, d]
                 if cache is not None:
@@ -144,6 +147,12 @@ class Attention(nn.Module):
         (:data:`mhe.attention.kv_cache.ROTARY_WRITE`: one kernel rotates and writes them)."""
         return (kv_cache.ROTARY_WRITE and self.rotary is not None and isinstance(cache, KVCache)
                 and x.shape[1] == 1 and self.keys_rotate_last)
+
+    def _rotated_step(self, x: torch.Tensor, positions: torch.Tensor | None, cache):
+        """A decode step's rotated queries and its keys stacked with its values for ``cache``
+        (:data:`mhe.attention.kv_cache.ROTARY_STEP`), or None where this kind does not make them
+        so (the default: every kind but the grouped-query family)."""
+        return None
 
     def projections_to_fuse(self) -> tuple[nn.Linear, ...] | None:
         """The projections of x whose stacked weights give ``_self_projections`` in one product

@@ -21,6 +21,14 @@ every kind's step 0.04-0.06 ms a token slower, since inductor still launches the
 and the stack around the opaque call (docs/benchmarks.md, "Kernels a layer")."""
 
 
+ROTARY_STEP = False
+"""Whether a decode step of the grouped-query family (MHA, GQA, MQA, SKV, EL-att) under rotary
+positions rotates its queries and keys and stacks its keys with its values in one kernel
+(:func:`mhe.attention.rotary_write.rotate_step`), the cache then writing the stack as it is
+(:meth:`KVCache.write_stacked`): one kernel a layer where inductor launches two or three (GQA's
+queries and keys have different widths, so inductor rotates them apart). Off until measured on
+a card (``decode.py tuning --rotations separate,kernel``)."""
+
 SEPARATE_WRITES = False
 """Whether a step writes its keys and values into the cache as two writes (else one write of the
 two stacked). In a compiled step the stack is a kernel of its own, and the keys' rotation then
@@ -95,27 +103,45 @@ class KVCache(nn.Module):
         ``[B, h_kv, L, d]``. With ``rotary`` (a :class:`~mhe.attention.rotary.RotaryEmbedding`),
         ``k`` is not rotated yet: it is written as ``rotary(k, positions)``, by one kernel where
         :func:`mhe.attention.rotary_write.fast_path` holds."""
-        _, b, h, _, d = self.kv.shape
-        t = k.shape[2]
-        if k.shape[0] != b or k.shape[1] != h or k.shape[3] != d:
-            raise MheError(f"cache holds [B={b}, heads={h}, d={d}], got keys of shape {tuple(k.shape)}")
-        if t > self.max_len or (not tracing() and int(self.index) + t > self.max_len):
-            raise MheError(f"KV cache overflow: position {int(self.index)} + {t} new tokens > max_len {self.max_len}")
+        self._check(k.shape)
         if rotary is not None:
             from mhe.attention import rotary_write  # Triton's kernel: loaded only where a cache rotates
 
-            if not rotary_write.fast_path(self.kv, k, positions):
-                k = rotary(k, positions)
-            else:
+            if rotary_write.fast_path(self.kv, k, positions):
                 rotary_write.write(self.kv, self.index, k, v, rotary, positions)
-                k = None
-        if k is not None:
-            at = self.index.view(1) if t == 1 else self.index + torch.arange(t, device=k.device)  # [T]
-            if SEPARATE_WRITES:  # keys and values each written by the kernel that makes them
-                self.k.index_copy_(2, at, k.to(self.kv.dtype))
-                self.v.index_copy_(2, at, v.to(self.kv.dtype))
-            else:
-                self.kv.index_copy_(3, at, torch.stack((k, v)).to(self.kv.dtype))  # [2, B, h_kv, T, d]: one write
+                return self._advance(k.shape[2])
+            k = rotary(k, positions)
+        if SEPARATE_WRITES:  # keys and values each written by the kernel that makes them
+            at = self._positions(k.shape[2], k.device)
+            self.k.index_copy_(2, at, k.to(self.kv.dtype))
+            self.v.index_copy_(2, at, v.to(self.kv.dtype))
+            return self._advance(k.shape[2])
+        return self.write_stacked(torch.stack((k, v)))
+
+    def write_stacked(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``kv: [2, B, h_kv, T, d]`` (the keys, then the values, as :attr:`kv` holds them)
+        at the write position in one write, advance as :meth:`update` does, and return the whole
+        buffers."""
+        self._check(kv.shape[1:])
+        t = kv.shape[3]
+        self.kv.index_copy_(3, self._positions(t, kv.device), kv.to(self.kv.dtype))
+        return self._advance(t)
+
+    def _check(self, shape) -> None:
+        """New keys of ``shape`` ``[B, h_kv, T, d]`` fit this cache's rows, heads, width and room."""
+        _, b, h, _, d = self.kv.shape
+        if len(shape) != 4 or shape[0] != b or shape[1] != h or shape[3] != d:
+            raise MheError(f"cache holds [B={b}, heads={h}, d={d}], got keys of shape {tuple(shape)}")
+        t = shape[2]
+        if t > self.max_len or (not tracing() and int(self.index) + t > self.max_len):
+            raise MheError(f"KV cache overflow: position {int(self.index)} + {t} new tokens > max_len {self.max_len}")
+
+    def _positions(self, t: int, device) -> torch.Tensor:
+        """The ``T`` positions a write of ``t`` new tokens goes to (``[T]``, read on the device)."""
+        return self.index.view(1) if t == 1 else self.index + torch.arange(t, device=device)
+
+    def _advance(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Move the shared write position by ``t`` if this cache advances it; the whole buffers."""
         if self.advances:
             self.index.add_(t)
         return self.k, self.v

@@ -19,6 +19,14 @@ an Ampere or newer card, or Triton's interpreter on CPU tensors (the tests); a c
 rotate elsewhere rotates with the embedding and writes as before
 (:meth:`~mhe.attention.kv_cache.KVCache.update`). Whether caches are asked at all is
 :data:`mhe.attention.kv_cache.ROTARY_WRITE`.
+
+:func:`rotate_step` is the other way to the same end, for a whole step's attention input: the
+queries' rotation, the keys' rotation and the stack of keys and values that the cache writes, in
+one kernel that mutates nothing (``mhe::rotary_step``), so inductor's ``index_copy_`` of its stack
+is the step's only other launch there. Inductor fuses pointwise work over one iteration space, so
+it rotates queries and keys in one kernel only where they have as many elements (MHA, not GQA:
+docs/benchmarks.md, "Why GQA launches one kernel a layer more"). Whether steps use it is
+:data:`mhe.attention.kv_cache.ROTARY_STEP`.
 """
 
 from __future__ import annotations
@@ -60,6 +68,51 @@ def _rotary_write_kernel(K, V, COS, SIN, POS, INDEX, KV, H, skb, skh, svb, svh, 
     tl.store(dst, out.to(KV.dtype.element_ty), mask=live)
     value = tl.load(V + b * svb + h * svh + i, mask=live, other=0.0)
     tl.store(dst + s_part, value.to(KV.dtype.element_ty), mask=live)
+
+
+_rotate_head_jit = None
+""":func:`_rotate_head` compiled, set with the step kernel (:func:`_jitted_step`), which calls it."""
+
+
+def _rotate_head(X, COS, SIN, pos, i, live, rotated, R: tl.constexpr, ACC: tl.constexpr):
+    """One head's elements at ``X`` rotated by position ``pos`` (the first ``R`` of them), in ``ACC``:
+    RotaryEmbedding's arithmetic, its float32 tables cast to the head's dtype first."""
+    half = R // 2
+    x = tl.load(X + i, mask=live, other=0.0).to(ACC)
+    partner = tl.load(X + tl.where(i < half, i + half, i - half), mask=rotated, other=0.0).to(ACC)
+    cos = tl.load(COS + pos * R + i, mask=rotated, other=1.0).to(X.dtype.element_ty).to(ACC)
+    sin = tl.load(SIN + pos * R + i, mask=rotated, other=0.0).to(X.dtype.element_ty).to(ACC)
+    return x * cos + tl.where(i < half, -partner, partner) * sin  # rotate_half: (-x2, x1)
+
+
+def _rotate_step_kernel(Q, K, V, COS, SIN, POS, QO, KVO, NQ, H, sqb, sqh, skb, skh, svb, svh, spb, s_part,
+                        R: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
+    """One program a (row, query or K/V head): a query head rotated into ``QO [B, NQ, 1, D]``, or a
+    key head rotated and its value head copied into ``KVO [2, B, H, 1, D]``."""
+    row = tl.program_id(0)
+    b, h = (row // (NQ + H)).to(tl.int64), (row % (NQ + H)).to(tl.int64)
+    i = tl.arange(0, BLOCK_D)
+    live, rotated = i < D, i < R
+    pos = tl.load(POS + b * spb)
+    if h < NQ:
+        out = _rotate_head_jit(Q + b * sqb + h * sqh, COS, SIN, pos, i, live, rotated, R, ACC)
+        tl.store(QO + (b * NQ + h) * D + i, out.to(QO.dtype.element_ty), mask=live)
+    else:
+        hk = h - NQ
+        out = _rotate_head_jit(K + b * skb + hk * skh, COS, SIN, pos, i, live, rotated, R, ACC)
+        dst = KVO + (b * H + hk) * D + i
+        tl.store(dst, out.to(KVO.dtype.element_ty), mask=live)
+        value = tl.load(V + b * svb + hk * svh + i, mask=live, other=0.0)
+        tl.store(dst + s_part, value.to(KVO.dtype.element_ty), mask=live)
+
+
+@functools.cache
+def _jitted_step(interpret: bool):
+    """:func:`_rotate_step_kernel` compiled by Triton (or run by its interpreter), with its helper."""
+    del interpret  # part of the cache key only
+    global _rotate_head_jit
+    _rotate_head_jit = triton.jit(_rotate_head)
+    return triton.jit(_rotate_step_kernel)
 
 
 @functools.cache
@@ -116,3 +169,57 @@ def write(kv: torch.Tensor, index: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         torch.ops.mhe.rotary_cache_write(kv, index, k, v, cos, sin, positions)
     else:
         launch(kv, index, k, v, cos, sin, positions)
+
+
+def step_fast_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> bool:
+    """Whether :func:`rotate_step` runs its kernel: :func:`fast_path`'s conditions for the keys (the
+    cache's dtype being theirs), queries of one new position in the same dtype and values with a
+    unit last stride."""
+    here = (k.is_cuda and _flash_capable(k.device.index or 0)) or (k.device.type == "cpu" and interpreting())
+    return (triton is not None and here and k.dtype in DTYPES and q.dtype == k.dtype == v.dtype
+            and q.dim() == k.dim() == 4 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2] == 1
+            and q.shape[3] == k.shape[3] and positions.dim() == 2 and positions.shape == (k.shape[0], 1)
+            and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
+
+
+def launch_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step kernel on ``q: [B, n, 1, d]``, ``k, v: [B, g, 1, d]`` (any strides with the last
+    one 1) and ``positions: [B, 1]``: the rotated queries ``[B, n, 1, d]`` and the rotated keys
+    stacked with the values, ``[2, B, g, 1, d]``."""
+    b, n, _, d = q.shape
+    g = k.shape[1]
+    q_out = torch.empty(b, n, 1, d, dtype=q.dtype, device=q.device)
+    kv_out = torch.empty(2, b, g, 1, d, dtype=k.dtype, device=k.device)
+    acc = tl.float64 if k.dtype == torch.float64 else tl.float32
+    kernel = _jitted_step(interpreting())
+    with torch.cuda.device(k.device) if k.is_cuda else contextlib.nullcontext():
+        kernel[(b * (n + g),)](q, k, v, cos, sin, positions, q_out, kv_out, n, g, q.stride(0), q.stride(1),
+                               k.stride(0), k.stride(1), v.stride(0), v.stride(1), positions.stride(0),
+                               kv_out.stride(0), R=cos.shape[-1], D=d, BLOCK_D=max(16, 1 << (d - 1).bit_length()),
+                               ACC=acc, num_warps=1)
+    return q_out, kv_out
+
+
+@torch.library.custom_op("mhe::rotary_step", mutates_args=())
+def rotary_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`launch_step` as one operator that ``torch.compile`` keeps whole."""
+    return launch_step(q, k, v, cos, sin, positions)
+
+
+@rotary_step.register_fake
+def _(q, k, v, cos, sin, positions):
+    b, n, _, d = q.shape
+    return q.new_empty(b, n, 1, d), k.new_empty(2, b, k.shape[1], 1, d)
+
+
+def rotate_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotary(q, positions)`` and ``stack((rotary(k, positions), v))`` in one kernel
+    (:func:`step_fast_path` must hold): the step's queries and what its cache writes."""
+    cos, sin = rotary.table(k.device)
+    if torch.compiler.is_compiling():
+        return torch.ops.mhe.rotary_step(q, k, v, cos, sin, positions)
+    return launch_step(q, k, v, cos, sin, positions)

@@ -429,7 +429,8 @@ class Generator(DecodeSession):
             view = shared_copy(model) if view is model else view  # never the model itself (weak reference)
             return fuse_projections(view)  # one product for Q, K, V: two kernels fewer a layer
         self.plan = plan  # the steps capture it: a new plan is a new build key, so new steps
-        if self.build((weights_version(model), plan, model.training, kv_cache.ROTARY_WRITE), make):
+        switches = (kv_cache.ROTARY_WRITE, kv_cache.ROTARY_STEP)  # captured steps keep the ones they saw
+        if self.build((weights_version(model), plan, model.training, switches), make):
             self.prefills.clear()  # captured on the old view
             self.compiled_prefills.clear()
             self.prefills_seen.clear()  # a new view's shapes wait for their second call again
