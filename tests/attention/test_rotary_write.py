@@ -185,6 +185,7 @@ def test_generation_with_the_rotating_step_equals_the_default_path(interpret, ki
     mask = torch.ones(3, 7, dtype=torch.long)
     mask[1, :2] = 0
     mask[2, :5] = 0
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the default path, whatever the default
     want, lw = model.generate(ids, 5, attention_mask=mask, return_logits=True)
     launches, launch = [], rotary_write.launch_step
     monkeypatch.setattr(rotary_write, "launch_step", lambda *a: launches.append(1) or launch(*a))
@@ -204,6 +205,7 @@ def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch
     ids = torch.randint(3, 99, (2, 6))
     q, k, v = new_step(2, 4, 2, 8, torch.float64)
     assert not rotary_write.step_fast_path(q, k, v, torch.zeros(2, 1, dtype=torch.long))
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the default path, whatever the default
     want, lw = model.generate(ids, 4, session=model.generator(2, 12), return_logits=True)
     monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
     got, lg = model.generate(ids, 4, session=model.generator(2, 12), return_logits=True)
@@ -222,6 +224,7 @@ def test_a_compiled_step_holds_one_rotary_step_and_one_cache_write_a_layer(inter
     torch.manual_seed(2)
     model = build_model("llama-tiny", attention="gqa", attn_options={"n_kv_heads": 2}, **SMALL).double().eval()
     ids = torch.randint(3, 99, (2, 6))
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the default path, whatever the default
     want, lw = model.generate(ids, 4, return_logits=True)
     monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
     torch._dynamo.reset()

@@ -82,6 +82,7 @@ def test_compiled_generation_through_the_rotating_step_equals_the_unfused_step(k
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
     mask[2, :7] = 0
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the default path, whatever the default
     want, lw = model.generate(ids, 16, attention_mask=mask, session=model.generator(3, 30, step_mode="compile"),
                               return_logits=True)
     launches, launch = [], rotary_write.launch_step

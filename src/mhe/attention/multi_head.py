@@ -16,11 +16,11 @@ JOINT_ROTATION = False
 """Whether the fused projection's queries and keys are rotated as one tensor of ``n + g`` heads
 and split after (else each on its own). Every element is rotated alike (the rotation is
 elementwise, one position's angles for every head; float64 results are equal), though the
-products after it may round otherwise, the query being a view of the wider tensor. What it is
-for is the kernels inductor makes of a
-one-token step: GQA launches one kernel a layer more than MHA at batch 1, most likely its
-rotation over unequal query and key widths (docs/benchmarks.md, "Batch 1 per kind"). Off until
-``decode.py tuning --rotations separate,joint`` has measured it on a card."""
+products after it may round otherwise, the query being a view of the wider tensor. It was meant
+to give GQA's unequal query and key widths one rotation kernel a layer in a compiled step; on an
+H200 GQA launched as many kernels with it and was 0.5% slower, so it is off
+(docs/benchmarks.md, "The joint rotation does not remove GQA's extra kernel"); the rotating step
+(:data:`mhe.attention.kv_cache.ROTARY_STEP`) is the lever built since."""
 
 
 class GroupedQueryAttention(Attention):
