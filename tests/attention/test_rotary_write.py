@@ -138,7 +138,7 @@ def test_switching_the_write_rebuilds_a_held_sessions_steps(switch, monkeypatch)
     before = session.view
     model.generate(ids, 3, session=session)
     assert session.view is before  # same weights, same setting: kept
-    monkeypatch.setattr(kv_cache, switch, True)
+    monkeypatch.setattr(kv_cache, switch, not getattr(kv_cache, switch))
     model.generate(ids, 3, session=session)
     assert session.view is not before
 

@@ -50,9 +50,9 @@ def test_a_rotation_row_sets_its_switch_only_inside_the_block(tmp_path, monkeypa
     assert seen == [(False, False), (True, False), (False, True)]
     assert (multi_head.JOINT_ROTATION, kv_cache.ROTARY_STEP) == before
     assert [r["rotation"] for r in json.loads(out.read_text())["rows"]] == ["separate", "joint", "kernel"]
-    with pytest.raises(RuntimeError), tuning.rotating_step(True):
+    with pytest.raises(RuntimeError), tuning.rotating_step(not before[1]):
         raise RuntimeError("a row that failed")
-    assert kv_cache.ROTARY_STEP is False
+    assert kv_cache.ROTARY_STEP is before[1]
     with pytest.raises(SystemExit):
         tuning.main(["--smoke", "--rotations", "fused"])
 
