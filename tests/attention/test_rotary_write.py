@@ -77,32 +77,46 @@ KINDS = [("mha", {}, True), ("gqa", {"n_kv_heads": 2}, True), ("mqa", {}, True),
          ("mhe-mul", {"impl": "reference"}, False)]  # literal, rope-then-psi: its keys embedded after the rotation
 
 
+STEP_KINDS = [("mha", {}, True), ("gqa", {"n_kv_heads": 2}, True), ("mqa", {}, True), ("skv", {}, True),
+              ("el-att", {}, True), ("mhe-mul", {}, False)]  # MHE makes its queries otherwise
+THROUGH = ([("ROTARY_WRITE", "launch", *kind) for kind in KINDS]
+           + [("ROTARY_STEP", "launch_step", *kind) for kind in STEP_KINDS])
+"""(switch, the kernel's launcher in ``rotary_write``, kind, options, whether the kind's steps use it)."""
+
+
 @needs_triton
-@pytest.mark.parametrize("kind,opts,rotates", KINDS)
-def test_generation_with_the_rotating_write_equals_the_unfused_path(interpret, kind, opts, rotates, monkeypatch):
+@pytest.mark.parametrize("switch,launcher,kind,opts,uses", THROUGH)
+def test_generation_through_the_kernel_equals_the_unfused_path(interpret, switch, launcher, kind, opts, uses,
+                                                                monkeypatch):
     """``model.generate`` on a Llama-style decoder in float64, ragged left-padded prompts: with
-    ``ROTARY_WRITE`` every decode step's keys go through the kernel (2 layers x 4 steps) where the
-    kind rotates its keys last, and the logits equal the unfused path's to 1e-12."""
+    ``ROTARY_WRITE`` every decode step's keys go through the rotating write where the kind rotates
+    its keys last, with ``ROTARY_STEP`` every step of the grouped-query family through the rotating
+    step (2 layers x 4 steps), and the logits equal the unfused path's to 1e-12."""
     torch.manual_seed(0)
     model = build_model("llama-tiny", attention=kind, attn_options=opts or None, **SMALL).double().eval()
     ids = torch.randint(3, 99, (3, 7))
     mask = torch.ones(3, 7, dtype=torch.long)
     mask[1, :2] = 0
     mask[2, :5] = 0
+    monkeypatch.setattr(kv_cache, "ROTARY_WRITE", False)  # the unfused path, whatever the defaults
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)
     want, lw = model.generate(ids, 5, attention_mask=mask, return_logits=True)
-    launches, launch = [], rotary_write.launch
-    monkeypatch.setattr(rotary_write, "launch", lambda *a: launches.append(1) or launch(*a))
-    monkeypatch.setattr(kv_cache, "ROTARY_WRITE", True)
+    launches, launch = [], getattr(rotary_write, launcher)
+    monkeypatch.setattr(rotary_write, launcher, lambda *a: launches.append(1) or launch(*a))
+    monkeypatch.setattr(kv_cache, switch, True)
     got, lg = model.generate(ids, 5, attention_mask=mask, session=model.generator(3, 12), return_logits=True)
-    assert len(launches) == (2 * 4 if rotates else 0)
+    assert len(launches) == (2 * 4 if uses else 0)
     torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
     assert torch.equal(got, want)
 
 
 @needs_triton
-def test_a_compiled_step_holds_one_operator_a_layer(interpret, monkeypatch):
-    """Inside ``torch.compile`` the write is ``mhe::rotary_cache_write`` (one a layer, no
-    ``index_copy``), with the eager logits (float64)."""
+@pytest.mark.parametrize("switch,op,cache_writes", [("ROTARY_WRITE", "rotary_cache_write", 0),
+                                                    ("ROTARY_STEP", "rotary_step", SMALL["n_layers"])])
+def test_a_compiled_step_holds_one_operator_a_layer(interpret, switch, op, cache_writes, monkeypatch):
+    """Inside ``torch.compile`` the rotating write is ``mhe::rotary_cache_write`` (one a layer, no
+    ``index_copy``) and the rotating step ``mhe::rotary_step`` (one a layer, and the cache's one
+    ``index_copy`` of its stack), with the eager logits (float64)."""
     graphs = []
 
     def recording(gm, example_inputs):
@@ -111,16 +125,18 @@ def test_a_compiled_step_holds_one_operator_a_layer(interpret, monkeypatch):
     torch.manual_seed(2)
     model = build_model("llama-tiny", attention="gqa", attn_options={"n_kv_heads": 2}, **SMALL).double().eval()
     ids = torch.randint(3, 99, (2, 6))
+    monkeypatch.setattr(kv_cache, "ROTARY_WRITE", False)  # the unfused path, whatever the defaults
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)
     want, lw = model.generate(ids, 4, return_logits=True)
-    monkeypatch.setattr(kv_cache, "ROTARY_WRITE", True)
+    monkeypatch.setattr(kv_cache, switch, True)
     torch._dynamo.reset()
     session = model.generator(2, 12, step_mode="compile", compile_options={"backend": recording})
     got, lg = model.generate(ids, 4, session=session, return_logits=True)
     torch._dynamo.reset()
     steps = [[str(n.target) for n in g.graph.nodes if n.op in ("call_function", "call_method")] for g in graphs]
-    steps = [calls for calls in steps if any("rotary_cache_write" in c for c in calls)]  # not the token choice
-    assert len(steps) == 1 and sum("rotary_cache_write" in c for c in steps[0]) == SMALL["n_layers"]
-    assert not any("index_copy" in c for c in steps[0])
+    steps = [calls for calls in steps if any(op in c for c in calls)]  # not the token choice
+    assert len(steps) == 1 and sum(op in c for c in steps[0]) == SMALL["n_layers"]
+    assert sum("index_copy" in c for c in steps[0]) == cache_writes
     torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
     assert torch.equal(got, want)
 
@@ -169,33 +185,6 @@ def test_the_step_kernel_rotates_queries_and_keys_and_stacks_the_values(interpre
     assert got_q.is_contiguous() and got_kv.shape == (2, 3, g, 1, 16) and torch.equal(got_kv[1], v)
 
 
-STEP_KINDS = [("mha", {}, True), ("gqa", {"n_kv_heads": 2}, True), ("mqa", {}, True), ("skv", {}, True),
-              ("el-att", {}, True), ("mhe-mul", {}, False)]  # MHE makes its queries otherwise
-
-
-@needs_triton
-@pytest.mark.parametrize("kind,opts,steps", STEP_KINDS)
-def test_generation_with_the_rotating_step_equals_the_default_path(interpret, kind, opts, steps, monkeypatch):
-    """``model.generate`` on a Llama-style decoder in float64, ragged left-padded prompts: with
-    ``ROTARY_STEP`` every decode step of the grouped-query family goes through the kernel (2 layers
-    x 4 steps), the cache writes its stack, and the logits equal the default path's to 1e-12."""
-    torch.manual_seed(0)
-    model = build_model("llama-tiny", attention=kind, attn_options=opts or None, **SMALL).double().eval()
-    ids = torch.randint(3, 99, (3, 7))
-    mask = torch.ones(3, 7, dtype=torch.long)
-    mask[1, :2] = 0
-    mask[2, :5] = 0
-    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the default path, whatever the default
-    want, lw = model.generate(ids, 5, attention_mask=mask, return_logits=True)
-    launches, launch = [], rotary_write.launch_step
-    monkeypatch.setattr(rotary_write, "launch_step", lambda *a: launches.append(1) or launch(*a))
-    monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
-    got, lg = model.generate(ids, 5, attention_mask=mask, session=model.generator(3, 12), return_logits=True)
-    assert len(launches) == (2 * 4 if steps else 0)
-    torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
-    assert torch.equal(got, want)
-
-
 def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch):
     """Outside Triton's interpreter on CPU tensors the step rotates with the embedding and stacks
     with ``torch.stack``: a session of the default path's logits, bit for bit."""
@@ -210,30 +199,3 @@ def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch
     monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
     got, lg = model.generate(ids, 4, session=model.generator(2, 12), return_logits=True)
     assert torch.equal(lg, lw) and torch.equal(got, want)
-
-
-@needs_triton
-def test_a_compiled_step_holds_one_rotary_step_and_one_cache_write_a_layer(interpret, monkeypatch):
-    """Inside ``torch.compile`` the step's rotations are ``mhe::rotary_step`` (one a layer) and the
-    cache's write one ``index_copy`` a layer, with the eager logits (float64)."""
-    graphs = []
-
-    def recording(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-    torch.manual_seed(2)
-    model = build_model("llama-tiny", attention="gqa", attn_options={"n_kv_heads": 2}, **SMALL).double().eval()
-    ids = torch.randint(3, 99, (2, 6))
-    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the default path, whatever the default
-    want, lw = model.generate(ids, 4, return_logits=True)
-    monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
-    torch._dynamo.reset()
-    session = model.generator(2, 12, step_mode="compile", compile_options={"backend": recording})
-    got, lg = model.generate(ids, 4, session=session, return_logits=True)
-    torch._dynamo.reset()
-    steps = [[str(n.target) for n in g.graph.nodes if n.op in ("call_function", "call_method")] for g in graphs]
-    steps = [calls for calls in steps if any("rotary_step" in c for c in calls)]  # not the token choice
-    assert len(steps) == 1 and sum("rotary_step" in c for c in steps[0]) == SMALL["n_layers"]
-    assert sum("index_copy" in c for c in steps[0]) == SMALL["n_layers"]
-    torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
-    assert torch.equal(got, want)

@@ -36,19 +36,24 @@ def test_the_kernel_writes_what_the_embedding_and_index_copy_write(dtype, tol):
     torch.testing.assert_close(got.kv.float(), want.kv.float(), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("kind,opts", [("mha", {}), ("gqa", {"n_kv_heads": 2}), ("mhe-mul", {})])
-def test_compiled_generation_through_the_write_equals_the_unfused_step(kind, opts, monkeypatch):
+@pytest.mark.parametrize("switch,launcher,kind,opts", [
+    ("ROTARY_WRITE", "launch", "mha", {}), ("ROTARY_WRITE", "launch", "gqa", {"n_kv_heads": 2}),
+    ("ROTARY_WRITE", "launch", "mhe-mul", {}),
+    ("ROTARY_STEP", "launch_step", "mha", {}), ("ROTARY_STEP", "launch_step", "gqa", {"n_kv_heads": 2})])
+def test_compiled_generation_through_the_kernel_equals_the_unfused_step(switch, launcher, kind, opts, monkeypatch):
     torch.manual_seed(0)
     model = build_model("llama-tiny", attention=kind, attn_options=opts or None).cuda().float().eval()
     ids = torch.randint(3, 1024, (3, 9), device="cuda")
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
     mask[2, :7] = 0
+    monkeypatch.setattr(kv_cache, "ROTARY_WRITE", False)  # the unfused step, whatever the defaults
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)
     want, lw = model.generate(ids, 16, attention_mask=mask, session=model.generator(3, 30, step_mode="compile"),
                               return_logits=True)
-    launches, launch = [], rotary_write.launch
-    monkeypatch.setattr(rotary_write, "launch", lambda *a: launches.append(1) or launch(*a))
-    monkeypatch.setattr(kv_cache, "ROTARY_WRITE", True)
+    launches, launch = [], getattr(rotary_write, launcher)
+    monkeypatch.setattr(rotary_write, launcher, lambda *a: launches.append(1) or launch(*a))
+    monkeypatch.setattr(kv_cache, switch, True)
     torch._dynamo.reset()
     got, lg = model.generate(ids, 16, attention_mask=mask, session=model.generator(3, 30, step_mode="compile"),
                              return_logits=True)
@@ -72,25 +77,3 @@ def test_the_step_kernel_rotates_what_the_embedding_rotates(dtype, tol):
     torch.testing.assert_close(got_q.float(), rotary(q, positions).float(), rtol=tol, atol=tol)
     want_kv = torch.stack((rotary(k, positions), v))
     torch.testing.assert_close(got_kv.float(), want_kv.float(), rtol=tol, atol=tol)
-
-
-@pytest.mark.parametrize("kind,opts", [("mha", {}), ("gqa", {"n_kv_heads": 2})])
-def test_compiled_generation_through_the_rotating_step_equals_the_unfused_step(kind, opts, monkeypatch):
-    torch.manual_seed(0)
-    model = build_model("llama-tiny", attention=kind, attn_options=opts or None).cuda().float().eval()
-    ids = torch.randint(3, 1024, (3, 9), device="cuda")
-    mask = torch.ones_like(ids)
-    mask[0, :4] = 0
-    mask[2, :7] = 0
-    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the default path, whatever the default
-    want, lw = model.generate(ids, 16, attention_mask=mask, session=model.generator(3, 30, step_mode="compile"),
-                              return_logits=True)
-    launches, launch = [], rotary_write.launch_step
-    monkeypatch.setattr(rotary_write, "launch_step", lambda *a: launches.append(1) or launch(*a))
-    monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
-    torch._dynamo.reset()
-    got, lg = model.generate(ids, 16, attention_mask=mask, session=model.generator(3, 30, step_mode="compile"),
-                             return_logits=True)
-    assert launches  # the compiled step's operator launched the kernel
-    torch.testing.assert_close(lg, lw, rtol=1e-5, atol=1e-5)
-    assert torch.equal(got, want)
