@@ -31,11 +31,11 @@ a card (``decode.py tuning --rotations separate,kernel``)."""
 
 SEPARATE_WRITES = False
 """Whether a step writes its keys and values into the cache as two writes (else one write of the
-two stacked). In a compiled step the stack is a kernel of its own, and the keys' rotation then
-cannot share the queries' kernel where their widths differ (GQA: one kernel a layer more than
-MHA at batch 1); written apart, each write can take the kernel that makes its tensor. Off: on an
-H200 it did not pay (``decode.py tuning --cache-writes stacked,separate``; docs/benchmarks.md,
-"Batch 1 per kind")."""
+two stacked). Tried in the hope that each write would take the kernel that makes its tensor; on an
+H200 inductor wrote each through a ``copy_`` and recomputed the rotation (431 kernels a token for
+GQA and MHA at batch 1, against 341 and 311, and 24-36% slower), so it is off (``decode.py tuning
+--cache-writes stacked,separate``; docs/benchmarks.md, "The keys and values written apart is
+worse")."""
 
 
 class CachePosition(nn.Module):
