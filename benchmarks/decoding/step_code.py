@@ -116,9 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true", help="llama-tiny on a CPU")
     a = ap.parse_args(argv)
-    if a.layers < 1 or a.batch < 1 or a.context < 4:
-        ap.error(f"--layers and --batch must be at least 1 and --context at least 4 "
-                 f"(got {a.layers}, {a.batch}, {a.context})")
+    if a.layers < 1 or a.batch < 1 or a.context < 5:
+        ap.error(f"--layers and --batch must be at least 1 and --context at least 5: a prompt of half of it "
+                 f"and 3 new tokens (got {a.layers}, {a.batch}, {a.context})")
+    if a.rotary_write and a.rotary_step:
+        ap.error("--rotary-write and --rotary-step: one at a time (with both, the rotating write takes the keys)")
     from mhe.attention import kv_cache
     from mhe.models import build_model
 

@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--rotations: {bad[0]!r} is not one of {', '.join(ROTATIONS)}")
     if bad := [w for w in a.cache_writes.split(",") if w not in WRITES]:
         ap.error(f"--cache-writes: {bad[0]!r} is not one of {', '.join(WRITES)}")
+    if "kernel" in a.rotations.split(",") and "separate" in a.cache_writes.split(","):
+        ap.error("--rotations kernel with --cache-writes separate: the rotating step writes its stack either way")
     for kernel in a.kernels.split(","):
         if kernel != "auto":
             try:

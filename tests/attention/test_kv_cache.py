@@ -126,3 +126,5 @@ def test_a_stacked_write_is_the_update_of_its_halves_and_checks_its_shape():
         stacked.write_stacked(torch.zeros(2, 2, 4, 2, 4, dtype=torch.float64))
     with pytest.raises(MheError, match="overflow"):
         stacked.write_stacked(torch.zeros(2, 2, 3, 5, 4, dtype=torch.float64))
+    with pytest.raises(MheError, match=r"\[2, B, heads, T, d\].*got \(3, 2, 3, 1, 4\)"):
+        stacked.write_stacked(torch.zeros(3, 2, 3, 1, 4, dtype=torch.float64))

@@ -167,16 +167,27 @@ def new_step(b, n, g, d, dtype):
     return q, k, qkv[..., (n + g) * d:].view(b, 1, g, d).transpose(1, 2)
 
 
+def apart_step(b, n, g, d, dtype):
+    """Queries, keys and values from three buffers, each with strides of its own (the unfused
+    projections, and views into longer tensors)."""
+    q = torch.randn(b, 1, n * d, dtype=dtype).view(b, 1, n, d).transpose(1, 2)
+    k = torch.randn(b, g + 1, 3, d, dtype=dtype)[:, 1:, 2:]
+    v = torch.randn(b, 2 * g, 5, d, dtype=dtype)[:, ::2, 3:4]
+    return q, k, v
+
+
 @needs_triton
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
 @pytest.mark.parametrize("n,g", [(6, 2), (4, 4), (3, 1)])
-def test_the_step_kernel_rotates_queries_and_keys_and_stacks_the_values(interpret, dtype, tol, fraction, n, g):
-    """Rows at different positions, a partly rotated head, inputs read through the product's
-    strides: the queries equal the embedding's, the stack equals ``stack((rotary(k), v))``."""
+@pytest.mark.parametrize("made", [new_step, apart_step])
+def test_the_step_kernel_rotates_queries_and_keys_and_stacks_the_values(interpret, dtype, tol, fraction, n, g, made):
+    """Rows at different positions, a partly rotated head, inputs read through the fused product's
+    strides or each through strides of its own: the queries equal the embedding's, the stack
+    equals ``stack((rotary(k), v))``."""
     torch.manual_seed(0)
     rotary = RotaryEmbedding(16, fraction=fraction, max_len=64)
-    q, k, v = new_step(3, n, g, 16, dtype)
+    q, k, v = made(3, n, g, 16, dtype)
     positions = torch.tensor([[5], [0], [37]])
     assert rotary_write.step_fast_path(q, k, v, positions)
     got_q, got_kv = rotary_write.rotate_step(q, k, v, rotary, positions)
@@ -199,3 +210,27 @@ def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch
     monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
     got, lg = model.generate(ids, 4, session=model.generator(2, 12), return_logits=True)
     assert torch.equal(lg, lw) and torch.equal(got, want)
+
+
+
+@needs_triton
+@pytest.mark.parametrize("kind,opts", [("gqa", {"n_kv_heads": 2}), ("mqa", {})])
+def test_the_unfused_model_steps_through_the_kernel_with_its_own_numbers(interpret, kind, opts, monkeypatch):
+    """The model itself (its Q, K and V products apart, not a session's fused view), stepped with
+    caches in float64: with ``ROTARY_STEP`` each step's logits equal the default path's to 1e-12
+    and the kernel runs once a layer a step."""
+    torch.manual_seed(4)
+    model = build_model("llama-tiny", attention=kind, attn_options=opts or None, **SMALL).double().eval()
+    ids = torch.randint(3, 99, (2, 7))
+    launches, launch = [], rotary_write.launch_step
+    monkeypatch.setattr(rotary_write, "launch_step", lambda *a: launches.append(1) or launch(*a))
+    logits = {}
+    for on in (False, True):
+        monkeypatch.setattr(kv_cache, "ROTARY_STEP", on)
+        caches = model.new_caches(2, 12)
+        with torch.no_grad():  # with autograd the step rotates with the embedding
+            logits[on] = [model(ids[:, :5], caches=caches).logits]
+            logits[on] += [model(ids[:, t:t + 1], caches=caches).logits for t in (5, 6)]
+    assert len(launches) == 2 * SMALL["n_layers"]
+    for got, want in zip(logits[True], logits[False]):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

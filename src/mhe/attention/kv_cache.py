@@ -122,6 +122,8 @@ class KVCache(nn.Module):
         """Write ``kv: [2, B, h_kv, T, d]`` (the keys, then the values, as :attr:`kv` holds them)
         at the write position in one write, advance as :meth:`update` does, and return the whole
         buffers."""
+        if kv.dim() != 5 or kv.shape[0] != 2:
+            raise MheError(f"a stacked write takes [2, B, heads, T, d] (keys, then values), got {tuple(kv.shape)}")
         self._check(kv.shape[1:])
         t = kv.shape[3]
         self.kv.index_copy_(3, self._positions(t, kv.device), kv.to(self.kv.dtype))

@@ -72,7 +72,7 @@ class GroupedQueryAttention(Attention):
         from mhe.attention import rotary_write  # Triton's kernel: loaded only where a step uses it
 
         q, k, v = self._self_projections(x, None)  # [B, n, 1, d], 2 x [B, g, 1, d], none rotated
-        positions = positions if positions.dim() == 2 else positions.expand(x.shape[0], -1)  # [B, 1]
+        positions = positions.reshape(-1, 1).expand(x.shape[0], 1)  # [B, 1] from [B, 1], [1, 1] or [1]
         if rotary_write.step_fast_path(q, k, v, positions):
             return rotary_write.rotate_step(q, k, v, self.rotary, positions)
         return self.rotary(q, positions), torch.stack((self.rotary(k, positions), v))

@@ -172,12 +172,13 @@ def write(kv: torch.Tensor, index: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def step_fast_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> bool:
-    """Whether :func:`rotate_step` runs its kernel: :func:`fast_path`'s conditions for the keys (the
-    cache's dtype being theirs), queries of one new position in the same dtype and values with a
-    unit last stride."""
+    """Whether :func:`rotate_step` runs its kernel: one new position, queries, keys and values of one
+    dtype that Triton takes, values of the keys' shape, unit strides along the head, a ``[B, 1]``
+    positions tensor, no autograd, on a card that takes Triton's kernels or in its interpreter."""
     here = (k.is_cuda and _flash_capable(k.device.index or 0)) or (k.device.type == "cpu" and interpreting())
     return (triton is not None and here and k.dtype in DTYPES and q.dtype == k.dtype == v.dtype
-            and q.dim() == k.dim() == 4 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2] == 1
+            and q.dim() == k.dim() == 4 and v.shape == k.shape and q.shape[0] == k.shape[0]
+            and q.shape[2] == k.shape[2] == 1
             and q.shape[3] == k.shape[3] and positions.dim() == 2 and positions.shape == (k.shape[0], 1)
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
