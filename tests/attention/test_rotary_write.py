@@ -78,7 +78,10 @@ KINDS = [("mha", {}, True), ("gqa", {"n_kv_heads": 2}, True), ("mqa", {}, True),
 
 
 STEP_KINDS = [("mha", {}, True), ("gqa", {"n_kv_heads": 2}, True), ("mqa", {}, True), ("skv", {}, True),
-              ("el-att", {}, True), ("mhe-mul", {}, False)]  # MHE makes its queries otherwise
+              ("el-att", {}, True), ("mhe-mul", {}, True), ("mhe-add", {}, True),
+              ("mhe-mul", {"rope_order": "psi-then-rope"}, False), ("mhe-mul", {"impl": "reference"}, False)]
+"""MHE's fast path steps so (its shared query rotated, the heads' factors in the attention kernel);
+its literal forms make their heads before the rotation."""
 THROUGH = ([("ROTARY_WRITE", "launch", *kind) for kind in KINDS]
            + [("ROTARY_STEP", "launch_step", *kind) for kind in STEP_KINDS])
 """(switch, the kernel's launcher in ``rotary_write``, kind, options, whether the kind's steps use it)."""
@@ -90,8 +93,9 @@ def test_generation_through_the_kernel_equals_the_unfused_path(interpret, switch
                                                                 monkeypatch):
     """``model.generate`` on a Llama-style decoder in float64, ragged left-padded prompts: with
     ``ROTARY_WRITE`` every decode step's keys go through the rotating write where the kind rotates
-    its keys last, with ``ROTARY_STEP`` every step of the grouped-query family through the rotating
-    step (2 layers x 4 steps), and the logits equal the unfused path's to 1e-12."""
+    its keys last, with ``ROTARY_STEP`` every step of the grouped-query family and of MHE's fast
+    path through the rotating step (2 layers x 4 steps), and the logits equal the unfused path's to
+    1e-12."""
     torch.manual_seed(0)
     model = build_model("llama-tiny", attention=kind, attn_options=opts or None, **SMALL).double().eval()
     ids = torch.randint(3, 99, (3, 7))

@@ -39,7 +39,8 @@ def test_the_kernel_writes_what_the_embedding_and_index_copy_write(dtype, tol):
 @pytest.mark.parametrize("switch,launcher,kind,opts", [
     ("ROTARY_WRITE", "launch", "mha", {}), ("ROTARY_WRITE", "launch", "gqa", {"n_kv_heads": 2}),
     ("ROTARY_WRITE", "launch", "mhe-mul", {}),
-    ("ROTARY_STEP", "launch_step", "mha", {}), ("ROTARY_STEP", "launch_step", "gqa", {"n_kv_heads": 2})])
+    ("ROTARY_STEP", "launch_step", "mha", {}), ("ROTARY_STEP", "launch_step", "gqa", {"n_kv_heads": 2}),
+    ("ROTARY_STEP", "launch_step", "mhe-mul", {})])
 def test_compiled_generation_through_the_kernel_equals_the_unfused_step(switch, launcher, kind, opts, monkeypatch):
     torch.manual_seed(0)
     model = build_model("llama-tiny", attention=kind, attn_options=opts or None).cuda().float().eval()

@@ -148,11 +148,32 @@ class Attention(nn.Module):
         return (kv_cache.ROTARY_WRITE and self.rotary is not None and isinstance(cache, KVCache)
                 and x.shape[1] == 1 and self.keys_rotate_last)
 
+    def _steps_rotate_together(self) -> bool:
+        """Whether :meth:`_self_projections` with no positions gives this sublayer's queries (or the
+        shared query of a :class:`~mhe.attention.kernels.FactoredQuery`) and keys as they are just
+        before their rotation, the last thing done to them, so that one kernel may rotate both
+        (:meth:`_rotated_step`). No by default; the grouped-query family and MHE's fast path say yes."""
+        return False
+
     def _rotated_step(self, x: torch.Tensor, positions: torch.Tensor | None, cache):
-        """A decode step's rotated queries and its keys stacked with its values for ``cache``
-        (:data:`mhe.attention.kv_cache.ROTARY_STEP`), or None where this kind does not make them
-        so (the default: every kind but the grouped-query family)."""
-        return None
+        """With :data:`~mhe.attention.kv_cache.ROTARY_STEP`, a one-token step under rotary positions
+        with a cache: the queries, keys and values made unrotated, then the queries and keys
+        rotated and the keys stacked with the values by one kernel (``rotary_write.rotate_step``;
+        where it does not run, by the embedding and ``torch.stack``, with the same numbers): the
+        queries and the stack the cache writes. None where this sublayer does not step so."""
+        if not (kv_cache.ROTARY_STEP and self.rotary is not None and isinstance(cache, KVCache)
+                and positions is not None and x.shape[1] == 1 and self._steps_rotate_together()):
+            return None
+        from mhe.attention import rotary_write  # Triton's kernel: loaded only where a step uses it
+
+        q, k, v = self._self_projections(x, None)  # none rotated: [B, n, 1, d] or a FactoredQuery, 2 x [B, g, 1, d]
+        shared = q.shared if isinstance(q, kernels.FactoredQuery) else q
+        positions = positions.reshape(-1, 1).expand(x.shape[0], 1)  # [B, 1] from [B, 1], [1, 1] or [1]
+        if rotary_write.step_fast_path(shared, k, v, positions):
+            shared, stacked = rotary_write.rotate_step(shared, k, v, self.rotary, positions)
+        else:
+            shared, stacked = self.rotary(shared, positions), torch.stack((self.rotary(k, positions), v))
+        return (q._replace(shared=shared) if isinstance(q, kernels.FactoredQuery) else shared), stacked
 
     def projections_to_fuse(self) -> tuple[nn.Linear, ...] | None:
         """The projections of x whose stacked weights give ``_self_projections`` in one product

@@ -147,6 +147,12 @@ class _MHEBase(Attention):
         """The literal form under ``rope-then-psi`` embeds its keys after rotating them."""
         return not (self.literal and self.cfg.options.rope_order == "rope-then-psi")
 
+    def _steps_rotate_together(self) -> bool:
+        """In a fused view decoding (the fast path under rotary positions, no autograd) the shared
+        query and key are rotated last and the heads' factors come after, in the attention kernel
+        (a :class:`FactoredQuery`); the literal form and the model itself make their heads first."""
+        return fused_projection(self) is not None and not self.literal and not torch.is_grad_enabled()
+
     def _self_projections(self, x, positions, *, rotate_keys=True):
         fused = fused_projection(self)
         if fused is None or self.literal:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from mhe.attention import kv_cache
 from mhe.attention.base import Attention, AttentionConfig
 from mhe.attention.fused_projections import fused_projection
-from mhe.attention.kv_cache import KVCache
 from mhe.attention.options import GroupedQueryOptions, default_kv_heads  # noqa: F401 (re-exported)
 
 
@@ -61,21 +58,10 @@ class GroupedQueryAttention(Attention):
     def _output(self, h):
         return self.out_proj(self._merge_heads(h))  # [B, T, m]
 
-    def _rotated_step(self, x, positions, cache):
-        """With :data:`~mhe.attention.kv_cache.ROTARY_STEP`, a one-token step under rotary positions
-        with a cache: the queries, keys and values made unrotated, then the queries and keys rotated
-        and the keys stacked with the values by one kernel (``rotary_write.rotate_step``; where it
-        does not run, by the embedding and ``torch.stack``, with the same numbers)."""
-        if not (kv_cache.ROTARY_STEP and self.rotary is not None and isinstance(cache, KVCache)
-                and positions is not None and x.shape[1] == 1):
-            return None
-        from mhe.attention import rotary_write  # Triton's kernel: loaded only where a step uses it
-
-        q, k, v = self._self_projections(x, None)  # [B, n, 1, d], 2 x [B, g, 1, d], none rotated
-        positions = positions.reshape(-1, 1).expand(x.shape[0], 1)  # [B, 1] from [B, 1], [1, 1] or [1]
-        if rotary_write.step_fast_path(q, k, v, positions):
-            return rotary_write.rotate_step(q, k, v, self.rotary, positions)
-        return self.rotary(q, positions), torch.stack((self.rotary(k, positions), v))
+    def _steps_rotate_together(self) -> bool:
+        """Yes: every kind of the family rotates its queries and keys last (SKV's keys are its values
+        rotated, EL-att's the input rotated)."""
+        return True
 
     def projections_to_fuse(self):
         own = type(self)._queries is GroupedQueryAttention._queries and \
