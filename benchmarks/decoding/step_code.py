@@ -1,7 +1,7 @@
 """What each kernel of a compiled decode step computes: inductor's generated code, read back (issue 62).
 
     python benchmarks/decode.py step-code --preset llama-135m --kinds gqa,mha,mhe-mul --layers 2 \
-        [--batch 1] [--context 512] [--rotary-write | --rotary-step | --rotation-in-kernel] [--out DIR] [--json FILE]
+        [--batch 1] [--context 512] [--rotary-write] [--rotary-step] [--out DIR] [--json FILE]
     python benchmarks/decode.py step-code --smoke        # llama-tiny on a CPU (the C++ backend)
 
 ``census`` and ``profile`` name a step's kernels as the profiler sees them; inductor names a fused
@@ -103,24 +103,6 @@ def print_graphs(kind: str, layers: int, graphs: list[list[dict]]) -> None:
             print(f"   {launch['kernel']}" + (f"\n      <- [{sources[:240]}]" if sources else ""), flush=True)
 
 
-@contextlib.contextmanager
-def switches(a):
-    """The step's rotation as the options say (``kv_cache.ROTARY_WRITE``, ``kv_cache.ROTARY_STEP``,
-    ``kernels.ROTATION_IN_KERNEL``), every one set (off where not asked), restored after."""
-    from mhe.attention import kernels, kv_cache
-
-    where = ((kv_cache, "ROTARY_WRITE", a.rotary_write), (kv_cache, "ROTARY_STEP", a.rotary_step),
-             (kernels, "ROTATION_IN_KERNEL", a.rotation_in_kernel))
-    was = [getattr(module, name) for module, name, _ in where]
-    for module, name, on in where:
-        setattr(module, name, on)
-    try:
-        yield
-    finally:
-        for (module, name, _), old in zip(where, was):
-            setattr(module, name, old)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="decode.py step-code", description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="llama-135m")
@@ -130,7 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=512, help="the cache's positions (the prompt: half)")
     ap.add_argument("--rotary-write", action="store_true", help="with kv_cache.ROTARY_WRITE on")
     ap.add_argument("--rotary-step", action="store_true", help="with kv_cache.ROTARY_STEP on")
-    ap.add_argument("--rotation-in-kernel", action="store_true", help="with kernels.ROTATION_IN_KERNEL on")
     ap.add_argument("--out", default="", help="a folder for each graph's whole code")
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true", help="llama-tiny on a CPU")
@@ -138,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.layers < 1 or a.batch < 1 or a.context < 5:
         ap.error(f"--layers and --batch must be at least 1 and --context at least 5: a prompt of half of it "
                  f"and 3 new tokens (got {a.layers}, {a.batch}, {a.context})")
-    if a.rotary_write + a.rotary_step + a.rotation_in_kernel > 1:
-        ap.error("--rotary-write, --rotary-step and --rotation-in-kernel: one at a time (each takes the step's "
-                 "rotation)")
+    if a.rotary_write and a.rotary_step:
+        ap.error("--rotary-write and --rotary-step: one at a time (with both, the rotating write takes the keys)")
+    from mhe.attention import kv_cache
     from mhe.models import build_model
 
     dev = torch.device("cuda" if torch.cuda.is_available() and not a.smoke else "cpu")
@@ -152,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(0)
         model = build_model(preset, attention=kind, attn_options=opts, n_layers=a.layers, max_len=a.context,
                             dropout=0.0, attn_dropout=0.0).to(dev, dtype).eval()
-        with switches(a):
+        was = kv_cache.ROTARY_WRITE, kv_cache.ROTARY_STEP
+        kv_cache.ROTARY_WRITE, kv_cache.ROTARY_STEP = a.rotary_write, a.rotary_step
+        try:
             codes = step_graphs(model, a.batch, a.context, dev)
+        finally:
+            kv_cache.ROTARY_WRITE, kv_cache.ROTARY_STEP = was
         graphs = [launches(code) for code in codes]
         print_graphs(kind, a.layers, graphs)
         rows[kind] = graphs
@@ -164,10 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     card = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     print(f"device: {card}; torch {torch.__version__}; {preset} cut to {a.layers} layers, batch {a.batch}, "
           f"context {a.context}" + (", rotary write" if a.rotary_write else "")
-          + (", rotary step" if a.rotary_step else "") + (", rotation in kernel" if a.rotation_in_kernel else ""))
+          + (", rotary step" if a.rotary_step else ""))
     if a.json:
         Path(a.json).write_text(json.dumps({"device": card, "preset": preset, "layers": a.layers,
                                             "rotary_write": a.rotary_write, "rotary_step": a.rotary_step,
-                                            "rotation_in_kernel": a.rotation_in_kernel,
                                             "kinds": rows}, indent=1))
     return 0

@@ -2,8 +2,7 @@
 and what does each way of tuning cost a token (issue 62's batch-1 spread)?
 
     python benchmarks/decode.py tuning --preset llama-135m --kinds mha,gqa,mhe-mul \
-        --tunings default,event-clock,off [--kernels auto,sdpa,split-k-decode]
-        [--rotations separate,joint,kernel,attention]
+        --tunings default,event-clock,off [--kernels auto,sdpa,split-k-decode] [--rotations separate,joint,kernel]
         [--cache-writes stacked,separate]
         --repeats 2 [--top 4]
         [--tuner-log FILE] [--json FILE]
@@ -26,12 +25,11 @@ time a token and the costliest kernels, then the card; ``--tuner-log`` keeps coo
 descent's own log (each kernel's candidates and pick). ``--repeats`` compiles each (kind,
 tuning, kernel) that many times, in turn, so that a pick that varies shows as rows that differ;
 ``--kernels`` gives each row the decode kernel named (``auto``: the session's own choice);
-``--rotations separate,joint,kernel,attention`` a row with the queries and keys rotated each on
-its own (the default), one with them rotated as one tensor (``multi_head.JOINT_ROTATION``), one
-with them rotated, and the keys stacked with the values, by one kernel of mhe's
-(``kv_cache.ROTARY_STEP``), and one with the queries rotated inside the attention kernel as it
-loads them (``kernels.ROTATION_IN_KERNEL``; ``split-k-decode`` only): GQA's extra kernel a layer
-at batch 1 is its queries' rotation apart from its keys'; ``--cache-writes stacked,separate`` a row with the step's keys and values written
+``--rotations separate,joint,kernel`` a row with the queries and keys rotated each on its own
+(the default), one with them rotated as one tensor (``multi_head.JOINT_ROTATION``) and one with
+them rotated, and the keys stacked with the values, by one kernel of mhe's
+(``kv_cache.ROTARY_STEP``): GQA's extra kernel a layer at batch 1 is its queries' rotation apart
+from its keys'; ``--cache-writes stacked,separate`` a row with the step's keys and values written
 into the cache as one stacked tensor and one with two writes (``kv_cache.SEPARATE_WRITES``).
 """
 
@@ -47,13 +45,13 @@ from pathlib import Path
 import torch
 
 from decoding import rows as decode_rows
-from mhe.attention import kernels, kv_cache, multi_head
+from mhe.attention import kv_cache, multi_head
 from mhe.attention.kernels import check_kernel
 from mhe.errors import MheError
 from mhe.generation import step as step_module
 
 TUNINGS = ("default", "event-clock", "off")
-ROTATIONS = ("separate", "joint", "kernel", "attention")
+ROTATIONS = ("separate", "joint", "kernel")
 WRITES = ("stacked", "separate")
 TUNER_LOGGER = "torch._inductor.runtime.coordinate_descent_tuner"
 
@@ -90,11 +88,6 @@ def rotating_step(on: bool):
     """A step's queries and keys rotated and its keys and values stacked by one kernel
     (``kv_cache.ROTARY_STEP``)."""
     return switched(kv_cache, "ROTARY_STEP", on)
-
-
-def rotation_in_kernel(on: bool):
-    """A step's queries rotated inside the attention kernel (``kernels.ROTATION_IN_KERNEL``)."""
-    return switched(kernels, "ROTATION_IN_KERNEL", on)
 
 
 def separate_writes(on: bool):
@@ -158,7 +151,7 @@ def measure(a, tunings: list[str], dev: torch.device, context: int, keep=lambda 
             for tuning, kernel, rotation, writes in itertools.product(
                     tunings, a.kernels.split(","), a.rotations.split(","), a.cache_writes.split(",")):
                 with joint_rotation(rotation == "joint"), rotating_step(rotation == "kernel"), \
-                        rotation_in_kernel(rotation == "attention"), separate_writes(writes == "separate"):
+                        separate_writes(writes == "separate"):
                     timed = one_row(model, ids, mask, dev, tuning, context // 2, a.reps, a.top, kernel)
                 row = {"kind": kind, "tuning": tuning, "kernel": kernel, "rotation": rotation, "writes": writes,
                        "repeat": repeat, **timed}
@@ -176,10 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="mha,gqa,mhe-mul")
     ap.add_argument("--tunings", default="default,event-clock,off", help=f"comma-separated, of {', '.join(TUNINGS)}")
     ap.add_argument("--kernels", default="auto", help="comma-separated decode kernels (auto: the session's choice)")
-    ap.add_argument("--rotations", default="separate", help="comma-separated, of separate, joint, kernel and "
-                                                             "attention: the queries' and keys' rotation "
-                                                             "(multi_head.JOINT_ROTATION; kernel: kv_cache.ROTARY_STEP; "
-                                                             "attention: kernels.ROTATION_IN_KERNEL)")
+    ap.add_argument("--rotations", default="separate", help="comma-separated, of separate, joint and kernel: the "
+                                                             "queries' and keys' rotation (multi_head.JOINT_ROTATION; "
+                                                             "kernel: kv_cache.ROTARY_STEP)")
     ap.add_argument("--cache-writes", default="stacked", help="comma-separated, of stacked and separate: "
                                                                 "the step's cache writes (kv_cache.SEPARATE_WRITES)")
     ap.add_argument("--repeats", type=int, default=2,

@@ -108,8 +108,6 @@ class Attention(nn.Module):
             elif (rotated := self._rotated_step(x, positions, cache)) is not None:
                 q, stacked = rotated  # queries and keys rotated, keys and values stacked, in one kernel
                 k, v = cache.write_stacked(stacked)
-            elif (step := self._step_rotating_in_kernel(x, positions, cache, plan)) is not None:
-                q, k, v = step  # the queries a RotaryQuery: the attention kernel rotates them
             else:
                 q, k, v = self._self_projections(x, positions)  # [B, h_q, T, d] or FactoredQuery; [B, h_kv, T, d]
                 if cache is not None:
@@ -176,22 +174,6 @@ class Attention(nn.Module):
         else:
             shared, stacked = self.rotary(shared, positions), torch.stack((self.rotary(k, positions), v))
         return (q._replace(shared=shared) if isinstance(q, kernels.FactoredQuery) else shared), stacked
-
-    def _step_rotating_in_kernel(self, x: torch.Tensor, positions: torch.Tensor | None, cache,
-                                 plan: DecodePlan | None):
-        """With :data:`~mhe.attention.kernels.ROTATION_IN_KERNEL` and an attention kernel that reads a
-        :class:`~mhe.attention.kernels.RotaryQuery`, a one-token step under rotary positions with a
-        cache: the keys rotated and written, the queries handed on unrotated with their positions,
-        for the attention kernel to rotate as it loads them (no kernel of inductor's rotates them).
-        ``(q, k, v)`` with ``k, v`` what the cache holds; None where this sublayer does not step so."""
-        kernel = self.cfg.kernel if plan is None else plan.kernel
-        if not (kernels.ROTATION_IN_KERNEL and self.rotary is not None and isinstance(cache, KVCache)
-                and positions is not None and x.shape[1] == 1 and self._steps_rotate_together()
-                and kernels.reads_rotary_query(kernel)):
-            return None
-        q, k, v = self._self_projections(x, None)  # none rotated: [B, n, 1, d] or a FactoredQuery, 2 x [B, g, 1, d]
-        k, v = cache.update(self.rotary(k, positions), v)
-        return kernels.RotaryQuery(q, self.rotary, positions.reshape(-1)), k, v
 
     def projections_to_fuse(self) -> tuple[nn.Linear, ...] | None:
         """The projections of x whose stacked weights give ``_self_projections`` in one product

@@ -86,7 +86,6 @@ def __getattr__(name: str):
 _READS_KEY_RANGE: set[str] = set()
 _ADDITIVE_MASK: set[str] = set()
 _READS_FACTORED: set[str] = set()
-_READS_ROTARY: set[str] = set()
 
 
 class FactoredQuery(NamedTuple):
@@ -114,53 +113,19 @@ class FactoredQuery(NamedTuple):
         return (a + self.factors if self.add else a * self.factors).transpose(1, 2)
 
 
-ROTATION_IN_KERNEL = False
-"""Whether a one-token decode step under rotary positions hands a kernel that reads it
-(``split-k-decode``) its queries unrotated, as a :class:`RotaryQuery`, the kernel rotating each
-query head as it loads it: the queries' rotation then needs no kernel of inductor's (GQA's
-576-element queries cannot share the 192-element keys' rotation kernel, so its step launches one
-kernel a layer more than MHA's; docs/benchmarks.md, "Why GQA launches one kernel a layer more").
-Off: on an H200 GQA still launched 341 kernels a token and was 1.4% slower, MHA and MHE-Mul 30
-more and 6% slower (inductor copies the query's view before the opaque operator and computes the
-keys' rotation twice; ``decode.py tuning --rotations separate,attention``)."""
-
-
-class RotaryQuery(NamedTuple):
-    """A decode step's queries not yet rotated by their positions: a kernel that reads it
-    (``register_kernel(..., reads_rotary_query=True)``: ``split-k-decode``) rotates each query head
-    as it loads it; :func:`attend` rotates them first for every other kernel.
-
-    Attributes:
-        query: ``[B, h_q, 1, d]``, or a :class:`FactoredQuery` whose shared query is unrotated.
-        rotary: the :class:`~mhe.attention.rotary.RotaryEmbedding` that rotates it.
-        positions: ``[B]`` or ``[1]`` (every row at one position), integers.
-    """
-
-    query: torch.Tensor | FactoredQuery
-    rotary: nn.Module
-    positions: torch.Tensor
-
-    def applied(self) -> torch.Tensor | FactoredQuery:
-        """The query rotated by the embedding (a factored one: its shared query)."""
-        rows = self.query.shared if isinstance(self.query, FactoredQuery) else self.query
-        rotated = self.rotary(rows, self.positions.reshape(-1, 1).expand(rows.shape[0], 1))
-        return self.query._replace(shared=rotated) if isinstance(self.query, FactoredQuery) else rotated
-
-
 def register_kernel(name: str, *, reads_key_range: bool = False, additive_mask: bool = False,
-                    reads_factored_query: bool = False, reads_rotary_query: bool = False):
+                    reads_factored_query: bool = False):
     """Function decorator adding an attention kernel under ``name``. ``reads_key_range``: for one
     causal query the kernel takes a run of keys per row (``key_range``) in place of a mask, and
     the model builds that instead (:func:`mhe.attention.masks.self_attention_mask`).
     ``additive_mask``: the kernel takes its mask as 0 / -inf in the query's dtype as well as
     boolean, and the forward converts it once for every layer
     (:meth:`mhe.attention.masks.AttentionMask.for_kernel`). ``reads_factored_query``: the kernel
-    takes a :class:`FactoredQuery` as ``q`` (and makes its heads itself where it cannot apply it);
-    ``reads_rotary_query``: a :class:`RotaryQuery` (rotating it first where it cannot rotate it as it loads it)."""
+    takes a :class:`FactoredQuery` as ``q`` (and makes its heads itself where it cannot apply it)."""
     def deco(fn: Kernel) -> Kernel:
         _KERNELS[name] = fn
         for flag, names in ((reads_key_range, _READS_KEY_RANGE), (additive_mask, _ADDITIVE_MASK),
-                            (reads_factored_query, _READS_FACTORED), (reads_rotary_query, _READS_ROTARY)):
+                            (reads_factored_query, _READS_FACTORED)):
             if flag:
                 names.add(name)
         return fn
@@ -171,12 +136,6 @@ def reads_factored_query(name: str) -> bool:
     """Whether kernel ``name`` takes a :class:`FactoredQuery` (else :func:`attend` makes the heads)."""
     _loaded(name)
     return name in _READS_FACTORED
-
-
-def reads_rotary_query(name: str) -> bool:
-    """Whether kernel ``name`` takes a :class:`RotaryQuery` (else :func:`attend` rotates it first)."""
-    _loaded(name)
-    return name in _READS_ROTARY
 
 
 def takes_additive_mask(name: str) -> bool:
@@ -205,16 +164,13 @@ def check_kernel(name: str) -> str:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask | None = None, *,
            dropout_p: float = 0.0, scale: float | None = None, kernel: str = "sdpa") -> torch.Tensor:
-    """Attend ``q: [B, h_q, T, d]`` (or a :class:`FactoredQuery` or :class:`RotaryQuery`) over
-    ``k, v: [B, h_kv, S, d]`` with the named kernel, under
+    """Attend ``q: [B, h_q, T, d]`` (or a :class:`FactoredQuery`) over ``k, v: [B, h_kv, S, d]`` with the named kernel, under
     ``mask``, the finished :class:`~mhe.attention.masks.AttentionMask` of what each query may see
     (built in :mod:`mhe.attention.masks`; None: every key). A kernel that reads key ranges gets the
     mask's ``key_range`` (one contiguous run of keys per row) where it has one; the others get its
     dense form as they read it (:meth:`~mhe.attention.masks.AttentionMask.for_kernel`), or SDPA's
     ``is_causal`` for a causal mask with no dense form (as many keys as queries)."""
     fn = get_kernel(kernel)
-    if isinstance(q, RotaryQuery) and not reads_rotary_query(kernel):
-        q = q.applied()
     if isinstance(q, FactoredQuery) and not reads_factored_query(kernel):
         q = q.heads()
     if mask is None:
@@ -224,8 +180,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
             raise MheError(f"key_range is read by the key-range kernels only (flash-decode, split-k-decode), "
                            f"not by {kernel!r}")
         return fn(q, k, v, mask=None, is_causal=False, dropout_p=dropout_p, scale=scale, key_range=mask.key_range)
-    rows = q.query if isinstance(q, RotaryQuery) else q
-    rows = rows.shared if isinstance(rows, FactoredQuery) else rows
+    rows = q.shared if isinstance(q, FactoredQuery) else q
     dense = mask.for_kernel(kernel, rows.dtype)
     if dense is None and mask.causal and rows.shape[2] != k.shape[2]:
         raise MheError(f"a causal mask without a dense form reads as many keys as queries, got {q.shape[2]} queries "

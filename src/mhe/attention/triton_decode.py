@@ -44,7 +44,7 @@ import struct
 import torch
 
 from mhe.attention.flash_decode import _flash_capable, key_offsets, mask_range, range_mask
-from mhe.attention.kernels import FactoredQuery, RotaryQuery, register_kernel, sdpa_kernel
+from mhe.attention.kernels import FactoredQuery, register_kernel, sdpa_kernel
 
 try:
     import triton
@@ -98,16 +98,15 @@ _merge_group_jit = _queries_jit = None
 kernel calls them."""
 
 
-def _split_kernel(Q, F, COS, SIN, POS, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, COUNT, scale_hi, scale_lo, S, H_KV,
-                  SPLITS, sqb, sqh, spb, skb, skh, sks, svb, svh, svs, sob, soh,
+def _split_kernel(Q, F, K, V, CUM_K, USED, OUT, PART_O, PART_LSE, COUNT, scale_hi, scale_lo, S, H_KV, SPLITS,
+                  sqb, sqh, skb, skh, sks, svb, svh, svs, sob, soh,
                   G: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr, FUSED: tl.constexpr, FACTORS: tl.constexpr,
-                  ROTATE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_S: tl.constexpr, ACC: tl.constexpr):
+                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                  ACC: tl.constexpr):
     """One chunk of one row's keys for the G query heads of one K/V head: its partial output
     (normalised within the chunk) and log-sum-exp, or, with one chunk, the output itself. With
     ``FUSED``, the group's last program to finish merges the group's chunks (see :func:`launch`).
-    ``FACTORS``: the heads made from one shared query; ``ROTATE``: the query rotated by the row's
-    position first (:func:`_queries`)."""
+    ``FACTORS``: the heads made from one shared query (:func:`_queries`)."""
     split = tl.program_id(0)
     b = (tl.program_id(1) // H_KV).to(tl.int64)  # int64: a large cache's offsets pass 2**31
     h = (tl.program_id(1) % H_KV).to(tl.int64)
@@ -122,8 +121,7 @@ def _split_kernel(Q, F, COS, SIN, POS, K, V, CUM_K, USED, OUT, PART_O, PART_LSE,
     heads = h * G + g  # the query heads that read K/V head h
     gmask = g < G
     dmask = dd < D
-    q = _queries_jit(Q + b * sqb, F, COS, SIN, POS + b * spb, heads, dd, gmask[:, None] & dmask[None, :], sqh,
-                     D, FACTORS, ROTATE, ACC)
+    q = _queries_jit(Q + b * sqb, F, heads, dd, gmask[:, None] & dmask[None, :], sqh, D, FACTORS, ACC)
     scale = tl.zeros([BLOCK_G], dtype=ACC) + scale_hi + scale_lo  # the scale in the accumulator's precision
     m_i = tl.zeros([BLOCK_G], dtype=ACC) - float("inf")
     l_i = tl.zeros([BLOCK_G], dtype=ACC)
@@ -161,26 +159,11 @@ def _split_kernel(Q, F, COS, SIN, POS, K, V, CUM_K, USED, OUT, PART_O, PART_LSE,
                                  G, D, BLOCK_G, BLOCK_D, BLOCK_S, ACC)
 
 
-def _queries(Q_ROW, F, COS, SIN, POS_ROW, heads, dd, qmask, sqh, D: tl.constexpr, FACTORS: tl.constexpr,
-             ROTATE: tl.constexpr, ACC: tl.constexpr):
-    """A group's query heads ``[BLOCK_G, BLOCK_D]`` as loaded; with ``ROTATE``, rotated by the
-    row's position (at ``POS_ROW``; rows of the float32 tables ``COS``, ``SIN`` ``[L, D]``, cast
-    to the query's dtype, and dimension ``i`` paired with ``i + D/2``, as ``RotaryEmbedding`` does:
-    x cos + rotate_half(x) sin, rounded once to the query's dtype as inductor's kernel rounds it); with
-    ``FACTORS`` (1: multiply, 2: add), made from the row's one shared query (``sqh`` 0) and the
-    heads' rows of ``F``, each rounded to the query's dtype as the unfused product is
-    (kernels.FactoredQuery, kernels.RotaryQuery)."""
+def _queries(Q_ROW, F, heads, dd, qmask, sqh, D: tl.constexpr, FACTORS: tl.constexpr, ACC: tl.constexpr):
+    """A group's query heads ``[BLOCK_G, BLOCK_D]`` as loaded, or, with ``FACTORS`` (1: multiply,
+    2: add), made from the row's one shared query (``sqh`` 0) and the heads' rows of ``F``, each
+    rounded to the query's dtype as the unfused product is (kernels.FactoredQuery)."""
     q = tl.load(Q_ROW + heads[:, None] * sqh + dd[None, :], mask=qmask, other=0.0)
-    if ROTATE:
-        pos = tl.load(POS_ROW).to(tl.int64)
-        first = dd < D // 2  # dimension i pairs with i + D/2
-        partner = tl.where(first, dd + D // 2, dd - D // 2)
-        qp = tl.load(Q_ROW + heads[:, None] * sqh + partner[None, :], mask=qmask, other=0.0)
-        dty = Q_ROW.dtype.element_ty
-        c = tl.load(COS + pos * D + dd, mask=dd < D, other=0.0).to(dty).to(ACC)
-        s = tl.load(SIN + pos * D + dd, mask=dd < D, other=0.0).to(dty).to(ACC)
-        sign = tl.where(first, -1.0, 1.0).to(ACC)
-        q = (q.to(ACC) * c[None, :] + qp.to(ACC) * (sign * s)[None, :]).to(dty)
     if FACTORS != 0:
         f = tl.load(F + heads[:, None] * D + dd[None, :], mask=qmask, other=0.0)
         if FACTORS == 1:
@@ -281,16 +264,12 @@ def choose_splits(programs: int, keys: int, sms: int) -> int:
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tensor, used: torch.Tensor,
            scale: float, splits: int | None = None, fused: bool | None = None,
-           factors: torch.Tensor | None = None, add: bool = False,
-           rotation: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+           factors: torch.Tensor | None = None, add: bool = False) -> torch.Tensor:
     """The kernels on ``q: [B, h_q, 1, d]``, ``k, v: [B, h_kv, S, d]`` (any strides; a last one
     other than 1 is copied first), ``cum_k: [B + 1]`` and ``used: [B]`` int32; returns ``[B, h_q, 1, d]``.
     ``splits``: chunks per row (default :func:`choose_splits`). ``factors``: ``[h_q, d]`` in q's
     dtype, with ``q: [B, 1, 1, d]`` one shared query a row (a :class:`~mhe.attention.kernels.FactoredQuery`):
     head i is ``q * factors[i]`` (``add``: ``q + factors[i]``), made as the kernel loads it.
-    ``rotation``: ``(cos, sin, positions)``, float32 tables ``[L, d]`` and ``[B]`` (or ``[1]``)
-    integers: ``q`` is unrotated and each head is rotated by its row's position as the kernel loads
-    it, before any factor (a :class:`~mhe.attention.kernels.RotaryQuery`).
 
     ``fused`` (default: where the group's partials fit :data:`FUSED_MERGE_TILE`), where there are
     chunks to merge and :func:`_counters` has a counter buffer: one launch, not two.
@@ -304,11 +283,11 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tenso
     current one: a model on cuda:1 decoding eagerly while cuda:0 is current)."""
     if q.is_cuda and q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):
-            return _launch(q, k, v, cum_k, used, scale, splits, fused, factors, add, rotation)
-    return _launch(q, k, v, cum_k, used, scale, splits, fused, factors, add, rotation)
+            return _launch(q, k, v, cum_k, used, scale, splits, fused, factors, add)
+    return _launch(q, k, v, cum_k, used, scale, splits, fused, factors, add)
 
 
-def _launch(q, k, v, cum_k, used, scale, splits, fused, factors=None, add=False, rotation=None) -> torch.Tensor:
+def _launch(q, k, v, cum_k, used, scale, splits, fused, factors=None, add=False) -> torch.Tensor:
     """:func:`launch` on the current card."""
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # the kernels step d by 1
     b, hq, _, d = q.shape
@@ -330,15 +309,13 @@ def _launch(q, k, v, cum_k, used, scale, splits, fused, factors=None, add=False,
     count = _counters(q.device, b * hk) if fused and splits > 1 else None
     fused = count is not None
     scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # float arguments reach Triton as float32
-    cos, sin, pos = rotation if rotation is not None else (used, used, used)  # unread without ROTATE
     split_kernel, merge_kernel = _jitted(interpreting())
     split_kernel[(splits, b * hk)](
-        q, q if factors is None else factors, cos, sin, pos, k, v, cum_k, used, out, part_o, part_lse,
-        count if fused else used, scale_hi, scale - scale_hi, s, hk, splits, q.stride(0),
-        0 if factors is not None else q.stride(1), 0 if pos.shape[0] == 1 else pos.stride(0),
+        q, q if factors is None else factors, k, v, cum_k, used, out, part_o, part_lse, count if fused else used,
+        scale_hi, scale - scale_hi, s, hk, splits, q.stride(0), 0 if factors is not None else q.stride(1),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1),
         G=g, D=d, DIRECT=splits == 1, FUSED=fused, FACTORS=0 if factors is None else 2 if add else 1,
-        ROTATE=rotation is not None, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_S=block_s,
         ACC=tl.float64 if acc_dtype == torch.float64 else tl.float32, num_warps=TILE["num_warps"],
         num_stages=TILE["num_stages"])
@@ -351,17 +328,13 @@ def _launch(q, k, v, cum_k, used, scale, splits, fused, factors=None, add=False,
 
 @torch.library.custom_op("mhe::split_k_decode", mutates_args=())
 def split_k_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_k: torch.Tensor, used: torch.Tensor,
-                   scale: float, factors: torch.Tensor | None = None, add: bool = False,
-                   cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
-                   positions: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`launch` as one operator that ``torch.compile`` traces without looking inside
-    (``cos``, ``sin``, ``positions``: its ``rotation``, all three or none)."""
-    rotation = None if positions is None else (cos, sin, positions)
-    return launch(q, k, v, cum_k, used, scale, factors=factors, add=add, rotation=rotation)
+                   scale: float, factors: torch.Tensor | None = None, add: bool = False) -> torch.Tensor:
+    """:func:`launch` as one operator that ``torch.compile`` traces without looking inside."""
+    return launch(q, k, v, cum_k, used, scale, factors=factors, add=add)
 
 
 @split_k_decode.register_fake
-def _(q, k, v, cum_k, used, scale, factors=None, add=False, cos=None, sin=None, positions=None):
+def _(q, k, v, cum_k, used, scale, factors=None, add=False):
     return q.new_empty(q.shape[0], q.shape[1] if factors is None else factors.shape[0], 1, q.shape[3])
 
 
@@ -387,15 +360,12 @@ the heads are made first, by inductor's kernel inside a compiled step: the unfus
 the tests compare it with)."""
 
 
-@register_kernel("split-k-decode", reads_key_range=True, reads_factored_query=True, reads_rotary_query=True)
+@register_kernel("split-k-decode", reads_key_range=True, reads_factored_query=True)
 def split_k_decode_kernel(q, k, v, *, mask, is_causal, dropout_p, scale, key_range=None):
     """``key_range``: ``(cum_seq_k [B + 1], used [B], ...)`` int32 in place of ``mask`` (see the
     module docstring); ``mask``, when given, must allow one run of keys per row. ``q`` may be a
-    :class:`~mhe.attention.kernels.FactoredQuery`, applied inside the kernel (:data:`FACTORS_IN_KERNEL`),
-    or a :class:`~mhe.attention.kernels.RotaryQuery`, rotated inside it where the kernel runs and
-    the whole head is rotated (else first)."""
+    :class:`~mhe.attention.kernels.FactoredQuery`, applied inside the kernel (:data:`FACTORS_IN_KERNEL`)."""
     s = k.shape[2]
-    q, rotation = _rotation(q, k, v, mask, is_causal, dropout_p)
     factors, add = None, False
     if isinstance(q, FactoredQuery):
         if FACTORS_IN_KERNEL and q.factors.dtype == q.shared.dtype and \
@@ -403,7 +373,7 @@ def split_k_decode_kernel(q, k, v, *, mask, is_causal, dropout_p, scale, key_ran
             q, factors, add = q.shared, q.factors, q.add
         else:
             q = q.heads()
-    if factors is None and rotation is None and not fast_path(q, k, v, mask, is_causal, dropout_p):
+    if factors is None and not fast_path(q, k, v, mask, is_causal, dropout_p):
         if key_range is not None:
             mask = range_mask(key_range, s)
         return sdpa_kernel(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale)
@@ -412,24 +382,5 @@ def split_k_decode_kernel(q, k, v, *, mask, is_causal, dropout_p, scale, key_ran
         key_range = key_offsets(start, s), used
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if torch.compiler.is_compiling():  # one opaque operator in the traced graph
-        return split_k_decode(q, k, v, key_range[0], key_range[1], scale, factors, add,
-                              *(rotation if rotation is not None else (None, None, None)))
-    return launch(q, k, v, key_range[0], key_range[1], scale, factors=factors, add=add,
-                  rotation=rotation)  # eager: no dispatch
-
-
-def _rotation(q, k, v, mask, is_causal, dropout_p):
-    """A :class:`~mhe.attention.kernels.RotaryQuery` split into the query it holds and the
-    ``(cos, sin, positions)`` the kernel rotates it by, where the kernel runs on the query (its
-    factors, if any, applied there too) and rotates every dimension of a head; else the query
-    rotated first and no rotation. Any other query passes through."""
-    if not isinstance(q, RotaryQuery):
-        return q, None
-    inner = q.query
-    rows, heads = (inner.shared, inner.factors.shape[0]) if isinstance(inner, FactoredQuery) else (inner, None)
-    factored_here = not isinstance(inner, FactoredQuery) or (FACTORS_IN_KERNEL and inner.factors.dtype == rows.dtype)
-    if (q.rotary.width != rows.shape[-1] or q.rotary.width % 2 or not factored_here
-            or not fast_path(rows, k, v, mask, is_causal, dropout_p, heads=heads)):
-        return q.applied(), None
-    cos, sin = q.rotary.table(rows.device)
-    return inner, (cos, sin, q.positions.reshape(-1))
+        return split_k_decode(q, k, v, key_range[0], key_range[1], scale, factors, add)
+    return launch(q, k, v, key_range[0], key_range[1], scale, factors=factors, add=add)  # eager: no dispatch
