@@ -16,8 +16,8 @@ elementwise, one position's angles for every head; float64 results are equal), t
 products after it may round otherwise, the query being a view of the wider tensor. It was meant
 to give GQA's unequal query and key widths one rotation kernel a layer in a compiled step; on an
 H200 GQA launched as many kernels with it and was 0.5% slower, so it is off
-(docs/benchmarks.md, "The joint rotation does not remove GQA's extra kernel"); the rotating step
-(:data:`mhe.attention.kv_cache.ROTARY_STEP`) is the lever built since."""
+(docs/benchmarks.md, "The joint rotation does not remove GQA's extra kernel"); so is the rotating
+step built since (:data:`mhe.attention.kv_cache.ROTARY_STEP`)."""
 
 
 class GroupedQueryAttention(Attention):
