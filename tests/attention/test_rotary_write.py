@@ -77,11 +77,12 @@ KINDS = [("mha", {}, True), ("gqa", {"n_kv_heads": 2}, True), ("mqa", {}, True),
          ("mhe-mul", {"impl": "reference"}, False)]  # literal, rope-then-psi: its keys embedded after the rotation
 
 
-STEP_KINDS = [("mha", {}, True), ("gqa", {"n_kv_heads": 2}, True), ("mqa", {}, True), ("skv", {}, True),
-              ("el-att", {}, True), ("mhe-mul", {}, True), ("mhe-add", {}, True),
+STEP_KINDS = [("mha", {}, True), ("gqa", {"n_kv_heads": 2}, True), ("mqa", {}, True), ("skv", {}, False),
+              ("el-att", {}, False), ("mhe-mul", {}, True), ("mhe-add", {}, True),
               ("mhe-mul", {"rope_order": "psi-then-rope"}, False), ("mhe-mul", {"impl": "reference"}, False)]
-"""MHE's fast path steps so (its shared query rotated, the heads' factors in the attention kernel);
-its literal forms make their heads before the rotation."""
+"""The kinds whose session view has one fused Q/K/V product step so, MHE's fast path among them (its
+shared query rotated, the heads' factors in the attention kernel); SKV and EL-att make their keys
+otherwise, and MHE's literal forms make their heads before the rotation."""
 THROUGH = ([("ROTARY_WRITE", "launch", *kind) for kind in KINDS]
            + [("ROTARY_STEP", "launch_step", *kind) for kind in STEP_KINDS])
 """(switch, the kernel's launcher in ``rotary_write``, kind, options, whether the kind's steps use it)."""
@@ -120,7 +121,7 @@ def test_generation_through_the_kernel_equals_the_unfused_path(interpret, switch
 def test_a_compiled_step_holds_one_operator_a_layer(interpret, switch, op, cache_writes, monkeypatch):
     """Inside ``torch.compile`` the rotating write is ``mhe::rotary_cache_write`` (one a layer, no
     ``index_copy``) and the rotating step ``mhe::rotary_step`` (one a layer, and the cache's one
-    ``index_copy`` of its stack), with the eager logits (float64)."""
+    ``index_copy`` of its stack; it takes the fused product whole), with the eager logits (float64)."""
     graphs = []
 
     def recording(gm, example_inputs):
@@ -141,6 +142,9 @@ def test_a_compiled_step_holds_one_operator_a_layer(interpret, switch, op, cache
     steps = [calls for calls in steps if any(op in c for c in calls)]  # not the token choice
     assert len(steps) == 1 and sum(op in c for c in steps[0]) == SMALL["n_layers"]
     assert sum("index_copy" in c for c in steps[0]) == cache_writes
+    if switch == "ROTARY_STEP":  # the operator takes the fused product itself, not views of it
+        firsts = [n.args[0] for g in graphs for n in g.graph.nodes if op in str(n.target)]
+        assert len(firsts) == SMALL["n_layers"] and all("linear" in str(a.target) for a in firsts)
     torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
     assert torch.equal(got, want)
 
@@ -163,17 +167,9 @@ def test_switching_the_write_rebuilds_a_held_sessions_steps(switch, monkeypatch)
     assert session.view is not before
 
 
-def new_step(b, n, g, d, dtype):
-    """Queries ``[B, n, 1, d]``, keys and values ``[B, g, 1, d]`` as the fused product's split leaves them."""
-    qkv = torch.randn(b, 1, (n + 2 * g) * d, dtype=dtype)
-    q = qkv[..., :n * d].view(b, 1, n, d).transpose(1, 2)
-    k = qkv[..., n * d:(n + g) * d].view(b, 1, g, d).transpose(1, 2)
-    return q, k, qkv[..., (n + g) * d:].view(b, 1, g, d).transpose(1, 2)
-
-
 def apart_step(b, n, g, d, dtype):
-    """Queries, keys and values from three buffers, each with strides of its own (the unfused
-    projections, and views into longer tensors)."""
+    """Queries, keys and values from three buffers, each with strides of its own (views into longer
+    tensors): the kernel reads any strides with the last one 1."""
     q = torch.randn(b, 1, n * d, dtype=dtype).view(b, 1, n, d).transpose(1, 2)
     k = torch.randn(b, g + 1, 3, d, dtype=dtype)[:, 1:, 2:]
     v = torch.randn(b, 2 * g, 5, d, dtype=dtype)[:, ::2, 3:4]
@@ -184,20 +180,42 @@ def apart_step(b, n, g, d, dtype):
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
 @pytest.mark.parametrize("n,g", [(6, 2), (4, 4), (3, 1)])
-@pytest.mark.parametrize("made", [new_step, apart_step])
+@pytest.mark.parametrize("made", ["product", "apart"])
 def test_the_step_kernel_rotates_queries_and_keys_and_stacks_the_values(interpret, dtype, tol, fraction, n, g, made):
-    """Rows at different positions, a partly rotated head, inputs read through the fused product's
-    strides or each through strides of its own: the queries equal the embedding's, the stack
-    equals ``stack((rotary(k), v))``."""
+    """Rows at different positions, a partly rotated head, the inputs a fused Q/K/V product
+    (``rotate_step``, which splits it) or three tensors of strides of their own (``launch_step``):
+    the queries equal the embedding's, the stack equals ``stack((rotary(k), v))``."""
     torch.manual_seed(0)
     rotary = RotaryEmbedding(16, fraction=fraction, max_len=64)
-    q, k, v = made(3, n, g, 16, dtype)
     positions = torch.tensor([[5], [0], [37]])
-    assert rotary_write.step_fast_path(q, k, v, positions)
-    got_q, got_kv = rotary_write.rotate_step(q, k, v, rotary, positions)
+    if made == "product":
+        qkv = torch.randn(3, 1, (n + 2 * g) * 16, dtype=dtype)
+        q, k, v = rotary_write.split_product(qkv, n, g)
+        assert rotary_write.step_fast_path(qkv, n, g, positions)
+        got_q, got_kv = rotary_write.rotate_step(qkv, n, g, rotary, positions)
+    else:
+        q, k, v = apart_step(3, n, g, 16, dtype)
+        got_q, got_kv = rotary_write.launch_step(q, k, v, *rotary.table(q.device), positions)
     torch.testing.assert_close(got_q, rotary(q, positions), rtol=tol, atol=tol)
     torch.testing.assert_close(got_kv, torch.stack((rotary(k, positions), v)), rtol=tol, atol=tol)
     assert got_q.is_contiguous() and got_kv.shape == (2, 3, g, 1, 16) and torch.equal(got_kv[1], v)
+
+
+def test_the_product_splits_as_the_sublayers_split_it():
+    """``split_product`` gives the fused view's own queries, keys and values (GQA's split and heads)."""
+    torch.manual_seed(5)
+    model = build_model("llama-tiny", attention="gqa", attn_options={"n_kv_heads": 2}, **SMALL).eval()
+    from mhe.attention.base import attention_sublayers
+    from mhe.attention.fused_projections import fuse_projections, fused_projection
+
+    attn = attention_sublayers(fuse_projections(model))[0]
+    x = torch.randn(2, 1, SMALL["d_model"])
+    with torch.no_grad():
+        qkv, heads, kv_heads = attn._step_product(x)
+        assert qkv.shape == (2, 1, (4 + 2 * 2) * 8) and (heads, kv_heads) == (4, 2)
+        for got, want in zip(rotary_write.split_product(qkv, heads, kv_heads), attn._self_projections(x, None)):
+            assert torch.equal(got, want)
+    assert fused_projection(attn) is not None
 
 
 def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch):
@@ -207,8 +225,8 @@ def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch
     torch.manual_seed(1)
     model = build_model("llama-tiny", attention="gqa", attn_options={"n_kv_heads": 2}, **SMALL).double().eval()
     ids = torch.randint(3, 99, (2, 6))
-    q, k, v = new_step(2, 4, 2, 8, torch.float64)
-    assert not rotary_write.step_fast_path(q, k, v, torch.zeros(2, 1, dtype=torch.long))
+    qkv = torch.randn(2, 1, (4 + 2 * 2) * 8, dtype=torch.float64)
+    assert not rotary_write.step_fast_path(qkv, 4, 2, torch.zeros(2, 1, dtype=torch.long))
     monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the default path, whatever the default
     want, lw = model.generate(ids, 4, session=model.generator(2, 12), return_logits=True)
     monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
@@ -219,10 +237,10 @@ def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch
 
 @needs_triton
 @pytest.mark.parametrize("kind,opts", [("gqa", {"n_kv_heads": 2}), ("mqa", {})])
-def test_the_unfused_model_steps_through_the_kernel_with_its_own_numbers(interpret, kind, opts, monkeypatch):
+def test_the_unfused_model_keeps_its_step(interpret, kind, opts, monkeypatch):
     """The model itself (its Q, K and V products apart, not a session's fused view), stepped with
-    caches in float64: with ``ROTARY_STEP`` each step's logits equal the default path's to 1e-12
-    and the kernel runs once a layer a step."""
+    caches in float64: with ``ROTARY_STEP`` it has no fused product to hand the kernel, so each
+    step's logits are the default path's, bit for bit, and the kernel never runs."""
     torch.manual_seed(4)
     model = build_model("llama-tiny", attention=kind, attn_options=opts or None, **SMALL).double().eval()
     ids = torch.randint(3, 99, (2, 7))
@@ -232,9 +250,9 @@ def test_the_unfused_model_steps_through_the_kernel_with_its_own_numbers(interpr
     for on in (False, True):
         monkeypatch.setattr(kv_cache, "ROTARY_STEP", on)
         caches = model.new_caches(2, 12)
-        with torch.no_grad():  # with autograd the step rotates with the embedding
+        with torch.no_grad():
             logits[on] = [model(ids[:, :5], caches=caches).logits]
             logits[on] += [model(ids[:, t:t + 1], caches=caches).logits for t in (5, 6)]
-    assert len(launches) == 2 * SMALL["n_layers"]
+    assert not launches
     for got, want in zip(logits[True], logits[False]):
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        assert torch.equal(got, want)

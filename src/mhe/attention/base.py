@@ -148,32 +148,42 @@ class Attention(nn.Module):
         return (kv_cache.ROTARY_WRITE and self.rotary is not None and isinstance(cache, KVCache)
                 and x.shape[1] == 1 and self.keys_rotate_last)
 
-    def _steps_rotate_together(self) -> bool:
-        """Whether :meth:`_self_projections` with no positions gives this sublayer's queries (or the
-        shared query of a :class:`~mhe.attention.kernels.FactoredQuery`) and keys as they are just
-        before their rotation, the last thing done to them, so that one kernel may rotate both
-        (:meth:`_rotated_step`). No by default; the grouped-query family and MHE's fast path say yes."""
-        return False
+    def _step_product(self, x: torch.Tensor) -> tuple[torch.Tensor, int, int] | None:
+        """A decode step's fused Q/K/V product ``[B, 1, (h + 2 g) d]`` with its ``h`` query (or
+        shared-query) and ``g`` K/V heads, whose split (``rotary_write.split_product``) gives this
+        sublayer's queries and keys as they are just before their rotation, the last thing done to
+        them, so that one kernel may rotate both (:meth:`_rotated_step`); None where the sublayer's
+        projections are not one product or something follows the rotation. None by default; the
+        grouped-query family's and MHE's fast path's fused views give theirs."""
+        return None
+
+    def _step_query(self, q: torch.Tensor):
+        """The rotated queries of :meth:`_step_product` as the attention kernel takes them (MHE: a
+        :class:`~mhe.attention.kernels.FactoredQuery` of its shared query)."""
+        return q
 
     def _rotated_step(self, x: torch.Tensor, positions: torch.Tensor | None, cache):
         """With :data:`~mhe.attention.kv_cache.ROTARY_STEP`, a one-token step under rotary positions
-        with a cache: the queries, keys and values made unrotated, then the queries and keys
-        rotated and the keys stacked with the values by one kernel (``rotary_write.rotate_step``;
-        where it does not run, by the embedding and ``torch.stack``, with the same numbers): the
-        queries and the stack the cache writes. None where this sublayer does not step so."""
+        with a cache: the fused Q/K/V product made, then its queries and keys rotated and its keys
+        stacked with its values by one kernel (``rotary_write.rotate_step``; where it does not run,
+        by the embedding and ``torch.stack``, with the same numbers): the queries and the stack the
+        cache writes. None where this sublayer does not step so."""
         if not (kv_cache.ROTARY_STEP and self.rotary is not None and isinstance(cache, KVCache)
-                and positions is not None and x.shape[1] == 1 and self._steps_rotate_together()):
+                and positions is not None and x.shape[1] == 1):
+            return None
+        product = self._step_product(x)
+        if product is None:
             return None
         from mhe.attention import rotary_write  # Triton's kernel: loaded only where a step uses it
 
-        q, k, v = self._self_projections(x, None)  # none rotated: [B, n, 1, d] or a FactoredQuery, 2 x [B, g, 1, d]
-        shared = q.shared if isinstance(q, kernels.FactoredQuery) else q
+        qkv, heads, kv_heads = product
         positions = positions.reshape(-1, 1).expand(x.shape[0], 1)  # [B, 1] from [B, 1], [1, 1] or [1]
-        if rotary_write.step_fast_path(shared, k, v, positions):
-            shared, stacked = rotary_write.rotate_step(shared, k, v, self.rotary, positions)
+        if rotary_write.step_fast_path(qkv, heads, kv_heads, positions):
+            q, stacked = rotary_write.rotate_step(qkv, heads, kv_heads, self.rotary, positions)
         else:
-            shared, stacked = self.rotary(shared, positions), torch.stack((self.rotary(k, positions), v))
-        return (q._replace(shared=shared) if isinstance(q, kernels.FactoredQuery) else shared), stacked
+            q, k, v = rotary_write.split_product(qkv, heads, kv_heads)
+            q, stacked = self.rotary(q, positions), torch.stack((self.rotary(k, positions), v))
+        return self._step_query(q), stacked
 
     def projections_to_fuse(self) -> tuple[nn.Linear, ...] | None:
         """The projections of x whose stacked weights give ``_self_projections`` in one product

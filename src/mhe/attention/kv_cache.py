@@ -29,9 +29,10 @@ in one kernel
 (:meth:`KVCache.write_stacked`): one kernel a layer where inductor launches two or three (GQA's
 queries and keys have different widths, so inductor rotates them apart). Off: on an H200 at
 batch 1 every kind launched 371 kernels a token with it (GQA 341 without, MHA and MHE-Mul 311)
-and was 7-12% slower, since inductor copies the fused product's query, key and value views into
+and was 7-12% slower, since inductor copied the fused product's query, key and value views into
 buffers of their own before the opaque operator (``decode.py tuning --rotations separate,kernel``,
-``decode.py step-code --rotary-step``; docs/benchmarks.md, "The rotating step")."""
+``decode.py step-code --rotary-step``; docs/benchmarks.md, "The rotating step"). The operator now
+takes the product whole (the sublayer's ``_step_product``); that form is not measured yet."""
 
 SEPARATE_WRITES = False
 """Whether a step writes its keys and values into the cache as two writes (else one write of the

@@ -147,11 +147,19 @@ class _MHEBase(Attention):
         """The literal form under ``rope-then-psi`` embeds its keys after rotating them."""
         return not (self.literal and self.cfg.options.rope_order == "rope-then-psi")
 
-    def _steps_rotate_together(self) -> bool:
+    def _step_product(self, x):
         """In a fused view decoding (the fast path under rotary positions, no autograd) the shared
         query and key are rotated last and the heads' factors come after, in the attention kernel
-        (a :class:`FactoredQuery`); the literal form and the model itself make their heads first."""
-        return fused_projection(self) is not None and not self.literal and not torch.is_grad_enabled()
+        (:meth:`_step_query`); the literal form and the model itself make their heads first."""
+        fused = fused_projection(self)
+        if fused is None or self.literal or torch.is_grad_enabled():
+            return None
+        return fused(x), 1, 1  # [B, 1, 3d]: the shared query, key and value
+
+    def _step_query(self, q):
+        kept = fused_factors(self)
+        factors = self._query_factors() if kept is None else kept
+        return FactoredQuery(q, factors, add=not self.multiplicative)
 
     def _self_projections(self, x, positions, *, rotate_keys=True):
         fused = fused_projection(self)

@@ -58,10 +58,11 @@ class GroupedQueryAttention(Attention):
     def _output(self, h):
         return self.out_proj(self._merge_heads(h))  # [B, T, m]
 
-    def _steps_rotate_together(self) -> bool:
-        """Yes: every kind of the family rotates its queries and keys last (SKV's keys are its values
-        rotated, EL-att's the input rotated)."""
-        return True
+    def _step_product(self, x):
+        """The fused view's product (MHA, GQA, MQA; SKV and EL-att make theirs otherwise): its
+        queries and keys are rotated last."""
+        fused = fused_projection(self)
+        return None if fused is None else (fused(x), self.cfg.n_heads, self.n_kv_heads)
 
     def projections_to_fuse(self):
         own = type(self)._queries is GroupedQueryAttention._queries and \

@@ -23,7 +23,10 @@ rotate elsewhere rotates with the embedding and writes as before
 :func:`rotate_step` is the other way to the same end, for a whole step's attention input: the
 queries' rotation, the keys' rotation and the stack of keys and values that the cache writes, in
 one kernel that mutates nothing (``mhe::rotary_step``), so inductor's ``index_copy_`` of its stack
-is the step's only other launch there. Inductor fuses pointwise work over one iteration space, so
+is the step's only other launch there. It takes the fused Q/K/V product whole: an earlier form
+took its three views, and inductor copied each into a buffer of its own first (three kernels a
+layer on an H200; docs/benchmarks.md, "The rotating step adds kernels"). Whether inductor hands
+the product over as it is, ``decode.py step-code --rotary-step`` shows on a card. Inductor fuses pointwise work over one iteration space, so
 it rotates queries and keys in one kernel only where they have as many elements (MHA, not GQA:
 docs/benchmarks.md, "Why GQA launches one kernel a layer more"). Whether steps use it is
 :data:`mhe.attention.kv_cache.ROTARY_STEP`.
@@ -171,17 +174,24 @@ def write(kv: torch.Tensor, index: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         launch(kv, index, k, v, cos, sin, positions)
 
 
-def step_fast_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> bool:
-    """Whether :func:`rotate_step` runs its kernel: one new position, queries, keys and values of one
-    dtype that Triton takes, values of the keys' shape, unit strides along the head, a ``[B, 1]``
-    positions tensor, no autograd, on a card that takes Triton's kernels or in its interpreter."""
-    here = (k.is_cuda and _flash_capable(k.device.index or 0)) or (k.device.type == "cpu" and interpreting())
-    return (triton is not None and here and k.dtype in DTYPES and q.dtype == k.dtype == v.dtype
-            and q.dim() == k.dim() == 4 and v.shape == k.shape and q.shape[0] == k.shape[0]
-            and q.shape[2] == k.shape[2] == 1
-            and q.shape[3] == k.shape[3] and positions.dim() == 2 and positions.shape == (k.shape[0], 1)
-            and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
+def split_product(qkv: torch.Tensor, heads: int, kv_heads: int) -> tuple[torch.Tensor, ...]:
+    """The queries ``[B, heads, T, d]``, keys and values ``2 x [B, kv_heads, T, d]`` of a fused Q/K/V
+    product ``[B, T, (heads + 2 kv_heads) d]``, as views (the sublayers' own split and head layout)."""
+    b, t, width = qkv.shape
+    d = width // (heads + 2 * kv_heads)
+    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], -1)
+    return tuple(part.view(b, t, n, d).transpose(1, 2) for part, n in ((q, heads), (k, kv_heads), (v, kv_heads)))
+
+
+def step_fast_path(qkv: torch.Tensor, heads: int, kv_heads: int, positions: torch.Tensor) -> bool:
+    """Whether :func:`rotate_step` runs its kernel: a product ``[B, 1, (heads + 2 kv_heads) d]`` of one
+    new position in a dtype Triton takes, unit stride along it, a ``[B, 1]`` positions tensor, no
+    autograd, on a card that takes Triton's kernels or in its interpreter."""
+    here = (qkv.is_cuda and _flash_capable(qkv.device.index or 0)) or (qkv.device.type == "cpu" and interpreting())
+    return (triton is not None and here and qkv.dtype in DTYPES and qkv.dim() == 3 and qkv.shape[1] == 1
+            and qkv.shape[2] % (heads + 2 * kv_heads) == 0 and qkv.stride(-1) == 1
+            and positions.dim() == 2 and positions.shape == (qkv.shape[0], 1)
+            and not (torch.is_grad_enabled() and qkv.requires_grad))
 
 
 def launch_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -204,23 +214,26 @@ def launch_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Te
 
 
 @torch.library.custom_op("mhe::rotary_step", mutates_args=())
-def rotary_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def rotary_step(qkv: torch.Tensor, heads: int, kv_heads: int, cos: torch.Tensor, sin: torch.Tensor,
                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`launch_step` as one operator that ``torch.compile`` keeps whole."""
-    return launch_step(q, k, v, cos, sin, positions)
+    """:func:`launch_step` on the fused product's views, as one operator that ``torch.compile``
+    keeps whole. It takes the product itself, not its views, which inductor copied before an
+    earlier form of it (see the module docstring)."""
+    return launch_step(*split_product(qkv, heads, kv_heads), cos, sin, positions)
 
 
 @rotary_step.register_fake
-def _(q, k, v, cos, sin, positions):
-    b, n, _, d = q.shape
-    return q.new_empty(b, n, 1, d), k.new_empty(2, b, k.shape[1], 1, d)
+def _(qkv, heads, kv_heads, cos, sin, positions):
+    b, d = qkv.shape[0], qkv.shape[2] // (heads + 2 * kv_heads)
+    return qkv.new_empty(b, heads, 1, d), qkv.new_empty(2, b, kv_heads, 1, d)
 
 
-def rotate_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary,
+def rotate_step(qkv: torch.Tensor, heads: int, kv_heads: int, rotary,
                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rotary(q, positions)`` and ``stack((rotary(k, positions), v))`` in one kernel
+    """For a fused product ``qkv`` of ``heads`` query and ``kv_heads`` K/V heads (:func:`split_product`),
+    ``rotary(q, positions)`` and ``stack((rotary(k, positions), v))`` in one kernel
     (:func:`step_fast_path` must hold): the step's queries and what its cache writes."""
-    cos, sin = rotary.table(k.device)
+    cos, sin = rotary.table(qkv.device)
     if torch.compiler.is_compiling():
-        return torch.ops.mhe.rotary_step(q, k, v, cos, sin, positions)
-    return launch_step(q, k, v, cos, sin, positions)
+        return torch.ops.mhe.rotary_step(qkv, heads, kv_heads, cos, sin, positions)
+    return launch_step(*split_product(qkv, heads, kv_heads), cos, sin, positions)
