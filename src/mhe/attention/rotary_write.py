@@ -23,13 +23,13 @@ rotate elsewhere rotates with the embedding and writes as before
 :func:`rotate_step` is the other way to the same end, for a whole step's attention input: the
 queries' rotation, the keys' rotation and the stack of keys and values that the cache writes, in
 one kernel that mutates nothing (``mhe::rotary_step``), so inductor's ``index_copy_`` of its stack
-is the step's only other launch there. It takes the fused Q/K/V product whole: an earlier form
-took its three views, and inductor copied each into a buffer of its own first (three kernels a
-layer on an H200; docs/benchmarks.md, "The rotating step adds kernels"). Whether inductor hands
-the product over as it is, ``decode.py step-code --rotary-step`` shows on a card. Inductor fuses pointwise work over one iteration space, so
-it rotates queries and keys in one kernel only where they have as many elements (MHA, not GQA:
-docs/benchmarks.md, "Why GQA launches one kernel a layer more"). Whether steps use it is
-:data:`mhe.attention.kv_cache.ROTARY_STEP`.
+is the step's only other launch there. Inductor fuses pointwise work over one iteration space,
+so it rotates queries and keys in one kernel only where they have as many elements (MHA, not
+GQA: docs/benchmarks.md, "Why GQA launches one kernel a layer more"). The operator takes the
+fused Q/K/V product whole: an earlier form took its three views, and inductor copied each into a
+buffer of its own first (three kernels a layer on an H200; docs/benchmarks.md, "The rotating step
+adds kernels"); whether inductor hands the product over as it is, ``decode.py step-code
+--rotary-step`` shows on a card. Whether steps use it is :data:`mhe.attention.kv_cache.ROTARY_STEP`.
 """
 
 from __future__ import annotations
