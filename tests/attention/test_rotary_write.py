@@ -94,9 +94,9 @@ def test_generation_through_the_kernel_equals_the_unfused_path(interpret, switch
                                                                 monkeypatch):
     """``model.generate`` on a Llama-style decoder in float64, ragged left-padded prompts: with
     ``ROTARY_WRITE`` every decode step's keys go through the rotating write where the kind rotates
-    its keys last, with ``ROTARY_STEP`` every step of the grouped-query family and of MHE's fast
-    path through the rotating step (2 layers x 4 steps), and the logits equal the unfused path's to
-    1e-12."""
+    its keys last, with ``ROTARY_STEP`` every step of MHA, GQA, MQA and MHE's fast path (a fused
+    Q/K/V product) through the rotating step (2 layers x 4 steps), and the logits equal the unfused
+    path's to 1e-12."""
     torch.manual_seed(0)
     model = build_model("llama-tiny", attention=kind, attn_options=opts or None, **SMALL).double().eval()
     ids = torch.randint(3, 99, (3, 7))
@@ -201,21 +201,39 @@ def test_the_step_kernel_rotates_queries_and_keys_and_stacks_the_values(interpre
     assert got_q.is_contiguous() and got_kv.shape == (2, 3, g, 1, 16) and torch.equal(got_kv[1], v)
 
 
-def test_the_product_splits_as_the_sublayers_split_it():
-    """``split_product`` gives the fused view's own queries, keys and values (GQA's split and heads)."""
-    torch.manual_seed(5)
-    model = build_model("llama-tiny", attention="gqa", attn_options={"n_kv_heads": 2}, **SMALL).eval()
+@pytest.mark.parametrize("kind,opts,heads,kv_heads", [("mha", {}, 4, 4), ("gqa", {"n_kv_heads": 2}, 4, 2),
+                                                       ("mqa", {}, 4, 1), ("mhe-mul", {}, 1, 1)])
+def test_the_product_splits_as_the_sublayers_split_it(kind, opts, heads, kv_heads):
+    """``split_product`` of a fused view's ``_step_product`` gives the view's own unrotated queries
+    (MHE: its shared query), keys and values, as its split and heads make them."""
+    from mhe.attention import kernels
     from mhe.attention.base import attention_sublayers
-    from mhe.attention.fused_projections import fuse_projections, fused_projection
+    from mhe.attention.fused_projections import fuse_projections
 
+    torch.manual_seed(5)
+    model = build_model("llama-tiny", attention=kind, attn_options=opts or None, **SMALL).eval()
     attn = attention_sublayers(fuse_projections(model))[0]
     x = torch.randn(2, 1, SMALL["d_model"])
     with torch.no_grad():
-        qkv, heads, kv_heads = attn._step_product(x)
-        assert qkv.shape == (2, 1, (4 + 2 * 2) * 8) and (heads, kv_heads) == (4, 2)
-        for got, want in zip(rotary_write.split_product(qkv, heads, kv_heads), attn._self_projections(x, None)):
-            assert torch.equal(got, want)
-    assert fused_projection(attn) is not None
+        qkv, h, g = attn._step_product(x)
+        want = list(attn._self_projections(x, None))
+    if isinstance(want[0], kernels.FactoredQuery):
+        want[0] = want[0].shared
+    assert (h, g) == (heads, kv_heads) and qkv.shape == (2, 1, (heads + 2 * kv_heads) * 8)
+    for got, made in zip(rotary_write.split_product(qkv, h, g), want):
+        assert torch.equal(got, made)
+
+
+def test_the_step_refuses_what_its_kernel_does_not_take(interpret):
+    """Two new positions, positions of another shape, a product whose width is no multiple of its
+    heads, or one that records autograd: the step rotates with the embedding instead."""
+    qkv = torch.randn(2, 1, (4 + 2 * 2) * 8)
+    pos = torch.zeros(2, 1, dtype=torch.long)
+    assert rotary_write.step_fast_path(qkv, 4, 2, pos)
+    assert not rotary_write.step_fast_path(torch.randn(2, 2, (4 + 2 * 2) * 8), 4, 2, pos)
+    assert not rotary_write.step_fast_path(qkv, 4, 2, pos[:, 0])
+    assert not rotary_write.step_fast_path(qkv[..., :-1], 4, 2, pos)
+    assert not rotary_write.step_fast_path(qkv.clone().requires_grad_(), 4, 2, pos)
 
 
 def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch):
@@ -229,8 +247,11 @@ def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch
     assert not rotary_write.step_fast_path(qkv, 4, 2, torch.zeros(2, 1, dtype=torch.long))
     monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the default path, whatever the default
     want, lw = model.generate(ids, 4, session=model.generator(2, 12), return_logits=True)
+    splits, split = [], rotary_write.split_product
+    monkeypatch.setattr(rotary_write, "split_product", lambda *a: splits.append(1) or split(*a))
     monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
     got, lg = model.generate(ids, 4, session=model.generator(2, 12), return_logits=True)
+    assert len(splits) == SMALL["n_layers"] * 3  # every decode step took the rotating step's fallback
     assert torch.equal(lg, lw) and torch.equal(got, want)
 
 

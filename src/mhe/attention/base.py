@@ -154,7 +154,7 @@ class Attention(nn.Module):
         sublayer's queries and keys as they are just before their rotation, the last thing done to
         them, so that one kernel may rotate both (:meth:`_rotated_step`); None where the sublayer's
         projections are not one product or something follows the rotation. None by default; the
-        grouped-query family's and MHE's fast path's fused views give theirs."""
+        fused views of MHA, GQA, MQA and of MHE's fast path give theirs."""
         return None
 
     def _step_query(self, q: torch.Tensor):

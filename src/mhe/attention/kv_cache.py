@@ -22,10 +22,9 @@ and the stack around the opaque call (docs/benchmarks.md, "Kernels a layer")."""
 
 
 ROTARY_STEP = False
-"""Whether a decode step of the grouped-query family (MHA, GQA, MQA, SKV, EL-att) and of MHE's
-fast path under rotary positions rotates its queries and keys and stacks its keys with its values
-in one kernel
-(:func:`mhe.attention.rotary_write.rotate_step`), the cache then writing the stack as it is
+"""Whether a decode step in a fused view (a session's) of MHA, GQA, MQA and of MHE's fast path
+under rotary positions rotates its queries and keys and stacks its keys with its values in one
+kernel (:func:`mhe.attention.rotary_write.rotate_step`), the cache then writing the stack as it is
 (:meth:`KVCache.write_stacked`): one kernel a layer where inductor launches two or three (GQA's
 queries and keys have different widths, so inductor rotates them apart). Off: on an H200 at
 batch 1 every kind launched 371 kernels a token with it (GQA 341 without, MHA and MHE-Mul 311)
