@@ -1,7 +1,7 @@
 """What each kernel of a compiled decode step computes: inductor's generated code, read back (issue 62).
 
     python benchmarks/decode.py step-code --preset llama-135m --kinds gqa,mha,mhe-mul --layers 2 \
-        [--batch 1] [--context 512] [--rotary-write] [--rotary-step] [--out DIR] [--json FILE]
+        [--batch 1] [--context 512] [--rotary-step] [--out DIR] [--json FILE]
     python benchmarks/decode.py step-code --smoke        # llama-tiny on a CPU (the C++ backend)
 
 ``census`` and ``profile`` name a step's kernels as the profiler sees them; inductor names a fused
@@ -110,7 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=2, help="the model cut to this many layers")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512, help="the cache's positions (the prompt: half)")
-    ap.add_argument("--rotary-write", action="store_true", help="with kv_cache.ROTARY_WRITE on")
     ap.add_argument("--rotary-step", action="store_true", help="with kv_cache.ROTARY_STEP on")
     ap.add_argument("--out", default="", help="a folder for each graph's whole code")
     ap.add_argument("--json", default="")
@@ -119,8 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.layers < 1 or a.batch < 1 or a.context < 5:
         ap.error(f"--layers and --batch must be at least 1 and --context at least 5: a prompt of half of it "
                  f"and 3 new tokens (got {a.layers}, {a.batch}, {a.context})")
-    if a.rotary_write and a.rotary_step:
-        ap.error("--rotary-write and --rotary-step: one at a time (with both, the rotating write takes the keys)")
     from mhe.attention import kv_cache
     from mhe.models import build_model
 
@@ -133,12 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(0)
         model = build_model(preset, attention=kind, attn_options=opts, n_layers=a.layers, max_len=a.context,
                             dropout=0.0, attn_dropout=0.0).to(dev, dtype).eval()
-        was = kv_cache.ROTARY_WRITE, kv_cache.ROTARY_STEP
-        kv_cache.ROTARY_WRITE, kv_cache.ROTARY_STEP = a.rotary_write, a.rotary_step
+        was = kv_cache.ROTARY_STEP
+        kv_cache.ROTARY_STEP = a.rotary_step
         try:
             codes = step_graphs(model, a.batch, a.context, dev)
         finally:
-            kv_cache.ROTARY_WRITE, kv_cache.ROTARY_STEP = was
+            kv_cache.ROTARY_STEP = was
         graphs = [launches(code) for code in codes]
         print_graphs(kind, a.layers, graphs)
         rows[kind] = graphs
@@ -148,10 +145,10 @@ def main(argv: list[str] | None = None) -> int:
                 (Path(a.out) / f"{kind}-{i}.py").write_text(code)
     card = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     print(f"device: {card}; torch {torch.__version__}; {preset} cut to {a.layers} layers, batch {a.batch}, "
-          f"context {a.context}" + (", rotary write" if a.rotary_write else "")
+          f"context {a.context}"
           + (", rotary step" if a.rotary_step else ""))
     if a.json:
         Path(a.json).write_text(json.dumps({"device": card, "preset": preset, "layers": a.layers,
-                                            "rotary_write": a.rotary_write, "rotary_step": a.rotary_step,
+                                            "rotary_step": a.rotary_step,
                                             "kinds": rows}, indent=1))
     return 0

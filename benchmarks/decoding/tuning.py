@@ -2,8 +2,7 @@
 and what does each way of tuning cost a token (issue 62's batch-1 spread)?
 
     python benchmarks/decode.py tuning --preset llama-135m --kinds mha,gqa,mhe-mul \
-        --tunings default,event-clock,off [--kernels auto,sdpa,split-k-decode] [--rotations separate,joint,kernel]
-        [--cache-writes stacked,separate]
+        --tunings default,event-clock,off [--kernels auto,sdpa,split-k-decode] [--rotations separate,kernel]
         --repeats 2 [--top 4]
         [--tuner-log FILE] [--json FILE]
     python benchmarks/decode.py tuning --smoke          # the tool's plumbing on a CPU (tiny sizes)
@@ -25,12 +24,11 @@ time a token and the costliest kernels, then the card; ``--tuner-log`` keeps coo
 descent's own log (each kernel's candidates and pick). ``--repeats`` compiles each (kind,
 tuning, kernel) that many times, in turn, so that a pick that varies shows as rows that differ;
 ``--kernels`` gives each row the decode kernel named (``auto``: the session's own choice);
-``--rotations separate,joint,kernel`` a row with the queries and keys rotated each on its own
-(the default), one with them rotated as one tensor (``multi_head.JOINT_ROTATION``) and one with
-them rotated, and the keys stacked with the values, by one kernel of mhe's
+``--rotations separate,kernel`` a row with the queries and keys rotated each on its own (the
+default) and one with them rotated, and the keys stacked with the values, by one kernel of mhe's
 (``kv_cache.ROTARY_STEP``): GQA's extra kernel a layer at batch 1 is its queries' rotation apart
-from its keys'; ``--cache-writes stacked,separate`` a row with the step's keys and values written
-into the cache as one stacked tensor and one with two writes (``kv_cache.SEPARATE_WRITES``).
+from its keys'. (Two more levers measured here and removed since, the queries and keys rotated as
+one tensor and the keys and values written apart, are in docs/benchmarks.md with their rows.)
 """
 
 from __future__ import annotations
@@ -45,14 +43,13 @@ from pathlib import Path
 import torch
 
 from decoding import rows as decode_rows
-from mhe.attention import kv_cache, multi_head
+from mhe.attention import kv_cache
 from mhe.attention.kernels import check_kernel
 from mhe.errors import MheError
 from mhe.generation import step as step_module
 
 TUNINGS = ("default", "event-clock", "off")
-ROTATIONS = ("separate", "joint", "kernel")
-WRITES = ("stacked", "separate")
+ROTATIONS = ("separate", "kernel")
 TUNER_LOGGER = "torch._inductor.runtime.coordinate_descent_tuner"
 
 
@@ -79,20 +76,10 @@ def switched(module, name: str, on: bool):
         setattr(module, name, was)
 
 
-def joint_rotation(on: bool):
-    """The fused projection's queries and keys rotated as one tensor (``multi_head.JOINT_ROTATION``)."""
-    return switched(multi_head, "JOINT_ROTATION", on)
-
-
 def rotating_step(on: bool):
     """A step's queries and keys rotated and its keys and values stacked by one kernel
     (``kv_cache.ROTARY_STEP``)."""
     return switched(kv_cache, "ROTARY_STEP", on)
-
-
-def separate_writes(on: bool):
-    """A step's keys and values written into the cache by two writes (``kv_cache.SEPARATE_WRITES``)."""
-    return switched(kv_cache, "SEPARATE_WRITES", on)
 
 
 def compile_options(tuning: str, dev: torch.device) -> dict | None:
@@ -130,7 +117,6 @@ def keep_tuner_log(path: str) -> None:
 
 def print_row(row: dict) -> None:
     print(f"{row['kind']:8s} {row['tuning']:9s} {row['kernel']:14s} {row.get('rotation', 'separate'):8s} "
-          f"{row.get('writes', 'stacked'):8s} "
           f"#{row['repeat']}: {row['ms_a_token']:.4f} ms a "
           f"token, decode step "
           f"{row['decode_ms_a_step']:.4f} ms, first call {row['first_call_s']:.1f} s, "
@@ -148,12 +134,11 @@ def measure(a, tunings: list[str], dev: torch.device, context: int, keep=lambda 
         model = decode_rows.build(a.preset, kind, context, dev, dtype, a.smoke)
         ids, mask = decode_rows.prompts(model, 1, context // 2, dev)
         for repeat in range(a.repeats):
-            for tuning, kernel, rotation, writes in itertools.product(
-                    tunings, a.kernels.split(","), a.rotations.split(","), a.cache_writes.split(",")):
-                with joint_rotation(rotation == "joint"), rotating_step(rotation == "kernel"), \
-                        separate_writes(writes == "separate"):
+            for tuning, kernel, rotation in itertools.product(tunings, a.kernels.split(","),
+                                                              a.rotations.split(",")):
+                with rotating_step(rotation == "kernel"):
                     timed = one_row(model, ids, mask, dev, tuning, context // 2, a.reps, a.top, kernel)
-                row = {"kind": kind, "tuning": tuning, "kernel": kernel, "rotation": rotation, "writes": writes,
+                row = {"kind": kind, "tuning": tuning, "kernel": kernel, "rotation": rotation,
                        "repeat": repeat, **timed}
                 print_row(row)
                 rows.append(row)
@@ -169,13 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="mha,gqa,mhe-mul")
     ap.add_argument("--tunings", default="default,event-clock,off", help=f"comma-separated, of {', '.join(TUNINGS)}")
     ap.add_argument("--kernels", default="auto", help="comma-separated decode kernels (auto: the session's choice)")
-    ap.add_argument("--rotations", default="separate", help="comma-separated, of separate, joint and kernel: the "
-                                                             "queries' and keys' rotation (multi_head.JOINT_ROTATION; "
-                                                             "kernel: kv_cache.ROTARY_STEP)")
-    ap.add_argument("--cache-writes", default="stacked", help="comma-separated, of stacked and separate: "
-                                                                "the step's cache writes (kv_cache.SEPARATE_WRITES)")
+    ap.add_argument("--rotations", default="separate", help="comma-separated, of separate and kernel: the "
+                                                             "queries' and keys' rotation (kernel: kv_cache.ROTARY_STEP)")
     ap.add_argument("--repeats", type=int, default=2,
-                    help="fresh compiles of each (kind, tuning, kernel, rotation, writes), in turn")
+                    help="fresh compiles of each (kind, tuning, kernel, rotation), in turn")
     ap.add_argument("--context", type=int, default=512, help="prompt + new tokens (half each)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls a row after the first")
     ap.add_argument("--top", type=int, default=4, help="the costliest kernels listed a row")
@@ -188,10 +170,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--tunings: {bad[0]!r} is not one of {', '.join(TUNINGS)}")
     if bad := [r for r in a.rotations.split(",") if r not in ROTATIONS]:
         ap.error(f"--rotations: {bad[0]!r} is not one of {', '.join(ROTATIONS)}")
-    if bad := [w for w in a.cache_writes.split(",") if w not in WRITES]:
-        ap.error(f"--cache-writes: {bad[0]!r} is not one of {', '.join(WRITES)}")
-    if "kernel" in a.rotations.split(",") and "separate" in a.cache_writes.split(","):
-        ap.error("--rotations kernel with --cache-writes separate: the rotating step writes its stack either way")
     for kernel in a.kernels.split(","):
         if kernel != "auto":
             try:

@@ -256,36 +256,3 @@ def test_kept_tensors_are_exact_whatever_the_first_call_ran_under(kind):
     got = model.generate(ids, 4, session=session, return_logits=True, return_dict=True).logits
     want = model.generate(ids, 4, session=model.generator(1, 12), return_logits=True, return_dict=True).logits
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize("kind", ["mha", "gqa", "mqa"])
-def test_joint_rotation_of_queries_and_keys_changes_no_number(kind, monkeypatch):
-    """``multi_head.JOINT_ROTATION``: the fused projection's queries and keys rotated as one tensor
-    of n + g heads, then split. float64 under rotary positions: the prompt and two cached steps
-    equal the model's own to 1e-12, and ``generate`` over ragged left-padded prompts gives the
-    separate rotations' logits bit for bit, with one rotation a layer instead of two."""
-    from mhe.attention import multi_head
-    from mhe.attention.rotary import RotaryEmbedding
-
-    torch.manual_seed(0)
-    model = small("llama-tiny", kind)
-    ids = torch.randint(3, 99, (2, 9))
-    mask = torch.ones_like(ids)
-    mask[1, :4] = 0
-    calls = []
-    rotate = RotaryEmbedding.forward
-    monkeypatch.setattr(RotaryEmbedding, "forward", lambda self, x, p: calls.append(x.shape[1]) or rotate(self, x, p))
-    monkeypatch.setattr(multi_head, "JOINT_ROTATION", False)  # the separate rotations, whatever the default
-    want, lw = model.generate(ids, 3, attention_mask=mask, step_mode="eager", return_logits=True)
-    separate = len(calls)
-    monkeypatch.setattr(multi_head, "JOINT_ROTATION", True)
-    calls.clear()
-    got, lg = model.generate(ids, 3, attention_mask=mask, step_mode="eager", return_logits=True)
-    assert torch.equal(got, want) and torch.equal(lg, lw)
-    g = {"mha": 4, "gqa": 2, "mqa": 1}[kind]
-    assert separate == 2 * len(calls) and set(calls) == {SMALL["n_heads"] + g}  # one rotation of n + g heads
-    view = fused_view(model)
-    own, fused = model.new_caches(2, 12), view.new_caches(2, 12)
-    for part in (ids[:, :7], ids[:, 7:8], ids[:, 8:9]):
-        torch.testing.assert_close(view(part, caches=fused).logits, model(part, caches=own).logits,
-                                   rtol=0, atol=1e-12)

@@ -21,21 +21,22 @@ def test_a_kernels_row_runs_the_named_kernel_beside_the_policys(tmp_path):
         assert policy["kernel"] != "eager-one-token" and policy["ms_per_token"] > 0 < forced["ms_per_token"]
 
 
-def test_a_rotary_write_row_runs_the_cache_kernel_in_sessions_of_its_own(tmp_path, monkeypatch):
-    """``--rotary-write``: a row with ``kv_cache.ROTARY_WRITE`` on beside the default's (a rotary
+def test_a_rotary_step_row_runs_the_step_kernel_in_sessions_of_its_own(tmp_path, monkeypatch):
+    """``--rotary-step``: a row with ``kv_cache.ROTARY_STEP`` on beside the default's (a rotary
     preset, so the kernel runs: Triton's interpreter on a CPU), the switch put back afterwards."""
     import pytest
 
-    from mhe.attention import kv_cache, rotary_write, triton_decode
+    from mhe.attention import kv_cache, rotary_step, triton_decode
 
-    if rotary_write.triton is None or not triton_decode.interpreting():
+    if rotary_step.triton is None or not triton_decode.interpreting():
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
-    launches, launch = [], rotary_write.launch
-    monkeypatch.setattr(rotary_write, "launch", lambda *a: launches.append(1) or launch(*a))
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the default rows without it, whatever the default
+    launches, launch = [], rotary_step.launch_step
+    monkeypatch.setattr(rotary_step, "launch_step", lambda *a: launches.append(1) or launch(*a))
     speed.main([str(tmp_path), "--cpu-smoke", "--preset", "llama-135m", "--kinds", "gqa", "--modes", "",
-                "--rotary-write", "--sections", "table", "--no-peer", "--adapter-context", "0"])
+                "--rotary-step", "--sections", "table", "--no-peer", "--adapter-context", "0"])
     rows = [r for r in json.loads((tmp_path / "decode-speed.json").read_text())["rows"]
             if r.get("path") == "model.generate"]
-    assert [r["mode"].endswith("rotary write") for r in rows] == [False, True] * 3
-    assert launches and kv_cache.ROTARY_WRITE is False
+    assert [r["mode"].endswith("rotary step") for r in rows] == [False, True] * 3
+    assert launches and kv_cache.ROTARY_STEP is False
     assert all(r["ms_per_token"] > 0 for r in rows)

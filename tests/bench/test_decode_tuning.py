@@ -31,30 +31,28 @@ def test_the_event_clock_row_turns_the_kernel_time_clock_off_only_inside_the_blo
 
 
 def test_a_rotation_row_sets_its_switch_only_inside_the_block(tmp_path, monkeypatch):
-    """``--rotations separate,joint,kernel``: a row per rotation, the joint one computed with
-    ``multi_head.JOINT_ROTATION`` on, the kernel one with ``kv_cache.ROTARY_STEP`` on, each
-    switch as it was after it (also when a row fails)."""
-    from mhe.attention import kv_cache, multi_head
+    """``--rotations separate,kernel``: a row per rotation, the kernel one computed with
+    ``kv_cache.ROTARY_STEP`` on, the switch as it was after it (also when a row fails)."""
+    from mhe.attention import kv_cache
 
     seen = []
-    before = multi_head.JOINT_ROTATION, kv_cache.ROTARY_STEP
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # whatever the default
 
     def one_row(*args, **kw):
-        seen.append((multi_head.JOINT_ROTATION, kv_cache.ROTARY_STEP))
+        seen.append(kv_cache.ROTARY_STEP)
         return {"ms_a_token": 1.0, "decode_ms_a_step": 1.0, "first_call_s": 1.0, "kernels_per_token": 1,
                 "counted": "ops", "busy_us_per_token": 0.0}
     monkeypatch.setattr(tuning, "one_row", one_row)
     out = tmp_path / "rows.json"
-    assert tuning.main(["--smoke", "--kinds", "gqa", "--tunings", "default", "--rotations", "separate,joint,kernel",
+    assert tuning.main(["--smoke", "--kinds", "gqa", "--tunings", "default", "--rotations", "separate,kernel",
                         "--repeats", "1", "--json", str(out)]) == 0
-    assert seen == [(False, False), (True, False), (False, True)]
-    assert (multi_head.JOINT_ROTATION, kv_cache.ROTARY_STEP) == before
-    assert [r["rotation"] for r in json.loads(out.read_text())["rows"]] == ["separate", "joint", "kernel"]
-    with pytest.raises(RuntimeError), tuning.rotating_step(not before[1]):
+    assert seen == [False, True] and kv_cache.ROTARY_STEP is False
+    assert [r["rotation"] for r in json.loads(out.read_text())["rows"]] == ["separate", "kernel"]
+    with pytest.raises(RuntimeError), tuning.rotating_step(True):
         raise RuntimeError("a row that failed")
-    assert kv_cache.ROTARY_STEP is before[1]
+    assert kv_cache.ROTARY_STEP is False
     with pytest.raises(SystemExit):
-        tuning.main(["--smoke", "--rotations", "fused"])
+        tuning.main(["--smoke", "--rotations", "joint"])
 
 
 def test_tunings_map_to_the_step_s_compile_options():

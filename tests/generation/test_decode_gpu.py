@@ -164,28 +164,3 @@ def test_compiled_long_prefill_agrees_with_eager(kind, monkeypatch):
             torch.testing.assert_close(gl[:, 0], wl[:, 0], rtol=1e-5, atol=1e-5)
     assert sorted(fast.compiled_prefills.runners) == [(3, 100, False), (3, 100, True)]
     assert not any(r.fell_back for r in fast.compiled_prefills.runners.values())
-
-
-@cuda
-@pytest.mark.parametrize("kind,opts", [("gqa", {"n_kv_heads": 2}), ("mha", None)])
-def test_joint_rotation_compiled_step_equals_the_separate_one(kind, opts, monkeypatch):
-    """``multi_head.JOINT_ROTATION`` under rotary positions on the card: fp32 eager steps give the
-    separate rotations' tokens and logits within 1e-5 (the rotation is elementwise; the float64 CPU
-    test has them equal), and the compiled step with it chooses the eager tokens with logits within
-    1e-4, ragged prompts included."""
-    from mhe.attention import multi_head
-
-    torch.manual_seed(0)
-    model = build_model("llama-tiny", attention=kind, attn_options=opts, dropout=0.0, attn_dropout=0.0)
-    model = model.cuda().float().eval()
-    ids, mask = prompts()
-    monkeypatch.setattr(multi_head, "JOINT_ROTATION", False)  # the separate rotations, whatever the default
-    want, wl = model.generate(ids, 16, attention_mask=mask, step_mode="eager", return_logits=True)
-    monkeypatch.setattr(multi_head, "JOINT_ROTATION", True)
-    eager, el = model.generate(ids, 16, attention_mask=mask, step_mode="eager", return_logits=True)
-    assert torch.equal(eager, want)  # the query is a view of the n + g heads: a product may round otherwise
-    torch.testing.assert_close(el, wl, rtol=1e-5, atol=1e-5)
-    got, gl = model.generate(ids, 16, attention_mask=mask, session=model.generator(3, 30, step_mode="compile"),
-                             return_logits=True)
-    assert torch.equal(got, want)
-    torch.testing.assert_close(gl, wl, rtol=1e-4, atol=1e-4)

@@ -102,10 +102,7 @@ class Attention(nn.Module):
             mask = masks.sublayer_mask(x, mask, context=context, cache=cache, causal=self.cfg.causal,
                                        plan=plan or DecodePlan.of(self.cfg.kernel))
         if context is None:
-            if self._cache_rotates(x, cache):  # a decode step's keys rotated as the cache writes them
-                q, k, v = self._self_projections(x, positions, rotate_keys=False)
-                k, v = cache.update(k, v, rotary=self.rotary, positions=positions)
-            elif (rotated := self._rotated_step(x, positions, cache)) is not None:
+            if (rotated := self._rotated_step(x, positions, cache)) is not None:
                 q, stacked = rotated  # queries and keys rotated, keys and values stacked, in one kernel
                 k, v = cache.write_stacked(stacked)
             else:
@@ -129,28 +126,15 @@ class Attention(nn.Module):
         ``2 x [B, h_kv, S, d]`` (what a :class:`CrossCache` stores)."""
         return self._keys_values(context, None)
 
-    def _self_projections(self, x: torch.Tensor, positions: torch.Tensor | None, *, rotate_keys: bool = True):
+    def _self_projections(self, x: torch.Tensor, positions: torch.Tensor | None):
         """Self-attention's queries ``[B, h_q, T, d]``, keys and values ``2 x [B, h_kv, T, d]``
         (one matrix product for all three once :func:`~mhe.attention.fused_projections.fuse_projections`
-        gave the sublayer a ``fused_proj``); ``rotate_keys=False``: the keys before their rotation
-        (for a cache that rotates them as it writes, :meth:`_cache_rotates`)."""
-        return (self._queries(x, positions), *self._keys_values(x, positions if rotate_keys else None))
-
-    @property
-    def keys_rotate_last(self) -> bool:
-        """The rotary embedding is the last thing :meth:`_keys_values` does to the keys, so the
-        cache may apply it (every kind but literal MHE that rotates before its head embeddings)."""
-        return True
-
-    def _cache_rotates(self, x: torch.Tensor, cache) -> bool:
-        """Whether this forward hands its one new token's keys to ``cache`` unrotated
-        (:data:`mhe.attention.kv_cache.ROTARY_WRITE`: one kernel rotates and writes them)."""
-        return (kv_cache.ROTARY_WRITE and self.rotary is not None and isinstance(cache, KVCache)
-                and x.shape[1] == 1 and self.keys_rotate_last)
+        gave the sublayer a ``fused_proj``)."""
+        return (self._queries(x, positions), *self._keys_values(x, positions))
 
     def _step_product(self, x: torch.Tensor) -> tuple[torch.Tensor, int, int] | None:
         """A decode step's fused Q/K/V product ``[B, 1, (h + 2 g) d]`` with its ``h`` query (or
-        shared-query) and ``g`` K/V heads, whose split (``rotary_write.split_product``) gives this
+        shared-query) and ``g`` K/V heads, whose split (``rotary_step.split_product``) gives this
         sublayer's queries and keys as they are just before their rotation, the last thing done to
         them, so that one kernel may rotate both (:meth:`_rotated_step`); None where the sublayer's
         projections are not one product or something follows the rotation. None by default; the
@@ -165,7 +149,7 @@ class Attention(nn.Module):
     def _rotated_step(self, x: torch.Tensor, positions: torch.Tensor | None, cache):
         """With :data:`~mhe.attention.kv_cache.ROTARY_STEP`, a one-token step under rotary positions
         with a cache: the fused Q/K/V product made, then its queries and keys rotated and its keys
-        stacked with its values by one kernel (``rotary_write.rotate_step``; where it does not run,
+        stacked with its values by one kernel (``rotary_step.rotate_step``; where it does not run,
         by the embedding and ``torch.stack``, with the same numbers): the queries and the stack the
         cache writes. None where this sublayer does not step so."""
         if not (kv_cache.ROTARY_STEP and self.rotary is not None and isinstance(cache, KVCache)
@@ -174,14 +158,14 @@ class Attention(nn.Module):
         product = self._step_product(x)
         if product is None:
             return None
-        from mhe.attention import rotary_write  # Triton's kernel: loaded only where a step uses it
+        from mhe.attention import rotary_step  # Triton's kernel: loaded only where a step uses it
 
         qkv, heads, kv_heads = product
         positions = positions.reshape(-1, 1).expand(x.shape[0], 1)  # [B, 1] from [B, 1], [1, 1] or [1]
-        if rotary_write.step_fast_path(qkv, heads, kv_heads, positions):
-            q, stacked = rotary_write.rotate_step(qkv, heads, kv_heads, self.rotary, positions)
+        if rotary_step.step_fast_path(qkv, heads, kv_heads, positions):
+            q, stacked = rotary_step.rotate_step(qkv, heads, kv_heads, self.rotary, positions)
         else:
-            q, k, v = rotary_write.split_product(qkv, heads, kv_heads)
+            q, k, v = rotary_step.split_product(qkv, heads, kv_heads)
             q, stacked = self.rotary(q, positions), torch.stack((self.rotary(k, positions), v))
         return self._step_query(q), stacked
 

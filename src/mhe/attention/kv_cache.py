@@ -13,18 +13,10 @@ from mhe.compile_fallback import tracing
 from mhe.errors import MheError, require_positive
 
 
-ROTARY_WRITE = False
-"""Whether a self-attention sublayer under rotary positions hands a decode step's keys to its cache
-unrotated, for the cache to rotate them as it writes them (:mod:`mhe.attention.rotary_write`: one
-kernel where inductor launches two or three a layer). Off: timed on an H200 at batch 1 it made
-every kind's step 0.04-0.06 ms a token slower, since inductor still launches the query's rotary
-and the stack around the opaque call (docs/benchmarks.md, "Kernels a layer")."""
-
-
 ROTARY_STEP = False
 """Whether a decode step in a fused view (a session's) of MHA, GQA, MQA and of MHE's fast path
 under rotary positions rotates its queries and keys and stacks its keys with its values in one
-kernel (:func:`mhe.attention.rotary_write.rotate_step`), the cache then writing the stack as it is
+kernel (:func:`mhe.attention.rotary_step.rotate_step`), the cache then writing the stack as it is
 (:meth:`KVCache.write_stacked`): one kernel a layer where inductor launches two or three (GQA's
 queries and keys have different widths, so inductor rotates them apart). Off: on an H200 at
 batch 1 every kind launched 371 kernels a token with it (GQA 341 without, MHA and MHE-Mul 311)
@@ -32,14 +24,6 @@ and was 7-12% slower, since inductor copied the fused product's query, key and v
 buffers of their own before the opaque operator (``decode.py tuning --rotations separate,kernel``,
 ``decode.py step-code --rotary-step``; docs/benchmarks.md, "The rotating step"). The operator now
 takes the product whole (the sublayer's ``_step_product``); that form is not measured yet."""
-
-SEPARATE_WRITES = False
-"""Whether a step writes its keys and values into the cache as two writes (else one write of the
-two stacked). Tried in the hope that each write would take the kernel that makes its tensor; on an
-H200 inductor wrote each through a ``copy_`` and recomputed the rotation (431 kernels a token for
-GQA and MHA at batch 1, against 341 and 311, and 24-36% slower), so it is off (``decode.py tuning
---cache-writes stacked,separate``; docs/benchmarks.md, "The keys and values written apart is
-worse")."""
 
 
 class CachePosition(nn.Module):
@@ -100,26 +84,13 @@ class KVCache(nn.Module):
         """Bytes held by the key and value buffer."""
         return self.kv.numel() * self.kv.element_size()
 
-    def update(self, k: torch.Tensor, v: torch.Tensor, *, rotary=None,
-               positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k, v: [B, h_kv, T, d]`` at positions ``index .. index + T - 1`` (advancing
         ``index`` by T if this cache :attr:`advances` it) and return the whole buffers
-        ``[B, h_kv, L, d]``. With ``rotary`` (a :class:`~mhe.attention.rotary.RotaryEmbedding`),
-        ``k`` is not rotated yet: it is written as ``rotary(k, positions)``, by one kernel where
-        :func:`mhe.attention.rotary_write.fast_path` holds."""
+        ``[B, h_kv, L, d]``: one write of the two stacked (two writes, one a tensor, measured
+        slower on an H200: inductor wrote each through a ``copy_``; docs/benchmarks.md, "The keys
+        and values written apart is worse")."""
         self._check(k.shape)
-        if rotary is not None:
-            from mhe.attention import rotary_write  # Triton's kernel: loaded only where a cache rotates
-
-            if rotary_write.fast_path(self.kv, k, positions):
-                rotary_write.write(self.kv, self.index, k, v, rotary, positions)
-                return self._advance(k.shape[2])
-            k = rotary(k, positions)
-        if SEPARATE_WRITES:  # keys and values each written by the kernel that makes them
-            at = self._positions(k.shape[2], k.device)
-            self.k.index_copy_(2, at, k.to(self.kv.dtype))
-            self.v.index_copy_(2, at, v.to(self.kv.dtype))
-            return self._advance(k.shape[2])
         return self.write_stacked(torch.stack((k, v)))
 
     def write_stacked(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -142,11 +142,6 @@ class _MHEBase(Attention):
         under rotary positions, which folds them at every step: :meth:`folded_output`)."""
         return self.folded_output() if not self.literal and self.rotary is not None else None
 
-    @property
-    def keys_rotate_last(self) -> bool:
-        """The literal form under ``rope-then-psi`` embeds its keys after rotating them."""
-        return not (self.literal and self.cfg.options.rope_order == "rope-then-psi")
-
     def _step_product(self, x):
         """In a fused view decoding (the fast path under rotary positions, no autograd) the shared
         query and key are rotated last and the heads' factors come after, in the attention kernel
@@ -161,14 +156,14 @@ class _MHEBase(Attention):
         factors = self._query_factors() if kept is None else kept
         return FactoredQuery(q, factors, add=not self.multiplicative)
 
-    def _self_projections(self, x, positions, *, rotate_keys=True):
+    def _self_projections(self, x, positions):
         fused = fused_projection(self)
         if fused is None or self.literal:
-            return super()._self_projections(x, positions, rotate_keys=rotate_keys)
+            return super()._self_projections(x, positions)
         q, k, v = (t.unsqueeze(1) for t in fused(x).chunk(3, -1))  # 3 x [B, 1, T, d]: the shared heads
         kept = fused_factors(self)
         factors = self._query_factors() if kept is None else kept
-        q, k = self._rotate(q, positions), self._rotate(k, positions if rotate_keys else None)
+        q, k = self._rotate(q, positions), self._rotate(k, positions)
         if not torch.is_grad_enabled():  # a view decoding: the kernel may make the heads as it loads them
             return FactoredQuery(q, factors, add=not self.multiplicative), k, v
         return self._psi_factor(q, factors), k, v  # [B, n, T, d]

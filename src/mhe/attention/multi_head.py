@@ -9,17 +9,6 @@ from mhe.attention.fused_projections import fused_projection
 from mhe.attention.options import GroupedQueryOptions, default_kv_heads  # noqa: F401 (re-exported)
 
 
-JOINT_ROTATION = False
-"""Whether the fused projection's queries and keys are rotated as one tensor of ``n + g`` heads
-and split after (else each on its own). Every element is rotated alike (the rotation is
-elementwise, one position's angles for every head; float64 results are equal), though the
-products after it may round otherwise, the query being a view of the wider tensor. It was meant
-to give GQA's unequal query and key widths one rotation kernel a layer in a compiled step; on an
-H200 GQA launched as many kernels with it and was 0.5% slower, so it is off
-(docs/benchmarks.md, "The joint rotation does not remove GQA's extra kernel"); so is the rotating
-step built since (:data:`mhe.attention.kv_cache.ROTARY_STEP`)."""
-
-
 class GroupedQueryAttention(Attention):
     """Multi-head attention whose n query heads share g key/value heads, in groups of n/g.
 
@@ -69,18 +58,14 @@ class GroupedQueryAttention(Attention):
             type(self)._keys_values is GroupedQueryAttention._keys_values  # not SKV's, EL-att's
         return (self.q_proj, self.k_proj, self.v_proj) if own else None
 
-    def _self_projections(self, x, positions, *, rotate_keys=True):
+    def _self_projections(self, x, positions):
         fused = fused_projection(self)
         if fused is None:
-            return super()._self_projections(x, positions, rotate_keys=rotate_keys)
+            return super()._self_projections(x, positions)
         n, g, d = self.cfg.n_heads, self.n_kv_heads, self.cfg.head_dim
-        if JOINT_ROTATION and rotate_keys and self.rotary is not None and positions is not None:
-            qk, v = fused(x).split([(n + g) * d, g * d], -1)  # [B, T, (n+g)*d], [B, T, g*d]
-            q, k = self._rotate(self._split_heads(qk, n + g), positions).split([n, g], 1)
-            return q, k, self._split_heads(v, g)
         q, k, v = fused(x).split([n * d, g * d, g * d], -1)  # [B, T, n*d], 2 x [B, T, g*d]
         q, k = self._split_heads(q, n), self._split_heads(k, g)
-        return self._rotate(q, positions), self._rotate(k, positions if rotate_keys else None), self._split_heads(v, g)
+        return self._rotate(q, positions), self._rotate(k, positions), self._split_heads(v, g)
 
 
 class SharedKeyValueAttention(GroupedQueryAttention):

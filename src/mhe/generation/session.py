@@ -429,8 +429,7 @@ class Generator(DecodeSession):
             view = shared_copy(model) if view is model else view  # never the model itself (weak reference)
             return fuse_projections(view)  # one product for Q, K, V: two kernels fewer a layer
         self.plan = plan  # the steps capture it: a new plan is a new build key, so new steps
-        switches = (kv_cache.ROTARY_WRITE, kv_cache.ROTARY_STEP, kv_cache.SEPARATE_WRITES,
-                    multi_head.JOINT_ROTATION)  # captured steps keep the ones they were captured with
+        switches = (kv_cache.ROTARY_STEP,)  # captured steps keep the switch they were captured with
         if self.build((weights_version(model), plan, model.training, switches), make):
             self.prefills.clear()  # captured on the old view
             self.compiled_prefills.clear()

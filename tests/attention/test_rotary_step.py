@@ -1,19 +1,17 @@
-"""The cache's rotating write (``mhe.attention.rotary_write``): a decode step's keys rotated and
-written with their values by one kernel, against the rotary embedding and ``index_copy_`` it
-replaces (Triton's interpreter on CPU tensors, float64 and float32), through ``model.generate``
-for every kind that rotates its keys last, and as one operator inside a compiled step; and the
-rotating step (``rotate_step``, ``kv_cache.ROTARY_STEP``): queries and keys rotated and keys
-stacked with values by one kernel, the same ways."""
+"""The rotating step (``mhe.attention.rotary_step``, ``kv_cache.ROTARY_STEP``): a decode step's
+queries and keys rotated and its keys stacked with its values by one kernel, against the rotary
+embedding and ``torch.stack`` it replaces (Triton's interpreter on CPU tensors, float64 and
+float32), through ``model.generate`` for every kind whose session view has one fused Q/K/V
+product, as one operator a layer inside a compiled step, and its fallback and refusals."""
 
 import pytest
 import torch
 
-from mhe.attention import kv_cache, rotary_write, triton_decode
-from mhe.attention.kv_cache import KVCache
+from mhe.attention import kv_cache, rotary_step, triton_decode
 from mhe.attention.rotary import RotaryEmbedding
 from mhe.models import build_model
 
-needs_triton = pytest.mark.skipif(rotary_write.triton is None, reason="Triton is not installed (the interpreter "
+needs_triton = pytest.mark.skipif(rotary_step.triton is None, reason="Triton is not installed (the interpreter "
                                   "runs its kernel on a CPU)")
 
 
@@ -23,92 +21,33 @@ def interpret():
         pytest.skip("Triton's interpreter is on only without a GPU (TRITON_INTERPRET=1 before importing triton)")
 
 
-def new_keys(b, h, d, dtype):
-    """Keys and values ``[B, h, 1, d]`` as the fused Q/K/V product's split leaves them (strided)."""
-    qkv = torch.randn(b, 1, 3 * h * d, dtype=dtype)
-    k = qkv[..., h * d:2 * h * d].view(b, 1, h, d).transpose(1, 2)
-    v = qkv[..., 2 * h * d:].view(b, 1, h, d).transpose(1, 2)
-    return k, v
-
-
-@needs_triton
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
-@pytest.mark.parametrize("fraction", [1.0, 0.5])
-def test_the_kernel_writes_what_the_embedding_and_index_copy_write(interpret, dtype, tol, fraction):
-    """Rows at different positions, a partly rotated head, keys read through the product's strides:
-    the cache equals the rotated keys and the values written by ``index_copy_`` at the write
-    position, and no other position changes."""
-    torch.manual_seed(0)
-    b, h, length, d = 3, 2, 12, 16
-    rotary = RotaryEmbedding(d, fraction=fraction, max_len=64)
-    k, v = new_keys(b, h, d, dtype)
-    positions = torch.tensor([[5], [0], [37]])
-    got = KVCache(b, h, length, d, dtype=dtype)
-    got.kv.normal_()
-    want = KVCache(b, h, length, d, dtype=dtype)
-    want.kv.copy_(got.kv)
-    got.index.fill_(7)
-    want.index.fill_(7)
-    assert rotary_write.fast_path(got.kv, k, positions)
-    got.update(k, v, rotary=rotary, positions=positions)
-    want.update(rotary(k, positions), v)
-    torch.testing.assert_close(got.kv, want.kv, rtol=tol, atol=tol)
-    assert torch.equal(got.kv[:, :, :, :7], want.kv[:, :, :, :7]) and int(got.index) == 8
-
-
-def test_refused_where_the_kernel_does_not_apply(monkeypatch):
-    """Several new tokens, autograd, or a CPU tensor outside the interpreter: the cache rotates
-    with the embedding and writes as before, with the same result."""
-    rotary = RotaryEmbedding(8, max_len=16)
-    cache = KVCache(1, 1, 6, 8, dtype=torch.float32)
-    k, v = torch.randn(1, 1, 2, 8), torch.randn(1, 1, 2, 8)
-    pos = torch.tensor([[0, 1]])
-    assert not rotary_write.fast_path(cache.kv, k, pos)
-    assert not rotary_write.fast_path(cache.kv, k[:, :, :1].requires_grad_(), pos[:, :1])
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert not rotary_write.fast_path(cache.kv, k[:, :, :1], pos[:, :1])
-    cache.update(k, v, rotary=rotary, positions=pos)
-    assert torch.equal(cache.k[:, :, :2], rotary(k, pos))
-
-
 SMALL = dict(vocab_size=99, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=40, dropout=0.0, attn_dropout=0.0)
-KINDS = [("mha", {}, True), ("gqa", {"n_kv_heads": 2}, True), ("mqa", {}, True), ("skv", {}, True),
-         ("mhe-mul", {}, True), ("mhe-add", {}, True), ("mhe-mul", {"rope_order": "psi-then-rope"}, True),
-         ("mhe-mul", {"impl": "reference"}, False)]  # literal, rope-then-psi: its keys embedded after the rotation
-
-
 STEP_KINDS = [("mha", {}, True), ("gqa", {"n_kv_heads": 2}, True), ("mqa", {}, True), ("skv", {}, False),
               ("el-att", {}, False), ("mhe-mul", {}, True), ("mhe-add", {}, True),
               ("mhe-mul", {"rope_order": "psi-then-rope"}, False), ("mhe-mul", {"impl": "reference"}, False)]
-"""The kinds whose session view has one fused Q/K/V product step so, MHE's fast path among them (its
-shared query rotated, the heads' factors in the attention kernel); SKV and EL-att make their keys
-otherwise, and MHE's literal forms make their heads before the rotation."""
-THROUGH = ([("ROTARY_WRITE", "launch", *kind) for kind in KINDS]
-           + [("ROTARY_STEP", "launch_step", *kind) for kind in STEP_KINDS])
-"""(switch, the kernel's launcher in ``rotary_write``, kind, options, whether the kind's steps use it)."""
+"""(kind, options, whether its steps take the kernel): the kinds whose session view has one fused
+Q/K/V product, MHE's fast path among them (its shared query rotated, the heads' factors in the
+attention kernel); SKV and EL-att make their keys otherwise, and MHE's literal forms make their
+heads before the rotation."""
 
 
 @needs_triton
-@pytest.mark.parametrize("switch,launcher,kind,opts,uses", THROUGH)
-def test_generation_through_the_kernel_equals_the_unfused_path(interpret, switch, launcher, kind, opts, uses,
-                                                                monkeypatch):
+@pytest.mark.parametrize("kind,opts,uses", STEP_KINDS)
+def test_generation_through_the_kernel_equals_the_unfused_path(interpret, kind, opts, uses, monkeypatch):
     """``model.generate`` on a Llama-style decoder in float64, ragged left-padded prompts: with
-    ``ROTARY_WRITE`` every decode step's keys go through the rotating write where the kind rotates
-    its keys last, with ``ROTARY_STEP`` every step of MHA, GQA, MQA and MHE's fast path (a fused
-    Q/K/V product) through the rotating step (2 layers x 4 steps), and the logits equal the unfused
-    path's to 1e-12."""
+    ``ROTARY_STEP`` every step of MHA, GQA, MQA and MHE's fast path goes through the rotating step
+    (2 layers x 4 steps), and the logits equal the unfused path's to 1e-12."""
     torch.manual_seed(0)
     model = build_model("llama-tiny", attention=kind, attn_options=opts or None, **SMALL).double().eval()
     ids = torch.randint(3, 99, (3, 7))
     mask = torch.ones(3, 7, dtype=torch.long)
     mask[1, :2] = 0
     mask[2, :5] = 0
-    monkeypatch.setattr(kv_cache, "ROTARY_WRITE", False)  # the unfused path, whatever the defaults
-    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the unfused path, whatever the default
     want, lw = model.generate(ids, 5, attention_mask=mask, return_logits=True)
-    launches, launch = [], getattr(rotary_write, launcher)
-    monkeypatch.setattr(rotary_write, launcher, lambda *a: launches.append(1) or launch(*a))
-    monkeypatch.setattr(kv_cache, switch, True)
+    launches, launch = [], rotary_step.launch_step
+    monkeypatch.setattr(rotary_step, "launch_step", lambda *a: launches.append(1) or launch(*a))
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
     got, lg = model.generate(ids, 5, attention_mask=mask, session=model.generator(3, 12), return_logits=True)
     assert len(launches) == (2 * 4 if uses else 0)
     torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
@@ -116,12 +55,10 @@ def test_generation_through_the_kernel_equals_the_unfused_path(interpret, switch
 
 
 @needs_triton
-@pytest.mark.parametrize("switch,op,cache_writes", [("ROTARY_WRITE", "rotary_cache_write", 0),
-                                                    ("ROTARY_STEP", "rotary_step", SMALL["n_layers"])])
-def test_a_compiled_step_holds_one_operator_a_layer(interpret, switch, op, cache_writes, monkeypatch):
-    """Inside ``torch.compile`` the rotating write is ``mhe::rotary_cache_write`` (one a layer, no
-    ``index_copy``) and the rotating step ``mhe::rotary_step`` (one a layer, and the cache's one
-    ``index_copy`` of its stack; it takes the fused product whole), with the eager logits (float64)."""
+def test_a_compiled_step_holds_one_operator_a_layer(interpret, monkeypatch):
+    """Inside ``torch.compile`` the rotating step is ``mhe::rotary_step``, one a layer taking the
+    fused product whole, and the cache's one ``index_copy`` of its stack, with the eager logits
+    (float64)."""
     graphs = []
 
     def recording(gm, example_inputs):
@@ -130,30 +67,26 @@ def test_a_compiled_step_holds_one_operator_a_layer(interpret, switch, op, cache
     torch.manual_seed(2)
     model = build_model("llama-tiny", attention="gqa", attn_options={"n_kv_heads": 2}, **SMALL).double().eval()
     ids = torch.randint(3, 99, (2, 6))
-    monkeypatch.setattr(kv_cache, "ROTARY_WRITE", False)  # the unfused path, whatever the defaults
-    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the unfused path, whatever the default
     want, lw = model.generate(ids, 4, return_logits=True)
-    monkeypatch.setattr(kv_cache, switch, True)
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
     torch._dynamo.reset()
     session = model.generator(2, 12, step_mode="compile", compile_options={"backend": recording})
     got, lg = model.generate(ids, 4, session=session, return_logits=True)
     torch._dynamo.reset()
     steps = [[str(n.target) for n in g.graph.nodes if n.op in ("call_function", "call_method")] for g in graphs]
-    steps = [calls for calls in steps if any(op in c for c in calls)]  # not the token choice
-    assert len(steps) == 1 and sum(op in c for c in steps[0]) == SMALL["n_layers"]
-    assert sum("index_copy" in c for c in steps[0]) == cache_writes
-    if switch == "ROTARY_STEP":  # the operator takes the fused product itself, not views of it
-        firsts = [n.args[0] for g in graphs for n in g.graph.nodes if op in str(n.target)]
-        assert len(firsts) == SMALL["n_layers"] and all("linear" in str(a.target) for a in firsts)
+    steps = [calls for calls in steps if any("rotary_step" in c for c in calls)]  # not the token choice
+    assert len(steps) == 1 and sum("rotary_step" in c for c in steps[0]) == SMALL["n_layers"]
+    assert sum("index_copy" in c for c in steps[0]) == SMALL["n_layers"]
+    firsts = [n.args[0] for g in graphs for n in g.graph.nodes if "rotary_step" in str(n.target)]
+    assert len(firsts) == SMALL["n_layers"] and all("linear" in str(a.target) for a in firsts)  # not views
     torch.testing.assert_close(lg, lw, rtol=1e-12, atol=1e-12)
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("switch", ["ROTARY_WRITE", "ROTARY_STEP"])
-def test_switching_the_write_rebuilds_a_held_sessions_steps(switch, monkeypatch):
-    """A session's captured steps keep what they were captured with, so ``ROTARY_WRITE`` and
-    ``ROTARY_STEP`` are part of what its view is built for: switching one makes a new view (and
-    new steps) at the next call."""
+def test_switching_the_step_rebuilds_a_held_sessions_steps(monkeypatch):
+    """A session's captured steps keep what they were captured with, so ``ROTARY_STEP`` is part of
+    what its view is built for: switching it makes a new view (and new steps) at the next call."""
     torch.manual_seed(3)
     model = build_model("llama-tiny", attention="mqa", **SMALL).eval()
     ids = torch.randint(3, 99, (2, 5))
@@ -162,7 +95,7 @@ def test_switching_the_write_rebuilds_a_held_sessions_steps(switch, monkeypatch)
     before = session.view
     model.generate(ids, 3, session=session)
     assert session.view is before  # same weights, same setting: kept
-    monkeypatch.setattr(kv_cache, switch, not getattr(kv_cache, switch))
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", not kv_cache.ROTARY_STEP)
     model.generate(ids, 3, session=session)
     assert session.view is not before
 
@@ -190,12 +123,12 @@ def test_the_step_kernel_rotates_queries_and_keys_and_stacks_the_values(interpre
     positions = torch.tensor([[5], [0], [37]])
     if made == "product":
         qkv = torch.randn(3, 1, (n + 2 * g) * 16, dtype=dtype)
-        q, k, v = rotary_write.split_product(qkv, n, g)
-        assert rotary_write.step_fast_path(qkv, n, g, positions)
-        got_q, got_kv = rotary_write.rotate_step(qkv, n, g, rotary, positions)
+        q, k, v = rotary_step.split_product(qkv, n, g)
+        assert rotary_step.step_fast_path(qkv, n, g, positions)
+        got_q, got_kv = rotary_step.rotate_step(qkv, n, g, rotary, positions)
     else:
         q, k, v = apart_step(3, n, g, 16, dtype)
-        got_q, got_kv = rotary_write.launch_step(q, k, v, *rotary.table(q.device), positions)
+        got_q, got_kv = rotary_step.launch_step(q, k, v, *rotary.table(q.device), positions)
     torch.testing.assert_close(got_q, rotary(q, positions), rtol=tol, atol=tol)
     torch.testing.assert_close(got_kv, torch.stack((rotary(k, positions), v)), rtol=tol, atol=tol)
     assert got_q.is_contiguous() and got_kv.shape == (2, 3, g, 1, 16) and torch.equal(got_kv[1], v)
@@ -220,7 +153,7 @@ def test_the_product_splits_as_the_sublayers_split_it(kind, opts, heads, kv_head
     if isinstance(want[0], kernels.FactoredQuery):
         want[0] = want[0].shared
     assert (h, g) == (heads, kv_heads) and qkv.shape == (2, 1, (heads + 2 * kv_heads) * 8)
-    for got, made in zip(rotary_write.split_product(qkv, h, g), want):
+    for got, made in zip(rotary_step.split_product(qkv, h, g), want):
         assert torch.equal(got, made)
 
 
@@ -229,11 +162,11 @@ def test_the_step_refuses_what_its_kernel_does_not_take(interpret):
     heads, or one that records autograd: the step rotates with the embedding instead."""
     qkv = torch.randn(2, 1, (4 + 2 * 2) * 8)
     pos = torch.zeros(2, 1, dtype=torch.long)
-    assert rotary_write.step_fast_path(qkv, 4, 2, pos)
-    assert not rotary_write.step_fast_path(torch.randn(2, 2, (4 + 2 * 2) * 8), 4, 2, pos)
-    assert not rotary_write.step_fast_path(qkv, 4, 2, pos[:, 0])
-    assert not rotary_write.step_fast_path(qkv[..., :-1], 4, 2, pos)
-    assert not rotary_write.step_fast_path(qkv.clone().requires_grad_(), 4, 2, pos)
+    assert rotary_step.step_fast_path(qkv, 4, 2, pos)
+    assert not rotary_step.step_fast_path(torch.randn(2, 2, (4 + 2 * 2) * 8), 4, 2, pos)
+    assert not rotary_step.step_fast_path(qkv, 4, 2, pos[:, 0])
+    assert not rotary_step.step_fast_path(qkv[..., :-1], 4, 2, pos)
+    assert not rotary_step.step_fast_path(qkv.clone().requires_grad_(), 4, 2, pos)
 
 
 def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch):
@@ -244,11 +177,11 @@ def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch
     model = build_model("llama-tiny", attention="gqa", attn_options={"n_kv_heads": 2}, **SMALL).double().eval()
     ids = torch.randint(3, 99, (2, 6))
     qkv = torch.randn(2, 1, (4 + 2 * 2) * 8, dtype=torch.float64)
-    assert not rotary_write.step_fast_path(qkv, 4, 2, torch.zeros(2, 1, dtype=torch.long))
+    assert not rotary_step.step_fast_path(qkv, 4, 2, torch.zeros(2, 1, dtype=torch.long))
     monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)  # the default path, whatever the default
     want, lw = model.generate(ids, 4, session=model.generator(2, 12), return_logits=True)
-    splits, split = [], rotary_write.split_product
-    monkeypatch.setattr(rotary_write, "split_product", lambda *a: splits.append(1) or split(*a))
+    splits, split = [], rotary_step.split_product
+    monkeypatch.setattr(rotary_step, "split_product", lambda *a: splits.append(1) or split(*a))
     monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
     got, lg = model.generate(ids, 4, session=model.generator(2, 12), return_logits=True)
     assert len(splits) == SMALL["n_layers"] * 3  # every decode step took the rotating step's fallback
@@ -265,8 +198,8 @@ def test_the_unfused_model_keeps_its_step(interpret, kind, opts, monkeypatch):
     torch.manual_seed(4)
     model = build_model("llama-tiny", attention=kind, attn_options=opts or None, **SMALL).double().eval()
     ids = torch.randint(3, 99, (2, 7))
-    launches, launch = [], rotary_write.launch_step
-    monkeypatch.setattr(rotary_write, "launch_step", lambda *a: launches.append(1) or launch(*a))
+    launches, launch = [], rotary_step.launch_step
+    monkeypatch.setattr(rotary_step, "launch_step", lambda *a: launches.append(1) or launch(*a))
     logits = {}
     for on in (False, True):
         monkeypatch.setattr(kv_cache, "ROTARY_STEP", on)
