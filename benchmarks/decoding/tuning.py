@@ -117,10 +117,10 @@ def keep_tuner_log(path: str) -> None:
 
 def print_row(row: dict) -> None:
     print(f"{row['kind']:8s} {row['tuning']:9s} {row['kernel']:14s} {row.get('rotation', 'separate'):8s} "
-          f"#{row['repeat']}: {row['ms_a_token']:.4f} ms a "
-          f"token, decode step "
+          f"#{row['repeat']}: {row['ms_a_token']:.4f} ms a token, decode step "
           f"{row['decode_ms_a_step']:.4f} ms, first call {row['first_call_s']:.1f} s, "
-          f"{row['kernels_per_token']:.0f} {row['counted']} and {row['busy_us_per_token']:.1f} us busy a token", flush=True)
+          f"{row['kernels_per_token']:.0f} {row['counted']} and {row['busy_us_per_token']:.1f} us busy a token",
+          flush=True)
     for k in row.get("top_kernels", []):
         print(f"    {k['us']:8.1f} us {k['launches']:5.1f} x  {k['name']}", flush=True)
 
@@ -154,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="mha,gqa,mhe-mul")
     ap.add_argument("--tunings", default="default,event-clock,off", help=f"comma-separated, of {', '.join(TUNINGS)}")
     ap.add_argument("--kernels", default="auto", help="comma-separated decode kernels (auto: the session's choice)")
-    ap.add_argument("--rotations", default="separate", help="comma-separated, of separate and kernel: the "
-                                                             "queries' and keys' rotation (kernel: kv_cache.ROTARY_STEP)")
+    ap.add_argument("--rotations", default="separate",
+                    help="comma-separated, of separate and kernel: the queries' and keys' rotation "
+                         "(kernel: kv_cache.ROTARY_STEP)")
     ap.add_argument("--repeats", type=int, default=2,
                     help="fresh compiles of each (kind, tuning, kernel, rotation), in turn")
     ap.add_argument("--context", type=int, default=512, help="prompt + new tokens (half each)")

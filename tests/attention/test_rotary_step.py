@@ -157,6 +157,7 @@ def test_the_product_splits_as_the_sublayers_split_it(kind, opts, heads, kv_head
         assert torch.equal(got, made)
 
 
+@needs_triton
 def test_the_step_refuses_what_its_kernel_does_not_take(interpret):
     """Two new positions, positions of another shape, a product whose width is no multiple of its
     heads, or one that records autograd: the step rotates with the embedding instead."""
@@ -186,7 +187,6 @@ def test_the_rotating_step_without_its_kernel_gives_the_same_numbers(monkeypatch
     got, lg = model.generate(ids, 4, session=model.generator(2, 12), return_logits=True)
     assert len(splits) == SMALL["n_layers"] * 3  # every decode step took the rotating step's fallback
     assert torch.equal(lg, lw) and torch.equal(got, want)
-
 
 
 @needs_triton

@@ -89,8 +89,9 @@ class KVCache(nn.Module):
         ``index`` by T if this cache :attr:`advances` it) and return the whole buffers
         ``[B, h_kv, L, d]``: one write of the two stacked (two writes, one a tensor, measured
         slower on an H200: inductor wrote each through a ``copy_``; docs/benchmarks.md, "The keys
-        and values written apart is worse")."""
-        self._check(k.shape)
+        and values written apart is worse"). :meth:`write_stacked` checks the shapes."""
+        if k.shape != v.shape:
+            raise MheError(f"keys and values must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
         return self.write_stacked(torch.stack((k, v)))
 
     def write_stacked(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from mhe.attention import kernels, kv_cache, masks, multi_head
+from mhe.attention import kernels, kv_cache, masks
 from mhe.attention.folding import inference_view, shared_copy, weights_version
 from mhe.attention.fused_projections import fuse_projections
 from mhe.attention.masks import as_bool_mask
