@@ -24,7 +24,6 @@ the paper), ``n_heads`` is n and ``head_dim`` is d (d_h). Every kind maps
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch

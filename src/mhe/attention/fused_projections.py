@@ -18,8 +18,8 @@ the whole of W^Q, W^K and W^V (three quarters of each layer's attention weights)
 session (a model keeps up to two default sessions); for a folded MHE sublayer little more
 than the folded query weight its view holds anyway (its K and V are one head each); for a gated
 feed-forward its gate and up weights (stacked only while each is small enough for a one-row
-product to be bound by its launch: :data:`mhe.models.layers.FUSE_MAX_BYTES`). Weights written through ``.data`` change no version
-counter, and the copy would not see them.
+product to be bound by its launch: :data:`mhe.models.layers.FUSE_MAX_BYTES`). Weights written
+through ``.data`` change no version counter, and the copy would not see them.
 
 MHE under rotary positions multiplies its one rotated query by per-head factors built from the
 head embeddings (MHE-Mul: ``(1 + e^Q_i)(1 + e^K_i)``; :mod:`mhe.attention.mhe`). They are

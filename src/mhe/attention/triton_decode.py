@@ -30,8 +30,9 @@ for every token. Inside ``torch.compile`` the launch is one opaque operator
 Numbers: scores and the softmax in float32 (float64 for float64 input), the probabilities cast to
 the values' dtype for the second product as FlashAttention does; float32 products run in IEEE
 float32 (no TF32). Triton is optional: without it, on a CPU tensor (outside Triton's interpreter,
-``TRITON_INTERPRET=1``, which the tests use), on a card older than Ampere, with dropout, several query tokens, a mask that is
-no run per row, or autograd recording, the kernel runs ``sdpa`` unchanged.
+``TRITON_INTERPRET=1``, which the tests use), on a card older than Ampere, with dropout, several
+query tokens, a mask that is no run per row, or autograd recording, the kernel runs ``sdpa``
+unchanged.
 """
 
 from __future__ import annotations

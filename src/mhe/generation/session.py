@@ -53,10 +53,11 @@ PREFILL_GRAPH_TOKENS = 4096
 """Prompt tokens (rows x length) up to which a session that captures its steps (``graph`` and
 ``compile`` modes, on CUDA) also replays its prefill as a CUDA graph, one per prompt shape,
 captured at the shape's second call (a capture costs about three eager prefills, so a length seen
-once runs eagerly; the :data:`PREFILL_GRAPHS` newest graphs are kept). Such a prefill is bound by the host launching its eager
-kernels: llama-135m's 256-token prompt at batch 1 launches about 1,500 kernels in 3.4 ms of GPU
-time but took 44-57 ms eagerly, 4.1-4.4 ms replayed (docs/benchmarks.md). Larger prefills keep
-their GPU busy eagerly, and a graph would hold their activations in its own memory pool."""
+once runs eagerly; the :data:`PREFILL_GRAPHS` newest graphs are kept). Such a prefill is bound by
+the host launching its eager kernels: llama-135m's 256-token prompt at batch 1 launches about
+1,500 kernels in 3.4 ms of GPU time but took 44-57 ms eagerly, 4.1-4.4 ms replayed
+(docs/benchmarks.md). Larger prefills keep their GPU busy eagerly, and a graph would hold their
+activations in its own memory pool."""
 PREFILL_GRAPHS = 4  # captured prefills (prompt shapes) a session keeps, the newest
 PREFILL_COMPILE_TOKENS = 32768
 """Prompt tokens (rows x length) from which a ``compile`` session compiles its prefill for the
@@ -386,8 +387,9 @@ class Generator(DecodeSession):
                 choose(logits)
                 return logits
             watched = self.state.tensors() + [c.index for c in self.caches]
+            generators = [rule.generator] if rule.generator else []
             return self.new_runner(region, mode="eager" if self.mode == "eager" else "graph",
-                                   before_warmup=restorer(watched), generators=[rule.generator] if rule.generator else [])
+                                   before_warmup=restorer(watched), generators=generators)
         return self.runners.get((self.padded, rule.key), make)()
 
     def _chooser(self, rule: Rule) -> Callable[[torch.Tensor], None]:
