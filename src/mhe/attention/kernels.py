@@ -168,8 +168,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
     the named kernel, under ``mask``, the finished :class:`~mhe.attention.masks.AttentionMask` of
     what each query may see (built in :mod:`mhe.attention.masks`; None: every key). A kernel that
     reads key ranges gets the mask's ``key_range`` (one contiguous run of keys per row) where it has
-    one; the others get its dense form as they read it (:meth:`~mhe.attention.masks.AttentionMask.for_kernel`), or SDPA's
-    ``is_causal`` for a causal mask with no dense form (as many keys as queries)."""
+    one; the others get its dense form as they read it
+    (:meth:`~mhe.attention.masks.AttentionMask.for_kernel`), or SDPA's ``is_causal`` for a causal
+    mask with no dense form (as many keys as queries)."""
     fn = get_kernel(kernel)
     if isinstance(q, FactoredQuery) and not reads_factored_query(kernel):
         q = q.heads()
