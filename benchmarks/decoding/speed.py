@@ -1,7 +1,7 @@
 """Decoding speed through the user API, ours beside Hugging Face's best, in one run on one card.
 
     python benchmarks/decode.py speed OUT [--old-src OLD/src] [--modes graph] [--kernels split-k-decode]
-        [--rotary-step] [--sections table,kernels]
+        [--rotary-step on|off] [--sections table,kernels]
     python benchmarks/decode.py speed OUT --cpu-smoke            # tiny sizes on a CPU, end to end
 
 For (batch, context) in 1x512, 64x512 and 64x4096 (256 new tokens), in bf16 on the GPU:
@@ -13,8 +13,8 @@ For (batch, context) in 1x512, 64x512 and 64x4096 (256 new tokens), in bf16 on t
   greedy, no stop token, prefill included; the first call, then the median of 3 calls), in the
   default step mode and in each of ``--modes`` (``step_mode=...``), and with each of ``--kernels``
   in place of the policy's decode kernel (``kernel=...``; every row names the kernel its session
-  ran), and with ``--rotary-step`` once more with the rotating step switched on
-  (``mhe.attention.kv_cache.ROTARY_STEP``, in sessions of its own; a rotary ``--preset``), with the
+  ran), and with ``--rotary-step on|off`` once more with the rotating step so set
+  (``mhe.attention.kv_cache.ROTARY_STEP``, on by default; in sessions of its own; a rotary ``--preset``), with the
   decode steps alone beside it (``(t_N - t_1) / (N - 1)``, ``t_1`` the same call for one token);
 * our HF adapter ``to_hf(model).generate(..., cache_implementation="static")`` for MHA and MHE-Mul
   (batch 1 and 64 at context 512);
@@ -97,10 +97,11 @@ def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
     auto = resolve_mode("auto", run.dev)
     variants = [(f"auto ({auto})", {})] + [(m, {"step_mode": m}) for m in run.modes if m != auto]
     variants += [(f"auto ({auto}), kernel {k}", {"kernel": k}) for k in run.kernels]  # a policy's alternative
-    variants += [(f"auto ({auto}), rotary step", {"rotary_step": True})] if run.rotary_step else []
+    variants += [(f"auto ({auto}), rotary step {run.rotary_step}", {"rotary_step": run.rotary_step == "on"})
+                 ] if run.rotary_step else []
     out = []
     for label, options in variants:
-        switch = options.pop("rotary_step", False)
+        switch = options.pop("rotary_step", None)  # None: the default's setting
         if run.smoke and options.get("step_mode") == "compile":
             options["compile_options"] = {"backend": "aot_eager"}  # a CPU smoke run: no C++ compiler needed
         with rotary_step(switch, model):
@@ -122,12 +123,13 @@ def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
 
 @contextlib.contextmanager
 def rotary_step(on: bool, model):
-    """``kv_cache.ROTARY_STEP`` set to ``on`` while one variant runs, its calls in default
-    sessions of their own (a session keeps the steps it captured with the other setting)."""
+    """``kv_cache.ROTARY_STEP`` set to ``on`` while one variant runs (None: left as it is), its calls
+    in default sessions of their own (a session keeps the steps it captured with the other setting)."""
     from mhe.attention import kv_cache
     from mhe.generation.session import release_default_sessions
 
     was = kv_cache.ROTARY_STEP
+    on = was if on is None else on
     if on != was:
         release_default_sessions(model)
     kv_cache.ROTARY_STEP = on
@@ -208,8 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--modes", default="graph,compile", help="step modes measured beside the default")
     ap.add_argument("--kernels", default="", help="decode kernels measured beside the policy's, in the default "
                                                   "mode (e.g. split-k-decode: GQA at batch 1)")
-    ap.add_argument("--rotary-step", action="store_true", help="rows with the rotating step beside the default's "
-                                                                "(kv_cache.ROTARY_STEP; a rotary --preset)")
+    ap.add_argument("--rotary-step", choices=["on", "off"], help="rows with the rotating step so set beside the "
+                                                                 "default's (kv_cache.ROTARY_STEP; a rotary --preset)")
     ap.add_argument("--sections", default="table,kernels", help="table (always), kernels (per token)")
     ap.add_argument("--settings", default="1x512,64x512,64x4096", help="BATCHxCONTEXT, comma separated")
     ap.add_argument("--adapter-context", type=int, default=512, help="the adapter's rows up to this context")

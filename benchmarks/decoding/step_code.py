@@ -1,7 +1,7 @@
 """What each kernel of a compiled decode step computes: inductor's generated code, read back (issue 62).
 
     python benchmarks/decode.py step-code --preset llama-135m --kinds gqa,mha,mhe-mul --layers 2 \
-        [--batch 1] [--context 512] [--rotary-step] [--out DIR] [--json FILE]
+        [--batch 1] [--context 512] [--rotary-step on|off] [--out DIR] [--json FILE]
     python benchmarks/decode.py step-code --smoke        # llama-tiny on a CPU (the C++ backend)
 
 ``census`` and ``profile`` name a step's kernels as the profiler sees them; inductor names a fused
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=2, help="the model cut to this many layers")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512, help="the cache's positions (the prompt: half)")
-    ap.add_argument("--rotary-step", action="store_true", help="with kv_cache.ROTARY_STEP on")
+    ap.add_argument("--rotary-step", choices=["on", "off"], help="kv_cache.ROTARY_STEP so set (default: as it is)")
     ap.add_argument("--out", default="", help="a folder for each graph's whole code")
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true", help="llama-tiny on a CPU")
@@ -124,14 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda" if torch.cuda.is_available() and not a.smoke else "cpu")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     preset = "llama-tiny" if a.smoke else a.preset
-    rows = {}
+    rows, switch = {}, kv_cache.ROTARY_STEP if a.rotary_step is None else a.rotary_step == "on"
     for kind in a.kinds.split(","):
         opts = {"n_kv_heads": 2 if a.smoke else 3} if kind == "gqa" else None
         torch.manual_seed(0)
         model = build_model(preset, attention=kind, attn_options=opts, n_layers=a.layers, max_len=a.context,
                             dropout=0.0, attn_dropout=0.0).to(dev, dtype).eval()
         was = kv_cache.ROTARY_STEP
-        kv_cache.ROTARY_STEP = a.rotary_step
+        kv_cache.ROTARY_STEP = switch
         try:
             codes = step_graphs(model, a.batch, a.context, dev)
         finally:
@@ -146,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     card = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     print(f"device: {card}; torch {torch.__version__}; {preset} cut to {a.layers} layers, batch {a.batch}, "
           f"context {a.context}"
-          + (", rotary step" if a.rotary_step else ""))
+          + f", rotary step {'on' if switch else 'off'}")
     if a.json:
         Path(a.json).write_text(json.dumps({"device": card, "preset": preset, "layers": a.layers,
-                                            "rotary_step": a.rotary_step,
+                                            "rotary_step": switch,
                                             "kinds": rows}, indent=1))
     return 0

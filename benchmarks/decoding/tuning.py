@@ -24,10 +24,10 @@ time a token and the costliest kernels, then the card; ``--tuner-log`` keeps coo
 descent's own log (each kernel's candidates and pick). ``--repeats`` compiles each (kind,
 tuning, kernel) that many times, in turn, so that a pick that varies shows as rows that differ;
 ``--kernels`` gives each row the decode kernel named (``auto``: the session's own choice);
-``--rotations separate,kernel`` a row with the queries and keys rotated each on its own (the
-default) and one with them rotated, and the keys stacked with the values, by one kernel of mhe's
-(``kv_cache.ROTARY_STEP``): GQA's extra kernel a layer at batch 1 is its queries' rotation apart
-from its keys'. (Two more levers measured here and removed since, the queries and keys rotated as
+``--rotations separate,kernel`` a row with the queries and keys rotated each on its own and one
+with them rotated, and the keys stacked with the values, by one kernel of mhe's (the rotating
+step, ``kv_cache.ROTARY_STEP``; ``kernel``, the library's default, is this option's): apart, GQA
+launches one kernel a layer more than MHA at batch 1, its queries' rotation apart from its keys'. (Two more levers measured here and removed since, the queries and keys rotated as
 one tensor and the keys and values written apart, are in docs/benchmarks.md with their rows.)
 """
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="mha,gqa,mhe-mul")
     ap.add_argument("--tunings", default="default,event-clock,off", help=f"comma-separated, of {', '.join(TUNINGS)}")
     ap.add_argument("--kernels", default="auto", help="comma-separated decode kernels (auto: the session's choice)")
-    ap.add_argument("--rotations", default="separate",
+    ap.add_argument("--rotations", default="kernel",
                     help="comma-separated, of separate and kernel: the queries' and keys' rotation "
                          "(kernel: kv_cache.ROTARY_STEP)")
     ap.add_argument("--repeats", type=int, default=2,

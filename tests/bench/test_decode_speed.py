@@ -22,7 +22,7 @@ def test_a_kernels_row_runs_the_named_kernel_beside_the_policys(tmp_path):
 
 
 def test_a_rotary_step_row_runs_the_step_kernel_in_sessions_of_its_own(tmp_path, monkeypatch):
-    """``--rotary-step``: a row with ``kv_cache.ROTARY_STEP`` on beside the default's (a rotary
+    """``--rotary-step on``: a row with ``kv_cache.ROTARY_STEP`` on beside the default's (a rotary
     preset, so the kernel runs: Triton's interpreter on a CPU), the switch put back afterwards."""
     import pytest
 
@@ -34,9 +34,9 @@ def test_a_rotary_step_row_runs_the_step_kernel_in_sessions_of_its_own(tmp_path,
     launches, launch = [], rotary_step.launch_step
     monkeypatch.setattr(rotary_step, "launch_step", lambda *a: launches.append(1) or launch(*a))
     speed.main([str(tmp_path), "--cpu-smoke", "--preset", "llama-135m", "--kinds", "gqa", "--modes", "",
-                "--rotary-step", "--sections", "table", "--no-peer", "--adapter-context", "0"])
+                "--rotary-step", "on", "--sections", "table", "--no-peer", "--adapter-context", "0"])
     rows = [r for r in json.loads((tmp_path / "decode-speed.json").read_text())["rows"]
             if r.get("path") == "model.generate"]
-    assert [r["mode"].endswith("rotary step") for r in rows] == [False, True] * 3
+    assert [r["mode"].endswith("rotary step on") for r in rows] == [False, True] * 3
     assert launches and kv_cache.ROTARY_STEP is False
     assert all(r["ms_per_token"] > 0 for r in rows)

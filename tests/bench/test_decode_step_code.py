@@ -66,7 +66,7 @@ def test_a_cpu_step_lists_a_layers_launches_once_a_layer(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_rotating_step_shows_as_one_operator_a_layer(tmp_path):
-    """``--rotary-step``: the compiled step launches ``mhe::rotary_step`` once a layer (Triton's
+    """``--rotary-step on``: the compiled step launches ``mhe::rotary_step`` once a layer (Triton's
     interpreter runs it on a CPU), the JSON says so, and ``kv_cache.ROTARY_STEP`` is as it was."""
     from mhe.attention import kv_cache, triton_decode
 
@@ -74,7 +74,7 @@ def test_the_rotating_step_shows_as_one_operator_a_layer(tmp_path):
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
     was = kv_cache.ROTARY_STEP
     out = tmp_path / "rows.json"
-    assert step_code.main(["--smoke", "--kinds", "gqa", "--layers", "2", "--context", "16", "--rotary-step",
+    assert step_code.main(["--smoke", "--kinds", "gqa", "--layers", "2", "--context", "16", "--rotary-step", "on",
                            "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     step = max(rows["kinds"]["gqa"], key=len)

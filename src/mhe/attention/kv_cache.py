@@ -13,17 +13,18 @@ from mhe.compile_fallback import tracing
 from mhe.errors import MheError, require_positive
 
 
-ROTARY_STEP = False
+ROTARY_STEP = True
 """Whether a decode step in a fused view (a session's) of MHA, GQA, MQA and of MHE's fast path
 under rotary positions rotates its queries and keys and stacks its keys with its values in one
 kernel (:func:`mhe.attention.rotary_step.rotate_step`), the cache then writing the stack as it is
-(:meth:`KVCache.write_stacked`): one kernel a layer where inductor launches two or three (GQA's
-queries and keys have different widths, so inductor rotates them apart). Off: on an H200 at
-batch 1 every kind launched 371 kernels a token with it (GQA 341 without, MHA and MHE-Mul 311)
-and was 7-12% slower, since inductor copied the fused product's query, key and value views into
-buffers of their own before the opaque operator (``decode.py tuning --rotations separate,kernel``,
-``decode.py step-code --rotary-step``; docs/benchmarks.md, "The rotating step"). The operator now
-takes the product whole (the sublayer's ``_step_product``); that form is not measured yet."""
+(:meth:`KVCache.write_stacked`). The operator takes the sublayer's fused Q/K/V product whole
+(``_step_product``) and makes the views itself, so that inductor hands it the product kernel's
+output as it is: on an H200 at batch 1 (llama-135m, ``model.generate``, 256 + 256 tokens) every
+kind launched 281 kernels a token with it against 341 (GQA) and 311 (MHA, MHE-Mul) without, at
+0.718, 0.728 and 0.702 ms a token against 0.768, 0.746 and 0.721 (``decode.py tuning --rotations
+separate,kernel``; docs/benchmarks.md, "The rotating step, given the product whole"). Its first
+form, given the query, key and value views, lost: inductor copied each view into a buffer of its
+own first (371 kernels a token, 7-12% slower)."""
 
 
 class CachePosition(nn.Module):
