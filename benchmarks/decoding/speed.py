@@ -124,20 +124,21 @@ def kind_rows(kind: str, batch: int, context: int, run) -> list[dict]:
 @contextlib.contextmanager
 def rotary_step(on: bool, model):
     """``kv_cache.ROTARY_STEP`` set to ``on`` while one variant runs (None: left as it is), its calls
-    in default sessions of their own (a session keeps the steps it captured with the other setting)."""
+    in default sessions of their own (released before and after, so that the row pays its own
+    compile even where ``on`` is the default's setting)."""
     from mhe.attention import kv_cache
     from mhe.generation.session import release_default_sessions
 
     was = kv_cache.ROTARY_STEP
-    on = was if on is None else on
-    if on != was:
+    own = on is not None
+    if own:
         release_default_sessions(model)
-    kv_cache.ROTARY_STEP = on
+    kv_cache.ROTARY_STEP = was if on is None else on
     try:
         yield
     finally:
         kv_cache.ROTARY_STEP = was
-        if on != was:
+        if own:
             release_default_sessions(model)
 
 
@@ -179,7 +180,10 @@ class Run:
     def save(self) -> None:
         Path(self.out).mkdir(parents=True, exist_ok=True)
         tmp = Path(self.out) / "decode-speed.json.tmp"
-        tmp.write_text(json.dumps({"env": decode_report.environment(self.dev), "rows": self.rows}, indent=1))
+        from mhe.attention import kv_cache
+
+        env = {**decode_report.environment(self.dev), "rotary_step": kv_cache.ROTARY_STEP}  # the default rows'
+        tmp.write_text(json.dumps({"env": env, "rows": self.rows}, indent=1))
         tmp.replace(Path(self.out) / "decode-speed.json")
 
 

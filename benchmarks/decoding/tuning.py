@@ -26,9 +26,10 @@ tuning, kernel) that many times, in turn, so that a pick that varies shows as ro
 ``--kernels`` gives each row the decode kernel named (``auto``: the session's own choice);
 ``--rotations separate,kernel`` a row with the queries and keys rotated each on its own and one
 with them rotated, and the keys stacked with the values, by one kernel of mhe's (the rotating
-step, ``kv_cache.ROTARY_STEP``; ``kernel``, the library's default, is this option's): apart, GQA
-launches one kernel a layer more than MHA at batch 1, its queries' rotation apart from its keys'. (Two more levers measured here and removed since, the queries and keys rotated as
-one tensor and the keys and values written apart, are in docs/benchmarks.md with their rows.)
+step, ``kv_cache.ROTARY_STEP``; the option's default is the library's setting): apart, GQA
+launches one kernel a layer more than MHA at batch 1, its queries' rotation apart from its keys'.
+(Two more levers measured here and removed since, the queries and keys rotated as one tensor and
+the keys and values written apart, are in docs/benchmarks.md with their rows.)
 """
 
 from __future__ import annotations
@@ -154,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="mha,gqa,mhe-mul")
     ap.add_argument("--tunings", default="default,event-clock,off", help=f"comma-separated, of {', '.join(TUNINGS)}")
     ap.add_argument("--kernels", default="auto", help="comma-separated decode kernels (auto: the session's choice)")
-    ap.add_argument("--rotations", default="kernel",
+    ap.add_argument("--rotations", default="kernel" if kv_cache.ROTARY_STEP else "separate",
                     help="comma-separated, of separate and kernel: the queries' and keys' rotation "
-                         "(kernel: kv_cache.ROTARY_STEP)")
+                         "(kernel: kv_cache.ROTARY_STEP; default: the library's setting)")
     ap.add_argument("--repeats", type=int, default=2,
                     help="fresh compiles of each (kind, tuning, kernel, rotation), in turn")
     ap.add_argument("--context", type=int, default=512, help="prompt + new tokens (half each)")

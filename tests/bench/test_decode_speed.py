@@ -40,3 +40,23 @@ def test_a_rotary_step_row_runs_the_step_kernel_in_sessions_of_its_own(tmp_path,
     assert [r["mode"].endswith("rotary step on") for r in rows] == [False, True] * 3
     assert launches and kv_cache.ROTARY_STEP is False
     assert all(r["ms_per_token"] > 0 for r in rows)
+
+
+def test_the_default_rows_keep_the_librarys_rotary_step_and_a_set_row_its_own_sessions(monkeypatch):
+    """``rotary_step(None)`` (a default row) leaves ``kv_cache.ROTARY_STEP`` as the library has it and
+    keeps the default sessions; ``rotary_step(on)`` sets it inside the block only and releases the
+    sessions before and after, also when ``on`` is the default's setting (the row pays its compile)."""
+    from mhe.attention import kv_cache
+    from mhe.generation import session
+
+    released = []
+    monkeypatch.setattr(session, "release_default_sessions", lambda model: released.append(model))
+    for default in (True, False):
+        monkeypatch.setattr(kv_cache, "ROTARY_STEP", default)
+        with speed.rotary_step(None, "model"):
+            assert kv_cache.ROTARY_STEP is default and released == []
+        for on in (True, False):
+            with speed.rotary_step(on, "model"):
+                assert kv_cache.ROTARY_STEP is on and released == ["model"]
+            assert kv_cache.ROTARY_STEP is default and released == ["model"] * 2
+            released.clear()

@@ -107,3 +107,25 @@ def test_the_cpu_smoke_writes_a_row_per_kind_tuning_and_repeat(tmp_path):
     for r in got["rows"]:
         assert r["ms_a_token"] > 0 and r["first_call_s"] > 0 and r["kernels_per_token"] > 0
     assert torch._inductor.config.force_disable_caches is caches_off  # the caches are off for the rows only
+
+
+def test_the_rotation_rows_default_to_the_librarys_setting(tmp_path, monkeypatch):
+    """Without ``--rotations`` the rows compile as the library decodes: with ``ROTARY_STEP`` on, a
+    ``kernel`` row with the switch on; off, a ``separate`` row with it off."""
+    from mhe.attention import kv_cache
+
+    seen = []
+
+    def one_row(*args, **kw):
+        seen.append(kv_cache.ROTARY_STEP)
+        return {"ms_a_token": 1.0, "decode_ms_a_step": 1.0, "first_call_s": 1.0, "kernels_per_token": 1,
+                "counted": "ops", "busy_us_per_token": 0.0}
+    monkeypatch.setattr(tuning, "one_row", one_row)
+    for library, rotation in ((True, "kernel"), (False, "separate")):
+        monkeypatch.setattr(kv_cache, "ROTARY_STEP", library)
+        seen.clear()
+        out = tmp_path / f"{rotation}.json"
+        assert tuning.main(["--smoke", "--kinds", "gqa", "--tunings", "default", "--repeats", "1",
+                            "--json", str(out)]) == 0
+        assert seen == [library] and kv_cache.ROTARY_STEP is library
+        assert [r["rotation"] for r in json.loads(out.read_text())["rows"]] == [rotation]

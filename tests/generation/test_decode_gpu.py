@@ -169,9 +169,9 @@ def test_compiled_long_prefill_agrees_with_eager(kind, monkeypatch):
 @cuda
 @pytest.mark.parametrize("kind,opts", [("gqa", {"n_kv_heads": 2}), ("mha", None)])
 def test_compiled_rotary_step_equals_the_eager_one(kind, opts):
-    """Under rotary positions on the card, ragged left-padded prompts: the compiled step (inductor's
-    fused rotation, stack and cache write) chooses the eager steps' tokens with fp32 logits within
-    1e-4."""
+    """Under rotary positions on the card, ragged left-padded prompts: the compiled step (with the
+    library's default, the rotating step's operator between inductor's fused product and the cache
+    write) chooses the eager steps' tokens with fp32 logits within 1e-4."""
     torch.manual_seed(0)
     model = build_model("llama-tiny", attention=kind, attn_options=opts, dropout=0.0, attn_dropout=0.0)
     model = model.cuda().float().eval()
