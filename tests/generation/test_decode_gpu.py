@@ -167,17 +167,29 @@ def test_compiled_long_prefill_agrees_with_eager(kind, monkeypatch):
 
 
 @cuda
-@pytest.mark.parametrize("kind,opts", [("gqa", {"n_kv_heads": 2}), ("mha", None)])
-def test_compiled_rotary_step_equals_the_eager_one(kind, opts):
-    """Under rotary positions on the card, ragged left-padded prompts: the compiled step (with the
-    library's default, the rotating step's operator between inductor's fused product and the cache
-    write) chooses the eager steps' tokens with fp32 logits within 1e-4."""
+@pytest.mark.parametrize("kind,opts", [("gqa", {"n_kv_heads": 2}), ("mha", None), ("mhe-mul", None)])
+def test_rotary_step_equals_the_unfused_path(kind, opts, monkeypatch):
+    """Under rotary positions on the card, fp32, ragged left-padded prompts: the rotating step's
+    kernel (``kv_cache.ROTARY_STEP`` on; it ran) chooses the unfused path's tokens (the rotary
+    embedding and ``torch.stack``, the switch off) with eager steps' logits within 1e-5, and so
+    does the compiled step with the operator between inductor's fused product and the cache
+    write."""
+    from mhe.attention import kv_cache, rotary_step
+
     torch.manual_seed(0)
     model = build_model("llama-tiny", attention=kind, attn_options=opts, dropout=0.0, attn_dropout=0.0)
     model = model.cuda().float().eval()
     ids, mask = prompts()
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", False)
     want, wl = model.generate(ids, 16, attention_mask=mask, step_mode="eager", return_logits=True)
+    monkeypatch.setattr(kv_cache, "ROTARY_STEP", True)
+    launches, launch = [], rotary_step.launch_step
+    monkeypatch.setattr(rotary_step, "launch_step", lambda *a: launches.append(1) or launch(*a))
+    fused, fl = model.generate(ids, 16, attention_mask=mask, step_mode="eager", return_logits=True)
+    assert launches, "the rotating step's kernel did not run"
+    assert torch.equal(fused, want)
+    torch.testing.assert_close(fl, wl, rtol=1e-5, atol=1e-5)
     got, gl = model.generate(ids, 16, attention_mask=mask, session=model.generator(3, 30, step_mode="compile"),
                              return_logits=True)
     assert torch.equal(got, want)
-    torch.testing.assert_close(gl, wl, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gl, wl, rtol=1e-5, atol=1e-5)
