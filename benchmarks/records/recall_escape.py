@@ -12,7 +12,11 @@ counted apart, not as having left. Per sequence length, width and step budget it
 how many left the plateau, the median and latest step at which they did, the latest as a share
 of the budget, how many memorised, and how many ended above 0.9 accuracy. A latest step near the
 end of the budget says the budget decides which runs learn (issue 60: the first pass of length
-256 at 1,200 steps). ``--archive`` reads a packed set of runs kept beside the grid
+256 at 1,200 steps). For the runs that did not leave, it gives their lowest last logged loss, how
+many had not even reached the plateau's ln(pairs) by the end, and how many were still falling
+(their last loss more than ``FALLING`` below the one logged at 80% of the steps): a cell whose
+runs are all short of the plateau and falling was cut early, not shown unable (length 512 at
+4,500 steps). ``--archive`` reads a packed set of runs kept beside the grid
 (``runs-1200-steps.tar.xz``) instead of the grid's own.
 """
 
@@ -32,6 +36,9 @@ LEARNED = 0.9
 GENERALISED = 0.5
 """Test accuracy a run whose training loss left the plateau must end above to count as having
 left it (at or under it, the fall was memorisation: plateaus lie at 1/pairs, 0.25 and below)."""
+FALLING = 0.01
+"""Relative drop of the training loss over the last fifth of the steps above which a run counts as
+still falling at the end."""
 
 
 def escape_step(records: list[dict], pairs: int) -> int | None:
@@ -40,20 +47,29 @@ def escape_step(records: list[dict], pairs: int) -> int | None:
     return next((int(r["step"]) for r in records if "loss" in r and "step" in r and r["loss"] < bar), None)
 
 
+def end_losses(records: list[dict], steps: int) -> tuple[float | None, float | None]:
+    """The last logged training loss and the last one logged at or before 80% of ``steps``."""
+    losses = [(int(r["step"]), float(r["loss"])) for r in records if "loss" in r and "step" in r]
+    early = [x for step, x in losses if step <= 0.8 * steps]
+    return (losses[-1][1] if losses else None), (early[-1] if early else None)
+
+
 def run_row(name: str, config: dict | None, results: dict, records: list[dict] | None) -> dict:
     """One run: its length, width, pairs, steps, test accuracy, the step its training loss fell
-    under half the plateau's (None if never, or with no metrics) and whether that generalised."""
+    under half the plateau's (None if never, or with no metrics), whether that generalised, and
+    its last logged loss and the one at 80% of the steps."""
     if not isinstance(config, dict) or not isinstance(config.get("run"), dict):
         raise SystemExit(f"recall-escape: run {name} has no readable config.json")
     run = config["run"]
     options = run["data"]["task_options"]
     pairs = int(options["pairs"])
     fell = escape_step(records or [], pairs)
-    score = float(results["score"])
+    score, steps = float(results["score"]), int(results["steps"])
+    end, at_80 = end_losses(records or [], steps)
     return {"length": int(options["seq_len"]), "width": int(run["model"]["d_model"]), "pairs": pairs,
-            "steps": int(results["steps"]), "score": score, "logged": records is not None,
+            "steps": steps, "score": score, "logged": records is not None,
             "escape": fell if fell is not None and score > GENERALISED else None,
-            "memorised": fell is not None and score <= GENERALISED}
+            "memorised": fell is not None and score <= GENERALISED, "end_loss": end, "loss_at_80": at_80}
 
 
 def folder_rows(folder: Path) -> list[dict]:
@@ -75,11 +91,25 @@ def archive_rows(path: Path) -> list[dict]:
     return rows
 
 
+def stayed(mine: list[dict]) -> tuple[str, int, int]:
+    """Of a cell's runs that did not leave the plateau (nor memorised): their lowest last loss, how
+    many ended above the plateau's ln(pairs), how many were still falling at the end."""
+    rest = [r for r in mine if r["escape"] is None and not r["memorised"] and r["end_loss"] is not None]
+    if not rest:
+        return "-", 0, 0
+    above = sum(r["end_loss"] > math.log(r["pairs"]) for r in rest)
+    falling = sum(r["loss_at_80"] is not None and r["end_loss"] < (1 - FALLING) * r["loss_at_80"] for r in rest)
+    return f"{min(r['end_loss'] for r in rest):.2f}", above, falling
+
+
 def table(rows: list[dict]) -> str:
     """Per length, width and step budget: runs, how many left the plateau, the median and latest
-    step they did, the latest as a share of the budget, how many memorised, runs above ``LEARNED``."""
+    step they did, the latest as a share of the budget, how many memorised, runs above ``LEARNED``,
+    and of the rest (:func:`stayed`) the lowest last loss, how many ended above the plateau's loss
+    and how many were still falling."""
     lines = ["| length | pairs | width | steps | runs | left the plateau | median step | latest step | "
-             "latest, of the steps | memorised | above 0.9 |", "|---:" * 11 + "|"]
+             "latest, of the steps | memorised | above 0.9 | the rest: lowest last loss | above ln(pairs) | "
+             "falling |", "|---:" * 14 + "|"]
     cells = sorted({(r["length"], r["width"], r["steps"]) for r in rows}, key=lambda c: (c[0], -c[1], c[2]))
     for length, width, steps in cells:
         mine = [r for r in rows if (r["length"], r["width"], r["steps"]) == (length, width, steps)]
@@ -88,9 +118,10 @@ def table(rows: list[dict]) -> str:
                                  if left else ("-", "-", "-"))
         unlogged = sum(not r["logged"] for r in mine)
         runs = f"{len(mine)}" + (f" ({unlogged} without metrics)" if unlogged else "")
+        lowest, above, falling = stayed(mine)
         lines.append(f"| {length} | {mine[0]['pairs']} | {width} | {steps:,} | {runs} | {len(left)} | {median} | "
                      f"{latest} | {share} | {sum(r['memorised'] for r in mine)} | "
-                     f"{sum(r['score'] > LEARNED for r in mine)} |")
+                     f"{sum(r['score'] > LEARNED for r in mine)} | {lowest} | {above} | {falling} |")
     return "\n".join(lines)
 
 

@@ -60,6 +60,23 @@ def test_a_cell_counts_its_runs_and_the_latest_escape_against_the_budget(tmp_pat
     assert text.index("| 64 | 4 | 64 |") < text.index("| 64 | 4 | 32 |")  # the wider width first
 
 
+def test_the_runs_that_stayed_give_their_lowest_last_loss_and_whether_it_still_fell(tmp_path):
+    """Of the runs that neither left nor memorised: the lowest last loss, how many ended above
+    ln(pairs) (ln 64 = 4.16) and how many fell by more than 1% after 80% of the steps (here the
+    loss logged at step 400 of 500): one still falling short of the plateau, one flat at it, one
+    flat above it; the run that left is not among them."""
+    runs = {"L512-d64-mha-lr0.001-seed0": run_files(512, 64, 64, 500, 0.02, [8.0, 6.0, 5.5, 5.3, 5.2]),
+            "L512-d64-sha-lr0.001-seed0": run_files(512, 64, 64, 500, 0.02, [8.0, 5.0, 4.5, 4.1, 4.1]),
+            "L512-d64-mqa-lr0.001-seed0": run_files(512, 64, 64, 500, 0.01, [8.3, 8.3, 8.3, 8.3, 8.3]),
+            "L512-d64-gqa-lr0.001-seed0": run_files(512, 64, 64, 500, 0.99, [8.0, 4.0, 1.0, 0.1, 0.0])}
+    write(tmp_path / "g", runs)
+    text = recall_escape.table(recall_escape.folder_rows(tmp_path / "g"))
+    assert "| 512 | 64 | 64 | 500 | 4 | 1 | 300 | 300 | 60% | 0 | 1 | 4.10 | 2 | 1 |" in text
+    assert recall_escape.end_losses([{"step": 100, "loss": 3.0}, {"step": 150, "eval": 0.5}], 150) == (3.0, 3.0)
+    assert recall_escape.end_losses([{"step": 100, "loss": 3.0}, {"step": 200, "loss": 2.0}], 200) == (2.0, 3.0)
+    assert recall_escape.end_losses([], 100) == (None, None)
+
+
 def test_runs_without_metrics_are_named_and_without_a_configuration_refused(tmp_path):
     runs = {"L64-d32-mha-lr0.01-seed0": dict(RUNS["L64-d32-mha-lr0.01-seed0"])}
     del runs["L64-d32-mha-lr0.01-seed0"]["metrics.jsonl"]
