@@ -14,7 +14,8 @@ of the budget, how many memorised, and how many ended above 0.9 accuracy. A late
 end of the budget says the budget decides which runs learn (issue 60: the first pass of length
 256 at 1,200 steps). For the runs that did not leave, it gives their lowest last logged loss, how
 many had not even reached the plateau's ln(pairs) by the end, and how many were still falling
-(their last loss more than ``FALLING`` below the one logged at 80% of the steps): a cell whose
+(their last loss more than ``FALLING``, relative, under the one logged at 80% of the steps;
+memorised runs are not among them): a cell whose
 runs are all short of the plateau and falling was cut early, not shown unable (length 512 at
 4,500 steps). ``--archive`` reads a packed set of runs kept beside the grid
 (``runs-1200-steps.tar.xz``) instead of the grid's own.

@@ -1,7 +1,8 @@
 """``benchmarks/results_tools.py recall-escape`` (``benchmarks/records/recall_escape.py``): the first
 step whose training loss is under half the plateau's ln(pairs), and per cell the runs that left
-it, the median and latest such step and the share of the budget, from a grid folder or a packed
-archive kept beside it."""
+it, the median and latest such step and the share of the budget, and of the runs that stayed
+their lowest last loss, how many ended above ln(pairs) and how many still fell, from a grid
+folder or a packed archive kept beside it."""
 
 import json
 import math

@@ -173,7 +173,8 @@ def test_rotary_step_equals_the_unfused_path(kind, opts, monkeypatch):
     kernel (``kv_cache.ROTARY_STEP`` on; it ran) chooses the unfused path's tokens (the rotary
     embedding and ``torch.stack``, the switch off) with eager steps' logits within 1e-5, and so
     does the compiled step with the operator between inductor's fused product and the cache
-    write."""
+    write (that the compiled step holds the operator, once a layer, is checked on a CPU:
+    ``tests/attention/test_rotary_step.py``)."""
     from mhe.attention import kv_cache, rotary_step
 
     torch.manual_seed(0)
