@@ -15,8 +15,9 @@ views inside the operator): an earlier form took the product's three views, and 
 each into a buffer of its own first (three kernels a layer on an H200; docs/benchmarks.md, "The
 rotating step's first form added kernels"). Given the product whole, inductor hands over the
 kernel's output that computes the RMSNorm and the product, with no copy, and every kind launches
-281 kernels a token on llama-135m (docs/benchmarks.md, "The rotating step, given the product
-whole"; ``decode.py step-code --rotary-step on`` shows the generated code). Whether steps use it is
+281 kernels a token on llama-135m at batch 1 (docs/benchmarks.md, "The rotating step, given the
+product whole"; ``decode.py step-code --rotary-step on`` shows the generated code); at 64 rows
+GQA and MHE-Mul launch 309 and MHA 337, one operator-building kernel a layer more. Whether steps use it is
 :data:`mhe.attention.kv_cache.ROTARY_STEP`, on by default (the sublayers that give a product:
 ``Attention._step_product``).
 

@@ -44,7 +44,7 @@ ZOOLOGY_WIDTHS = (64, 128, 256, 512)
 ZOOLOGY_VOCAB = 8192  # [PAD] + 4,095 keys + 4,096 values
 RECALL_KINDS = ("mha", "gqa", "mqa", "sha", "mhe-add", "mhe-mul", "el-att", "skv")
 ROTARY_ENTRIES = ("mha", "mhe-mul rope-then-psi", "mhe-mul psi-then-rope")
-RECALL_STEPS = {64: 800, 128: 1000, 256: 3600, 512: 4500}
+RECALL_STEPS = {64: 800, 128: 1000, 256: 3600, 512: 9000}
 """Steps per sequence length of ``gpu-recall-zoology``: at length 64 past the step (about 500)
 where MHA at width 64 reaches 0.9 (the module's calibration); at length 128 MHA left the plateau
 by steps 350-550 of 1,000 at every width (the grid's training losses). Lengths 256 and 512 first
@@ -53,7 +53,10 @@ rate, its training loss falling only at epoch boundaries (memorising the 100,000
 while EL-att left it between steps 900 and 1,000 and GQA on one rate of four; the cell would have ranked
 the kinds by luck near the end of training. Three times those steps (about 9 and 6 epochs,
 Zoology's runs up to 64) give the slower learners the time the fast ones took, an estimate that
-the first runs' training losses check (results/recall-zoology/RUN.md)."""
+the first runs' training losses check (results/recall-zoology/RUN.md). At length 512 they did
+not: 23 runs at 4,500 steps (width 512) all stayed on the plateau, none with a training loss
+below ln 64 and 11 still falling, so length 512 trains 9,000 (those runs are kept aside in
+``runs-4500-steps.tar.xz``)."""
 RECALL_BATCH = {64: 512, 128: 512, 256: 256, 512: 128}
 """Sequences per step by length, Zoology's (its figure 2 configurations): 32k tokens a step at
 length 64, 64k from 128 on; queried values a step: 2,048, 4,096, 4,096 and 8,192. Large batches
