@@ -15,9 +15,12 @@ end of the budget says the budget decides which runs learn (issue 60: the first 
 256 at 1,200 steps). For the runs that did not leave, it gives their lowest last logged loss, how
 many had not even reached the plateau's ln(pairs) by the end, and how many were still falling
 (their last loss more than ``FALLING``, relative, under the one logged at 80% of the steps;
-memorised runs are not among them): a cell whose
-runs are all short of the plateau and falling was cut early, not shown unable (length 512 at
-4,500 steps). ``--archive`` reads a packed set of runs kept beside the grid
+memorised runs are not among them), and the median share of their fall after 20% of the steps
+that came in the logged intervals where a new epoch of the training sequences began, beside the
+share of such intervals (what a fall blind to epochs would give): a cell whose runs are short of
+the plateau and falling, but not at epoch starts, was cut early; one whose fall comes at epoch
+starts is memorising its training sequences, and more steps over them feed that path (length 512
+at 4,500 and 9,000 steps). ``--archive`` reads a packed set of runs kept beside the grid
 (``runs-1200-steps.tar.xz``) instead of the grid's own.
 """
 
@@ -40,6 +43,9 @@ left it (at or under it, the fall was memorisation: plateaus lie at 1/pairs, 0.2
 FALLING = 0.01
 """Relative drop of the training loss over the last fifth of the steps above which a run counts as
 still falling at the end."""
+SETTLED = 0.2
+"""Share of the steps after which a run's fall is read for epoch starts (warm-up and the first
+descent from ln(vocabulary) lie before it)."""
 
 
 def escape_step(records: list[dict], pairs: int) -> int | None:
@@ -55,10 +61,25 @@ def end_losses(records: list[dict], steps: int) -> tuple[float | None, float | N
     return (losses[-1][1] if losses else None), (early[-1] if early else None)
 
 
+def epoch_share(records: list[dict], steps: int, epoch_steps: float | None) -> tuple[float, float] | None:
+    """Of the training loss's fall from the first step logged at ``SETTLED`` of ``steps`` to the
+    last: the share that came in the logged intervals in which a new epoch began (an epoch is
+    ``epoch_steps`` steps), and the share of the intervals that are such. None without the epoch's
+    length or a fall of more than ``FALLING`` (relative)."""
+    losses = [(int(r["step"]), float(r["loss"])) for r in records if "loss" in r and "step" in r]
+    losses = [(step, x) for step, x in losses if step >= SETTLED * steps]
+    if not epoch_steps or len(losses) < 2 or losses[-1][1] >= (1 - FALLING) * losses[0][1]:
+        return None
+    starts = [math.floor(b / epoch_steps) > math.floor(a / epoch_steps) for (a, _), (b, _) in zip(losses, losses[1:])]
+    at_starts = sum(x0 - x1 for (_, x0), (_, x1), new in zip(losses, losses[1:], starts) if new)
+    return at_starts / (losses[0][1] - losses[-1][1]), sum(starts) / len(starts)
+
+
 def run_row(name: str, config: dict | None, results: dict, records: list[dict] | None) -> dict:
     """One run: its length, width, pairs, steps, test accuracy, the step its training loss fell
     under half the plateau's (None if never, or with no metrics), whether that generalised, and
-    its last logged loss and the one at 80% of the steps."""
+    its last logged loss and the one at 80% of the steps, and how much of its late fall came at
+    epoch starts (:func:`epoch_share`)."""
     if not isinstance(config, dict) or not isinstance(config.get("run"), dict):
         raise SystemExit(f"recall-escape: run {name} has no readable config.json")
     run = config["run"]
@@ -67,10 +88,13 @@ def run_row(name: str, config: dict | None, results: dict, records: list[dict] |
     fell = escape_step(records or [], pairs)
     score, steps = float(results["score"]), int(results["steps"])
     end, at_80 = end_losses(records or [], steps)
+    size, batch = options.get("train_size"), run.get("train", {}).get("batch_size")
+    epoch = int(size) / int(batch) if size and batch else None
     return {"length": int(options["seq_len"]), "width": int(run["model"]["d_model"]), "pairs": pairs,
             "steps": steps, "score": score, "logged": records is not None,
             "escape": fell if fell is not None and score > GENERALISED else None,
-            "memorised": fell is not None and score <= GENERALISED, "end_loss": end, "loss_at_80": at_80}
+            "memorised": fell is not None and score <= GENERALISED, "end_loss": end, "loss_at_80": at_80,
+            "epoch_share": epoch_share(records or [], steps, epoch)}
 
 
 def folder_rows(folder: Path) -> list[dict]:
@@ -92,25 +116,29 @@ def archive_rows(path: Path) -> list[dict]:
     return rows
 
 
-def stayed(mine: list[dict]) -> tuple[str, int, int]:
+def stayed(mine: list[dict]) -> tuple[str, int, int, str]:
     """Of a cell's runs that did not leave the plateau (nor memorised): their lowest last loss, how
-    many ended above the plateau's ln(pairs), how many were still falling at the end."""
+    many ended above the plateau's ln(pairs), how many were still falling at the end, and the
+    median share of their late fall that came at epoch starts, with the intervals' share beside it."""
     rest = [r for r in mine if r["escape"] is None and not r["memorised"] and r["end_loss"] is not None]
     if not rest:
-        return "-", 0, 0
+        return "-", 0, 0, "-"
     above = sum(r["end_loss"] > math.log(r["pairs"]) for r in rest)
     falling = sum(r["loss_at_80"] is not None and r["end_loss"] < (1 - FALLING) * r["loss_at_80"] for r in rest)
-    return f"{min(r['end_loss'] for r in rest):.2f}", above, falling
+    shares = [r["epoch_share"] for r in rest if r["epoch_share"] is not None]
+    at_starts = (f"{statistics.median(s for s, _ in shares):.0%} of {len(shares)} "
+                 f"({statistics.median(c for _, c in shares):.0%})" if shares else "-")
+    return f"{min(r['end_loss'] for r in rest):.2f}", above, falling, at_starts
 
 
 def table(rows: list[dict]) -> str:
     """Per length, width and step budget: runs, how many left the plateau, the median and latest
     step they did, the latest as a share of the budget, how many memorised, runs above ``LEARNED``,
     and of the rest (:func:`stayed`) the lowest last loss, how many ended above the plateau's loss
-    and how many were still falling."""
+    and how many were still falling, and the median share of their late fall at epoch starts."""
     lines = ["| length | pairs | width | steps | runs | left the plateau | median step | latest step | "
              "latest, of the steps | memorised | above 0.9 | the rest: lowest last loss | above ln(pairs) | "
-             "falling |", "|---:" * 14 + "|"]
+             "falling | late fall at epoch starts (of the intervals) |", "|---:" * 15 + "|"]
     cells = sorted({(r["length"], r["width"], r["steps"]) for r in rows}, key=lambda c: (c[0], -c[1], c[2]))
     for length, width, steps in cells:
         mine = [r for r in rows if (r["length"], r["width"], r["steps"]) == (length, width, steps)]
@@ -119,10 +147,10 @@ def table(rows: list[dict]) -> str:
                                  if left else ("-", "-", "-"))
         unlogged = sum(not r["logged"] for r in mine)
         runs = f"{len(mine)}" + (f" ({unlogged} without metrics)" if unlogged else "")
-        lowest, above, falling = stayed(mine)
+        lowest, above, falling, at_starts = stayed(mine)
         lines.append(f"| {length} | {mine[0]['pairs']} | {width} | {steps:,} | {runs} | {len(left)} | {median} | "
                      f"{latest} | {share} | {sum(r['memorised'] for r in mine)} | "
-                     f"{sum(r['score'] > LEARNED for r in mine)} | {lowest} | {above} | {falling} |")
+                     f"{sum(r['score'] > LEARNED for r in mine)} | {lowest} | {above} | {falling} | {at_starts} |")
     return "\n".join(lines)
 
 
