@@ -206,6 +206,29 @@ def test_recall_grid_trains_as_zoology_does():
     assert compiled == {64: False, 128: False, 256: True, 512: True}  # the pool's measured lever, from 256 on
 
 
+def test_the_fresh_data_probe_is_the_grid_s_length_512_run_on_more_sequences():
+    """``gpu-recall-fresh-512`` must differ from the grid's own length-512 runs (width 512, lr
+    1e-3, seed 0) in the training set's size alone, or its answer would not be about the data."""
+    import dataclasses
+
+    from mhe.experiments.grid import Point, run_config
+    from mhe.experiments.grid_presets import GRIDS
+
+    probe, grid = GRIDS["gpu-recall-fresh-512"], GRIDS["gpu-recall-zoology"]
+    seen = []
+    for block in probe.blocks:
+        same = next(b for b in grid.blocks if b.name == block.name)
+        for entry in block.entries:
+            ours = run_config(probe, Point(block, entry, 512, 64, 512, 1e-3, 0))
+            theirs = run_config(grid, Point(same, entry, 512, 64, 512, 1e-3, 0))
+            assert ours.data.task_options.train_size == 9000 * 128 == ours.train.steps * ours.train.batch_size
+            assert theirs.data.task_options.train_size == 100_000
+            ours.data.task_options = dataclasses.replace(ours.data.task_options, train_size=100_000)
+            assert ours.to_dict() == theirs.to_dict()
+            seen.append(entry)
+    assert seen == ["mha", "gqa", "mqa", "mhe-mul rope-then-psi"]
+
+
 @pytest.mark.slow
 def test_mha_leaves_the_recall_plateau_at_the_smallest_cell(tmp_path, monkeypatch):
     """MHA at length 64, 4 pairs, width 64 (4 heads of 16), vocabulary 8,192, trained as the grid

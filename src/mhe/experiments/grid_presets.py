@@ -113,6 +113,15 @@ GRIDS = {
         note="issue 60: recall at Zoology's scale (2 layers, widths 64-512, lengths 64-512 with 4-64 pairs, "
              "vocabulary 8,192); best of 3 learning rates (one more past an edge the best lies on), then 3 seeds",
         extend=1),
+    # does fresh data let length 512 leave the plateau? (results/recall-zoology/RUN.md, "Length 512 at
+    # 4,500 and 9,000 steps": on 100,000 sequences its runs memorise) The grid's length-512 runs at
+    # width 512 and lr 1e-3, seed 0, each training sequence seen about once
+    "gpu-recall-fresh-512": Grid(
+        "recall", _blocks(("mha", "gqa", "mqa"), ("mhe-mul rope-then-psi",)), ((512, 64),), (512,), (1e-3,), 1,
+        functools.partial(recall_zoology, steps=RECALL_STEPS, batch=RECALL_BATCH,
+                          train_size=RECALL_STEPS[512] * RECALL_BATCH[512]),
+        note="issue 60: length 512 at width 512 on 1,152,000 training sequences (9,000 steps of 128, "
+             "each about once) against the grid's 100,000: MHA, GQA, MQA, rotary MHE-Mul, lr 1e-3, seed 0"),
     # minutes on a CPU: the grid's machinery end to end (tests, a dry run of the chain)
     "cpu-recall-zoology": Grid(
         "recall", _blocks(("mha", "mhe-add"), ("mhe-mul rope-then-psi",)), ((32, 4), (64, 8)), (32, 64),
