@@ -61,16 +61,20 @@ def end_losses(records: list[dict], steps: int) -> tuple[float | None, float | N
     return (losses[-1][1] if losses else None), (early[-1] if early else None)
 
 
-def epoch_share(records: list[dict], steps: int, epoch_steps: float | None) -> tuple[float, float] | None:
+def epoch_share(records: list[dict], steps: int, epoch: int | None,
+                per_step: int = 1) -> tuple[float, float] | None:
     """Of the training loss's fall from the first step logged at ``SETTLED`` of ``steps`` to the
-    last: the share that came in the logged intervals in which a new epoch began (an epoch is
-    ``epoch_steps`` steps), and the share of the intervals that are such. None without the epoch's
-    length or a fall of more than ``FALLING`` (relative)."""
+    last: the share that came in the logged intervals in which a new epoch began, and the share of
+    the intervals that are such. An epoch is ``epoch`` batches and a step takes ``per_step``
+    (gradient accumulation), so logged step ``s`` (steps done) last took batch ``s * per_step``,
+    of epoch ``(s * per_step - 1) // epoch``, as :class:`~mhe.training.batches.BatchOrder` counts.
+    None without the epoch's length or a fall of more than ``FALLING`` (relative)."""
     losses = [(int(r["step"]), float(r["loss"])) for r in records if "loss" in r and "step" in r]
     losses = [(step, x) for step, x in losses if step >= SETTLED * steps]
-    if not epoch_steps or len(losses) < 2 or losses[-1][1] >= (1 - FALLING) * losses[0][1]:
+    if not epoch or len(losses) < 2 or losses[-1][1] >= (1 - FALLING) * losses[0][1]:
         return None
-    starts = [math.floor(b / epoch_steps) > math.floor(a / epoch_steps) for (a, _), (b, _) in zip(losses, losses[1:])]
+    of = [(step * per_step - 1) // epoch for step, _ in losses]
+    starts = [later > earlier for earlier, later in zip(of, of[1:])]
     at_starts = sum(x0 - x1 for (_, x0), (_, x1), new in zip(losses, losses[1:], starts) if new)
     return at_starts / (losses[0][1] - losses[-1][1]), sum(starts) / len(starts)
 
@@ -88,13 +92,14 @@ def run_row(name: str, config: dict | None, results: dict, records: list[dict] |
     fell = escape_step(records or [], pairs)
     score, steps = float(results["score"]), int(results["steps"])
     end, at_80 = end_losses(records or [], steps)
-    size, batch = options.get("train_size"), run.get("train", {}).get("batch_size")
-    epoch = int(size) / int(batch) if size and batch else None
+    train = run.get("train", {})
+    size, batch = options.get("train_size"), train.get("batch_size")
+    epoch = int(size) // int(batch) if size and batch else None
     return {"length": int(options["seq_len"]), "width": int(run["model"]["d_model"]), "pairs": pairs,
             "steps": steps, "score": score, "logged": records is not None,
             "escape": fell if fell is not None and score > GENERALISED else None,
             "memorised": fell is not None and score <= GENERALISED, "end_loss": end, "loss_at_80": at_80,
-            "epoch_share": epoch_share(records or [], steps, epoch)}
+            "epoch_share": epoch_share(records or [], steps, epoch, int(train.get("grad_accum") or 1))}
 
 
 def folder_rows(folder: Path) -> list[dict]:

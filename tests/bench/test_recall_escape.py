@@ -81,34 +81,39 @@ def test_the_runs_that_stayed_give_their_lowest_last_loss_and_whether_it_still_f
 
 
 def test_a_fall_at_epoch_starts_is_measured_against_the_intervals_that_hold_one():
-    """Epochs of 250 steps, losses logged every 100: from step 200 (20% of 1,000) on, the intervals
-    (200, 300], (400, 500], (700, 800] and (900, 1000] hold an epoch start (4 of 8). A loss that
-    falls by 1.0 in each of them and rises by 0.2 in the other four nets 3.2: 125% of it came at
-    epoch starts; one falling evenly gives the intervals' share; a flat one, or no epoch length,
-    gives None."""
+    """Epochs of 250 batches, losses logged every 100 steps (steps done): step s last took batch
+    s, of epoch (s - 1) // 250, so from step 200 (20% of 1,000) on the intervals (200, 300],
+    (500, 600] and (700, 800] hold an epoch's first batch (3 of 8), and (900, 1000] does not
+    (batch 1,000 is epoch 3's last). A loss that falls by 1.0 in those three and rises by 0.2 in
+    the other five nets 2.0: 150% of it came at epoch starts. Two batches a step over epochs of
+    500 batches read the same; a loss falling evenly gives the intervals' share; within one epoch
+    no interval holds a start; a flat loss, or no epoch length, gives None."""
     steps = list(range(100, 1001, 100))
     records, x = [{"step": 100, "loss": 9.0}, {"step": 200, "loss": 8.0}], 8.0
     for step in steps[2:]:
-        x += -1.0 if step in (300, 500, 800, 1000) else 0.2
+        x += -1.0 if step in (300, 600, 800) else 0.2
         records.append({"step": step, "loss": x})
-    assert recall_escape.epoch_share(records, 1000, 250.0) == pytest.approx((1.25, 0.5))
+    assert recall_escape.epoch_share(records, 1000, 250) == pytest.approx((1.5, 3 / 8))
+    assert recall_escape.epoch_share(records, 1000, 500, per_step=2) == pytest.approx((1.5, 3 / 8))
     even = [{"step": s, "loss": 10.0 - s / 100} for s in steps]
-    assert recall_escape.epoch_share(even, 1000, 250.0) == pytest.approx((0.5, 0.5))
+    assert recall_escape.epoch_share(even, 1000, 250) == pytest.approx((3 / 8, 3 / 8))
+    assert recall_escape.epoch_share(even, 1000, 1000) == (0.0, 0.0)
     flat = [{"step": s, "loss": 5.0} for s in steps]
-    assert recall_escape.epoch_share(flat, 1000, 250.0) is None
+    assert recall_escape.epoch_share(flat, 1000, 250) is None
     assert recall_escape.epoch_share(records, 1000, None) is None
 
 
 def test_the_cell_gives_the_median_share_of_its_stayed_runs_that_fell(tmp_path):
     """The column reads each run's epoch from its configuration (training sequences over the batch:
-    200 steps). Logged at steps 100-500, the intervals (100, 200] and (300, 400] hold an epoch start
-    (2 of 4); both runs that fell did so only there (100%); the flat run is left out of the count."""
+    200 batches). Logged at steps 100-500, the intervals (200, 300] and (400, 500] hold an epoch's
+    first batch (2 of 4); both runs that fell did so only there (100%); the flat run is left out of
+    the count."""
     runs = {f"L512-d64-{k}-lr0.001-seed0": run_files(512, 64, 64, 500, 0.02, losses, 20_000, 100)
-            for k, losses in (("mha", [8.0, 7.0, 7.0, 6.0, 6.0]), ("sha", [8.0, 7.5, 7.5, 7.0, 7.0]),
+            for k, losses in (("mha", [8.0, 8.0, 7.0, 7.0, 6.0]), ("sha", [8.0, 8.0, 7.5, 7.5, 7.0]),
                               ("mqa", [8.3] * 5))}
     write(tmp_path / "g", runs)
     text = recall_escape.table(recall_escape.folder_rows(tmp_path / "g"))
-    assert "| 512 | 64 | 64 | 500 | 3 | 0 | - | - | - | 0 | 0 | 6.00 | 3 | 0 | 100% of 2 (50%) |" in text
+    assert "| 512 | 64 | 64 | 500 | 3 | 0 | - | - | - | 0 | 0 | 6.00 | 3 | 2 | 100% of 2 (50%) |" in text
 
 
 def test_runs_without_metrics_are_named_and_without_a_configuration_refused(tmp_path):

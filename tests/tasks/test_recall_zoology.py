@@ -206,27 +206,28 @@ def test_recall_grid_trains_as_zoology_does():
     assert compiled == {64: False, 128: False, 256: True, 512: True}  # the pool's measured lever, from 256 on
 
 
-def test_the_fresh_data_probe_is_the_grid_s_length_512_run_on_more_sequences():
-    """``gpu-recall-fresh-512`` must differ from the grid's own length-512 runs (width 512, lr
-    1e-3, seed 0) in the training set's size alone, or its answer would not be about the data."""
+def test_the_fresh_data_probe_is_the_grid_s_length_512_run_on_more_sequences(tmp_path):
+    """``gpu-recall-fresh-512`` runs four of the grid's length-512 runs (width 512, lr 1e-3, seed
+    0; nothing follows them) and must differ from them in the training set's size alone, one
+    sequence a batch row of the whole run, or its answer would not be about the data."""
     import dataclasses
 
-    from mhe.experiments.grid import Point, run_config
+    from mhe.experiments.grid import GridRun, run_config
     from mhe.experiments.grid_presets import GRIDS
 
     probe, grid = GRIDS["gpu-recall-fresh-512"], GRIDS["gpu-recall-zoology"]
-    seen = []
-    for block in probe.blocks:
-        same = next(b for b in grid.blocks if b.name == block.name)
-        for entry in block.entries:
-            ours = run_config(probe, Point(block, entry, 512, 64, 512, 1e-3, 0))
-            theirs = run_config(grid, Point(same, entry, 512, 64, 512, 1e-3, 0))
-            assert ours.data.task_options.train_size == 9000 * 128 == ours.train.steps * ours.train.batch_size
-            assert theirs.data.task_options.train_size == 100_000
-            ours.data.task_options = dataclasses.replace(ours.data.task_options, train_size=100_000)
-            assert ours.to_dict() == theirs.to_dict()
-            seen.append(entry)
-    assert seen == ["mha", "gqa", "mqa", "mhe-mul rope-then-psi"]
+    todo = GridRun(probe, tmp_path).todo()
+    assert [p.name() for p in todo] == [
+        "L512-d512-mha-lr0.001-seed0", "L512-d512-gqa-lr0.001-seed0", "L512-d512-mqa-lr0.001-seed0",
+        "L512-d512-rotary-mhe-mul-rope-then-psi-lr0.001-seed0"]
+    assert probe.seeds == 1 and probe.extend == 0
+    for p in todo:
+        ours = run_config(probe, p)
+        theirs = run_config(grid, dataclasses.replace(p, block=next(b for b in grid.blocks if b.name == p.block.name)))
+        assert ours.data.task_options.train_size == 9000 * 128 == ours.train.steps * ours.train.batch_size
+        assert theirs.data.task_options.train_size == 100_000
+        ours.data.task_options = dataclasses.replace(ours.data.task_options, train_size=100_000)
+        assert ours.to_dict() == theirs.to_dict()
 
 
 @pytest.mark.slow

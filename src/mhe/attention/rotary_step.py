@@ -17,9 +17,9 @@ rotating step's first form added kernels"). Given the product whole, inductor ha
 kernel's output that computes the RMSNorm and the product, with no copy, and every kind launches
 281 kernels a token on llama-135m at batch 1 (docs/benchmarks.md, "The rotating step, given the
 product whole"; ``decode.py step-code --rotary-step on`` shows the generated code); at 64 rows
-GQA and MHE-Mul launch 309 and MHA 337, one operator-building kernel a layer more. Whether steps use it is
-:data:`mhe.attention.kv_cache.ROTARY_STEP`, on by default (the sublayers that give a product:
-``Attention._step_product``).
+GQA and MHE-Mul launch 309 and MHA 337, one operator-building kernel a layer more. Whether steps
+use it is :data:`mhe.attention.kv_cache.ROTARY_STEP`, on by default (the sublayers that give a
+product: ``Attention._step_product``).
 
 The arithmetic is :class:`~mhe.attention.rotary.RotaryEmbedding`'s (its float32 tables cast to
 the heads' dtype, ``x * cos + rotate_half(x) * sin`` over the first ``r`` dimensions, the rest

@@ -14,9 +14,9 @@ width 64 (4 heads), up to heads of 64 from width 256 (``max(4, width // 64)`` he
 half the heads as K/V heads; no dropout; AdamW with weight decay 0.1; Zoology's batches
 (:data:`RECALL_BATCH`). Each kind at its best of three learning rates (seed 0; where the best is
 an edge of the three and strictly above its neighbour, one more rate past that edge:
-``Grid.extend``), then 3 seeds at that rate. :data:`RECALL_STEPS` per length, 10% warm-up, cosine: far fewer than Zoology's 64
-epochs (which stop at 99% test accuracy), the same for every kind. ``--set train.steps=N``
-trains longer.
+``Grid.extend``), then 3 seeds at that rate. :data:`RECALL_STEPS` per length, 10% warm-up,
+cosine: far fewer than Zoology's 64 epochs (which stop at 99% test accuracy), the same for every
+kind. ``--set train.steps=N`` trains longer.
 
 Calibration on a CPU (MHA, length 64, 4 pairs, width 64 as 4 heads of 16, lr 3e-3, vocabulary
 8,192). With a GPT-2 block's feed-forward and batches of 64, test accuracy stays at the plateau
@@ -50,13 +50,15 @@ where MHA at width 64 reaches 0.9 (the module's calibration); at length 128 MHA 
 by steps 350-550 of 1,000 at every width (the grid's training losses). Lengths 256 and 512 first
 ran 1,200 and 1,500 steps: at length 256 MHA stayed at the plateau at widths 256 and 512 on every
 rate, its training loss falling only at epoch boundaries (memorising the 100,000 sequences),
-while EL-att left it between steps 900 and 1,000 and GQA on one rate of four; the cell would have ranked
-the kinds by luck near the end of training. Three times those steps (about 9 and 6 epochs,
+while EL-att left it between steps 900 and 1,000 and GQA on one rate of four; the cell would
+have ranked the kinds by luck near the end of training. Three times those steps (about 9 and 6 epochs,
 Zoology's runs up to 64) give the slower learners the time the fast ones took, an estimate that
 the first runs' training losses check (results/recall-zoology/RUN.md). At length 512 they did
-not: 23 runs at 4,500 steps (width 512) all stayed on the plateau, none with a training loss
-below ln 64 and 11 still falling, so length 512 trains 9,000 (those runs are kept aside in
-``runs-4500-steps.tar.xz``)."""
+not: 23 runs at 4,500 steps (width 512) all stayed on the plateau, and length 512 went to 9,000
+(those runs kept aside in ``runs-4500-steps.tar.xz``), where its 40 runs of width 512 stay there
+too. At both budgets their training loss falls at epoch starts: they memorise the 100,000
+sequences, so more steps are not length 512's lever; ``gpu-recall-fresh-512`` asks whether a
+larger training set is."""
 RECALL_BATCH = {64: 512, 128: 512, 256: 256, 512: 128}
 """Sequences per step by length, Zoology's (its figure 2 configurations): 32k tokens a step at
 length 64, 64k from 128 on; queried values a step: 2,048, 4,096, 4,096 and 8,192. Large batches
@@ -115,13 +117,13 @@ GRIDS = {
         extend=1),
     # does fresh data let length 512 leave the plateau? (results/recall-zoology/RUN.md, "Length 512 at
     # 4,500 and 9,000 steps": on 100,000 sequences its runs memorise) The grid's length-512 runs at
-    # width 512 and lr 1e-3, seed 0, each training sequence seen about once
+    # width 512 and lr 1e-3, seed 0, each training sequence seen once
     "gpu-recall-fresh-512": Grid(
         "recall", _blocks(("mha", "gqa", "mqa"), ("mhe-mul rope-then-psi",)), ((512, 64),), (512,), (1e-3,), 1,
         functools.partial(recall_zoology, steps=RECALL_STEPS, batch=RECALL_BATCH,
                           train_size=RECALL_STEPS[512] * RECALL_BATCH[512]),
         note="issue 60: length 512 at width 512 on 1,152,000 training sequences (9,000 steps of 128, "
-             "each about once) against the grid's 100,000: MHA, GQA, MQA, rotary MHE-Mul, lr 1e-3, seed 0"),
+             "each once) against the grid's 100,000: MHA, GQA, MQA, rotary MHE-Mul, lr 1e-3, seed 0"),
     # minutes on a CPU: the grid's machinery end to end (tests, a dry run of the chain)
     "cpu-recall-zoology": Grid(
         "recall", _blocks(("mha", "mhe-add"), ("mhe-mul rope-then-psi",)), ((32, 4), (64, 8)), (32, 64),

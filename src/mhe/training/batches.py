@@ -28,7 +28,8 @@ class BatchOrder:
         self._kept: tuple[int, torch.Tensor] | None = None  # (epoch, its permutation)
 
     def _perm(self) -> torch.Tensor:
-        """The current epoch's order, seeded by (seed, epoch), drawn on the epoch's first batch."""
+        """The current epoch's order, seeded by (seed, epoch), drawn on the first batch this
+        object takes in that epoch (after a resume, the first one taken)."""
         if self._kept is None or self._kept[0] != self.epoch:
             if self.shuffle:
                 g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
