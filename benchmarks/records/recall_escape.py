@@ -1,6 +1,7 @@
 """When the recall grid's runs left the plateau: does a length's step budget give the slower learners time?
 
-    python benchmarks/results_tools.py recall-escape results/recall-zoology [--archive FILE.tar.xz] [--out FILE.md]
+    python benchmarks/results_tools.py recall-escape results/recall-zoology [--archive FILE.tar.xz [--per-run]]
+        [--out FILE.md]
 
 A recall run that has not learned the task sits at a plateau: it knows at best that the answer
 is one of the listed values, a training loss of ln(pairs) or above. A run that learns leaves it
@@ -21,7 +22,10 @@ share of such intervals (what a fall blind to epochs would give): a cell whose r
 the plateau and falling, but not at epoch starts, was cut early; one whose fall comes at epoch
 starts is memorising its training sequences, and more steps over them feed that path (length 512
 at 4,500 and 9,000 steps). ``--archive`` reads a packed set of runs kept beside the grid
-(``runs-1200-steps.tar.xz``) instead of the grid's own.
+(``runs-1200-steps.tar.xz``) instead of the grid's own; with ``--per-run`` it lists each of its
+runs, those cut before their end too (a probe's runs stopped by a call's deadline: length 512 at
+35,000 steps), with the steps they logged, their last and lowest loss and their fall at epoch
+starts.
 """
 
 from __future__ import annotations
@@ -108,17 +112,51 @@ def folder_rows(folder: Path) -> list[dict]:
     return [run_row(name, files.config(name), files.results(name), files.metrics(name)) for name in files.finished()]
 
 
-def archive_rows(path: Path) -> list[dict]:
-    """The finished runs of an archive of run folders (each run: the folder holding ``results.json``)."""
+def archive_runs(path: Path) -> list[tuple[str, dict | None, dict | None, list[dict] | None]]:
+    """Every run of an archive of run folders (each run: the folder holding its ``config.json`` or
+    ``results.json``), finished or not: its name, configuration, results (None if it was cut before
+    its end) and metrics records (None where it has none)."""
     members = read_archive(path)
-    rows = []
-    for result in sorted(n for n in members if PurePosixPath(n).name == RESULTS):
-        folder = str(PurePosixPath(result).parent)
-        name = PurePosixPath(folder).name
-        config, metrics = members.get(f"{folder}/{CONFIG}"), members.get(f"{folder}/{METRICS}")
-        rows.append(run_row(name, json.loads(config) if config else None, json.loads(members[result]),
-                            parse_metrics(metrics, where=f"{path}:{folder}") if metrics is not None else None))
-    return rows
+    folders = sorted({str(PurePosixPath(n).parent) for n in members if PurePosixPath(n).name in (CONFIG, RESULTS)})
+    runs = []
+    for folder in folders:
+        config, results = members.get(f"{folder}/{CONFIG}"), members.get(f"{folder}/{RESULTS}")
+        metrics = members.get(f"{folder}/{METRICS}")
+        runs.append((PurePosixPath(folder).name, json.loads(config) if config else None,
+                     json.loads(results) if results else None,
+                     parse_metrics(metrics, where=f"{path}:{folder}") if metrics is not None else None))
+    return runs
+
+
+def archive_rows(path: Path) -> list[dict]:
+    """The finished runs of an archive of run folders (:func:`archive_runs`)."""
+    return [run_row(name, config, results, records)
+            for name, config, results, records in archive_runs(path) if results is not None]
+
+
+def per_run_table(runs: list[tuple[str, dict | None, dict | None, list[dict] | None]]) -> str:
+    """A line a run, finished or cut: the steps it logged of its budget, its test accuracy (none
+    for a cut run), its last and lowest logged training loss, and the share of its fall after
+    ``SETTLED`` of the budget that came at epoch starts (:func:`epoch_share`), so that a run cut
+    before its end still says how far it got and how."""
+    lines = ["| run | steps logged | of | test accuracy | last loss | lowest loss | "
+             "fall at epoch starts (of the intervals) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, config, results, records in runs:
+        if not isinstance(config, dict) or not isinstance(config.get("run"), dict):
+            raise SystemExit(f"recall-escape: run {name} has no readable config.json")
+        run = config["run"]
+        train, options = run.get("train", {}), run["data"]["task_options"]
+        budget = int(results["steps"]) if results else int(train["steps"])
+        losses = [(int(r["step"]), float(r["loss"])) for r in records or [] if "loss" in r and "step" in r]
+        size, batch = options.get("train_size"), train.get("batch_size")
+        epoch = int(size) // int(batch) if size and batch else None
+        share = epoch_share(records or [], budget, epoch, int(train.get("grad_accum") or 1))
+        accuracy = f"{float(results['score']):.4f}" if results else "cut"
+        last, lowest = (f"{losses[-1][1]:.3f}", f"{min(x for _, x in losses):.3f}") if losses else ("-", "-")
+        at_starts = f"{share[0]:.0%} ({share[1]:.0%})" if share else "-"
+        lines.append(f"| {name} | {losses[-1][0] if losses else 0:,} | {budget:,} | {accuracy} | {last} | "
+                     f"{lowest} | {at_starts} |")
+    return "\n".join(lines)
 
 
 def stayed(mine: list[dict]) -> tuple[str, int, int, str]:
@@ -163,14 +201,24 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="results_tools.py recall-escape", description=__doc__.split("\n")[0])
     ap.add_argument("folder", type=Path, help="a recall grid's folder (runs/ or runs.tar.xz)")
     ap.add_argument("--archive", type=Path, help="read this archive of runs (PREFIX/RUN/FILE members) instead")
+    ap.add_argument("--per-run", action="store_true",
+                    help="with --archive: a line for every run, those cut before their end too")
     ap.add_argument("--out", type=Path, help="also write the table to this markdown file")
     a = ap.parse_args(argv)
     if a.archive is not None and not a.archive.is_file():
         ap.error(f"--archive {a.archive}: no such file")
-    rows = archive_rows(a.archive) if a.archive else folder_rows(a.folder)
-    if not rows:
-        ap.error(f"{a.archive or a.folder}: no finished runs")
-    text = table(rows)
+    if a.per_run and a.archive is None:
+        ap.error("--per-run reads an archive: give --archive FILE.tar.xz")
+    if a.per_run:
+        runs = archive_runs(a.archive)
+        if not runs:
+            ap.error(f"{a.archive}: no runs")
+        text = per_run_table(runs)
+    else:
+        rows = archive_rows(a.archive) if a.archive else folder_rows(a.folder)
+        if not rows:
+            ap.error(f"{a.archive or a.folder}: no finished runs")
+        text = table(rows)
     print(text)
     if a.out:
         from mhe.training.atomic import write_text_atomic

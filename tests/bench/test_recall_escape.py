@@ -136,3 +136,28 @@ def test_an_archive_kept_beside_the_grid_reads_alike(tmp_path):
     assert sorted(rows, key=key) == sorted(recall_escape.folder_rows(tmp_path / "g"), key=key)
     with pytest.raises(SystemExit):
         recall_escape.main([str(tmp_path), "--archive", str(tmp_path / "missing.tar.xz")])
+
+
+def test_per_run_lists_a_run_cut_before_its_end_with_the_steps_it_logged(tmp_path, capsys):
+    """A probe's run stopped by a call's deadline has no results.json: ``--per-run`` still lists
+    it, with the steps it logged of its configured budget, "cut" for its accuracy, its last and
+    lowest loss and its fall at epoch starts, read against its budget of 600 (epochs of 200
+    batches: from step 200, past 20% of 600, the intervals (200, 300] and (400, 500] hold a start,
+    2 of 3; the loss fell 1.0 in each and rose 0.5 in between: 2.0 of a 1.5 net fall, 133%). The
+    finished run keeps its accuracy."""
+    cut = run_files(512, 64, 64, 500, 0.0, [8.0, 7.0, 6.0, 6.5, 5.5], 20_000, 100)
+    del cut["results.json"]
+    config = json.loads(cut["config.json"])
+    config["run"]["train"]["steps"] = 600
+    cut["config.json"] = json.dumps(config)
+    done = run_files(512, 64, 64, 500, 0.0191, [8.0, 8.0, 8.0, 8.0, 8.0], 20_000, 100)
+    members = [(f"p/{name}/{f}", text.encode()) for name, files in
+               (("L512-d64-mha-lr0.001-seed0", cut), ("L512-d64-gqa-lr0.001-seed0", done)) for f, text in files.items()]
+    (tmp_path / "p.tar.xz").write_bytes(archive_bytes(members))
+    assert [r["score"] for r in recall_escape.archive_rows(tmp_path / "p.tar.xz")] == [0.0191]  # finished only
+    assert recall_escape.main([str(tmp_path), "--archive", str(tmp_path / "p.tar.xz"), "--per-run"]) == 0
+    text = capsys.readouterr().out
+    assert "| L512-d64-mha-lr0.001-seed0 | 500 | 600 | cut | 5.500 | 5.500 | 133% (67%) |" in text
+    assert "| L512-d64-gqa-lr0.001-seed0 | 500 | 500 | 0.0191 | 8.000 | 8.000 | - |" in text
+    with pytest.raises(SystemExit):
+        recall_escape.main([str(tmp_path), "--per-run"])  # a grid folder's cut runs are not read
