@@ -83,22 +83,28 @@ def epoch_share(records: list[dict], steps: int, epoch: int | None,
     return at_starts / (losses[0][1] - losses[-1][1]), sum(starts) / len(starts)
 
 
+def run_settings(name: str, config: dict | None) -> tuple[dict, dict, dict, int | None]:
+    """A run's settings from its ``config.json``: the run record, its task options, its training
+    settings and its epoch in batches (training sequences over the batch; None where either is
+    not recorded). A run without a readable configuration is a one-line error."""
+    if not isinstance(config, dict) or not isinstance(config.get("run"), dict):
+        raise SystemExit(f"recall-escape: run {name} has no readable config.json")
+    run = config["run"]
+    options, train = run["data"]["task_options"], run.get("train", {})
+    size, batch = options.get("train_size"), train.get("batch_size")
+    return run, options, train, (int(size) // int(batch) if size and batch else None)
+
+
 def run_row(name: str, config: dict | None, results: dict, records: list[dict] | None) -> dict:
     """One run: its length, width, pairs, steps, test accuracy, the step its training loss fell
     under half the plateau's (None if never, or with no metrics), whether that generalised, and
     its last logged loss and the one at 80% of the steps, and how much of its late fall came at
     epoch starts (:func:`epoch_share`)."""
-    if not isinstance(config, dict) or not isinstance(config.get("run"), dict):
-        raise SystemExit(f"recall-escape: run {name} has no readable config.json")
-    run = config["run"]
-    options = run["data"]["task_options"]
+    run, options, train, epoch = run_settings(name, config)
     pairs = int(options["pairs"])
     fell = escape_step(records or [], pairs)
     score, steps = float(results["score"]), int(results["steps"])
     end, at_80 = end_losses(records or [], steps)
-    train = run.get("train", {})
-    size, batch = options.get("train_size"), train.get("batch_size")
-    epoch = int(size) // int(batch) if size and batch else None
     return {"length": int(options["seq_len"]), "width": int(run["model"]["d_model"]), "pairs": pairs,
             "steps": steps, "score": score, "logged": records is not None,
             "escape": fell if fell is not None and score > GENERALISED else None,
@@ -114,16 +120,20 @@ def folder_rows(folder: Path) -> list[dict]:
 
 def archive_runs(path: Path) -> list[tuple[str, dict | None, dict | None, list[dict] | None]]:
     """Every run of an archive of run folders (each run: the folder holding its ``config.json`` or
-    ``results.json``), finished or not: its name, configuration, results (None if it was cut before
-    its end) and metrics records (None where it has none)."""
+    ``results.json``, not inside another such folder, so that a run's own subfolders such as
+    ``best/`` are not read as runs), finished or not: its name, configuration, results (None if it
+    was cut before its end) and metrics records (None where it has none)."""
     members = read_archive(path)
-    folders = sorted({str(PurePosixPath(n).parent) for n in members if PurePosixPath(n).name in (CONFIG, RESULTS)})
+    found = {PurePosixPath(n).parent for n in members if PurePosixPath(n).name in (CONFIG, RESULTS)}
+    folders = sorted(f for f in found if not any(up in found for up in f.parents))  # not a run's own subfolders
     runs = []
-    for folder in folders:
+    for folder in map(str, folders):
         config, results = members.get(f"{folder}/{CONFIG}"), members.get(f"{folder}/{RESULTS}")
         metrics = members.get(f"{folder}/{METRICS}")
-        runs.append((PurePosixPath(folder).name, json.loads(config) if config else None,
-                     json.loads(results) if results else None,
+        results = json.loads(results) if results else None
+        if results is not None and not isinstance(results, dict):
+            raise SystemExit(f"recall-escape: {path}:{folder}/{RESULTS} is not a JSON object")
+        runs.append((PurePosixPath(folder).name, json.loads(config) if config else None, results,
                      parse_metrics(metrics, where=f"{path}:{folder}") if metrics is not None else None))
     return runs
 
@@ -142,14 +152,11 @@ def per_run_table(runs: list[tuple[str, dict | None, dict | None, list[dict] | N
     lines = ["| run | steps logged | of | test accuracy | last loss | lowest loss | "
              "fall at epoch starts (of the intervals) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, config, results, records in runs:
-        if not isinstance(config, dict) or not isinstance(config.get("run"), dict):
-            raise SystemExit(f"recall-escape: run {name} has no readable config.json")
-        run = config["run"]
-        train, options = run.get("train", {}), run["data"]["task_options"]
+        _, _, train, epoch = run_settings(name, config)
+        if not results and "steps" not in train:
+            raise SystemExit(f"recall-escape: run {name} was cut and its config.json gives no train.steps")
         budget = int(results["steps"]) if results else int(train["steps"])
         losses = [(int(r["step"]), float(r["loss"])) for r in records or [] if "loss" in r and "step" in r]
-        size, batch = options.get("train_size"), train.get("batch_size")
-        epoch = int(size) // int(batch) if size and batch else None
         share = epoch_share(records or [], budget, epoch, int(train.get("grad_accum") or 1))
         accuracy = f"{float(results['score']):.4f}" if results else "cut"
         last, lowest = (f"{losses[-1][1]:.3f}", f"{min(x for _, x in losses):.3f}") if losses else ("-", "-")

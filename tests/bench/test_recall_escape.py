@@ -161,3 +161,23 @@ def test_per_run_lists_a_run_cut_before_its_end_with_the_steps_it_logged(tmp_pat
     assert "| L512-d64-gqa-lr0.001-seed0 | 500 | 500 | 0.0191 | 8.000 | 8.000 | - |" in text
     with pytest.raises(SystemExit):
         recall_escape.main([str(tmp_path), "--per-run"])  # a grid folder's cut runs are not read
+    assert "--per-run reads an archive" in capsys.readouterr().err
+
+
+def test_per_run_reads_a_run_cut_before_its_first_log_and_skips_a_runs_own_subfolders(tmp_path, capsys):
+    """A run cut before it logged a step lists 0 steps and dashes; a ``best/config.json`` inside a
+    run is not a run of its own; a cut run whose configuration gives no step budget is refused in
+    one line."""
+    config = json.loads(run_files(512, 64, 64, 500, 0.0, [], 20_000, 100)["config.json"])
+    config["run"]["train"]["steps"] = 600
+    members = [("p/L512-d64-mha-lr0.001-seed0/config.json", json.dumps(config).encode()),
+               ("p/L512-d64-mha-lr0.001-seed0/best/config.json", b"{}")]
+    (tmp_path / "p.tar.xz").write_bytes(archive_bytes(members))
+    assert [name for name, *_ in recall_escape.archive_runs(tmp_path / "p.tar.xz")] == ["L512-d64-mha-lr0.001-seed0"]
+    assert recall_escape.main([str(tmp_path), "--archive", str(tmp_path / "p.tar.xz"), "--per-run"]) == 0
+    assert "| L512-d64-mha-lr0.001-seed0 | 0 | 600 | cut | - | - | - |" in capsys.readouterr().out
+    del config["run"]["train"]["steps"]
+    (tmp_path / "q.tar.xz").write_bytes(archive_bytes([("q/L512-d64-mha-lr0.001-seed0/config.json",
+                                                        json.dumps(config).encode())]))
+    with pytest.raises(SystemExit, match="was cut and its config.json gives no train.steps"):
+        recall_escape.main([str(tmp_path), "--archive", str(tmp_path / "q.tar.xz"), "--per-run"])
