@@ -57,8 +57,8 @@ the first runs' training losses check (results/recall-zoology/RUN.md). At length
 not: 23 runs at 4,500 steps (width 512) all stayed on the plateau, and length 512 went to 9,000
 (those runs kept aside in ``runs-4500-steps.tar.xz``), where its 40 runs of width 512 stay there
 too. At both budgets their training loss falls at epoch starts: they memorise the 100,000
-sequences, so more steps are not length 512's lever; ``gpu-recall-fresh-512`` asks whether a
-larger training set is."""
+sequences, so more steps are not length 512's lever; nor is a larger training set:
+``gpu-recall-fresh-512`` (each of 1,152,000 sequences seen once) left no run off the plateau."""
 RECALL_BATCH = {64: 512, 128: 512, 256: 256, 512: 128}
 """Sequences per step by length, Zoology's (its figure 2 configurations): 32k tokens a step at
 length 64, 64k from 128 on; queried values a step: 2,048, 4,096, 4,096 and 8,192. Large batches
@@ -115,9 +115,9 @@ GRIDS = {
         note="issue 60: recall at Zoology's scale (2 layers, widths 64-512, lengths 64-512 with 4-64 pairs, "
              "vocabulary 8,192); best of 3 learning rates (one more past an edge the best lies on), then 3 seeds",
         extend=1),
-    # does fresh data let length 512 leave the plateau? (results/recall-zoology/RUN.md, "Length 512 at
-    # 4,500 and 9,000 steps": on 100,000 sequences its runs memorise) The grid's length-512 runs at
-    # width 512 and lr 1e-3, seed 0, each training sequence seen once
+    # does fresh data let length 512 leave the plateau? No (results/recall-zoology/RUN.md, "Two
+    # probes"): the grid's length-512 runs at width 512 and lr 1e-3, seed 0, each training sequence
+    # seen once, all stay on it
     "gpu-recall-fresh-512": Grid(
         "recall", _blocks(("mha", "gqa", "mqa"), ("mhe-mul rope-then-psi",)), ((512, 64),), (512,), (1e-3,), 1,
         functools.partial(recall_zoology, steps=RECALL_STEPS, batch=RECALL_BATCH,
