@@ -136,10 +136,12 @@ def test_masked_lm_batches_are_berts_corruption():
 
 # ---------------------------------------------------------------- beam search's length penalty
 def test_length_penalty_is_gnmts():
+    """Within one float32 ulp: the search's pow runs vectorised over the lengths and the reference's
+    on one scalar at a time, and on some CPUs the two differ in the last bit."""
     lengths = torch.arange(1, 30)
     for alpha in (0.0, 0.6, 1.0, 2.5):
         want = torch.stack([gnmt_length_penalty(int(n), alpha) for n in lengths])
-        assert torch.equal(length_penalty(lengths, alpha), want)
+        torch.testing.assert_close(length_penalty(lengths, alpha), want, rtol=torch.finfo(torch.float32).eps, atol=0)
 
 
 def test_length_penalty_decides_between_a_short_and_a_long_hypothesis():
