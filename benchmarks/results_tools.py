@@ -3,6 +3,7 @@
     python benchmarks/results_tools.py migrate DIR [DIR ...]
     python benchmarks/results_tools.py scaling-overview [RESULTS_DIR] [--out FILE.md] [--plot FILE.png]
     python benchmarks/results_tools.py recall-escape results/recall-zoology [--archive FILE.tar.xz [--per-run]] [--out FILE.md]
+    python benchmarks/results_tools.py recall-escape results/recall-zoology --by-entry [--length N] [--out FILE.md]
 
 The parts live under ``benchmarks/records/``.
 """

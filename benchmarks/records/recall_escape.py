@@ -2,6 +2,7 @@
 
     python benchmarks/results_tools.py recall-escape results/recall-zoology [--archive FILE.tar.xz [--per-run]]
         [--out FILE.md]
+    python benchmarks/results_tools.py recall-escape results/recall-zoology --by-entry [--length N] [--out FILE.md]
 
 A recall run that has not learned the task sits at a plateau: it knows at best that the answer
 is one of the listed values, a training loss of ln(pairs) or above. A run that learns leaves it
@@ -25,7 +26,10 @@ at 4,500 and 9,000 steps). ``--archive`` reads a packed set of runs kept beside 
 (``runs-1200-steps.tar.xz``) instead of the grid's own; with ``--per-run`` it lists each of its
 runs, those cut before their end too (a probe's runs stopped by a call's deadline: length 512 at
 35,000 steps), with the steps they logged, their last and lowest loss and their fall at epoch
-starts.
+starts. ``--by-entry`` reads the grid's folder a line per length, width and entry instead: the
+best rate (seed 0's best test accuracy, as ``mhe report`` picks it), each seed's test accuracy and
+last logged training loss there, and the last losses at the other rates, which say how far each
+kind got where no run leaves the plateau (length 512; ``--length`` keeps one length).
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 from pathlib import Path, PurePosixPath
 
+from mhe.experiments.grid import best_lr
 from mhe.experiments.run_archive import RunFiles, read_archive
 from mhe.training.run_files import CONFIG, METRICS, RESULTS, parse_metrics
 
@@ -50,6 +56,8 @@ still falling at the end."""
 SETTLED = 0.2
 """Share of the steps after which a run's fall is read for epoch starts (warm-up and the first
 descent from ln(vocabulary) lie before it)."""
+RUN_NAME = re.compile(r"L(\d+)-d(\d+)-(.+)-lr([0-9.e+-]+)-seed(\d+)")
+"""How the grid names a run (``Point.name``): length, width, entry, learning rate, seed."""
 
 
 def escape_step(records: list[dict], pairs: int) -> int | None:
@@ -204,14 +212,58 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def entry_groups(folder: Path, length: int | None = None) -> dict[tuple[int, int, str], dict[float, list]]:
+    """The finished runs of a grid folder by (length, width, entry), then by learning rate: each
+    run's (seed, test accuracy, last logged training loss or None), read from its name, its
+    ``results.json`` and its ``metrics.jsonl``; ``length`` keeps that length only."""
+    files, groups = RunFiles(folder), {}
+    for name in files.finished():
+        m = RUN_NAME.fullmatch(name)
+        if m is None:
+            raise SystemExit(f"recall-escape: run {name} is not named as the grid names its runs "
+                             "(L<length>-d<width>-<entry>-lr<rate>-seed<seed>)")
+        if length is not None and int(m[1]) != length:
+            continue
+        losses = [float(r["loss"]) for r in files.metrics(name) or [] if "loss" in r]
+        run = (int(m[5]), float(files.results(name)["score"]), losses[-1] if losses else None)
+        groups.setdefault((int(m[1]), int(m[2]), m[3]), {}).setdefault(float(m[4]), []).append(run)
+    return groups
+
+
+def entry_table(groups: dict[tuple[int, int, str], dict[float, list]]) -> str:
+    """A line per length, width and entry (:func:`entry_groups`): the best rate by seed 0's test
+    accuracy (:func:`mhe.experiments.grid.best_lr`, as the grid's summary picks it), each seed's
+    accuracy and last loss there, and the range of last losses at the other rates with their count."""
+    lines = ["| length | width | entry | best lr | seeds | test accuracy, each seed | last loss, each seed | "
+             "last loss at the other rates |", "|---:|---:|---|---:|---:|---|---|---|"]
+    for length, width, entry in sorted(groups, key=lambda k: (k[0], -k[1], k[2])):
+        by_lr = groups[(length, width, entry)]
+        first = {lr: score for lr, runs in by_lr.items() for seed, score, _ in runs if seed == 0}
+        best = best_lr(first) if first else min(by_lr)
+        at = sorted(by_lr[best])
+        others = [loss for lr, runs in by_lr.items() if lr != best for _, _, loss in runs if loss is not None]
+        rest = f"{min(others):.2f}-{max(others):.2f} ({len(others)})" if others else "-"
+        losses = ", ".join("-" if loss is None else f"{loss:.2f}" for _, _, loss in at)
+        lines.append(f"| {length} | {width} | {entry} | {best:g} | {len(at)} | "
+                     f"{', '.join(f'{score:.3f}' for _, score, _ in at)} | {losses} | {rest} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="results_tools.py recall-escape", description=__doc__.split("\n")[0])
     ap.add_argument("folder", type=Path, help="a recall grid's folder (runs/ or runs.tar.xz)")
     ap.add_argument("--archive", type=Path, help="read this archive of runs (PREFIX/RUN/FILE members) instead")
     ap.add_argument("--per-run", action="store_true",
                     help="with --archive: a line for every run, those cut before their end too")
+    ap.add_argument("--by-entry", action="store_true",
+                    help="a line per length, width and entry: the best rate's seeds and the last losses")
+    ap.add_argument("--length", type=int, help="with --by-entry: this sequence length only")
     ap.add_argument("--out", type=Path, help="also write the table to this markdown file")
     a = ap.parse_args(argv)
+    if a.length is not None and not a.by_entry:
+        ap.error(f"--length {a.length} goes with --by-entry")
+    if a.by_entry:
+        return by_entry(ap, a)
     if a.archive is not None and not a.archive.is_file():
         ap.error(f"--archive {a.archive}: no such file")
     if a.per_run and a.archive is None:
@@ -226,6 +278,22 @@ def main(argv: list[str]) -> int:
         if not rows:
             ap.error(f"{a.archive or a.folder}: no finished runs")
         text = table(rows)
+    print(text)
+    if a.out:
+        from mhe.training.atomic import write_text_atomic
+
+        write_text_atomic(a.out, text + "\n")
+    return 0
+
+
+def by_entry(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    """``--by-entry``: :func:`entry_table` of the grid's folder, printed and written to ``--out``."""
+    if a.archive is not None or a.per_run:
+        ap.error("--by-entry reads the grid's folder: leave out --archive and --per-run")
+    groups = entry_groups(a.folder, a.length)
+    if not groups:
+        ap.error(f"{a.folder}: no finished runs" + (f" of length {a.length}" if a.length is not None else ""))
+    text = entry_table(groups)
     print(text)
     if a.out:
         from mhe.training.atomic import write_text_atomic

@@ -181,3 +181,38 @@ def test_per_run_reads_a_run_cut_before_its_first_log_and_skips_a_runs_own_subfo
                                                         json.dumps(config).encode())]))
     with pytest.raises(SystemExit, match="was cut and its config.json gives no train.steps"):
         recall_escape.main([str(tmp_path), "--archive", str(tmp_path / "q.tar.xz"), "--per-run"])
+
+
+def test_by_entry_gives_the_best_rates_seeds_and_the_other_rates_last_losses(tmp_path, capsys):
+    """Seed 0 scores 0.018 at 3e-3 and 0.020 at 1e-2 (and ties 0.020 at 3e-2): the best rate is
+    1e-2, the smaller of the tie, chosen by accuracy, not by the lower loss 3e-3 reached. Its seeds
+    are listed in seed order with their accuracy and last loss (seed 2 without metrics: a dash);
+    the other rates' last losses give the range and count; another length is left out by
+    ``--length``."""
+    runs = {"L512-d64-mha-lr0.003-seed0": run_files(512, 64, 64, 500, 0.018, [8.0, 5.0]),
+            "L512-d64-mha-lr0.01-seed0": run_files(512, 64, 64, 500, 0.020, [8.0, 6.25]),
+            "L512-d64-mha-lr0.03-seed0": run_files(512, 64, 64, 500, 0.020, [8.0, 7.5]),
+            "L512-d64-mha-lr0.01-seed2": run_files(512, 64, 64, 500, 0.011, [8.0, 6.0]),
+            "L512-d64-mha-lr0.01-seed1": run_files(512, 64, 64, 500, 0.016, [8.0, 6.5]),
+            "L256-d64-mha-lr0.01-seed0": run_files(256, 64, 16, 500, 1.0, [3.0, 0.1])}
+    del runs["L512-d64-mha-lr0.01-seed2"]["metrics.jsonl"]
+    write(tmp_path / "g", runs)
+    assert recall_escape.main([str(tmp_path / "g"), "--by-entry", "--length", "512"]) == 0
+    text = capsys.readouterr().out
+    assert "| 512 | 64 | mha | 0.01 | 3 | 0.020, 0.016, 0.011 | 6.25, 6.50, - | 5.00-7.50 (2) |" in text
+    assert "| 256 |" not in text
+    assert recall_escape.main([str(tmp_path / "g"), "--by-entry"]) == 0
+    assert "| 256 | 64 | mha | 0.01 | 1 | 1.000 | 0.10 | - |" in capsys.readouterr().out
+
+
+def test_by_entry_refuses_a_run_it_cannot_name_an_archive_and_an_empty_length(tmp_path, capsys):
+    write(tmp_path / "g", {"L512-d64-mha-lr0.01-seed0": run_files(512, 64, 64, 500, 0.02, [8.0])})
+    for bad, says in ((["--by-entry", "--length", "256"], "no finished runs of length 256"),
+                      (["--by-entry", "--archive", str(tmp_path / "x.tar.xz")], "--by-entry reads the grid's folder"),
+                      (["--length", "512"], "--length 512 goes with --by-entry")):
+        with pytest.raises(SystemExit) as exit_:
+            recall_escape.main([str(tmp_path / "g"), *bad])
+        assert exit_.value.code == 2 and says in capsys.readouterr().err
+    (tmp_path / "g" / "runs" / "L512-d64-mha-lr0.01-seed0").rename(tmp_path / "g" / "runs" / "mha-run")
+    with pytest.raises(SystemExit, match="run mha-run is not named as the grid names its runs"):
+        recall_escape.main([str(tmp_path / "g"), "--by-entry"])
