@@ -44,6 +44,7 @@ from pathlib import Path, PurePosixPath
 from mhe.experiments.grid import best_lr
 from mhe.experiments.run_archive import RunFiles, read_archive
 from mhe.training.run_files import CONFIG, METRICS, RESULTS, parse_metrics
+from records import emit
 
 LEARNED = 0.9
 """Test accuracy above which a run counts as having learned the task."""
@@ -278,12 +279,7 @@ def main(argv: list[str]) -> int:
         if not rows:
             ap.error(f"{a.archive or a.folder}: no finished runs")
         text = table(rows)
-    print(text)
-    if a.out:
-        from mhe.training.atomic import write_text_atomic
-
-        write_text_atomic(a.out, text + "\n")
-    return 0
+    return emit(text, a.out)
 
 
 def by_entry(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
@@ -294,9 +290,4 @@ def by_entry(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     if not groups:
         ap.error(f"{a.folder}: no finished runs" + (f" of length {a.length}" if a.length is not None else ""))
     text = entry_table(groups)
-    print(text)
-    if a.out:
-        from mhe.training.atomic import write_text_atomic
-
-        write_text_atomic(a.out, text + "\n")
-    return 0
+    return emit(text, a.out)

@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 
 from mhe.experiments.run_archive import RunFiles
+from records import emit
 
 CELL = re.compile(r"L(\d+)-d(\d+)-")
 """The start of a grid run's name (``Point.name``): its sequence length and width."""
@@ -103,9 +104,4 @@ def main(argv: list[str]) -> int:
     if not cells:
         ap.error(f"{a.folder}: no finished runs with a clock" + (f" among calls {a.calls}" if names is not None else ""))
     text = table(cells)
-    print(text)
-    if a.out:
-        from mhe.training.atomic import write_text_atomic
-
-        write_text_atomic(a.out, text + "\n")
-    return 0
+    return emit(text, a.out)
