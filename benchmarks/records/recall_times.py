@@ -11,12 +11,16 @@ share a card, so a step's time depends on what else ran beside it (the number of
 MPS, the widths in the pool): ``--log`` with ``--calls`` keeps the runs that the given calls of a
 run-book's console finished (a call begins at a line starting with ``+ ``, the run-book's header,
 and names each finished run on a ``[done] NAME: score`` line; calls count from 1 in the log's
-order), so that the figures of one setting are read apart.
+order), so that the figures of one setting are read apart. A run's name says nothing of its
+settings, so a run trained again (a pass superseded by more steps) belongs to the last call that
+finished it, the one whose run the folder holds; and a call whose header names another grid than
+the folder's ``grid.json`` (a probe's preset) holds none of the folder's runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
 from pathlib import Path
@@ -30,15 +34,33 @@ DONE = "[done] "
 """How a run-book's console names a finished run: ``[done] NAME: score``."""
 
 
-def calls_of(log: Path) -> list[list[str]]:
-    """The names of the runs each call of a run-book's console finished, call by call."""
-    calls: list[list[str]] = []
+def calls_of(log: Path) -> list[tuple[str, list[str]]]:
+    """Each call of a run-book's console: its header line and the names of the runs it finished."""
+    calls: list[tuple[str, list[str]]] = []
     for line in log.read_text(errors="replace").splitlines():
         if line.startswith("+ "):
-            calls.append([])
+            calls.append((line, []))
         elif line.startswith(DONE) and calls:
-            calls[-1].append(line[len(DONE):].split(":")[0].strip())
+            calls[-1][1].append(line[len(DONE):].split(":")[0].strip())
     return calls
+
+
+def runs_of_calls(calls: list[tuple[str, list[str]]], chosen: range, grid: str | None) -> set[str]:
+    """The runs whose last finishing call of ``grid`` (a call whose header names it in brackets, as
+    the run-book writes ``(PRESET)``; every call when ``grid`` is None) lies in ``chosen``."""
+    last: dict[str, int] = {}
+    for i, (header, names) in enumerate(calls):
+        if grid is None or f"({grid})" in header:
+            last.update(dict.fromkeys(names, i))
+    return {name for name, i in last.items() if i in chosen}
+
+
+def grid_name(folder: Path) -> str | None:
+    """The grid a folder holds, from its ``grid.json`` (None without one)."""
+    try:
+        return json.loads((folder / "grid.json").read_text())["grid"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def call_range(text: str, count: int) -> range:
@@ -99,7 +121,7 @@ def main(argv: list[str]) -> int:
             chosen = call_range(a.calls, len(calls))
         except ValueError as e:
             ap.error(str(e))
-        names = {name for i in chosen for name in calls[i]}
+        names = runs_of_calls(calls, chosen, grid_name(a.folder))
     cells = cell_times(a.folder, names)
     if not cells:
         ap.error(f"{a.folder}: no finished runs with a clock" + (f" among calls {a.calls}" if names is not None else ""))

@@ -55,7 +55,7 @@ def test_calls_keep_the_runs_those_calls_of_the_console_finished(tmp_path, capsy
     2-3 hold three runs, call 1 one."""
     write(tmp_path / "g", RUNS)
     (tmp_path / "log").write_text(LOG)
-    assert recall_times.calls_of(tmp_path / "log") == [
+    assert [names for _, names in recall_times.calls_of(tmp_path / "log")] == [
         ["L512-d64-mha-lr0.001-seed0"], ["L512-d64-sha-lr0.001-seed0", "L512-d128-mha-lr0.001-seed0"],
         ["L512-d64-mqa-lr0.001-seed0"]]
     assert recall_times.main([str(tmp_path / "g"), "--log", str(tmp_path / "log"), "--calls", "2-3"]) == 0
@@ -63,6 +63,28 @@ def test_calls_keep_the_runs_those_calls_of_the_console_finished(tmp_path, capsy
     assert recall_times.main([str(tmp_path / "g"), "--log", str(tmp_path / "log"), "--calls", "1"]) == 0
     out = capsys.readouterr().out
     assert "| 512 | 64 | 1 | 10.0 | 10.0-10.0 | 30 | 30-30 |" in out and "| 512 | 128 |" not in out
+
+
+def test_a_run_trained_again_belongs_to_its_last_call_and_a_probes_call_to_none(tmp_path, capsys):
+    """MHA's run finished in call 1 and again in call 3 (a superseded pass trained again): the
+    folder holds call 3's, so call 1 has none of it. Call 4's header names another preset (a
+    probe whose runs share the grid's names): with the folder's grid.json naming the grid, its
+    ``[done]`` line neither counts for call 4 nor takes SHA's run from call 2."""
+    write(tmp_path / "g", RUNS)
+    (tmp_path / "g" / "grid.json").write_text(json.dumps({"grid": "gpu-recall-zoology"}))
+    log = LOG + "[done] L512-d64-mha-lr0.001-seed0: 0.1\n" + (
+        "+ issue 60, recall (gpu-recall-fresh-512), 2026-11-30 02:00:00 UTC\n[done] L512-d64-sha-lr0.001-seed0: 0.1\n")
+    (tmp_path / "log").write_text(log)
+    calls = recall_times.calls_of(tmp_path / "log")
+    assert recall_times.runs_of_calls(calls, range(0, 1), "gpu-recall-zoology") == set()
+    assert recall_times.runs_of_calls(calls, range(2, 3), "gpu-recall-zoology") == {
+        "L512-d64-mqa-lr0.001-seed0", "L512-d64-mha-lr0.001-seed0"}
+    assert recall_times.runs_of_calls(calls, range(1, 2), "gpu-recall-zoology") == {
+        "L512-d64-sha-lr0.001-seed0", "L512-d128-mha-lr0.001-seed0"}
+    assert recall_times.runs_of_calls(calls, range(1, 2), None) == {"L512-d128-mha-lr0.001-seed0"}
+    with pytest.raises(SystemExit) as exit_:
+        recall_times.main([str(tmp_path / "g"), "--log", str(tmp_path / "log"), "--calls", "4"])
+    assert exit_.value.code == 2 and "no finished runs with a clock among calls 4" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, says", [(["--calls", "1"], "--log and --calls go together"),
