@@ -7,9 +7,9 @@
 # SECTION: recall      mhe compare --preset gpu-recall-zoology (PRESET to choose another grid): 2-layer
 #                      attention-only decoders, widths 64-512, lengths 64-512 with 4-64 pairs, 11 entries
 #                      x 3 learning rates (one more past an edge the best lies on), then 3 seeds at the
-#                      best rate, in pooled workers (WORKERS,
-#                      default 8 per GPU) -> RESULTS_DIR/recall-zoology. About 1,000 runs with the added
-#                      rates, of 32k-64k tokens a step; lengths 256 and 512 compiled (RECALL_COMPILED_FROM).
+#                      best rate, in pooled workers (WORKERS, default 8 per GPU) ->
+#                      RESULTS_DIR/recall-zoology. About 1,000 runs with the added rates, of 32k-64k
+#                      tokens a step; lengths 256 and 512 compiled (RECALL_COMPILED_FROM).
 #                      Measured on one H200: length 64 (259 runs) about 16 minutes shared at 4 workers,
 #                      length 128 about 60 runs a 530-s call alone at 8; length 512 on two H200s
 #                      32-48 runs a 565-s call under MPS=1 at widths 256-64 (16 at widths 512 and
