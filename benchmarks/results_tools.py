@@ -1,4 +1,4 @@
-"""Tools over the run folders under results/: bring old layouts up to date, and the scaling overview.
+"""Tools over the run folders under results/: old layouts brought up to date, the scaling overview, the recall grid's records.
 
     python benchmarks/results_tools.py migrate DIR [DIR ...]
     python benchmarks/results_tools.py scaling-overview [RESULTS_DIR] [--out FILE.md] [--plot FILE.png]

@@ -44,7 +44,7 @@ from pathlib import Path, PurePosixPath
 from mhe.experiments.grid import best_lr
 from mhe.experiments.run_archive import RunFiles, read_archive
 from mhe.training.run_files import CONFIG, METRICS, RESULTS, parse_metrics
-from records import emit
+from records import emit, guarded
 
 LEARNED = 0.9
 """Test accuracy above which a run counts as having learned the task."""
@@ -95,9 +95,10 @@ def epoch_share(records: list[dict], steps: int, epoch: int | None,
 def run_settings(name: str, config: dict | None) -> tuple[dict, dict, dict, int | None]:
     """A run's settings from its ``config.json``: the run record, its task options, its training
     settings and its epoch in batches (training sequences over the batch; None where either is
-    not recorded). A run without a readable configuration is a one-line error."""
+    not recorded). A run without a readable configuration is a ValueError (a one-line error of the
+    command)."""
     if not isinstance(config, dict) or not isinstance(config.get("run"), dict):
-        raise SystemExit(f"recall-escape: run {name} has no readable config.json")
+        raise ValueError(f"run {name} has no readable config.json")
     run = config["run"]
     options, train = run["data"]["task_options"], run.get("train", {})
     size, batch = options.get("train_size"), train.get("batch_size")
@@ -141,7 +142,7 @@ def archive_runs(path: Path) -> list[tuple[str, dict | None, dict | None, list[d
         metrics = members.get(f"{folder}/{METRICS}")
         results = json.loads(results) if results else None
         if results is not None and not isinstance(results, dict):
-            raise SystemExit(f"recall-escape: {path}:{folder}/{RESULTS} is not a JSON object")
+            raise ValueError(f"{path}:{folder}/{RESULTS} is not a JSON object")
         runs.append((PurePosixPath(folder).name, json.loads(config) if config else None, results,
                      parse_metrics(metrics, where=f"{path}:{folder}") if metrics is not None else None))
     return runs
@@ -163,7 +164,7 @@ def per_run_table(runs: list[tuple[str, dict | None, dict | None, list[dict] | N
     for name, config, results, records in runs:
         _, _, train, epoch = run_settings(name, config)
         if not results and "steps" not in train:
-            raise SystemExit(f"recall-escape: run {name} was cut and its config.json gives no train.steps")
+            raise ValueError(f"run {name} was cut and its config.json gives no train.steps")
         budget = int(results["steps"]) if results else int(train["steps"])
         losses = [(int(r["step"]), float(r["loss"])) for r in records or [] if "loss" in r and "step" in r]
         share = epoch_share(records or [], budget, epoch, int(train.get("grad_accum") or 1))
@@ -215,17 +216,18 @@ def table(rows: list[dict]) -> str:
 
 def entry_groups(folder: Path, length: int | None = None) -> dict[tuple[int, int, str], dict[float, list]]:
     """The finished runs of a grid folder by (length, width, entry), then by learning rate: each
-    run's (seed, test accuracy, last logged training loss or None), read from its name, its
-    ``results.json`` and its ``metrics.jsonl``; ``length`` keeps that length only."""
+    run's (seed, test accuracy, last logged training loss or None), read from its name (the entry
+    as the name spells it: ``rotary-mha``), its ``results.json`` and its ``metrics.jsonl``;
+    ``length`` keeps that length only. A name the grid would not give is a ValueError."""
     files, groups = RunFiles(folder), {}
     for name in files.finished():
         m = RUN_NAME.fullmatch(name)
         if m is None:
-            raise SystemExit(f"recall-escape: run {name} is not named as the grid names its runs "
+            raise ValueError(f"run {name} is not named as the grid names its runs "
                              "(L<length>-d<width>-<entry>-lr<rate>-seed<seed>)")
         if length is not None and int(m[1]) != length:
             continue
-        losses = [float(r["loss"]) for r in files.metrics(name) or [] if "loss" in r]
+        losses = [float(r["loss"]) for r in files.metrics(name) or [] if r.get("loss") is not None]
         run = (int(m[5]), float(files.results(name)["score"]), losses[-1] if losses else None)
         groups.setdefault((int(m[1]), int(m[2]), m[3]), {}).setdefault(float(m[4]), []).append(run)
     return groups
@@ -234,7 +236,8 @@ def entry_groups(folder: Path, length: int | None = None) -> dict[tuple[int, int
 def entry_table(groups: dict[tuple[int, int, str], dict[float, list]]) -> str:
     """A line per length, width and entry (:func:`entry_groups`): the best rate by seed 0's test
     accuracy (:func:`mhe.experiments.grid.best_lr`, as the grid's summary picks it), each seed's
-    accuracy and last loss there, and the range of last losses at the other rates with their count."""
+    accuracy and last loss there, and the range of last losses at the other rates with their count
+    (every seed run there, runs without a logged loss left out)."""
     lines = ["| length | width | entry | best lr | seeds | test accuracy, each seed | last loss, each seed | "
              "last loss at the other rates |", "|---:|---:|---|---:|---:|---|---|---|"]
     for length, width, entry in sorted(groups, key=lambda k: (k[0], -k[1], k[2])):
@@ -263,8 +266,12 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     if a.length is not None and not a.by_entry:
         ap.error(f"--length {a.length} goes with --by-entry")
-    if a.by_entry:
-        return by_entry(ap, a)
+    return guarded(ap, lambda: by_entry(ap, a) if a.by_entry else by_cell(ap, a))
+
+
+def by_cell(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    """The table a cell a line (or, with ``--per-run``, a run a line of an archive), printed and
+    written to ``--out``."""
     if a.archive is not None and not a.archive.is_file():
         ap.error(f"--archive {a.archive}: no such file")
     if a.per_run and a.archive is None:

@@ -9,12 +9,14 @@ Per sequence length and width this gives the runs, the median and range of the m
 step took in each process (``steps_s`` over the steps) and of the seconds a run took. Pooled runs
 share a card, so a step's time depends on what else ran beside it (the number of workers a card,
 MPS, the widths in the pool): ``--log`` with ``--calls`` keeps the runs that the given calls of a
-run-book's console finished (a call begins at a line starting with ``+ ``, the run-book's header,
-and names each finished run on a ``[done] NAME: score`` line; calls count from 1 in the log's
+run-book's console finished (a call begins at a line starting with ``+ ``, the run-book's header
+or a probe's note, and names each finished run on a ``[done] NAME: score`` line; calls count from 1 in the log's
 order), so that the figures of one setting are read apart. A run's name says nothing of its
 settings, so a run trained again (a pass superseded by more steps) belongs to the last call that
 finished it, the one whose run the folder holds; and a call whose header names another grid than
-the folder's ``grid.json`` (a probe's preset) holds none of the folder's runs.
+the folder's ``grid.json`` (a probe's preset) holds none of the folder's runs. A run resumed from
+a checkpoint records its last process only, so its step time counts that part (the grid's runs
+cut by a deadline all started again from their first step).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import statistics
 from pathlib import Path
 
 from mhe.experiments.run_archive import RunFiles
-from records import emit
+from records import emit, guarded
 
 CELL = re.compile(r"L(\d+)-d(\d+)-")
 """The start of a grid run's name (``Point.name``): its sequence length and width."""
@@ -84,8 +86,8 @@ def cell_times(folder: Path, names: set[str] | None = None) -> dict[tuple[int, i
         if m is None or (names is not None and name not in names):
             continue
         results = files.results(name)
-        clock, steps = results.get("wall_clock") or {}, results.get("steps")
-        if steps and clock.get("steps_s") is not None and clock.get("total_s") is not None:
+        clock, steps = results.get("wall_clock"), results.get("steps")
+        if steps and isinstance(clock, dict) and clock.get("steps_s") is not None and clock.get("total_s") is not None:
             per_step = 1000 * float(clock["steps_s"]) / int(steps)
             cells.setdefault((int(m[1]), int(m[2])), []).append((per_step, float(clock["total_s"])))
     return cells
@@ -112,18 +114,20 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     if (a.log is None) != (a.calls is None):
         ap.error("--log and --calls go together")
+    return guarded(ap, lambda: report(ap, a))
+
+
+def report(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    """The table of the folder's runs, or of those the chosen calls finished, printed and written
+    to ``--out``."""
     names = None
     if a.log is not None:
         if not a.log.is_file():
             ap.error(f"--log {a.log}: no such file")
         calls = calls_of(a.log)
-        try:
-            chosen = call_range(a.calls, len(calls))
-        except ValueError as e:
-            ap.error(str(e))
-        names = runs_of_calls(calls, chosen, grid_name(a.folder))
+        names = runs_of_calls(calls, call_range(a.calls, len(calls)), grid_name(a.folder))
     cells = cell_times(a.folder, names)
     if not cells:
-        ap.error(f"{a.folder}: no finished runs with a clock" + (f" among calls {a.calls}" if names is not None else ""))
-    text = table(cells)
-    return emit(text, a.out)
+        among = f" among calls {a.calls}" if names is not None else ""
+        ap.error(f"{a.folder}: no finished runs with a clock{among}")
+    return emit(table(cells), a.out)

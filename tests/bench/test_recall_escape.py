@@ -123,8 +123,11 @@ def test_runs_without_metrics_are_named_and_without_a_configuration_refused(tmp_
     assert "| 64 | 4 | 32 | 400 | 1 (1 without metrics) | 0 |" in recall_escape.table(
         recall_escape.folder_rows(tmp_path / "g"))
     (tmp_path / "g" / "runs" / "L64-d32-mha-lr0.01-seed0" / "config.json").unlink()
-    with pytest.raises(SystemExit, match="run L64-d32-mha-lr0.01-seed0 has no readable config.json"):
+    with pytest.raises(ValueError, match="run L64-d32-mha-lr0.01-seed0 has no readable config.json"):
         recall_escape.folder_rows(tmp_path / "g")
+    with pytest.raises(SystemExit) as exit_:
+        recall_escape.main([str(tmp_path / "g")])
+    assert exit_.value.code == 2
 
 
 def test_an_archive_kept_beside_the_grid_reads_alike(tmp_path):
@@ -179,33 +182,41 @@ def test_per_run_reads_a_run_cut_before_its_first_log_and_skips_a_runs_own_subfo
     del config["run"]["train"]["steps"]
     (tmp_path / "q.tar.xz").write_bytes(archive_bytes([("q/L512-d64-mha-lr0.001-seed0/config.json",
                                                         json.dumps(config).encode())]))
-    with pytest.raises(SystemExit, match="was cut and its config.json gives no train.steps"):
+    with pytest.raises(SystemExit) as exit_:
         recall_escape.main([str(tmp_path), "--archive", str(tmp_path / "q.tar.xz"), "--per-run"])
+    assert exit_.value.code == 2 and "was cut and its config.json gives no train.steps" in capsys.readouterr().err
 
 
 def test_by_entry_gives_the_best_rates_seeds_and_the_other_rates_last_losses(tmp_path, capsys):
     """Seed 0 scores 0.018 at 3e-3 and 0.020 at 1e-2 (and ties 0.020 at 3e-2): the best rate is
-    1e-2, the smaller of the tie, chosen by accuracy, not by the lower loss 3e-3 reached. Its seeds
-    are listed in seed order with their accuracy and last loss (seed 2 without metrics: a dash);
-    the other rates' last losses give the range and count; another length is left out by
-    ``--length``."""
+    1e-2, the smaller of the tie, chosen by seed 0's accuracy, not by the lower loss 3e-3 reached
+    nor by seed 1's 0.9 there. Its seeds are listed in seed order with their accuracy and last loss
+    (seed 2 without metrics: a dash); the other rates' last losses (every seed) give the range and
+    count; a rate written with an exponent reads back alike; the wider width comes first; another
+    length is left out by ``--length``; ``--out`` holds what was printed."""
     runs = {"L512-d64-mha-lr0.003-seed0": run_files(512, 64, 64, 500, 0.018, [8.0, 5.0]),
             "L512-d64-mha-lr0.01-seed0": run_files(512, 64, 64, 500, 0.020, [8.0, 6.25]),
             "L512-d64-mha-lr0.03-seed0": run_files(512, 64, 64, 500, 0.020, [8.0, 7.5]),
             "L512-d64-mha-lr0.01-seed2": run_files(512, 64, 64, 500, 0.011, [8.0, 6.0]),
             "L512-d64-mha-lr0.01-seed1": run_files(512, 64, 64, 500, 0.016, [8.0, 6.5]),
+            "L512-d64-mha-lr0.003-seed1": run_files(512, 64, 64, 500, 0.9, [8.0, 5.5]),  # not seed 0: no say
+            "L512-d128-mha-lr3e-05-seed0": run_files(512, 128, 64, 500, 0.015, [8.0, 7.25]),
             "L256-d64-mha-lr0.01-seed0": run_files(256, 64, 16, 500, 1.0, [3.0, 0.1])}
     del runs["L512-d64-mha-lr0.01-seed2"]["metrics.jsonl"]
     write(tmp_path / "g", runs)
-    assert recall_escape.main([str(tmp_path / "g"), "--by-entry", "--length", "512"]) == 0
+    assert recall_escape.main([str(tmp_path / "g"), "--by-entry", "--length", "512",
+                               "--out", str(tmp_path / "t.md")]) == 0
     text = capsys.readouterr().out
-    assert "| 512 | 64 | mha | 0.01 | 3 | 0.020, 0.016, 0.011 | 6.25, 6.50, - | 5.00-7.50 (2) |" in text
-    assert "| 256 |" not in text
+    assert "| 512 | 64 | mha | 0.01 | 3 | 0.020, 0.016, 0.011 | 6.25, 6.50, - | 5.00-7.50 (3) |" in text
+    assert text.index("| 512 | 128 | mha | 3e-05 | 1 | 0.015 | 7.25 | - |") < text.index("| 512 | 64 |")
+    assert "| 256 |" not in text and (tmp_path / "t.md").read_text() == text
     assert recall_escape.main([str(tmp_path / "g"), "--by-entry"]) == 0
     assert "| 256 | 64 | mha | 0.01 | 1 | 1.000 | 0.10 | - |" in capsys.readouterr().out
 
 
 def test_by_entry_refuses_a_run_it_cannot_name_an_archive_and_an_empty_length(tmp_path, capsys):
+    """Each a one-line error with exit 2: a length with no runs, --archive, --length alone, a run
+    file without its score, and a run named otherwise than the grid names runs."""
     write(tmp_path / "g", {"L512-d64-mha-lr0.01-seed0": run_files(512, 64, 64, 500, 0.02, [8.0])})
     for bad, says in ((["--by-entry", "--length", "256"], "no finished runs of length 256"),
                       (["--by-entry", "--archive", str(tmp_path / "x.tar.xz")], "--by-entry reads the grid's folder"),
@@ -213,6 +224,13 @@ def test_by_entry_refuses_a_run_it_cannot_name_an_archive_and_an_empty_length(tm
         with pytest.raises(SystemExit) as exit_:
             recall_escape.main([str(tmp_path / "g"), *bad])
         assert exit_.value.code == 2 and says in capsys.readouterr().err
-    (tmp_path / "g" / "runs" / "L512-d64-mha-lr0.01-seed0").rename(tmp_path / "g" / "runs" / "mha-run")
-    with pytest.raises(SystemExit, match="run mha-run is not named as the grid names its runs"):
+    results = tmp_path / "g" / "runs" / "L512-d64-mha-lr0.01-seed0" / "results.json"
+    results.write_text(json.dumps({"steps": 500}))
+    with pytest.raises(SystemExit) as exit_:
         recall_escape.main([str(tmp_path / "g"), "--by-entry"])
+    assert exit_.value.code == 2 and "has no 'score'" in capsys.readouterr().err
+    results.write_text(json.dumps({"steps": 500, "score": 0.02}))
+    (tmp_path / "g" / "runs" / "L512-d64-mha-lr0.01-seed0").rename(tmp_path / "g" / "runs" / "mha-run")
+    with pytest.raises(SystemExit) as exit_:
+        recall_escape.main([str(tmp_path / "g"), "--by-entry"])
+    assert exit_.value.code == 2 and "run mha-run is not named as the grid names its runs" in capsys.readouterr().err

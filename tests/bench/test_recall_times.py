@@ -98,3 +98,21 @@ def test_bad_calls_are_one_line_errors(tmp_path, capsys, args, says):
     with pytest.raises(SystemExit) as exit_:
         recall_times.main([str(tmp_path / "g"), *args])
     assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_damaged_run_file_is_a_one_line_error(tmp_path, capsys):
+    """A results.json that is not JSON, or whose steps are not a number, stops the command with one
+    line and exit 2; a wall clock that is not an object counts as no clock."""
+    write(tmp_path / "g", {"L512-d64-mha-lr0.001-seed0": (1000, 10.0, 30.0)})
+    results = tmp_path / "g" / "runs" / "L512-d64-mha-lr0.001-seed0" / "results.json"
+    for text in ("{not json", json.dumps({"steps": "many", "wall_clock": {"steps_s": 1.0, "total_s": 2.0}})):
+        results.write_text(text)
+        with pytest.raises(SystemExit) as exit_:
+            recall_times.main([str(tmp_path / "g")])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and "Traceback" not in err
+        assert err.strip().splitlines()[-1].startswith("results_tools.py recall-times: error: ")
+    results.write_text(json.dumps({"steps": 1000, "wall_clock": [1.0]}))
+    with pytest.raises(SystemExit) as exit_:
+        recall_times.main([str(tmp_path / "g")])
+    assert exit_.value.code == 2 and "no finished runs with a clock" in capsys.readouterr().err
