@@ -55,8 +55,8 @@ have ranked the kinds by luck near the end of training. Three times those steps 
 Zoology's runs up to 64) give the slower learners the time the fast ones took, an estimate that
 the first runs' training losses check (results/recall-zoology/RUN.md). At length 512 they did
 not: 23 runs at 4,500 steps (width 512) all stayed on the plateau, and length 512 went to 9,000
-(those runs kept aside in ``runs-4500-steps.tar.xz``), where its 40 runs of width 512 stay there
-too. At both budgets their training loss falls at epoch starts: they memorise the 100,000
+(those runs kept aside in ``runs-4500-steps.tar.xz``), where its runs stay there too, at every
+width. At both budgets their training loss falls at epoch starts: they memorise the 100,000
 sequences, so more steps are not length 512's lever; nor is a larger training set:
 ``gpu-recall-fresh-512`` (each of 1,152,000 sequences seen once) left no run off the plateau."""
 RECALL_BATCH = {64: 512, 128: 512, 256: 256, 512: 128}
