@@ -18,11 +18,12 @@ The trial passes when
 Setups: ``single`` (one process), ``ddp`` and ``fsdp`` (``torchrun --nproc-per-node N``, gloo
 on the CPU, NCCL with ``--device cuda``); a signal goes to the launcher and every worker (a job
 scheduler's SIGTERM to the job, a lost node; torchrun's workers run in sessions of their own).
-One JSON line per trial goes to
-``WORK/trials.jsonl`` and a summary is printed::
+One JSON line per trial goes to ``WORK/trials.jsonl`` and a summary of all of them is printed.
+A call again with the same ``--work`` continues to ``--trials`` in all (``--deadline`` stops a
+call that must end in time, exit 3)::
 
-    python benchmarks/kill_trials.py --trials 100 --setups single,ddp,fsdp --work /tmp/kills
-    python benchmarks/kill_trials.py --trials 20 --setups fsdp --nproc 2 --device cuda --work /tmp/kills-gpu \\
+    python benchmarks/kill_trials.py --trials 100 --setups single,ddp,fsdp --work DIR
+    python benchmarks/kill_trials.py --trials 20 --setups fsdp --nproc 2 --device cuda --work DIR \\
         --set train.compile=false
 """
 
@@ -44,6 +45,7 @@ from toolbox import ROOT  # noqa: E402
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 MOMENTS = ("random", "write")  # a uniform moment of the run, or just after a checkpoint write began
 RUN_LIMIT_S = 300
+CLOCK = time.monotonic  # the clock of --deadline (a test replaces it)
 
 
 EXTRA: list[str] = []  # --set items of the command line, added to every run
@@ -290,23 +292,58 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def earlier_trials(work: Path) -> list[dict]:
+    """The rows a previous call left in ``WORK/trials.jsonl`` (a call continues their count)."""
+    path = work / "trials.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_trials(opts, work: Path, setups: list[str], refs: dict, first: int, started: float) -> list[dict]:
+    """Trials ``first`` to ``opts.trials - 1``, each row appended to ``trials.jsonl`` as it ends.
+    With ``--deadline`` no trial starts unless the longest so far (before any: two and a half
+    reference runs) still ends in time. The draws of a continued call are seeded by the seed and
+    the trial it starts at, so that it does not repeat the first call's signals and moments."""
+    rng, rows, longest = random.Random(opts.seed if first == 0 else f"{opts.seed}+{first}"), [], 0.0
+    with open(work / "trials.jsonl", "a") as f:
+        for i in range(first, opts.trials):
+            s = setups[i % len(setups)]
+            outs, wall, tol = refs[s]
+            if opts.deadline and CLOCK() - started + max(longest, 2.5 * wall) > opts.deadline:
+                print(f"deadline: {i - first} trial(s) this call; run again with the same --work to continue")
+                break
+            t0 = CLOCK()
+            row = trial(i, work, s, opts, outs, wall, tol, rng)
+            longest = max(longest, CLOCK() - t0)
+            rows.append(row)
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
+    started = CLOCK()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trials", type=int, default=100)
+    p.add_argument("--trials", type=int, default=100, help="trials in all, counting those already in WORK")
     p.add_argument("--setups", default="single,ddp,fsdp", help="comma-separated: single, ddp, fsdp (taken in turn)")
     p.add_argument("--nproc", type=int, default=2, help="processes of a ddp/fsdp run (torchrun)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--tol", type=float, default=0.0, help="allowed gap beyond two uninterrupted runs' own")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--work", required=True, help="folder for the runs and trials.jsonl")
+    p.add_argument("--work", required=True, help="folder for the runs and trials.jsonl (a rerun continues it)")
+    p.add_argument("--deadline", type=float, default=0.0, help="seconds: start no trial that would end later "
+                   "(exit 3 if trials remain)")
     p.add_argument("--keep", action="store_true", help="keep the run folders of passed trials")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting for every run")
     opts = p.parse_args(argv)
     EXTRA[:] = opts.set
     setups = opts.setups.split(",")
-    if not set(setups) <= {"single", "ddp", "fsdp"} or opts.trials < 1 or opts.nproc < 1:
-        p.error(f"--setups takes single, ddp, fsdp (got {opts.setups}); --trials and --nproc positive")
+    if not set(setups) <= {"single", "ddp", "fsdp"} or opts.trials < 1 or opts.nproc < 1 or opts.deadline < 0:
+        p.error(f"--setups takes single, ddp, fsdp (got {opts.setups}); --trials and --nproc positive, "
+                f"--deadline not negative (got {opts.deadline})")
     work = Path(opts.work)
     work.mkdir(parents=True, exist_ok=True)
     refs = {}
@@ -315,20 +352,14 @@ def main(argv=None) -> int:
         noise = max(gap(records(outs[0]), records(outs[1])),
                     gap(final_weights(outs[0], opts.steps), final_weights(outs[1], opts.steps)))
         refs[s] = (outs, wall, max(noise, opts.tol))
-    rng, rows = random.Random(opts.seed), []
-    with open(work / "trials.jsonl", "a") as f:
-        for i in range(opts.trials):
-            s = setups[i % len(setups)]
-            outs, wall, tol = refs[s]
-            row = trial(i, work, s, opts, outs, wall, tol, rng)
-            rows.append(row)
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            print(json.dumps(row), flush=True)
+    earlier = earlier_trials(work)
+    rows = earlier + run_trials(opts, work, setups, refs, len(earlier), started)
     print(summary(rows))
-    print(f"tolerance per setup (two uninterrupted runs' own gap, or --tol): "
-          + ", ".join(f"{s} {refs[s][2]:.3g}" for s in setups))
-    return 0 if all(r["ok"] for r in rows) else 1
+    print(f"{len(rows)} trial(s) in {work / 'trials.jsonl'}, {len(earlier)} from earlier calls; tolerance per "
+          "setup (two uninterrupted runs' own gap, or --tol): " + ", ".join(f"{s} {refs[s][2]:.3g}" for s in setups))
+    if not all(r["ok"] for r in rows):
+        return 1
+    return 3 if len(rows) < opts.trials else 0
 
 
 if __name__ == "__main__":

@@ -38,6 +38,44 @@ def test_the_gap_sees_a_differing_loss_weight_or_key():
     assert kill_trials.gap(w, {"y": torch.ones(3)}) == float("inf")
 
 
+def _fake_trials(tmp_path, monkeypatch, ok=True):
+    """kill_trials with its runs replaced: every trial takes 10 s of a fake clock and passes (or not)."""
+    clock = [0.0]
+    monkeypatch.setattr(kill_trials, "CLOCK", lambda: clock[0])
+    refs = ([tmp_path / "a", tmp_path / "b"], 1.0)
+    monkeypatch.setattr(kill_trials, "reference", lambda work, s, n, steps, dev: refs)
+    monkeypatch.setattr(kill_trials, "records", lambda out: [])
+    monkeypatch.setattr(kill_trials, "final_weights", lambda out, steps: {})
+
+    def trial(i, work, setup, opts, refs, wall, tol, rng):
+        clock[0] += 10.0
+        return {"trial": i, "setup": setup, "signal": rng.choice(sorted(kill_trials.SIGNALS)), "at_s": 1.0,
+                "write_under_way": False, "torn_left": 0, "set_aside": 0, "hung_workers": 0, "ok": ok,
+                "loss_gap": 0.0, "weight_gap": 0.0}
+    monkeypatch.setattr(kill_trials, "trial", trial)
+
+
+def test_a_deadline_stops_a_call_in_time_and_the_next_call_continues_the_count(tmp_path, monkeypatch):
+    """Trials of 10 s against a 35-s deadline: three fit (the fourth would end at 40 s), exit 3; the
+    next call numbers on from 3 to the 5 asked for, exit 0, and its summary counts all five."""
+    _fake_trials(tmp_path, monkeypatch)
+    args = ["--trials", "5", "--setups", "fsdp", "--work", str(tmp_path)]
+    assert kill_trials.main(args + ["--deadline", "35"]) == 3
+    assert kill_trials.main(args) == 0
+    rows = [json.loads(line) for line in (tmp_path / "trials.jsonl").read_text().splitlines()]
+    assert [r["trial"] for r in rows] == [0, 1, 2, 3, 4]
+    assert kill_trials.main(args) == 0  # nothing left to do: no trial added
+    assert len((tmp_path / "trials.jsonl").read_text().splitlines()) == 5
+
+
+def test_a_failed_trial_of_an_earlier_call_still_fails_the_folder(tmp_path, monkeypatch):
+    _fake_trials(tmp_path, monkeypatch, ok=False)
+    args = ["--trials", "2", "--setups", "fsdp", "--work", str(tmp_path)]
+    assert kill_trials.main(args + ["--deadline", "15"]) == 1  # one trial ran, and failed
+    _fake_trials(tmp_path, monkeypatch, ok=True)
+    assert kill_trials.main(args) == 1
+
+
 @pytest.mark.slow
 def test_killed_runs_resume_to_the_uninterrupted_losses(tmp_path, capsys):
     """Six trials (two per setup, signals and moments drawn from the seed): each passes, bit for bit."""
