@@ -8,7 +8,9 @@ of the start-up), or as soon as the next checkpoint write has begun, its tempora
 The trial passes when
 
 * every checkpoint folder the kill left under ``checkpoints/`` is sealed and whole (a torn one
-  would be named ``step-N`` without a valid manifest) or was set aside by the resume;
+  would be named ``step-N`` without a valid manifest), and the resume sets none of them aside: it
+  goes on from the newest (a resume that refuses whole checkpoints starts over, and since a
+  restart repeats the losses, only this check sees the steps lost);
 * no worker outlives its launcher by more than a minute (a signalled worker saves and exits);
 * the resumed run's ``metrics.jsonl`` holds every step once, and each step's loss and gradient
   norm equal the uninterrupted reference run's (bit for bit when two uninterrupted runs agree bit
@@ -262,15 +264,22 @@ def trial(i: int, work: Path, setup: str, opts, refs: list, wall_s: float, tol: 
     loss_gap = gap(got, want) if complete else math.inf
     weight_gap = gap(final_weights(out, opts.steps), final_weights(refs[0], opts.steps)) if complete else math.inf
     rejected = sum(1 for p in _folders(out / "checkpoints") if ".rejected-" in p.name)
-    ok = complete and loss_gap <= tol and weight_gap <= tol and hung == 0
     row = {"trial": i, "setup": setup, "nproc": 1 if setup == "single" else opts.nproc, "device": opts.device,
            "signal": sig, "moment": moment, "after_checkpoint": after, "at_s": round(at, 3) if pids else -1.0,
            "write_under_way": in_write, "killed_exit": killed_code, "hung_workers": hung,
            "steps_logged_at_kill": steps_logged, "sealed_left": sealed, "torn_left": torn, "set_aside": rejected,
-           "resume_exit": code, "loss_gap": loss_gap, "weight_gap": weight_gap, "tolerance": tol, "ok": ok}
+           "resume_exit": code, "loss_gap": loss_gap, "weight_gap": weight_gap, "tolerance": tol}
+    row["ok"] = ok = passed(row)
     if ok and not opts.keep:
         shutil.rmtree(out, ignore_errors=True)
     return row
+
+
+def passed(row: dict) -> bool:
+    """Nothing lost: the resume finished with every step (its gaps finite), each loss, gradient
+    norm and weight within the tolerance, no worker left hanging and no checkpoint set aside."""
+    return (row["resume_exit"] == 0 and row["loss_gap"] <= row["tolerance"] and row["weight_gap"] <= row["tolerance"]
+            and row["hung_workers"] == 0 and row["set_aside"] == 0)
 
 
 def summary(rows: list[dict]) -> str:

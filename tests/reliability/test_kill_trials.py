@@ -38,6 +38,16 @@ def test_the_gap_sees_a_differing_loss_weight_or_key():
     assert kill_trials.gap(w, {"y": torch.ones(3)}) == float("inf")
 
 
+def test_a_trial_passes_only_if_nothing_was_lost():
+    """A resume that set a whole checkpoint aside started over: the losses repeat, yet steps were
+    lost (on the GPU every resume once did so), so the trial fails; as it does for a gap or a hang."""
+    good = {"resume_exit": 0, "loss_gap": 0.0, "weight_gap": 0.0, "tolerance": 0.0, "hung_workers": 0, "set_aside": 0}
+    assert kill_trials.passed(good)
+    for bad in ({"set_aside": 3}, {"loss_gap": 2 ** -20}, {"weight_gap": float("inf")}, {"hung_workers": 1},
+                {"resume_exit": 1}):
+        assert not kill_trials.passed({**good, **bad}), bad
+
+
 def _fake_trials(tmp_path, monkeypatch, ok=True):
     """kill_trials with its runs replaced: every trial takes 10 s of a fake clock and passes (or not)."""
     clock = [0.0]

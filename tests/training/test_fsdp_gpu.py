@@ -69,3 +69,5 @@ def test_fsdp_with_the_gpu_defaults_trains_like_ddp_resumes_and_saves_the_real_v
     assert weights["lm_head.weight"].shape == (99, 64)  # gathered, padding cut
     _train(str(tmp_path / "one"), [], resume=True)  # an FSDP checkpoint resumed on one GPU (no FSDP)
     assert losses(tmp_path / "one") == pytest.approx(losses(tmp_path / "fsdp"), rel=2e-2)
+    for run in ("stopped", "one"):  # both resumed at step 6: none set aside (a restart repeats the losses)
+        assert not list((tmp_path / run / "checkpoints").glob("*.rejected-*")), run

@@ -104,6 +104,8 @@ def test_training_with_the_gpu_defaults_trains_resumes_and_saves_the_real_vocabu
     run(tmp_path / "c", "train.stop_at=6")
     # the same losses up to the GPU's non-deterministic reductions (bit-exact resume: the CPU tests)
     assert run(tmp_path / "c", resume=True) == pytest.approx(compiled, rel=1e-3)
+    # and it resumed at step 6: a refused checkpoint is set aside, and a restart repeats the losses
+    assert not list((tmp_path / "c" / "checkpoints").glob("*.rejected-*"))
     weights = load_file(str(tmp_path / "a" / "checkpoints" / "step-00000012" / "model.safetensors"))
     assert weights["lm_head.weight"].shape == (99, 64)
 

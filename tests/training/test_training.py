@@ -216,6 +216,25 @@ def _data_past_the_epoch(s):
     s["data"]["index"] = 10_000
 
 
+def test_the_trainer_state_is_read_onto_the_cpu_whatever_device_the_weights_go_to(tmp_path, monkeypatch):
+    """A GPU run resumes with map_location on its card; the random generators' states must stay
+    CPU byte tensors (read onto the card, every checkpoint was refused and the run started over),
+    so the state file is read onto the CPU and only the weights onto the map location."""
+    Trainer(tiny_run(extra=["train.stop_at=4"]), RecallTask(), tmp_path / "b", log=quiet).fit()
+    newest = ckpt.list_checkpoints(tmp_path / "b" / "checkpoints")[-1]
+    asked, real = {}, ckpt.load_file
+
+    def load_file(path, device="cpu"):  # the CPU machine has no card: record the device, read on the CPU
+        asked[os.path.basename(path)] = device
+        return real(path, device="cpu")
+    monkeypatch.setattr(ckpt, "load_file", load_file)
+    model = RecallTask().setup(tiny_run(), tmp_path / "scratch", None)
+    found = ckpt.resumable_checkpoint(tmp_path / "b" / "checkpoints", model=model, check=lambda state, step: None,
+                                      map_location="cuda:1")
+    assert found is not None and found[0] == newest
+    assert asked == {ckpt.WEIGHTS: "cuda:1", ckpt.STATE_TENSORS: "cpu"}
+
+
 @pytest.mark.parametrize("damage, problem", [
     (_shift_step, "trainer.json: step 7, but the folder is step 8"),
     (_reshape_moment, "trainer.safetensors: optimizer/state/0/exp_avg has shape (3, 5), its parameter"),

@@ -112,11 +112,14 @@ def _check_layout(path: Path) -> None:
                        f"with: {MIGRATE} {path.parent.parent}")
 
 
-def _read_state(path: Path, map_location) -> dict:
-    """The trainer state of a verified checkpoint folder (one-line errors for unreadable files)."""
+def _read_state(path: Path) -> dict:
+    """The trainer state of a verified checkpoint folder (one-line errors for unreadable files),
+    its tensors on the CPU whatever device the run trains on: the random generators' states must
+    be CPU byte tensors (on the GPU a resume refused every checkpoint and started from step 0),
+    and the optimiser (or FSDP's sharding) moves each moment to its parameter as it loads."""
     _check_layout(path)
     try:
-        tensors = load_file(str(path / STATE_TENSORS), device=str(map_location))
+        tensors = load_file(str(path / STATE_TENSORS), device="cpu")
     except (SafetensorError, OSError) as e:
         raise MheError(f"{path / STATE_TENSORS} is not a readable safetensors file ({e})") from e
     try:
@@ -128,21 +131,22 @@ def _read_state(path: Path, map_location) -> dict:
     return state
 
 
-def read_trainer_state(path: str | Path, *, map_location: str | torch.device = "cpu") -> dict:
-    """The trainer state of a sealed checkpoint folder (manifest checked), as saved."""
+def read_trainer_state(path: str | Path) -> dict:
+    """The trainer state of a sealed checkpoint folder (manifest checked), as saved, on the CPU."""
     path = Path(path)
     problem = verify(path)
     if problem is not None:
         raise MheError(f"checkpoint {path} cannot be loaded: {problem}")
-    return _read_state(path, map_location)
+    return _read_state(path)
 
 
 def load_checkpoint(path: str | Path, *, model: torch.nn.Module,
                     map_location: str | torch.device = "cpu") -> dict:
     """Load the weights :func:`save_checkpoint` wrote into ``model`` (strictly, manifest
-    checked) and return the trainer state for ``TrainerState.load_state_dict``."""
+    checked; read onto ``map_location``) and return the trainer state for
+    ``TrainerState.load_state_dict`` (on the CPU)."""
     path = Path(path)
-    state = read_trainer_state(path, map_location=map_location)
+    state = read_trainer_state(path)
     load_state_strict(model, read_sealed_weights(path, map_location=map_location), source=path / WEIGHTS)
     return state
 
@@ -175,7 +179,7 @@ def _resume_candidate(path: Path, model, check, map_location) -> tuple[tuple | N
         return None, "incomplete" if problem.startswith("no manifest") else "corrupt", problem
     try:
         weights = load_file(str(path / WEIGHTS), device=str(map_location))
-        state = None if weights_only(path) else _read_state(path, map_location)
+        state = None if weights_only(path) else _read_state(path)
     except (MheError, SafetensorError, OSError) as e:
         return None, "unreadable", str(e)
     fit = state_problem(model, weights)
