@@ -75,3 +75,15 @@ def test_a_one_card_host_says_the_two_card_tests_did_not_run():
     one, four = gpu_tests_record.how_shared(1, 6, 146), gpu_tests_record.how_shared(4, 2, 156)
     assert "did not run" in one and "146 s" in one
     assert "two-card tests one worker a pair" in four and "did not run" not in four
+
+
+def test_a_record_runs_with_ci_set_so_missing_data_fails_rather_than_skips(tmp_path, monkeypatch):
+    seen = {}
+
+    class Popen:
+        def __init__(self, command, env, **_):
+            seen.update(env=env, command=command)
+    monkeypatch.setattr(gpu_tests_record.subprocess, "Popen", Popen)
+    gpu_tests_record.start(tmp_path / "one.log", "gpu and not two_gpus", 2, "0;1")
+    assert seen["env"]["CI"] == "true" and seen["env"]["MHE_GPU_SETS"] == "0;1"
+    assert (tmp_path / "one.log").read_text().startswith("+ CI=true MHE_GPU_SETS='0;1' python -m pytest")
