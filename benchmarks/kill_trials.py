@@ -268,7 +268,8 @@ def trial(i: int, work: Path, setup: str, opts, refs: list, wall_s: float, tol: 
            "signal": sig, "moment": moment, "after_checkpoint": after, "at_s": round(at, 3) if pids else -1.0,
            "write_under_way": in_write, "killed_exit": killed_code, "hung_workers": hung,
            "steps_logged_at_kill": steps_logged, "sealed_left": sealed, "torn_left": torn, "set_aside": rejected,
-           "resume_exit": code, "loss_gap": loss_gap, "weight_gap": weight_gap, "tolerance": tol}
+           "resume_exit": code, "complete": complete, "loss_gap": loss_gap, "weight_gap": weight_gap,
+           "tolerance": tol}
     row["ok"] = ok = passed(row)
     if ok and not opts.keep:
         shutil.rmtree(out, ignore_errors=True)
@@ -276,10 +277,12 @@ def trial(i: int, work: Path, setup: str, opts, refs: list, wall_s: float, tol: 
 
 
 def passed(row: dict) -> bool:
-    """Nothing lost: the resume finished with every step (its gaps finite), each loss, gradient
-    norm and weight within the tolerance, no worker left hanging and no checkpoint set aside."""
-    return (row["resume_exit"] == 0 and row["loss_gap"] <= row["tolerance"] and row["weight_gap"] <= row["tolerance"]
-            and row["hung_workers"] == 0 and row["set_aside"] == 0)
+    """Nothing lost: the resume finished with every step once (rows without ``complete``: their
+    gaps finite), each loss, gradient norm and weight within the tolerance, no worker left
+    hanging and no checkpoint set aside."""
+    complete = row.get("complete", math.isfinite(row["loss_gap"]) and math.isfinite(row["weight_gap"]))
+    return (complete and row["resume_exit"] == 0 and row["loss_gap"] <= row["tolerance"]
+            and row["weight_gap"] <= row["tolerance"] and row["hung_workers"] == 0 and row["set_aside"] == 0)
 
 
 def summary(rows: list[dict]) -> str:
@@ -302,18 +305,26 @@ def summary(rows: list[dict]) -> str:
 
 
 def earlier_trials(work: Path) -> list[dict]:
-    """The rows a previous call left in ``WORK/trials.jsonl`` (a call continues their count)."""
-    path = work / "trials.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows a previous call left in ``WORK/trials.jsonl`` (a call continues their count), each
+    judged again by :func:`passed` (a row of an older harness may have passed by weaker checks).
+    A line cut short by a killed call is reported and left out."""
+    path, rows = work / "trials.jsonl", []
+    for n, line in enumerate(path.read_text().splitlines() if path.exists() else [], 1):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            print(f"{path}:{n}: not a JSON row (a write cut short?); left out")
+            continue
+        rows.append({**row, "ok": passed(row)})
+    return rows
 
 
 def run_trials(opts, work: Path, setups: list[str], refs: dict, first: int, started: float) -> list[dict]:
     """Trials ``first`` to ``opts.trials - 1``, each row appended to ``trials.jsonl`` as it ends.
-    With ``--deadline`` no trial starts unless the longest so far (before any: two and a half
-    reference runs) still ends in time. The draws of a continued call are seeded by the seed and
-    the trial it starts at, so that it does not repeat the first call's signals and moments."""
+    With ``--deadline`` no trial starts unless it would end in time were it as long as the longest
+    so far or two and a half reference runs, whichever is longer. The draws of a continued call
+    are seeded by the seed and the trial it starts at, so that it does not repeat the first call's
+    signals and moments."""
     rng, rows, longest = random.Random(opts.seed if first == 0 else f"{opts.seed}+{first}"), [], 0.0
     with open(work / "trials.jsonl", "a") as f:
         for i in range(first, opts.trials):

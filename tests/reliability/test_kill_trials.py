@@ -42,9 +42,9 @@ def test_a_trial_passes_only_if_nothing_was_lost():
     """A resume that set a whole checkpoint aside started over: the losses repeat, yet steps were
     lost (on the GPU every resume once did so), so the trial fails; as it does for a gap or a hang."""
     good = {"resume_exit": 0, "loss_gap": 0.0, "weight_gap": 0.0, "tolerance": 0.0, "hung_workers": 0, "set_aside": 0}
-    assert kill_trials.passed(good)
+    assert kill_trials.passed(good) and kill_trials.passed({**good, "complete": True})
     for bad in ({"set_aside": 3}, {"loss_gap": 2 ** -20}, {"weight_gap": float("inf")}, {"hung_workers": 1},
-                {"resume_exit": 1}):
+                {"resume_exit": 1}, {"complete": False, "tolerance": float("inf")}):
         assert not kill_trials.passed({**good, **bad}), bad
 
 
@@ -60,8 +60,8 @@ def _fake_trials(tmp_path, monkeypatch, ok=True):
     def trial(i, work, setup, opts, refs, wall, tol, rng):
         clock[0] += 10.0
         return {"trial": i, "setup": setup, "signal": rng.choice(sorted(kill_trials.SIGNALS)), "at_s": 1.0,
-                "write_under_way": False, "torn_left": 0, "set_aside": 0, "hung_workers": 0, "ok": ok,
-                "loss_gap": 0.0, "weight_gap": 0.0}
+                "write_under_way": False, "torn_left": 0, "set_aside": 0 if ok else 1, "hung_workers": 0,
+                "ok": ok, "resume_exit": 0, "loss_gap": 0.0, "weight_gap": 0.0, "tolerance": 0.0}
     monkeypatch.setattr(kill_trials, "trial", trial)
 
 
@@ -76,6 +76,17 @@ def test_a_deadline_stops_a_call_in_time_and_the_next_call_continues_the_count(t
     assert [r["trial"] for r in rows] == [0, 1, 2, 3, 4]
     assert kill_trials.main(args) == 0  # nothing left to do: no trial added
     assert len((tmp_path / "trials.jsonl").read_text().splitlines()) == 5
+
+
+def test_an_earlier_row_is_judged_again_and_a_cut_line_is_left_out(tmp_path, capsys):
+    """A row an older harness passed with a checkpoint set aside fails now; a half-written last
+    line (a call killed mid-write) is reported, not a crash of every later call."""
+    row = {"trial": 0, "resume_exit": 0, "loss_gap": 0.0, "weight_gap": 0.0, "tolerance": 0.0, "hung_workers": 0,
+           "set_aside": 3, "ok": True}
+    (tmp_path / "trials.jsonl").write_text(json.dumps(row) + "\n" + '{"trial": 1, "resu')
+    rows = kill_trials.earlier_trials(tmp_path)
+    assert [r["trial"] for r in rows] == [0] and rows[0]["ok"] is False
+    assert "trials.jsonl:2: not a JSON row" in capsys.readouterr().out
 
 
 def test_a_failed_trial_of_an_earlier_call_still_fails_the_folder(tmp_path, monkeypatch):

@@ -75,6 +75,12 @@ def test_graph_decode_equals_eager_on_cuda(kind):
     assert torch.equal(e, g) and torch.equal(se, sg)
 
 
+SMALL_RECALL = ["model.d_model=64", "model.d_ff=128", "model.n_layers=2", "model.dropout=0", "model.attn_dropout=0",
+                'data.task_options={"train_size": 256, "test_size": 64, "pairs": 4, "queries": 4, "n_keys": 48, '
+                '"n_values": 50}', "train.batch_size=16", "train.steps=12", "train.log_every=3",
+                "train.save_every=6", "train.progress=false", "train.warmup_steps=2"]
+
+
 @cuda
 def test_training_with_the_gpu_defaults_trains_resumes_and_saves_the_real_vocabulary(tmp_path):
     """On CUDA the trainer compiles, pads the vocabulary (99 -> 128), prefetches and uses fused
@@ -88,10 +94,7 @@ def test_training_with_the_gpu_defaults_trains_resumes_and_saves_the_real_vocabu
     from mhe.training.loop import Trainer
     from mhe.training.run_files import read_metrics
 
-    small = ["model.d_model=64", "model.d_ff=128", "model.n_layers=2", "model.dropout=0", "model.attn_dropout=0",
-             'data.task_options={"train_size": 256, "test_size": 64, "pairs": 4, "queries": 4, "n_keys": 48, '
-             '"n_values": 50}', "train.batch_size=16", "train.steps=12", "train.log_every=3", "train.save_every=6",
-             "train.progress=false", "train.device=cuda", "train.warmup_steps=2"]
+    small = SMALL_RECALL + ["train.device=cuda"]
 
     def run(out, *extra, resume=False):
         cfg = apply_overrides(default_run("recall", "tiny-decoder", "mhe-mul"), small + list(extra))
@@ -108,6 +111,30 @@ def test_training_with_the_gpu_defaults_trains_resumes_and_saves_the_real_vocabu
     assert not list((tmp_path / "c" / "checkpoints").glob("*.rejected-*"))
     weights = load_file(str(tmp_path / "a" / "checkpoints" / "step-00000012" / "model.safetensors"))
     assert weights["lm_head.weight"].shape == (99, 64)
+
+
+@cuda
+def test_a_cpu_runs_checkpoint_resumes_on_the_gpu_and_trains_on(tmp_path):
+    """Stopped on the CPU at step 6, resumed on the GPU (fused AdamW, a padded vocabulary): it goes
+    on from its checkpoint (none set aside; read onto the card, the random generators' states made
+    every checkpoint refused), with the step counts on the card for fused AdamW, to step 12."""
+    from mhe.tasks.recall import RecallTask
+    from mhe.training.config import apply_overrides
+    from mhe.tasks import default_run
+    from mhe.training.loop import Trainer
+    from mhe.training.run_files import read_metrics
+
+    messages = []
+
+    def run(*extra, resume=False):
+        cfg = apply_overrides(default_run("recall", "tiny-decoder", "mhe-mul"), SMALL_RECALL + list(extra))
+        Trainer(cfg, RecallTask(), tmp_path, resume=resume, log=messages.append).fit()
+    run("train.device=cpu", "train.stop_at=6")
+    run("train.device=cuda", resume=True)
+    assert any("resuming from" in m and "step-00000006" in m for m in messages), messages
+    assert not list((tmp_path / "checkpoints").glob("*.rejected-*"))
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records][-1] == 12 and all(r["loss"] == r["loss"] for r in records)
 
 
 @cuda

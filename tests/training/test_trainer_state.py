@@ -128,6 +128,35 @@ def test_trainer_state_round_trips_through_a_checkpoint(tmp_path):
         assert torch.equal(opt.state[p]["exp_avg_sq"], opt2.state[q]["exp_avg_sq"])
 
 
+def test_this_runs_kernel_flags_place_the_loaded_step_counts(tmp_path, monkeypatch):
+    """torch puts a loaded AdamW step count on the parameter's device only when the param group it
+    reads says fused or capturable; it reads the groups handed to it, so this run's flags must be
+    in them (a CPU run's checkpoint resumed by fused AdamW on a GPU kept its step counts on the
+    host). The groups torch reads at the load carry the loading optimiser's flags."""
+    model = torch.nn.Linear(3, 2)
+    opt, sched = build_optimizer(model, tiny_run().train)
+    state = TrainerState(opt, sched, BatchOrder(64, 8, seed=1))
+    model(torch.randn(4, 3)).pow(2).sum().backward()
+    opt.step()
+    sched.step()
+    state.step = 1
+    saved = state.state_dict()
+    assert {g.get("capturable") for g in saved["optimizer"]["param_groups"]} == {False}
+    opt2, sched2 = build_optimizer(model, tiny_run().train)
+    for group in opt2.param_groups:  # as a GPU run's optimiser would be built
+        group["capturable"] = True
+    seen, policy = [], torch.optim.Optimizer._process_value_according_to_param_policy
+
+    def spy(param, value, param_id, param_groups, key=None):
+        if key == "step":
+            seen.append({g.get("capturable") for g in param_groups})
+        return policy(param, value, param_id, param_groups, key)
+    monkeypatch.setattr(torch.optim.Optimizer, "_process_value_according_to_param_policy", staticmethod(spy))
+    TrainerState(opt2, sched2, BatchOrder(64, 8, seed=1)).load_state_dict(saved)
+    assert seen and all(flags == {True} for flags in seen)
+    assert all(g["capturable"] for g in opt2.param_groups)
+
+
 class RecordingTask(RecallTask):
     """Records, per step, the batch drawn and a number from the global generator (as dropout would)."""
 

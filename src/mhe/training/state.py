@@ -81,10 +81,13 @@ class TrainerState:
         self.best_step = state.get("best_step")
         self.config_hash = state.get("config_hash", "")
         self.data.load_state_dict(state["data"])
+        # this run's kernel flags (built for its device) go into the saved groups before the load:
+        # torch puts a fused or capturable AdamW's step counts on the parameters' device by them
+        # (a CPU run's checkpoint resumed by fused AdamW on a GPU would keep them on the host)
         kernels = [{k: g[k] for k in ("fused", "foreach", "capturable") if k in g} for g in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group, own in zip(self.optimizer.param_groups, kernels):  # built for this run's device: kept
-            group.update(own)
+        saved = state["optimizer"]
+        self.optimizer.load_state_dict({**saved, "param_groups": [{**g, **own} for g, own in
+                                                                   zip(saved["param_groups"], kernels)]})
         self.scheduler.load_state_dict(state["scheduler"])
         if "rng" in state:
             set_rng_state(state["rng"])
