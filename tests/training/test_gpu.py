@@ -138,6 +138,38 @@ def test_a_cpu_runs_checkpoint_resumes_on_the_gpu_and_trains_on(tmp_path):
 
 
 @cuda
+def test_train_deterministic_makes_compiled_gpu_runs_and_their_resumes_agree_bit_for_bit(tmp_path):
+    """With ``train.deterministic=true`` two compiled runs on the card, and a third stopped at step 6
+    and resumed, give the same losses and final weights to the bit. Without it the compiled step's
+    atomic adds make runs differ (30-step kill trials: weights 2e-3 to 8e-3 apart run to run;
+    docs/benchmarks.md, "Kill safety"), so this fails where the setting does not reach the kernels."""
+    from safetensors.torch import load_file
+
+    from mhe.tasks.recall import RecallTask
+    from mhe.training.config import apply_overrides
+    from mhe.tasks import default_run
+    from mhe.training.loop import Trainer
+    from mhe.training.run_files import read_metrics
+
+    small = SMALL_RECALL + ["train.device=cuda", "train.compile=true", "train.deterministic=true"]
+
+    def run(out, *extra, resume=False):
+        cfg = apply_overrides(default_run("recall", "tiny-decoder", "mhe-mul"), small + list(extra))
+        Trainer(cfg, RecallTask(), out, resume=resume, log=lambda *_: None).fit()
+        weights = load_file(str(out / "checkpoints" / "step-00000012" / "model.safetensors"))
+        return [(r["step"], r["loss"]) for r in read_metrics(out / "metrics.jsonl")], weights
+
+    (a, wa), (b, wb) = run(tmp_path / "a"), run(tmp_path / "b")
+    run(tmp_path / "c", "train.stop_at=6")
+    c, wc = run(tmp_path / "c", resume=True)
+    assert not list((tmp_path / "c" / "checkpoints").glob("*.rejected-*"))
+    assert a == b == c and len(a) == 4
+    for name, w in wa.items():
+        assert torch.equal(w, wb[name]) and torch.equal(w, wc[name]), name
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+@cuda
 @pytest.mark.parametrize("kind", ["gqa", "mhe-mul"])
 def test_llama_decoder_graph_decode_equals_eager_and_flash_decode_tracks_sdpa(kind):
     """The Llama-style decoder (RoPE) in bf16: graph replays equal eager steps bit for bit; MHE-Mul

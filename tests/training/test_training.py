@@ -166,6 +166,44 @@ def test_an_unfinished_run_continues_only_with_resume(tmp_path):
     assert Trainer(tiny_run(), RecallTask(), tmp_path, resume=True, log=quiet).fit()["status"] == "finished"
 
 
+class ModeWatchTask(RecallTask):
+    """Records, at every batch, whether torch's deterministic mode is on; with ``alert`` it also
+    calls an operation without a deterministic kernel on the CPU (``put_`` without accumulation)."""
+
+    def __init__(self, alert=False):
+        super().__init__()
+        self.seen, self.alert = [], alert
+
+    def collate(self, indices):
+        self.seen.append(torch.are_deterministic_algorithms_enabled())
+        if self.alert:
+            torch.zeros(2).put_(torch.tensor([0]), torch.tensor([1.0]))
+        return super().collate(indices)
+
+
+def test_train_deterministic_holds_for_the_run_alone_and_a_resume_may_change_it(tmp_path, monkeypatch):
+    """``train.deterministic=true`` turns torch's deterministic mode on for the run's steps, puts
+    cuBLAS's reproducible workspace setting in the environment, and gives the mode back when the run
+    ends; it changes how a run computes, not what, so a resume without it goes on (same hash)."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    task = ModeWatchTask()
+    first = Trainer(tiny_run(extra=["train.deterministic=true", "train.stop_at=5"]), task, tmp_path, log=quiet).fit()
+    assert first["status"] == "stopped" and task.seen and all(task.seen)
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    again = ModeWatchTask()
+    assert Trainer(tiny_run(), again, tmp_path, resume=True, log=quiet).fit()["status"] == "finished"
+    assert again.seen and not any(again.seen)
+
+
+def test_an_operation_without_a_deterministic_kernel_stops_a_deterministic_run_in_one_line(tmp_path):
+    with pytest.raises(MheError, match=r"^train.deterministic=true: put_ has no deterministic kernel in torch; "
+                                       r"set train.deterministic=false for this model$"):
+        Trainer(tiny_run(extra=["train.deterministic=true"]), ModeWatchTask(alert=True), tmp_path, log=quiet).fit()
+    assert not torch.are_deterministic_algorithms_enabled()
+    Trainer(tiny_run(), ModeWatchTask(alert=True), tmp_path / "b", log=quiet).fit()  # the same task without it
+
+
 @pytest.mark.parametrize("item, match", [
     ("train.lrr=1", "unknown setting 'train.lrr'; valid train keys: steps, epochs, batch_size"),
     ("model.colour=1", "unknown setting 'model.colour'; valid model keys:"),

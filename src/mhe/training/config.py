@@ -72,6 +72,8 @@ class TrainConfig:
     compile: bool | Literal["auto"] = "auto"   # torch.compile the model; auto: on CUDA (compile_wanted)
     cuda_graphs: bool | Literal["auto"] = "auto"  # replay the compiled step as CUDA graphs; auto: for
                                                # fixed-shape batches (pre-training) on CUDA (parallelize.cuda_graphs_wanted)
+    deterministic: bool = False                # torch's deterministic kernels, compiled ones too: the same bits
+                                               # run after run and on resume, at some speed (state.deterministic_kernels)
     parallel: Parallel = "auto"                # several processes: ddp (auto) copies the model, fsdp shards it
     grad_reduce: GradReduce = "float32"        # DDP's gradient all-reduce; bf16: each bucket cast to bf16 for the
                                                # wire (half the bytes; the averaged gradients carry bf16 rounding),
@@ -91,7 +93,7 @@ without it are those recorded before distillation existed."""
 
 # train.* settings that change how a run is carried out, not what it computes: outside the hash
 OPERATIONAL_TRAIN_KEYS = ("stop_at", "log_every", "eval_every", "save_every", "keep_last", "keep_checkpoints",
-                          "progress", "tensorboard", "device", "compile", "cuda_graphs", "parallel",
+                          "progress", "tensorboard", "device", "compile", "cuda_graphs", "deterministic", "parallel",
                           "activation_checkpointing")
 
 

@@ -41,7 +41,7 @@ from mhe.training.run_files import (CONFIG, METRICS, RESULTS, differences, is_ru
                                     run_config_from_dict, truncate_metrics, write_run_record)
 from mhe.training.run_log import RunLog, SignalWatch
 from mhe.training.run_report import RunClock, vocabulary_note
-from mhe.training.state import TrainerState, seed_all, state_problem
+from mhe.training.state import TrainerState, deterministic_kernels, seed_all, state_problem
 from mhe.training.state_check import saved_shapes
 from mhe.training.step import StepWindow, evaluation_precision, train_step
 from mhe.training.task import Task
@@ -86,7 +86,7 @@ class Trainer:
         arrives, then evaluate the best weights and write ``results.json`` (with the run's wall
         clock by phase, :mod:`mhe.training.run_report`)."""
         self.clock = RunClock()
-        with self.clock.running():
+        with self.clock.running(), deterministic_kernels(self.cfg.train.deterministic):
             result = self._fit()
         return self._report(result)
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from mhe.errors import MheError
 from mhe.training.batches import BatchOrder
 from mhe.training.state_check import counters_problem, optimizer_problem, rng_problem, scheduler_problem
 
@@ -41,6 +45,38 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
     torch.manual_seed(seed)
+
+
+CUBLAS_DETERMINISTIC = ":4096:8"
+"""cuBLAS's workspace setting for reproducible results (CUDA docs, "Results reproducibility"),
+which torch's deterministic mode asks for."""
+
+
+@contextlib.contextmanager
+def deterministic_kernels(on: bool):
+    """``train.deterministic``: within a run, torch's deterministic algorithms, so that two runs,
+    or a run and its resumption, compute the same bits on a GPU. Without it a compiled step is not
+    reproducible: inductor sums the embedding's gradient with atomic adds, in whatever order the
+    threads arrive (docs/benchmarks.md, "Kill safety"); in deterministic mode it calls torch's
+    sorted kernel instead. The mode is process-wide, so it is restored when the run ends (a sweep
+    runs others in the same process). An operation without a deterministic kernel stops the run
+    in one line naming it (torch's message)."""
+    if not on:
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)  # read before cuBLAS's first call
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    except RuntimeError as e:
+        op = re.search(r"(\S+) does not have a deterministic implementation", str(e))
+        if op is None:
+            raise
+        raise MheError(f"train.deterministic=true: {op.group(1)} has no deterministic kernel in torch; set "
+                       "train.deterministic=false for this model") from e
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 @dataclass
