@@ -185,7 +185,8 @@ def test_train_deterministic_holds_for_the_run_alone_and_a_resume_may_change_it(
     """``train.deterministic=true`` turns torch's deterministic mode on for the run's steps, puts
     cuBLAS's reproducible workspace setting in the environment, and gives the mode back when the run
     ends; it changes how a run computes, not what, so a resume without it goes on (same hash)."""
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # recorded, so the test's setting is undone after it
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     task = ModeWatchTask()
     first = Trainer(tiny_run(extra=["train.deterministic=true", "train.stop_at=5"]), task, tmp_path, log=quiet).fit()
     assert first["status"] == "stopped" and task.seen and all(task.seen)
